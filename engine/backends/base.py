@@ -1,0 +1,140 @@
+"""The one small interface every model backend implements.
+
+A backend owns one model and one KV cache for one sequence. It knows the token
+ids whose keys and values are in its cache (`tokens`), can append tokens and
+return the logits of every one of them (`forward`), and can cut the cache back to
+a shorter length (`rollback`) without recomputing what stays. Everything above it
+(the decode loop, drafters, the verifier) speaks token ids and logits only.
+
+Logits come back as float32 CPU tensors of shape (n, vocab_size): row i holds
+the next-token logits after `tokens[i]` of the call.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ContextOverflowError
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str  # what a user would call it: file or folder name, or repo id
+    path: str  # file or folder it was loaded from
+    backend: str  # "torch" | "llama.cpp"
+    architecture: str  # "llama", "qwen2", ...
+    n_params: int  # weights, embeddings included
+    weight_bytes: int  # bytes of weights read per token (tied embeddings counted once)
+    vocab_size: int  # width of the logits
+    n_layers: int
+    context_length: int  # what the model was trained for
+    dtype: str  # "float32", "bfloat16", "Q4_1", ...
+    device: str  # "cpu", "cuda", "mps", "cpu+gpu layers"...
+
+
+class Backend(abc.ABC):
+    """A model with a KV cache for one sequence."""
+
+    name: str = "base"
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []  # ids whose KV entries are in the cache, in order
+
+    # -- model facts ---------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def info(self) -> ModelInfo: ...
+
+    @property
+    @abc.abstractmethod
+    def n_ctx(self) -> int:
+        """Longest sequence (prompt + reply) this backend instance can hold."""
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.vocab_size
+
+    @property
+    @abc.abstractmethod
+    def eos_ids(self) -> frozenset[int]:
+        """Ids that end generation (end of turn / end of text)."""
+
+    @property
+    @abc.abstractmethod
+    def chat_template(self) -> str | None: ...
+
+    # -- the cache -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _forward(self, tokens: list[int], all_logits: bool) -> torch.Tensor:
+        """Append `tokens` at positions len(self.tokens)...; return logits (n or 1, V)."""
+
+    @abc.abstractmethod
+    def _truncate(self, length: int) -> None:
+        """Drop cache entries at positions >= length (length < len(self.tokens))."""
+
+    def forward(self, tokens: list[int], all_logits: bool = True) -> torch.Tensor:
+        """Run the model over `tokens` after the cached ones.
+
+        Returns float32 logits (len(tokens), V), or (1, V) for the last token only
+        when all_logits is False (a prefill, where the other rows are not needed).
+        """
+        if not tokens:
+            raise ValueError("forward() needs at least one token")
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"The context window of {self.info.name} is full ({self.n_ctx} tokens): "
+                f"{len(self.tokens)} are in use and {len(tokens)} more were asked for. "
+                "Start a new chat, shorten the prompt, or load the model with a larger context."
+            )
+        logits = self._forward(list(tokens), all_logits)
+        self.tokens.extend(tokens)
+        return logits
+
+    def rollback(self, length: int) -> None:
+        """Keep only the first `length` cached tokens; accepted positions are never recomputed."""
+        if length < 0 or length > len(self.tokens):
+            raise ValueError(f"cannot roll back to {length}: the cache holds {len(self.tokens)} tokens")
+        if length < len(self.tokens):
+            self._truncate(length)
+            del self.tokens[length:]
+
+    def prefill(self, tokens: list[int]) -> None:
+        """Make the cache hold exactly `tokens`, reusing the longest common prefix."""
+        keep = common_prefix_length(self.tokens, tokens)
+        self.rollback(keep)
+        if keep < len(tokens):
+            self.forward(tokens[keep:], all_logits=False)
+
+    # -- text ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        """Text to ids; `special` parses control tokens like <|im_start|> as single ids."""
+
+    @abc.abstractmethod
+    def detokenize(self, ids: list[int]) -> str:
+        """Ids to text, control tokens left out. Incomplete UTF-8 shows as U+FFFD."""
+
+    @abc.abstractmethod
+    def token_text(self, token_id: int) -> str:
+        """The vocabulary entry of one id, control tokens included (for comparing vocabularies)."""
+
+    @abc.abstractmethod
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        """Token ids of a chat rendered with the model's template, ready for the reply."""
+
+    def close(self) -> None:
+        """Free the model; the backend is unusable afterwards."""
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,212 @@
+"""specdeck-cli: generate (and compare), check a pair, list models.
+
+    specdeck-cli generate --target default --drafter ngram --prompt "..." --compare
+    specdeck-cli doctor --target M --draft M [--json]
+    specdeck-cli models [--dir D] [--json]
+
+Text streams to stdout as it is produced; statistics go to stderr, so stdout
+holds exactly the reply. With --json, stdout holds one JSON object instead.
+Errors print one line that says what to do, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from pathlib import Path
+
+from .errors import ConfigError, SpecDeckError
+from .events import GenerationResult
+from .sampling import SamplingConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecDeckError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ncancelled", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdeck-cli", description="Speculative decoding on local models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate a reply, speculatively")
+    _model_options(gen)
+    gen.add_argument("--k", default="auto", help="draft length: a number from 0 to 32, or auto (default)")
+    gen.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--max-tokens", type=int, default=256)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="a user message (rendered with the chat template)")
+    source.add_argument("--messages", type=Path, help='JSON file: [{"role": "user", "content": "..."}, ...]')
+    gen.add_argument("--raw", action="store_true", help="feed --prompt as plain text, without the chat template")
+    gen.add_argument("--compare", action="store_true", help="also run vanilla decoding and report the speedup")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    gen.set_defaults(func=cmd_generate)
+
+    doc = sub.add_parser("doctor", help="check whether a draft/target pair can work, before loading it")
+    doc.add_argument("--target", required=True)
+    doc.add_argument("--draft", required=True)
+    doc.add_argument("--n-ctx", type=int, default=4096)
+    doc.add_argument("--json", action="store_true")
+    doc.set_defaults(func=cmd_doctor)
+
+    models = sub.add_parser("models", help="list the models found on this machine")
+    models.add_argument("--dir", action="append", default=[], help="also search this folder (repeatable)")
+    models.add_argument("--json", action="store_true")
+    models.set_defaults(func=cmd_models)
+    return parser
+
+
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
+    drafter = parser.add_mutually_exclusive_group()
+    drafter.add_argument("--draft", help="a draft model (same forms as --target)")
+    drafter.add_argument("--drafter", choices=["ngram", "none"], default="ngram", help="drafter without a model")
+    parser.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
+    parser.add_argument("--draft-backend", default="auto")
+    parser.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (torch backend)")
+    parser.add_argument("--n-ctx", type=int, default=None, help="context window in tokens")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (llama.cpp)")
+    parser.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .session import Engine, EngineConfig
+
+    sampling = SamplingConfig(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        max_tokens=args.max_tokens, stop=tuple(args.stop),
+    )  # fmt: skip
+    messages = _read_messages(args.messages) if args.messages else None
+    config = EngineConfig(
+        target=args.target, drafter="model" if args.draft else args.drafter, draft=args.draft,
+        backend=args.backend, draft_backend=args.draft_backend, device=args.device, dtype=args.dtype,
+        n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k, k_max=args.k_max,
+    )  # fmt: skip
+    engine = Engine.load(config)
+    cancel = threading.Event()
+    try:
+        prompt = engine.prompt_ids(messages if messages is not None else args.prompt, chat=not args.raw)
+        speculative = engine.drafter is not None
+        stream = None if args.json else (lambda event: _write(event.text))
+        if args.compare:
+            comparison = engine.compare(
+                prompt, sampling, cancel=cancel,
+                on_event=(lambda label, event: stream(event) if label == "speculative" else None) if stream else None,
+            )  # fmt: skip
+            result = comparison.speculative
+        else:
+            result = engine.generate(prompt, sampling, speculative=speculative, cancel=cancel, on_event=stream)
+            comparison = None
+    except KeyboardInterrupt:
+        cancel.set()
+        raise
+    finally:
+        engine.close()
+    if args.json:
+        print(json.dumps(_json_report(result, comparison), ensure_ascii=False))
+    else:
+        _write("\n")
+        _print_summary(result, comparison)
+    return 0
+
+
+def _read_messages(path: Path) -> list[dict]:
+    try:
+        messages = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"No messages file at {path}.")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path} is not a JSON messages file ({error}).")
+    if isinstance(messages, dict) and "messages" in messages:
+        messages = messages["messages"]
+    if not isinstance(messages, list):
+        raise ConfigError(f'{path} must hold a list of {{"role": ..., "content": ...}} objects.')
+    return messages
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _run_stats(result: GenerationResult) -> dict:
+    s = result.stats
+    keys = ("steps", "drafted", "accepted", "acceptance_rate", "tokens_per_step", "tokens_per_s", "wall_s")
+    stats = {key: s.as_dict()[key] for key in keys}
+    stats.update(finish_reason=result.finish_reason, predicted_speedup=round(s.predicted_speedup, 4))
+    return stats
+
+
+def _json_report(result: GenerationResult, comparison) -> dict:
+    report = {"text": result.text, "tokens": list(result.tokens), "stats": _run_stats(result)}
+    if comparison is not None:
+        vanilla = comparison.vanilla
+        report["vanilla"] = {"text": vanilla.text, "tokens": list(vanilla.tokens), "stats": _run_stats(vanilla)}
+        report["speedup"] = round(comparison.speedup, 4)
+        report["identical"] = comparison.identical
+        if comparison.divergence is not None:
+            report["first_divergence"] = comparison.divergence.as_dict()
+    return report
+
+
+def _print_summary(result: GenerationResult, comparison) -> None:
+    s = result.stats
+    lines = [
+        f"{s.tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), {s.steps} target forwards "
+        f"({s.tokens_per_step:.2f} tokens each); drafted {s.drafted}, accepted {s.accepted} "
+        f"(acceptance {s.acceptance_rate:.0%}); formula predicts {s.predicted_speedup:.2f}x"
+    ]
+    if comparison is not None:
+        v = comparison.vanilla.stats
+        lines.append(
+            f"vanilla: {v.tokens} tokens at {v.tokens_per_s:.1f} tok/s -> speedup {comparison.speedup:.2f}x; "
+            + ("outputs identical" if comparison.identical else "outputs differ")
+        )
+        d = comparison.divergence
+        if d is not None:
+            verdict = "explained" if d.explained else "NOT explained (a bug: please report it)"
+            lines.append(
+                f"first difference at token {d.index}: speculative {d.speculative_token}, "
+                f"vanilla {d.vanilla_token}; {verdict}: {d.reason}"
+            )
+    print("\n".join(lines), file=sys.stderr)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import check_pair
+
+    report = check_pair(args.target, args.draft, n_ctx=args.n_ctx)
+    print(json.dumps(report.as_dict(), indent=2) if args.json else str(report))
+    return 0 if report.compatible else 1
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .models import list_models
+
+    refs = list_models(extra_dirs=tuple(args.dir))
+    if args.json:
+        print(json.dumps([ref.__dict__ for ref in refs], indent=2, default=str))
+    else:
+        for ref in refs:
+            print(f"{ref.name:40s} {ref.kind:5s} {ref.source:9s} {ref.size_bytes / 2**20:9.1f} MiB  {ref.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""How many tokens to draft: the article's formula, fed with measured costs.
+
+With per-token acceptance a and draft length k, a step emits on average
+
+    E(a, k) = (1 - a^(k+1)) / (1 - a)          tokens per target forward,
+
+and costs  k * d + T(k+1)  seconds, where d is the drafter's time per token and
+T(n) the target's time to run n tokens in one forward (the pending token plus k
+drafts). Plain decoding emits 1 token for T(1). So the predicted speedup is
+
+    S(a, k) = E(a, k) * T(1) / (k * d + T(k+1))
+
+and automatic k picks the k in 0..k_max that maximizes it, k = 0 meaning plain
+decoding. That is the article's failure modes made operational: with low a, or
+when T(n) grows like n * T(1) (compute-bound verification, as llama.cpp on a
+small CPU model), no k > 0 pays and the engine decodes plainly, drafting a probe
+now and then to notice when acceptance recovers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+K_LIMIT = 32  # longest draft anyone may ask for
+CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 33)
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """E[tokens per step] = (1 - a^(k+1)) / (1 - a); k + 1 when a = 1."""
+    if k <= 0:
+        return 1.0
+    a = min(max(a, 0.0), 1.0)
+    if a >= 1.0 - 1e-12:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass
+class CostModel:
+    """Seconds per target forward of n tokens, and per drafted token.
+
+    Starts from a curve measured when the model loads and follows the times
+    measured during decoding (exponential moving averages), so it adapts to
+    context length and to whatever else the machine is doing.
+    """
+
+    verify_s: dict[int, float] = field(default_factory=dict)  # n tokens -> seconds
+    draft_s_per_token: float = 0.0
+    smoothing: float = 0.2
+
+    def verify_time(self, n: int) -> float:
+        """T(n), interpolated linearly between measured sizes (and extrapolated past them)."""
+        if not self.verify_s:
+            return float(n)  # unmeasured: assume no parallelism at all (the pessimistic case)
+        if n in self.verify_s:
+            return self.verify_s[n]
+        sizes = sorted(self.verify_s)
+        lower = max((s for s in sizes if s < n), default=None)
+        upper = min((s for s in sizes if s > n), default=None)
+        if lower is None:
+            return self.verify_s[upper] * n / upper
+        if upper is None:  # beyond the curve: continue the last segment's slope
+            below = [s for s in sizes if s < lower]
+            if not below:
+                return self.verify_s[lower] * n / lower
+            prev = below[-1]
+            slope = (self.verify_s[lower] - self.verify_s[prev]) / (lower - prev)
+            return self.verify_s[lower] + max(slope, 0.0) * (n - lower)
+        t = (n - lower) / (upper - lower)
+        return self.verify_s[lower] * (1 - t) + self.verify_s[upper] * t
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        old = self.verify_s.get(n)
+        self.verify_s[n] = seconds if old is None else old + self.smoothing * (seconds - old)
+
+    def observe_draft(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0:
+            return
+        per_token = seconds / tokens
+        old = self.draft_s_per_token
+        self.draft_s_per_token = per_token if old == 0.0 else old + self.smoothing * (per_token - old)
+
+    def draft_ratio(self) -> float:
+        """c_d = d / T(1)."""
+        return self.draft_s_per_token / self.verify_time(1)
+
+    def verify_ratio(self, n: int) -> float:
+        """T(n) / T(1)."""
+        return self.verify_time(n) / self.verify_time(1)
+
+    def speedup(self, a: float, k: int) -> float:
+        """S(a, k) = E(a, k) / (k * c_d + T(k+1) / T(1))."""
+        if k <= 0:
+            return 1.0
+        return expected_tokens(a, k) / (k * self.draft_ratio() + self.verify_ratio(k + 1))
+
+
+def break_even_acceptance(costs: CostModel, k: int) -> float | None:
+    """Smallest a at which drafting k tokens beats plain decoding; None if no a <= 1 does."""
+    if k <= 0 or costs.speedup(1.0, k) <= 1.0:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if costs.speedup(mid, k) > 1.0:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def measure_verify_curve(backend, sizes=CURVE_SIZES, repeats: int = 3, context: int = 64) -> dict[int, float]:
+    """Time one forward of n tokens for each n (median of `repeats`), at a short context.
+
+    Runs on the backend's own cache and leaves it as it found it.
+    """
+    saved = list(backend.tokens)
+    filler = _filler_tokens(backend, context + max(sizes))
+    curve: dict[int, float] = {}
+    try:
+        backend.prefill(filler[:context])
+        backend.forward(filler[context : context + 1])  # warm-up
+        backend.rollback(context)
+        for n in sizes:
+            if context + n > backend.n_ctx:
+                break
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                backend.forward(filler[context : context + n])
+                times.append(time.perf_counter() - start)
+                backend.rollback(context)
+            curve[n] = sorted(times)[len(times) // 2]
+    finally:
+        backend.prefill(saved) if saved else backend.rollback(0)
+    return curve
+
+
+def _filler_tokens(backend, n: int) -> list[int]:
+    text = "The quick brown fox jumps over the lazy dog while the cat watches. " * (n // 8 + 2)
+    ids = backend.tokenize(text)
+    return (ids * (n // max(len(ids), 1) + 1))[:n]
+
+
+class DraftLength:
+    """Fixed k, or automatic k from the running acceptance estimate and the cost model."""
+
+    def __init__(self, k: int | str = "auto", k_max: int = 16, probe_every: int = 16) -> None:
+        if k == "auto":
+            self.fixed: int | None = None
+        else:
+            try:
+                k = int(k)
+            except (TypeError, ValueError):
+                raise ConfigError(f"draft length must be a number from 0 to {K_LIMIT} or 'auto', got {k!r}.")
+            if not 0 <= k <= K_LIMIT:
+                raise ConfigError(f"draft length k must be between 0 and {K_LIMIT} (or 'auto'), got {k}.")
+            self.fixed = k
+        if not 1 <= k_max <= K_LIMIT:
+            raise ConfigError(f"the largest automatic draft length must be between 1 and {K_LIMIT}, got {k_max}.")
+        self.k_max = k_max
+        self.probe_every = probe_every
+        # Decayed counts of accepted and tested draft tokens; the prior (a ~ 0.67 from 3
+        # tokens) is weak, so a couple of steps of evidence outweigh it.
+        self._accepted = 2.0
+        self._tested = 3.0
+        self._plain_steps = 0
+
+    @property
+    def auto(self) -> bool:
+        return self.fixed is None
+
+    @property
+    def acceptance(self) -> float:
+        return self._accepted / self._tested
+
+    def choose(self, costs: CostModel) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        best_k, best = 0, 1.0
+        for k in range(1, self.k_max + 1):
+            s = costs.speedup(self.acceptance, k)
+            if s > best * 1.02:  # ask for a clear gain before adding tokens
+                best_k, best = k, s
+        if best_k == 0:
+            self._plain_steps += 1
+            if self._plain_steps >= self.probe_every:  # look again: acceptance may have recovered
+                self._plain_steps = 0
+                return min(4, self.k_max)
+        else:
+            self._plain_steps = 0
+        return best_k
+
+    def observe(self, tested: int, accepted: int, decay: float = 0.85) -> None:
+        if tested <= 0:
+            return
+        self._accepted = self._accepted * decay + accepted
+        self._tested = self._tested * decay + tested

@@ -1,0 +1,59 @@
+"""The drafter interface: propose up to k tokens, then learn how many were kept.
+
+A drafter is a small strategy object (as in transformers' candidate generators):
+`propose` looks at the committed context and returns a `Draft`; `observe` is told
+how many of its tokens the target accepted. A drafter with a distribution returns
+q for each token (processed with the same `SamplingConfig` as the target, so the
+rejection rule stays lossless); one without (n-gram lookup) returns q=None and is
+verified as a point mass.
+
+Tree-shaped drafts (Medusa, EAGLE) and multi-branch drafts (lookahead) will add a
+`parents` array to `Draft`: a chain is the tree where node i's parent is i - 1.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import SamplingConfig
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    q: torch.Tensor | None = None  # (n, V_target) processed draft probabilities; None = point mass
+    q_token: tuple[float, ...] | None = None  # q(x_i) for display (raw softmax when greedy)
+    parents: tuple[int, ...] | None = None  # None = a chain; reserved for tree drafts
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY_DRAFT = Draft(tokens=[])
+
+
+class Drafter(abc.ABC):
+    name: str = "drafter"
+    has_distribution: bool = False  # True when propose() returns q
+
+    @abc.abstractmethod
+    def propose(
+        self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator
+    ) -> Draft:
+        """Up to k tokens that may follow `context` (the committed token ids)."""
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """How many of the last proposal's tokens the target accepted."""
+
+    def reset(self) -> None:
+        """Forget per-conversation state (called at the start of each generation)."""
+
+    def stats(self) -> dict:
+        """Drafter-specific numbers for the UI (pool size, hits...)."""
+        return {}
+
+    def close(self) -> None:
+        """Free what the drafter holds (a draft model, say)."""

@@ -1,0 +1,80 @@
+"""A separate, smaller draft model on either backend.
+
+The draft model keeps its own KV cache in step with the committed text: before
+drafting it rolls back to the longest prefix it shares with the context (which
+drops the drafts the target rejected and keeps the accepted ones), feeds what is
+missing, then decodes k tokens one at a time. q for each token is the draft's
+distribution after the same processing as the target's (temperature, top-k,
+top-p), in the target's vocabulary width.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..backends.base import Backend, common_prefix_length
+from ..errors import IncompatiblePairError
+from ..sampling import SamplingConfig, probabilities, sample, token_probability
+from .base import EMPTY_DRAFT, Draft, Drafter
+
+
+class ModelDrafter(Drafter):
+    name = "draft model"
+    has_distribution = True
+
+    def __init__(self, backend: Backend, target_vocab_size: int) -> None:
+        self.backend = backend
+        self.target_vocab_size = target_vocab_size
+        if backend.vocab_size < target_vocab_size - 128 or backend.vocab_size > target_vocab_size + 1024:
+            raise IncompatiblePairError(
+                f"The draft model's vocabulary has {backend.vocab_size} entries and the target's "
+                f"{target_vocab_size}: they are not the same tokenizer. Pick a draft model from the "
+                "target's family (run the pair check to see what differs)."
+            )
+
+    def _to_target_width(self, logits: torch.Tensor) -> torch.Tensor:
+        """Cut or pad (with -inf) the draft's logits to the target's vocabulary width."""
+        width = self.target_vocab_size
+        if logits.shape[-1] == width:
+            return logits
+        if logits.shape[-1] > width:
+            return logits[..., :width]
+        pad = torch.full((*logits.shape[:-1], width - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
+
+    def propose(
+        self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator
+    ) -> Draft:
+        if k <= 0:
+            return EMPTY_DRAFT
+        k = min(k, self.backend.n_ctx - len(context))
+        if k <= 0:
+            return EMPTY_DRAFT
+        # Sync the cache: keep the shared prefix, but always feed at least the last token.
+        keep = min(common_prefix_length(self.backend.tokens, context), len(context) - 1)
+        self.backend.rollback(keep)
+        logits = self.backend.forward(context[keep:], all_logits=False)[-1]
+        tokens: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        q_token: list[float] = []
+        for i in range(k):
+            row = self._to_target_width(logits)
+            if sampling.greedy:
+                token = int(row.argmax())
+                q_token.append(token_probability(row, token))
+            else:
+                q = probabilities(row, sampling)  # (V,)
+                token = sample(q, generator)
+                q_rows.append(q)
+                q_token.append(float(q[token]))
+            tokens.append(token)
+            if i + 1 < k:
+                logits = self.backend.forward([token])[-1]
+        q = torch.stack(q_rows) if q_rows else None
+        return Draft(tokens=tokens, q=q, q_token=tuple(q_token))
+
+    def reset(self) -> None:
+        pass  # the cache is re-synced by prefix on every proposal
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,145 @@
+"""What a generation run reports as it goes: one `StepEvent` per target forward.
+
+A UI draws these as they arrive: each token says where it came from and with what
+probabilities; each step carries its timings and a snapshot of the running
+statistics, including the speedup the article's formula predicts from them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Source(str, enum.Enum):
+    """Where an emitted token came from."""
+
+    ACCEPTED = "accepted"  # a draft token the target accepted
+    RESAMPLED = "resampled"  # drawn from norm(max(0, p - q)) after a rejection (greedy: the target's argmax)
+    BONUS = "bonus"  # drawn from p after all drafted tokens were accepted
+    PLAIN = "plain"  # an ordinary target token: nothing was drafted this step
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    id: int
+    text: str  # what this token added to the reply (may be "" for part of a UTF-8 character)
+    source: Source
+    p: float  # target probability of the token (processed when sampling, softmax when greedy)
+    q: float | None  # draft probability, None when the drafter has no distribution or nothing was drafted
+    # The target's best candidates in the row that produced this token (greedy runs): used to explain
+    # why a batched verification and a one-token decode chose different tokens.
+    top_ids: tuple[int, ...] = ()
+    top_logits: tuple[float, ...] = ()
+
+    @property
+    def acceptance(self) -> float | None:
+        """min(1, p/q) for a drafted token, None otherwise."""
+        if self.q is None or self.source is Source.PLAIN:
+            return None
+        return 1.0 if self.q <= 0 else min(1.0, self.p / self.q)
+
+
+@dataclass(frozen=True)
+class RunStats:
+    steps: int = 0  # target forwards in the decode loop
+    tokens: int = 0  # tokens emitted
+    drafted: int = 0  # draft tokens sent to the target
+    accepted: int = 0  # draft tokens accepted
+    tested: int = 0  # draft tokens the rule looked at (accepted + one per rejection)
+    wall_s: float = 0.0  # decode loop time (prefill excluded)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    draft_cost_ratio: float = 0.0  # time to draft one token / time of one single-token target forward
+    verify_cost_ratio: float = 1.0  # time to verify the last k+1 tokens / one single-token forward
+    predicted_speedup: float = 1.0  # (1 - a^(k+1)) / (1 - a) / (1 + c), from the measured a and costs
+    k: int = 0  # draft length used in the last step
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Per-token acceptance a: accepted / tested (the geometric model's estimate)."""
+        return self.accepted / self.tested if self.tested else 0.0
+
+    @property
+    def draft_acceptance(self) -> float:
+        """Share of drafted tokens that were accepted (what most tools call acceptance)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "draft_acceptance": round(self.draft_acceptance, 4),
+            "tokens_per_step": round(self.tokens_per_step, 4),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "wall_s": round(self.wall_s, 4),
+            "prefill_s": round(self.prefill_s, 4),
+            "draft_s": round(self.draft_s, 4),
+            "verify_s": round(self.verify_s, 4),
+            "other_s": round(self.other_s, 4),
+            "draft_cost_ratio": round(self.draft_cost_ratio, 4),
+            "verify_cost_ratio": round(self.verify_cost_ratio, 4),
+            "predicted_speedup": round(self.predicted_speedup, 4),
+        }
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    index: int  # 0-based step number
+    tokens: tuple[TokenInfo, ...]
+    text: str  # text this step added
+    k: int  # draft length asked for
+    drafted: int  # draft tokens actually proposed (a drafter may find fewer than k)
+    accepted: int
+    draft_s: float
+    verify_s: float
+    other_s: float
+    stats: RunStats
+    finish_reason: str | None = None  # "stop" | "length" | "context" | "stop_string" | "cancelled"
+    end_token: TokenInfo | None = None  # the end-of-generation token that finished the run, not shown
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a speculative greedy run first differs from the vanilla run, and why."""
+
+    index: int  # position in the generated tokens
+    speculative_token: int
+    vanilla_token: int
+    explained: bool
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "speculative_token": self.speculative_token,
+            "vanilla_token": self.vanilla_token,
+            "explained": self.explained,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    tokens: tuple[int, ...]
+    stats: RunStats
+    finish_reason: str
+    events: tuple[StepEvent, ...] = field(default=(), repr=False)
+
+    @property
+    def token_infos(self) -> tuple[TokenInfo, ...]:
+        return tuple(info for event in self.events for info in event.tokens)

@@ -1,0 +1,168 @@
+"""`Engine`: a loaded target, an optional drafter and their measured costs.
+
+This is what the CLI and the desktop app hold. Layers, as in mlx-lm:
+`decode.decode_steps` yields steps -> `Engine.stream` adds the engine's drafter,
+draft length and cost model -> `Engine.generate` collects a result ->
+`Engine.compare` runs vanilla and speculative decoding on the same input.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from .backends.base import Backend
+from .decode import decode_steps
+from .divergence import first_divergence, rounding_bound
+from .draft_length import CostModel, DraftLength, measure_verify_curve
+from .drafters.base import Drafter
+from .errors import ConfigError, SpecDeckError
+from .events import Divergence, GenerationResult, StepEvent
+from .loading import load_backend, make_drafter
+from .sampling import SamplingConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    target: str = "default"
+    drafter: str = "ngram"  # "none" | "ngram" | "model"
+    draft: str | None = None  # draft model spec (implies drafter "model")
+    backend: str = "auto"
+    draft_backend: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    n_ctx: int | None = None
+    threads: int | None = None
+    gpu_layers: int = 0
+    k: int | str = "auto"
+    k_max: int = 16
+    ngram_max: int = 3
+    measure_costs: bool = True  # time the target's verify-cost curve at load
+
+
+@dataclass(frozen=True)
+class Comparison:
+    vanilla: GenerationResult
+    speculative: GenerationResult
+    divergence: Divergence | None  # greedy runs only; None when identical
+
+    @property
+    def identical(self) -> bool:
+        return self.vanilla.tokens == self.speculative.tokens
+
+    @property
+    def speedup(self) -> float:
+        v, s = self.vanilla.stats.tokens_per_s, self.speculative.stats.tokens_per_s
+        return s / v if v > 0 else 0.0
+
+
+Progress = Callable[[str, float], None]  # (what is happening, fraction done)
+
+
+class Engine:
+    def __init__(self, target: Backend, drafter: Drafter | None, config: EngineConfig, costs: CostModel) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.config = config
+        self.costs = costs
+        DraftLength(config.k, config.k_max)  # validate k early, before any generation
+
+    @classmethod
+    def load(cls, config: EngineConfig, progress: Progress | None = None) -> "Engine":
+        report = progress or (lambda message, fraction: None)
+        DraftLength(config.k, config.k_max)
+        options = dict(device=config.device, dtype=config.dtype, n_ctx=config.n_ctx, threads=config.threads,
+                       gpu_layers=config.gpu_layers)  # fmt: skip
+        report("Loading the target model", 0.0)
+        target = load_backend(config.target, backend=config.backend, **options)
+        try:
+            report("Loading the drafter", 0.5)
+            drafter = make_drafter(
+                config.drafter, target, draft=config.draft, draft_backend=config.draft_backend,
+                ngram_max=config.ngram_max, **options,
+            )  # fmt: skip
+            costs = CostModel()
+            if config.measure_costs:
+                report("Measuring the target's verify costs", 0.8)
+                costs.verify_s.update(measure_verify_curve(target))
+        except BaseException:
+            target.close()
+            raise
+        report("Ready", 1.0)
+        return cls(target, drafter, config, costs)
+
+    def prompt_ids(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
+        """Token ids for a plain string (as a user message when `chat`) or a list of chat messages."""
+        if isinstance(prompt, str):
+            if not chat:
+                return self.target.tokenize(prompt)
+            prompt = [{"role": "user", "content": prompt}]
+        if not prompt or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
+            raise ConfigError('Messages must be a non-empty list of {"role": ..., "content": ...} objects.')
+        return self.target.apply_chat_template(prompt)
+
+    def stream(
+        self,
+        prompt: list[int],
+        sampling: SamplingConfig,
+        *,
+        speculative: bool = True,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[StepEvent]:
+        drafter = self.drafter if speculative else None
+        if speculative and drafter is None:
+            raise ConfigError("No drafter is loaded: choose n-gram lookup or a draft model to decode speculatively.")
+        draft_length = DraftLength(self.config.k, self.config.k_max) if drafter else None
+        return decode_steps(
+            self.target, prompt, sampling, drafter=drafter, draft_length=draft_length, costs=self.costs,
+            cancel=cancel,
+        )  # fmt: skip
+
+    def generate(
+        self,
+        prompt: list[int],
+        sampling: SamplingConfig,
+        *,
+        speculative: bool = True,
+        cancel: threading.Event | None = None,
+        on_event: Callable[[StepEvent], None] | None = None,
+    ) -> GenerationResult:
+        events = []
+        for event in self.stream(prompt, sampling, speculative=speculative, cancel=cancel):
+            events.append(event)
+            if on_event is not None:
+                on_event(event)
+        return collect(events)
+
+    def compare(
+        self,
+        prompt: list[int],
+        sampling: SamplingConfig,
+        *,
+        cancel: threading.Event | None = None,
+        on_event: Callable[[str, StepEvent], None] | None = None,
+    ) -> Comparison:
+        """Vanilla, then speculative decoding, with the same sampling settings and seed."""
+        runs = {}
+        for label, speculative in (("vanilla", False), ("speculative", True)):
+            callback = (lambda event, label=label: on_event(label, event)) if on_event else None
+            runs[label] = self.generate(prompt, sampling, speculative=speculative, cancel=cancel, on_event=callback)
+        divergence = None
+        if sampling.greedy and runs["vanilla"].tokens != runs["speculative"].tokens:
+            divergence = first_divergence(runs["speculative"], runs["vanilla"], rounding_bound(self.target.info))
+        return Comparison(runs["vanilla"], runs["speculative"], divergence)
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+        self.target.close()
+
+
+def collect(events: list[StepEvent]) -> GenerationResult:
+    if not events:
+        raise SpecDeckError("The generation produced no steps.")
+    tokens = tuple(info.id for event in events for info in event.tokens)
+    text = "".join(event.text for event in events)
+    last = events[-1]
+    return GenerationResult(text, tokens, last.stats, last.finish_reason or "length", tuple(events))

@@ -1,0 +1,28 @@
+"""Shared fixtures: real models are loaded once per test session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def default_gguf() -> str:
+    from engine.models import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def default_llama(default_gguf):
+    """The embedded SmolLM2-135M-Instruct on llama.cpp, shared by every test that only reads it."""
+    from engine.backends.llama_backend import LlamaCppBackend
+
+    backend = LlamaCppBackend(default_gguf, n_ctx=2048)
+    yield backend
+    backend.close()
