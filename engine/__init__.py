@@ -10,6 +10,8 @@ tests all drive the same Python API:
         print(step.text, end="")
 """
 
+from importlib import import_module
+
 from .errors import (
     ConfigError,
     ContextOverflowError,
@@ -19,9 +21,21 @@ from .errors import (
     OutOfMemoryError,
     SpecDeckError,
 )
-from .events import Divergence, GenerationResult, RunStats, Source, StepEvent, TokenInfo
-from .sampling import SamplingConfig
-from .session import Comparison, Engine, EngineConfig
+
+# Everything else loads torch; import it on first use so `specdeck-cli models`
+# and `doctor` start quickly.
+_LAZY = {
+    "Divergence": "events", "GenerationResult": "events", "RunStats": "events", "Source": "events",
+    "StepEvent": "events", "TokenInfo": "events", "SamplingConfig": "sampling",
+    "Comparison": "session", "Engine": "session", "EngineConfig": "session",
+}  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+
 
 __all__ = [
     "Comparison",

@@ -18,8 +18,6 @@ import threading
 from pathlib import Path
 
 from .errors import ConfigError, SpecDeckError
-from .events import GenerationResult
-from .sampling import SamplingConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +84,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from .sampling import SamplingConfig
     from .session import Engine, EngineConfig
 
     sampling = SamplingConfig(
@@ -145,7 +144,7 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
-def _run_stats(result: GenerationResult) -> dict:
+def _run_stats(result) -> dict:
     s = result.stats
     keys = ("steps", "drafted", "accepted", "acceptance_rate", "tokens_per_step", "tokens_per_s", "wall_s")
     stats = {key: s.as_dict()[key] for key in keys}
@@ -153,7 +152,7 @@ def _run_stats(result: GenerationResult) -> dict:
     return stats
 
 
-def _json_report(result: GenerationResult, comparison) -> dict:
+def _json_report(result, comparison) -> dict:
     report = {"text": result.text, "tokens": list(result.tokens), "stats": _run_stats(result)}
     if comparison is not None:
         vanilla = comparison.vanilla
@@ -165,7 +164,7 @@ def _json_report(result: GenerationResult, comparison) -> dict:
     return report
 
 
-def _print_summary(result: GenerationResult, comparison) -> None:
+def _print_summary(result, comparison) -> None:
     s = result.stats
     lines = [
         f"{s.tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), {s.steps} target forwards "
