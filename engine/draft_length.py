@@ -112,20 +112,25 @@ def break_even_acceptance(costs: CostModel, k: int) -> float | None:
     return hi
 
 
-def measure_verify_curve(backend, sizes=CURVE_SIZES, repeats: int = 3, context: int = 64) -> dict[int, float]:
+def measure_verify_curve(
+    backend, sizes=CURVE_SIZES, repeats: int = 3, context: int = 64, budget_s: float = 3.0
+) -> dict[int, float]:
     """Time one forward of n tokens for each n (median of `repeats`), at a short context.
 
-    Runs on the backend's own cache and leaves it as it found it.
+    Stops early once `budget_s` is spent (a big model on a CPU); `CostModel`
+    extrapolates past the last size measured. Runs on the backend's own cache and
+    leaves it as it found it.
     """
     saved = list(backend.tokens)
     filler = _filler_tokens(backend, context + max(sizes))
     curve: dict[int, float] = {}
+    deadline = time.perf_counter() + budget_s
     try:
         backend.prefill(filler[:context])
         backend.forward(filler[context : context + 1])  # warm-up
         backend.rollback(context)
         for n in sizes:
-            if context + n > backend.n_ctx:
+            if context + n > backend.n_ctx or (len(curve) >= 2 and time.perf_counter() > deadline):
                 break
             times = []
             for _ in range(repeats):

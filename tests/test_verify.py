@@ -88,9 +88,10 @@ def test_broken_point_mass_rule_fails(monkeypatch):
 def test_real_model_distributions_are_preserved(default_llama):
     """p and q are the embedded model's next-token distributions after two different prompts."""
     target = default_llama
-    config = SamplingConfig(temperature=0.8, top_k=40, top_p=0.95)
-    target.prefill(target.tokenize("The capital of France is")[:-1])
-    p_logits = target.forward(target.tokenize(" is")[-1:])[0]
+    config = SamplingConfig(temperature=1.0, top_k=40, top_p=0.98)
+    p_ids = target.tokenize("Once upon a time, there was a")
+    target.prefill(p_ids[:-1])
+    p_logits = target.forward(p_ids[-1:])[0]
     target.rollback(0)
     q_ids = target.tokenize("My favourite city in Europe is")
     target.prefill(q_ids[:-1])
