@@ -26,3 +26,20 @@ def default_llama(default_gguf):
     backend = LlamaCppBackend(default_gguf, n_ctx=2048)
     yield backend
     backend.close()
+
+
+@pytest.fixture(scope="session")
+def embedded_hf_dir(default_gguf, tmp_path_factory) -> str:
+    """The embedded model as a float32 safetensors folder.
+
+    transformers takes ~20 s to load the GGUF (it parses the file three times);
+    converting once per session lets every torch test load it in about a second.
+    """
+    from engine.backends.torch_backend import TorchBackend
+
+    folder = tmp_path_factory.mktemp("smollm2-fp32")
+    backend = TorchBackend(default_gguf, dtype="float32")
+    backend._model.save_pretrained(folder)
+    backend._tok.save_pretrained(folder)
+    backend.close()
+    return str(folder)

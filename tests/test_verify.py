@@ -100,6 +100,10 @@ def test_real_model_distributions_are_preserved(default_llama):
     p = probabilities(p_logits, config)
     q = probabilities(q_logits, config)
     assert (p > 0).sum() > 5 and (q > 0).sum() > 5 and not torch.allclose(p, q)
+    # Keep only the tokens either distribution can produce (the rest have p = q = 0):
+    # the same distributions, re-indexed, so 100,000 draws stay quick.
+    support = ((p > 0) | (q > 0)).nonzero().flatten()
+    p, q = p[support], q[support]
     counts = emitted_counts(p, q, None, seed=7)
     assert chi_square_pvalue(counts, p.numpy()) > 1e-3
     point_counts = emitted_counts(p, None, int(q.argmax()), seed=8)

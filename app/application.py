@@ -1,0 +1,76 @@
+"""The QApplication: names, icon and display settings, set once before any window.
+
+The organization and application names decide where `QSettings()` and
+`QStandardPaths` store things; they are set here and nowhere else (tests set
+their own, test-only names instead of calling `create_application`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QCoreApplication, Qt, QTimer
+from PySide6.QtGui import QGuiApplication, QIcon
+from PySide6.QtWidgets import QApplication
+
+import app
+
+ORGANIZATION = "SpecDeck"
+ORGANIZATION_DOMAIN = "specdeck.github.io"
+APPLICATION = "SpecDeck"
+DESKTOP_ID = "io.github.specdeck.SpecDeck"  # the .desktop file's name: Wayland matches windows to it
+
+
+def resources_dir() -> Path:
+    """resources/ beside the package (source checkout) or inside a PyInstaller bundle."""
+    bundle = getattr(sys, "_MEIPASS", None)
+    if bundle:
+        return Path(bundle) / "resources"
+    return Path(app.__file__).resolve().parent.parent / "resources"
+
+
+def app_icon() -> QIcon:
+    """The SpecDeck icon: the installed theme's if there is one, else the files in resources/."""
+    icon = QIcon.fromTheme(DESKTOP_ID)
+    if icon.isNull():
+        icon = QIcon()
+        for name in (f"{DESKTOP_ID}.svg", f"{DESKTOP_ID}.png"):
+            path = resources_dir() / name
+            if path.is_file():
+                icon.addFile(str(path))
+    return icon
+
+
+def create_application(argv: list[str] | None = None) -> QApplication:
+    """Make (or return) the QApplication, with names, icon and high-DPI settings."""
+    existing = QApplication.instance()
+    if existing is not None:
+        return existing
+    # Qt 6 always scales for high DPI; pass fractional factors (125 %, 150 %) through
+    # instead of rounding them, so text and charts are neither blurry nor tiny.
+    QGuiApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
+    QCoreApplication.setOrganizationName(ORGANIZATION)
+    QCoreApplication.setOrganizationDomain(ORGANIZATION_DOMAIN)
+    QCoreApplication.setApplicationName(APPLICATION)
+    QCoreApplication.setApplicationVersion(app.__version__)
+    application = QApplication(list(argv if argv is not None else sys.argv))
+    QGuiApplication.setApplicationDisplayName(APPLICATION)
+    QGuiApplication.setDesktopFileName(DESKTOP_ID)
+    application.setWindowIcon(app_icon())
+    _quit_on_interrupt(application)
+    return application
+
+
+def _quit_on_interrupt(application: QApplication) -> None:
+    """Ctrl+C in the terminal closes the window properly (cancelling any generation)."""
+    if os.name != "posix":
+        return
+    signal.signal(signal.SIGINT, lambda *_: application.closeAllWindows())
+    # Python runs signal handlers only between bytecodes; while Qt's event loop waits in
+    # C++ nothing runs, so wake the interpreter a few times a second.
+    timer = QTimer(application)
+    timer.timeout.connect(lambda: None)
+    timer.start(250)

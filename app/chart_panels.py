@@ -1,0 +1,292 @@
+"""The live chart panels: one pyqtgraph PlotWidget each, fed from `chart_data.chart_series`.
+
+Every panel makes its plot items once and only calls `setData`/`setOpts` on
+redraw; none of them computes anything beyond picking its part of the series.
+Colours follow the Okabe-Ito palette (safe for colour-blind readers): one colour
+per run everywhere, one per kind of time, and the theory plot's own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QFont, QPalette
+
+RUN_COLOURS = {"speculative": "#0072B2", "vanilla": "#E69F00"}  # blue, orange
+TIME_COLOURS = {"draft": "#D55E00", "verify": "#56B4E9", "other": "#999999"}  # vermillion, sky, grey
+BREAK_EVEN = "#D55E00"
+SPEEDUP = "#009E73"  # green
+RUN_ORDER = ("speculative", "vanilla")
+HEADROOM = 1.4  # y range over the data's top, so a top-right legend never covers data
+HISTOGRAM_HEADROOM = 1.6  # its legend is wide: beside a tall bar in a narrow panel it needs more
+EMPTY = (np.zeros(0), np.zeros(0))
+
+
+class Panel(pg.PlotWidget):
+    """A PlotWidget themed from the Qt palette, with a title, axis labels and a legend."""
+
+    def __init__(self, title: str, x_label: str, y_label: str, parent=None, axis_items=None) -> None:
+        palette = parent.palette() if parent is not None else QPalette()
+        self.fg = palette.color(QPalette.ColorRole.Text)
+        self.bg = palette.color(QPalette.ColorRole.Base)
+        super().__init__(parent=parent, background=self.bg, axisItems=axis_items)
+        self.plot = self.getPlotItem()
+        self.set_title(title)
+        tick_font = QFont(self.font())
+        tick_font.setPointSizeF(8.5)
+        for side in ("left", "bottom"):
+            axis = self.plot.getAxis(side)
+            axis.setPen(pg.mkPen(self.fg))
+            axis.setTextPen(pg.mkPen(self.fg))
+            axis.setTickFont(tick_font)
+            axis.enableAutoSIPrefix(False)  # it labels an empty 0..1 step axis "(x0.001)"
+        # No `units=`: pyqtgraph would SI-scale them into "ktokens/s".
+        label_style = {"color": self.fg.name(), "font-size": "9pt"}
+        self.plot.setLabel("bottom", x_label, **label_style)
+        self.plot.setLabel("left", y_label, **label_style)
+        self.plot.showGrid(x=True, y=True, alpha=0.15)
+        # Room on the right for the last x tick label, which pyqtgraph drops when it would overflow.
+        self.plot.layout.setContentsMargins(2, 2, 14, 2)
+        self.plot.setClipToView(True)
+        self.plot.setDownsampling(auto=True, mode="peak")
+        self.legend = self.plot.addLegend(
+            offset=(-6, 6), labelTextColor=self.fg, labelTextSize="8pt", verSpacing=-6,
+            brush=pg.mkBrush(self.bg.red(), self.bg.green(), self.bg.blue(), 200),
+        )  # fmt: skip
+        # Small enough that a splitter can squeeze three columns to where LiveCharts reflows to two.
+        self.setMinimumSize(170, 140)
+
+    def set_title(self, title: str) -> None:
+        self.plot.setTitle(title, color=self.fg.name(), size="10pt", bold=True)
+        # A title sets its own width as the plot's minimum, and a plot wider than its
+        # widget is drawn cut off on the right, axis and all. In a narrow dock a
+        # clipped title is the lesser evil.
+        self.plot.titleLabel.setMinimumWidth(0)
+
+    def show_series(self, series: dict) -> None:
+        raise NotImplementedError
+
+    def clear_data(self) -> None:
+        raise NotImplementedError
+
+    def muted(self, alpha: int = 110) -> QColor:
+        """The foreground colour, faded: for reference lines that must not compete with data."""
+        colour = QColor(self.fg)
+        colour.setAlpha(alpha)
+        return colour
+
+
+class CappedAxis(pg.AxisItem):
+    """An axis with no ticks above `top`: the range above it is headroom for a legend, not values."""
+
+    def __init__(self, orientation: str, top: float = 1.0) -> None:
+        super().__init__(orientation)
+        self.top = top
+
+    def tickValues(self, minVal, maxVal, size):
+        levels = super().tickValues(minVal, maxVal, size)
+        return [(spacing, [v for v in values if v <= self.top + 1e-9]) for spacing, values in levels]
+
+
+def set_label_anchor(line: pg.InfiniteLine, anchor: tuple[float, float]) -> None:
+    if line.label.anchors[0] != anchor:
+        line.label.anchors = [anchor, anchor]
+        line.label.updatePosition()
+
+
+def set_curve(curve: pg.PlotDataItem, x: np.ndarray, y: np.ndarray) -> None:
+    # skipFiniteCheck saves a pass over the data, but a NaN in a path it did not
+    # check breaks the drawing, so it is only skipped when the data is all finite.
+    finite = bool(np.isfinite(y).all())
+    curve.setData(x, y, skipFiniteCheck=finite, connect="all" if finite else "finite")
+
+
+class ThroughputPanel(Panel):
+    """Tokens per second over a rolling window; the run colours are explained once, in the header."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__("Tokens per second", "decoding time (s)", "tokens/s (last 16 steps)", parent)
+        self.legend.hide()
+        self.curves = {}
+        for label in RUN_ORDER:
+            self.curves[label] = self.plot.plot([], [], pen=pg.mkPen(RUN_COLOURS[label], width=2), antialias=True)
+
+    def show_series(self, series: dict) -> None:
+        for label, curve in self.curves.items():
+            set_curve(curve, *series["throughput"].get(label, EMPTY))
+
+    def clear_data(self) -> None:
+        self.show_series({"throughput": {}})
+
+
+class AcceptancePanel(Panel):
+    def __init__(self, parent=None) -> None:
+        super().__init__("Acceptance rate", "step", "accepted / tested (last 16 steps)", parent)
+        self.legend.hide()  # the two reference lines carry their own labels
+        self.curve = self.plot.plot([], [], pen=pg.mkPen(RUN_COLOURS["speculative"], width=2), antialias=True)
+        self.overall = pg.InfiniteLine(
+            angle=0, pen=pg.mkPen(self.muted(170), width=1, style=Qt.DashLine),
+            label="", labelOpts={"position": 0.02, "color": self.muted(220), "anchors": [(0, 1), (0, 1)]},
+        )  # fmt: skip
+        self.break_even = pg.InfiniteLine(
+            angle=0, pen=pg.mkPen(BREAK_EVEN, width=1.5, style=Qt.DashLine),
+            label="", labelOpts={"position": 0.98, "color": BREAK_EVEN, "anchors": [(1, 0), (1, 0)]},
+        )  # fmt: skip
+        for line in (self.overall, self.break_even):
+            line.setVisible(False)
+            self.plot.addItem(line)
+        self.plot.setYRange(0.0, 1.0, padding=0.03)
+        self.plot.getViewBox().setLimits(yMin=-0.05, yMax=1.05)
+        self.plot.enableAutoRange(axis="y", enable=False)
+
+    def show_series(self, series: dict) -> None:
+        x, y = series["acceptance"].get("speculative", EMPTY)
+        set_curve(self.curve, x, y)
+        measured = series["theory"]["measured"]
+        self.overall.setVisible(measured is not None)
+        if measured is not None:
+            self.overall.setValue(measured[0])
+            self.overall.label.setFormat(f"whole run {measured[0]:.2f}")
+            # Near the top of the axis a label above the line would be cut off: put it below.
+            set_label_anchor(self.overall, (0, 0) if measured[0] > 0.8 else (0, 1))
+        break_even = series["theory"]["break_even"]
+        self.break_even.setVisible(break_even is not None and len(x) > 0)
+        if break_even is not None:
+            self.break_even.setValue(break_even)
+            self.break_even.label.setFormat("break-even: every a pays" if break_even < 0.005
+                                            else f"break-even {break_even:.2f}")  # fmt: skip
+            # Near the bottom a label below the line would be cut off: put it above.
+            set_label_anchor(self.break_even, (1, 1) if break_even < 0.15 else (1, 0))
+
+    def clear_data(self) -> None:
+        self.curve.setData([], [])
+        self.overall.setVisible(False)
+        self.break_even.setVisible(False)
+
+
+class HistogramPanel(Panel):
+    def __init__(self, parent=None) -> None:
+        super().__init__("Tokens accepted per step", "draft tokens accepted", "share of drafting steps", parent,
+                         axis_items={"left": CappedAxis("left")})  # fmt: skip
+        self.bars = pg.BarGraphItem(x=[], height=[], width=0.75, brush=RUN_COLOURS["speculative"],
+                                    pen=pg.mkPen(None), name="measured")  # fmt: skip
+        self.plot.addItem(self.bars)
+        self.model = self.plot.plot([], [], pen=pg.mkPen(self.fg, width=1.5), symbol="o", symbolSize=6,
+                                    symbolBrush=self.fg, symbolPen=None, name="geometric model")  # fmt: skip
+        self.plot.getAxis("bottom").setTickSpacing(major=1, minor=1)
+        self.plot.getAxis("left").setTickSpacing(major=0.5, minor=0.1)
+        self.plot.getAxis("left").setStyle(maxTextLevel=0)  # labels at 0, 0.5, 1 only
+        self.plot.enableAutoRange(axis="y", enable=False)
+        self.plot.setYRange(0.0, 1.0, padding=0.02)
+
+    def show_series(self, series: dict) -> None:
+        h = series["accepted_histogram"]
+        if h["steps"]:
+            self.bars.setOpts(x=h["bins"], height=h["measured"])
+            set_curve(self.model, h["bins"], h["predicted"])
+            # Headroom above the tallest bar, and the legend over the lower half of the
+            # bars, keep the legend off the data.
+            top = max(float(h["measured"].max()), float(h["predicted"].max()))
+            self.plot.setYRange(0.0, min(1.0, top) * HISTOGRAM_HEADROOM, padding=0.0)
+            tallest_on_right = int(np.argmax(h["measured"])) >= len(h["bins"]) / 2
+            self.legend.setOffset((6, 6) if tallest_on_right else (-6, 6))
+        else:
+            self.bars.setOpts(x=[], height=[])
+            self.model.setData([], [])
+        self.plot.setXRange(-0.5, max(len(h["bins"]), 4) - 0.5, padding=0.02)
+
+    def clear_data(self) -> None:
+        self.bars.setOpts(x=[], height=[])
+        self.model.setData([], [])
+        self.plot.setXRange(-0.5, 3.5, padding=0.02)
+
+
+class DraftLengthPanel(Panel):
+    def __init__(self, parent=None) -> None:
+        super().__init__("Draft length k", "step", "tokens", parent)
+        self.asked = self.plot.plot([], [], pen=pg.mkPen(RUN_COLOURS["speculative"], width=2),
+                                    stepMode="left", name="k asked")  # fmt: skip
+        # What the drafter actually proposed (an n-gram drafter often finds fewer than k),
+        # as a filled area under the line: symbols would cost 100 ms a frame on a long run.
+        fill = QColor(RUN_COLOURS["speculative"])
+        fill.setAlpha(70)
+        self.drafted = self.plot.plot([], [], pen=None, stepMode="left", fillLevel=0, fillBrush=fill, name="drafted")
+        self.drafted.setZValue(-1)
+        self.plot.enableAutoRange(axis="y", enable=False)
+        self.plot.setYRange(0.0, 4.0 * HEADROOM)
+
+    def show_series(self, series: dict) -> None:
+        lengths = series["draft_length"]
+        if not lengths:
+            self.clear_data()
+            return
+        set_curve(self.asked, *lengths["k"])
+        set_curve(self.drafted, *lengths["drafted"])
+        top = max(float(lengths["k"][1].max()), 1.0)
+        self.plot.setYRange(0.0, top * HEADROOM, padding=0.02)
+
+    def clear_data(self) -> None:
+        self.asked.setData([], [])
+        self.drafted.setData([], [])
+
+
+class TimeSplitPanel(Panel):
+    """Seconds spent drafting, verifying and on everything else, as one stacked bar per run.
+
+    The share line above each bar is written in the parts' colours, so it doubles
+    as the legend without covering a bar.
+    """
+
+    def __init__(self, parent=None) -> None:
+        super().__init__("Where the time goes", "seconds", "", parent)
+        self.legend.hide()
+        self.bars = {}
+        for part, colour in TIME_COLOURS.items():
+            self.bars[part] = pg.BarGraphItem(x0=[], y=[], width=[], height=0.55, brush=colour, pen=pg.mkPen(None))
+            self.plot.addItem(self.bars[part])
+        self.notes = {}
+        for label in RUN_ORDER:
+            self.notes[label] = pg.TextItem("", anchor=(0, 1))
+            self.plot.addItem(self.notes[label])
+        self.plot.showGrid(x=True, y=False, alpha=0.15)
+        self.plot.getViewBox().setMouseEnabled(y=False)
+        self.plot.enableAutoRange(enable=False)
+        # The view box gets its size after the widget's resize event: wrap when it does.
+        self.plot.getViewBox().sigResized.connect(self._wrap_notes)
+
+    def show_series(self, series: dict) -> None:
+        split = series["time_split"]
+        labels = [label for label in RUN_ORDER if label in split]
+        rows = {label: float(len(labels) - 1 - i) for i, label in enumerate(labels)}  # first run on top
+        self.plot.getAxis("left").setTicks([[(row, label) for label, row in rows.items()]])
+        start = np.zeros(len(labels))
+        for part, bar in self.bars.items():
+            width = np.array([split[label][part] for label in labels])
+            bar.setOpts(x0=start.copy(), y=np.array([rows[label] for label in labels]), width=width)
+            start += width
+        for label, note in self.notes.items():
+            note.setVisible(label in split)
+            if label in split:
+                note.setHtml(self._shares(split[label]))
+                note.setPos(0, rows[label] + 0.3)
+        self._wrap_notes()
+        longest = max((sum(parts.values()) for parts in split.values()), default=1.0) or 1.0
+        self.plot.setXRange(0, longest, padding=0.03)
+        self.plot.setYRange(-0.4, max(len(labels), 1) - 0.35, padding=0.02)
+
+    def _wrap_notes(self, *_) -> None:
+        # A line longer than the plot would be cut off at its right edge: wrap it
+        # instead (there is room for two lines above each bar).
+        width = max(self.plot.getViewBox().width() - 4, 60)
+        for note in self.notes.values():
+            note.setTextWidth(width)  # TextItem's own: it also moves the text to keep its anchor
+
+    def _shares(self, parts: dict) -> str:
+        total = sum(parts.values()) or 1.0
+        words = [f"<span style='color:{TIME_COLOURS[p]}'>{p} {100 * v / total:.0f}%</span>" for p, v in parts.items()]
+        return f"<span style='font-size:8pt; color:{self.fg.name()}'>{total:.3g} s:</span> " \
+               f"<span style='font-size:8pt; font-weight:600'>{' · '.join(words)}</span>"
+
+    def clear_data(self) -> None:
+        self.show_series({"time_split": {}})

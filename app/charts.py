@@ -1,0 +1,230 @@
+"""`LiveCharts`: six live panels that show how a speculative run is going, and why.
+
+Decoding must never wait for drawing. `add_step` only appends a row to a ring
+buffer and arms a single-shot timer; the redraw runs at most ~25 times a second,
+and not at all while nothing new arrives (an idle app does not wake up 25 times
+a second for nothing). Call everything from the GUI thread: the main window gets
+steps from its worker through a queued signal.
+
+Panels (three columns when wide, two when tall):
+  tokens per second | acceptance rate (rolling)  | tokens accepted per step
+  draft length k    | where the time goes        | theory: E[tokens/step] and speedup vs a
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
+
+from engine.draft_length import CostModel
+from engine.events import StepEvent
+
+from .chart_data import COLUMNS, Run, chart_series
+from .chart_panels import (
+    RUN_COLOURS,
+    AcceptancePanel,
+    DraftLengthPanel,
+    HistogramPanel,
+    ThroughputPanel,
+    TimeSplitPanel,
+)
+from .theory_panel import TheoryPanel
+
+REDRAW_MS = 40  # 25 Hz: smooth to the eye, a few ms of work per frame
+LABELS = ("speculative", "vanilla")
+
+
+class LiveCharts(QWidget):
+    sig_redrawn = Signal()
+    """The panels now show everything added so far (emitted after each redraw)."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self._runs: dict[str, Run] = {}
+        self._costs: CostModel | None = None
+        self._dirty = False
+        self.throughput = ThroughputPanel(self)
+        self.acceptance = AcceptancePanel(self)
+        self.histogram = HistogramPanel(self)
+        self.draft_length = DraftLengthPanel(self)
+        self.time_split = TimeSplitPanel(self)
+        self.theory = TheoryPanel(self)
+        self.panels = (self.throughput, self.acceptance, self.histogram, self.draft_length, self.time_split,
+                       self.theory)  # fmt: skip
+        # Steps share their x axis: zooming one zooms the other.
+        self.draft_length.plot.setXLink(self.acceptance.plot)
+        # One line above the panels names the run colours once for all of them and
+        # gives the headline numbers, so the panels need no per-run legends.
+        self.summary = QLabel(self)
+        self.summary.setWordWrap(True)
+        self.summary.setTextFormat(Qt.RichText)
+        self.summary.setContentsMargins(6, 2, 6, 2)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.setSpacing(2)
+        outer.addWidget(self.summary)
+        self._grid = QGridLayout()
+        self._grid.setSpacing(4)
+        outer.addLayout(self._grid, 1)
+        self._columns = 0
+        self._arrange(3)
+
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(REDRAW_MS)
+        self._timer.timeout.connect(self.redraw)
+        self.redraw()  # empty axes and the theory curve before any step
+
+    # -- feeding -------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget every run (a new generation starts)."""
+        self._runs.clear()
+        for panel in self.panels:
+            panel.clear_data()
+        self._schedule()
+
+    def add_step(self, label: str, event: StepEvent) -> None:
+        """Record one step of the run `label` ("speculative" or "vanilla"). Cheap: draws nothing."""
+        if label not in LABELS:
+            raise ValueError(f"unknown run label {label!r}: use one of {', '.join(LABELS)}")
+        run = self._runs.get(label)
+        if run is None or (event.index == 0 and len(run.steps)):
+            # Step 0 of a label that already has steps is a new run without a reset():
+            # start that label over rather than join two runs into one curve.
+            run = self._runs[label] = Run()
+        run.add(event)
+        self._schedule()
+
+    def set_cost_model(self, costs: CostModel | None) -> None:
+        """The engine's cost model (it keeps learning while decoding; each redraw reads a snapshot)."""
+        self._costs = costs
+        self._schedule()
+
+    # -- drawing -------------------------------------------------------------------
+
+    def series(self) -> dict:
+        """The data the panels draw (after the next redraw, if steps arrived since the last)."""
+        return chart_series(self._runs, self._cost_snapshot())
+
+    def redraw(self) -> None:
+        """Draw everything added so far now (the timer calls this; so does export_png)."""
+        self._timer.stop()
+        self._dirty = False
+        data = self.series()
+        for panel in self.panels:
+            panel.show_series(data)
+        self.summary.setText(summary_html(data, self.palette().color(QPalette.ColorRole.Text).name()))
+        self.sig_redrawn.emit()
+
+    def _schedule(self) -> None:
+        self._dirty = True
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def _cost_snapshot(self) -> CostModel | None:
+        """A private copy of the cost model: the decoding thread updates the original as it goes."""
+        if self._costs is None:
+            return None
+        c = self._costs
+        # dict() copies under the GIL in one step, so a concurrent update cannot tear it.
+        return CostModel(verify_s=dict(c.verify_s), draft_s_per_token=c.draft_s_per_token, smoothing=c.smoothing)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        # Beside a chat pane the charts are often taller than wide: 2 columns then.
+        size = event.size()
+        self._arrange(3 if size.width() >= 1.15 * size.height() else 2)
+
+    def _arrange(self, columns: int) -> None:
+        if columns == self._columns:
+            return
+        self._columns = columns
+        for panel in self.panels:
+            self._grid.removeWidget(panel)
+        for i, panel in enumerate(self.panels):
+            self._grid.addWidget(panel, i // columns, i % columns)
+        rows = (len(self.panels) + columns - 1) // columns
+        for r in range(3):
+            self._grid.setRowStretch(r, 1 if r < rows else 0)
+        for c in range(3):
+            self._grid.setColumnStretch(c, 1 if c < columns else 0)
+
+    # -- exports -------------------------------------------------------------------
+
+    def export_png(self, path: str | os.PathLike) -> None:
+        """The six panels as they look now (pending steps drawn first)."""
+        if self._dirty:
+            self.redraw()
+        if not self.grab().save(os.fspath(path), "PNG"):
+            raise OSError(f"Could not write the image {os.fspath(path)}: check the folder exists and is writable.")
+
+    def export_csv(self, path: str | os.PathLike) -> None:
+        """One row per step and run: the run label, then chart_data.COLUMNS."""
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(("run",) + COLUMNS)
+            for label, run in self._runs.items():
+                for row in run.rows():
+                    writer.writerow([label] + [row[name] for name in COLUMNS])
+
+    def export_json(self, path: str | os.PathLike) -> None:
+        """The run's numbers: final RunStats and per-step rows per label, and the cost model's view."""
+        theory = self.series()["theory"]
+        costs = self._cost_snapshot()
+        document = {
+            "columns": list(COLUMNS),
+            "runs": {
+                label: {"stats": run.stats.as_dict(), "finish_reason": run.finish_reason, "steps": run.rows()}
+                for label, run in self._runs.items()
+            },
+            "cost_model": None if costs is None else {
+                "verify_s": {str(n): s for n, s in sorted(costs.verify_s.items())},
+                "draft_s_per_token": costs.draft_s_per_token,
+            },
+            "theory": {
+                "k": theory["k"],
+                "break_even_acceptance": theory["break_even"],
+                "measured": theory["measured"],
+                "measured_speedup": theory["measured_speedup"],
+            },
+        }  # fmt: skip
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=2)
+
+
+def summary_html(series: dict, text_colour: str) -> str:
+    """The headline numbers: throughput per run, acceptance, measured vs predicted speedup, break-even."""
+    stats = series["stats"]
+    if not stats:
+        return f"<span style='color:{text_colour}'>No run yet: the charts fill in as tokens are generated.</span>"
+    parts = []
+    for label in LABELS:
+        s = stats.get(label)
+        if s is None:
+            continue
+        text = f"<b style='color:{RUN_COLOURS[label]}'>■ {label}</b> {s.tokens_per_s:.1f} tokens/s"
+        if s.tested:
+            text += f", a = {s.acceptance_rate:.2f}, {s.tokens_per_step:.2f} tokens/step"
+            measured = series["theory"]["measured"]
+            if measured and abs(measured[1] - s.tokens_per_step) >= 0.005:  # some steps did not draft (auto k)
+                text += f" ({measured[1]:.2f} when drafting)"
+        parts.append(text)
+    t = series["theory"]
+    if t["measured_speedup"]:
+        parts.append(f"speedup {t['measured_speedup'][1]:.2f}× measured")
+    if "speculative" in stats and stats["speculative"].tested:
+        parts.append(f"{stats['speculative'].predicted_speedup:.2f}× predicted")
+    line = " &nbsp;·&nbsp; ".join(parts)
+    if t["speedup"] is not None and t["break_even"] is None:
+        # The article's failure mode 2, with this machine's numbers.
+        why = f"verifying {t['k'] + 1} tokens costs {t['verify_ratio']:.1f} plain steps"
+        if t["draft_ratio"] >= 0.01:
+            why += f" and drafting one costs {t['draft_ratio']:.2f}"
+        line += f"<br>No break-even at k = {t['k']}: {why}, so no acceptance rate makes drafting pay."
+    return f"<span style='color:{text_colour}'>{line}</span>"

@@ -1,0 +1,318 @@
+"""The main window: the views, the engine controller, and what connects them.
+
+Layout: a banner for messages, then tabs (Chat, Side by side); the saved
+conversations in a dock on the left and the live charts in a dock on the right;
+the loaded models and loading progress in the status bar.
+
+The window loads the engine, runs comparisons, feeds every step to the charts,
+and remembers its settings; the chat's bookkeeping (which conversation, what
+is saved when) is ChatSession's. Every error reaches the user through
+`show_error`: a banner that leaves the window usable.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtGui import QCloseEvent, QShowEvent
+from PySide6.QtWidgets import (QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QTabWidget,
+                               QVBoxLayout, QWidget)  # fmt: skip
+
+from engine import EngineConfig, SamplingConfig
+from engine.events import StepEvent
+from app import settings as keys
+from app.actions import create_actions
+from app.banner import Banner
+from app.charts import LiveCharts
+from app.chat_view import ChatView
+from app.chat_session import ChatSession
+from app.compare_view import CompareView
+from app.conversation_panel import ConversationPanel
+from app.conversations import ConversationStore, default_data_dir
+from app.engine_controller import COMPARE, EngineController
+
+log = logging.getLogger(__name__)
+
+
+def describe_engine(config: EngineConfig, engine) -> str:
+    """The status bar's summary of what is loaded."""
+    info = engine.target.info
+    drafter = {"ngram": "n-gram drafter", "none": "no drafter"}.get(config.drafter, "draft model")
+    if engine.drafter is not None and config.drafter == "model" and config.draft:
+        drafter = f"draft {config.draft}"
+    return f"{info.name} ({info.dtype}, {info.backend}) · {drafter} · k {config.k}"
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, store: ConversationStore | None = None) -> None:
+        super().__init__()
+        self.store = store or ConversationStore(default_data_dir())
+        self.controller = EngineController(self)
+        self._sampling = keys.sampling_config()
+        self._run_kind: str | None = None
+        self._compare_sampling = self._sampling  # what the running comparison was started with
+        self._shut_down = False
+        self.pair_dialog = None  # the model pair dialog while it is open
+
+        self.banner = Banner()
+        self.chat_view = ChatView()
+        self.compare_view = CompareView()
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.tabs.addTab(self.chat_view, "Chat")
+        self.tabs.addTab(self.compare_view, "Side by side")
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(4, 4, 4, 0)
+        layout.addWidget(self.banner)
+        layout.addWidget(self.tabs, 1)
+        self.setCentralWidget(central)
+
+        self.conversation_panel = ConversationPanel()
+        self.chats = ChatSession(self.store, self.controller, self.chat_view, self.conversation_panel, self)
+        self.charts = LiveCharts()
+        left, right = Qt.DockWidgetArea.LeftDockWidgetArea, Qt.DockWidgetArea.RightDockWidgetArea
+        self.conversations_dock = self._dock("Conversations", self.conversation_panel, left)
+        self.charts_dock = self._dock("Live charts", self.charts, right)
+
+        self.engine_label = QLabel("No model loaded")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.progress.setMaximumWidth(160)
+        self.progress.hide()
+        self.statusBar().addPermanentWidget(self.progress)
+        self.statusBar().addPermanentWidget(self.engine_label)
+
+        self.actions = create_actions(self)
+        self._connect()
+        self._restore_settings()
+        self.sampling = self._sampling  # shows the summary
+        self._set_ready(False, "Loading the model…")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The sampling settings chat replies and comparisons use (from the model pair dialog)."""
+        return self._sampling
+
+    @sampling.setter
+    def sampling(self, sampling: SamplingConfig) -> None:
+        self._sampling = sampling
+        summary = f"Both runs: {keys.describe_sampling(sampling)}; same models, settings and seed."
+        self.compare_view.set_settings_summary(summary)
+
+    # -- start-up and settings -----------------------------------------------------------
+
+    def start(self, config: EngineConfig | None = None) -> None:
+        """Load the model pair from the settings (on a first start: the embedded model)."""
+        self.load_engine(config or keys.engine_config())
+
+    def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(title.lower().replace(" ", "_"))  # saveState() needs names
+        dock.setWidget(widget)
+        self.addDockWidget(area, dock)
+        return dock
+
+    def _restore_settings(self) -> None:
+        settings = QSettings()
+        if not self.restoreGeometry(settings.value(keys.GEOMETRY, QByteArray(), type=QByteArray)):
+            self._default_geometry()
+        # Dock sizes only take once the window has its size: see showEvent.
+        self._first_show = not self.restoreState(settings.value(keys.WINDOW_STATE, QByteArray(), type=QByteArray))
+        self.tabs.setCurrentIndex(settings.value(keys.CURRENT_TAB, 0, type=int))
+        self.actions.colour_tokens.setChecked(settings.value(keys.COLOUR_TOKENS, True, type=bool))
+        current = settings.value(keys.CURRENT_CONVERSATION, "", type=str)
+        self.chats.open(current or None)
+
+    def _default_geometry(self) -> None:
+        screen = self.screen().availableGeometry()
+        self.resize(min(1440, int(screen.width() * 0.9)), min(900, int(screen.height() * 0.9)))
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt API
+        super().showEvent(event)
+        if self._first_show:
+            self._first_show = False
+            self._default_dock_sizes()
+
+    def _default_dock_sizes(self) -> None:
+        # The six chart panels need room (two columns of three); the chat list needs little.
+        width = self.width()
+        self.resizeDocks([self.conversations_dock, self.charts_dock], [max(170, width // 8), int(width * 0.4)],
+                         Qt.Orientation.Horizontal)  # fmt: skip
+
+    def _save_settings(self) -> None:
+        settings = QSettings()
+        settings.setValue(keys.GEOMETRY, self.saveGeometry())
+        settings.setValue(keys.WINDOW_STATE, self.saveState())
+        settings.setValue(keys.CURRENT_TAB, self.tabs.currentIndex())
+        settings.setValue(keys.COLOUR_TOKENS, self.actions.colour_tokens.isChecked())
+        conversation = self.chats.conversation
+        settings.setValue(keys.CURRENT_CONVERSATION, conversation.id if conversation else "")
+        settings.sync()
+
+    def _connect(self) -> None:
+        c = self.controller
+        c.sig_load_progress.connect(self._on_load_progress)
+        c.sig_loaded.connect(self._on_loaded)
+        c.sig_load_failed.connect(self._on_load_failed)
+        c.sig_run_started.connect(self._on_run_started)
+        c.sig_step.connect(self._on_step)
+        c.sig_run_finished.connect(self._on_run_finished)
+        c.sig_busy_changed.connect(self._on_busy_changed)
+        c.sig_error.connect(self.show_error)
+        self.chat_view.sig_send_requested.connect(self.send_message)
+        self.chat_view.sig_stop_requested.connect(self.controller.stop)
+        self.compare_view.sig_run_requested.connect(self.run_comparison)
+        self.compare_view.sig_stop_requested.connect(self.controller.stop)
+        self.chats.sig_title_changed.connect(self.setWindowTitle)
+        self.conversation_panel.sig_delete_requested.connect(self.confirm_delete)
+        self.conversation_panel.sig_export_requested.connect(self.export_markdown)
+        self.chat_view.legend.toggle.toggled.connect(self.actions.colour_tokens.setChecked)
+        self.actions.colour_tokens.toggled.connect(self._set_colours)
+
+    # -- the engine --------------------------------------------------------------------
+
+    def load_engine(self, config: EngineConfig) -> None:
+        self.banner.hide()
+        self._set_ready(False, "Loading the model…")
+        self.engine_label.setText("Loading…")
+        self.progress.setValue(0)
+        self.progress.show()
+        self.controller.load(config)
+
+    def choose_models(self) -> None:
+        """Open the model pair dialog; on OK, reload with its models and use its sampling settings."""
+        from app.pair_dialog import PairDialog  # imported on first use: it reads model metadata
+
+        if self.pair_dialog is not None:  # already open: bring it forward rather than open a second
+            self.pair_dialog.raise_()
+            self.pair_dialog.activateWindow()
+            return
+        dialog = self.pair_dialog = PairDialog(self, settings=QSettings())
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self.apply_pair(dialog.engine_config(), dialog.sampling_config()))
+        dialog.finished.connect(self._forget_pair_dialog)
+        dialog.open()  # window-modal: the rest of the app (other windows, the tray) stays usable
+
+    def _forget_pair_dialog(self) -> None:
+        self.pair_dialog = None
+
+    def apply_pair(self, config: EngineConfig, sampling: SamplingConfig) -> None:
+        keys.set_engine_config(config)
+        keys.set_sampling_config(sampling)
+        self.sampling = sampling
+        engine = self.controller.engine
+        if engine is None or engine.config != config:
+            self.load_engine(config)
+
+    def _on_load_progress(self, message: str, fraction: float) -> None:
+        self.progress.setValue(round(fraction * 100))
+        self.statusBar().showMessage(f"{message}…" if fraction < 1 else message)
+
+    def _on_loaded(self, config: EngineConfig) -> None:
+        self.progress.hide()
+        self.engine_label.setText(describe_engine(config, self.controller.engine))
+        self.statusBar().showMessage("Model loaded.", 5000)
+        self.charts.set_cost_model(self.controller.engine.costs)
+        self._set_ready(True)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.progress.hide()
+        self.engine_label.setText("No model loaded")
+        self.statusBar().showMessage("The model did not load.", 5000)
+        self._set_ready(False, "No model loaded: choose a model pair (Models ▸ Model pair…, Ctrl+M).")
+        actions = [("Choose models…", self.choose_models)]
+        if keys.engine_config() != keys.DEFAULT_ENGINE_CONFIG:
+            actions.append(("Use the built-in model", self._use_default_models))
+        self.show_error(f"The model did not load. {message}", actions)
+
+    def _use_default_models(self) -> None:
+        keys.set_engine_config(keys.DEFAULT_ENGINE_CONFIG)
+        self.load_engine(keys.DEFAULT_ENGINE_CONFIG)
+
+    def show_error(self, message: str, actions=()) -> None:
+        """The one place errors reach the user: the banner, plus a line in the status bar."""
+        log.warning("%s", message)  # and the terminal, for whoever started the app from one
+        self.banner.show_message(message, "error", list(actions))
+        self.statusBar().showMessage(message.split(". ")[0], 8000)
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def send_message(self, text: str) -> None:
+        self.chats.send(text, self.sampling)
+
+    def run_comparison(self, prompt: str) -> None:
+        self._compare_sampling = self.sampling
+        self.controller.compare([{"role": "user", "content": prompt}], self.sampling)
+
+    def _on_run_started(self, kind: str) -> None:
+        self.charts.reset()
+        if kind == COMPARE:
+            self.compare_view.begin()
+        self._run_kind = kind
+
+    def _on_step(self, label: str, event: StepEvent) -> None:
+        self.charts.add_step(label, event)
+        if self._run_kind == COMPARE:
+            self.compare_view.add_step(label, event)
+
+    def _on_run_finished(self, kind: str, result) -> None:
+        self._run_kind = None
+        if kind != COMPARE:
+            return
+        if result is None:
+            self.compare_view.show_failure("See the message above.")
+        else:
+            self.compare_view.show_comparison(result, self._compare_sampling.greedy)
+
+    def _on_busy_changed(self, busy: bool) -> None:
+        # Read the state rather than trust the argument: another listener may already
+        # have started the next run while this signal was still being delivered.
+        generating = self.controller.busy and not self.controller.loading
+        self.chat_view.set_busy(generating)
+        self.compare_view.set_busy(generating)
+        self.actions.stop.setEnabled(generating)
+
+    def _set_ready(self, ready: bool, reason: str = "") -> None:
+        self.chat_view.set_ready(ready, reason)
+        self.compare_view.set_ready(ready)
+
+    # -- conversations ---------------------------------------------------------------------
+
+    def new_chat(self) -> None:
+        """An empty chat pane; the conversation is saved once its first message is sent."""
+        self.chats.open(None)
+        self.tabs.setCurrentWidget(self.chat_view)
+        self.chat_view.composer.setFocus()
+
+    def confirm_delete(self, conversation_id: str) -> None:
+        conversation = self.store.load(conversation_id)
+        if conversation is None:
+            return
+        question = f"Delete “{conversation.title}”? This cannot be undone."
+        if QMessageBox.question(self, "Delete conversation", question) == QMessageBox.StandardButton.Yes:
+            self.chats.delete(conversation_id)
+
+    def export_markdown(self, conversation_id: str | None = None) -> None:
+        from app.file_dialogs import export_conversation
+
+        conversation = self.store.load(conversation_id) if conversation_id else self.chats.conversation
+        if conversation is not None:
+            export_conversation(self, conversation)
+
+    def _set_colours(self, enabled: bool) -> None:
+        self.chat_view.set_colours_enabled(enabled)
+        for pane in self.compare_view.panes.values():
+            pane.view.set_colours_enabled(enabled)
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt API
+        if not self._shut_down:
+            self._save_settings()
+            self.statusBar().showMessage("Stopping…")
+            self.controller.shutdown()  # cancels the run and joins the worker thread
+            self.chats.close()
+            self._shut_down = True
+        event.accept()

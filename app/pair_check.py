@@ -1,0 +1,103 @@
+"""Checking a `PairChoice` before anything loads: the engine's doctor plus the backend rules.
+
+No Qt here: the dialog runs `check_choice` on a worker thread. It reads model
+metadata only (headers and tokenizer files), so it takes well under a second.
+It never raises for a bad model or path: every problem becomes an "error"
+finding whose detail is the engine's own message, which says what to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.doctor import Finding, PairReport, check_model, check_pair
+from engine.errors import SpecDeckError
+from engine.models import ModelRef, resolve
+
+from .presets import PairChoice
+
+DEFAULT_CHECK_CONTEXT = 4096  # what the backends use when the context size is left on "model default"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    findings: tuple[Finding, ...]
+    report: PairReport | None = None  # the doctor's report, when a draft model was checked
+
+    @property
+    def compatible(self) -> bool:
+        return not any(f.severity == "error" for f in self.findings)
+
+    @property
+    def warnings(self) -> int:
+        return sum(f.severity == "warning" for f in self.findings)
+
+
+def check_choice(choice: PairChoice) -> CheckResult:
+    n_ctx = choice.n_ctx or DEFAULT_CHECK_CONTEXT
+    dtype = None if choice.dtype == "auto" else choice.dtype
+    target = _resolve("target", choice.target)
+    if isinstance(target, Finding):
+        return CheckResult((target,))
+    findings: list[Finding] = []
+    report = None
+    if choice.drafter == "model":
+        draft = _resolve("draft model", choice.draft)
+        if isinstance(draft, Finding):
+            return CheckResult((draft,))
+        try:
+            report = check_pair(target, draft, n_ctx=n_ctx, dtype=dtype)
+        except SpecDeckError as e:
+            return CheckResult((Finding("error", "Cannot check this pair", str(e)),))
+        findings += report.findings
+        findings += _backend_rules("draft model", draft, choice.draft_backend, choice.dtype)
+    else:
+        try:
+            findings += check_model(target, n_ctx=n_ctx, dtype=dtype)
+        except SpecDeckError as e:  # a bad context size or dtype
+            return CheckResult((Finding("error", "Cannot check this model", str(e)),))
+        if choice.drafter == "ngram":
+            findings.append(Finding(
+                "ok", "N-gram lookup needs no draft model",
+                "Draft tokens are copied from earlier text in the conversation, so nothing can mismatch. "
+                "It helps most when the reply repeats the prompt (code edits, summaries, lists).",
+            ))  # fmt: skip
+        else:
+            findings.append(Finding(
+                "info", "No drafter",
+                "Every token comes from the target alone: speculative runs are refused, plain decoding works. "
+                "Choose n-gram lookup or a draft model to decode speculatively.",
+            ))  # fmt: skip
+    findings += _backend_rules("target", target, choice.backend, choice.dtype)
+    return CheckResult(tuple(findings), report)
+
+
+def _resolve(role: str, spec: str) -> ModelRef | Finding:
+    if not spec.strip():
+        return Finding("error", f"No {role} chosen", f"Choose a {role}: pick one from the list or browse for a file.")
+    try:
+        return resolve(spec)
+    except SpecDeckError as e:
+        return Finding("error", f"Cannot use the {role}", str(e))
+
+
+def _backend_rules(role: str, ref: ModelRef, backend: str, dtype: str) -> list[Finding]:
+    """The loading rules of engine.loading.load_backend, checked before loading instead of after.
+
+    They repeat engine/loading.py's two ConfigErrors; an engine-side
+    `check_settings` would let both callers share them.
+    """
+    runs_on = backend if backend != "auto" else ("llama.cpp" if ref.kind == "gguf" else "torch")
+    if runs_on == "llama.cpp" and ref.kind != "gguf":
+        return [Finding(
+            "error", f"llama.cpp cannot load this {role}",
+            f"{ref.name} is a Hugging Face folder; llama.cpp needs a GGUF file. Choose the torch backend "
+            "(or auto), or convert the model to GGUF.",
+        )]  # fmt: skip
+    if runs_on == "llama.cpp" and dtype != "auto":
+        return [Finding(
+            "error", f"The dtype does not apply to the {role}",
+            "The llama.cpp backend runs a GGUF file in the precision it was saved in. Set dtype to auto, "
+            "or choose the torch backend to pick a precision.",
+        )]  # fmt: skip
+    return []

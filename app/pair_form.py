@@ -1,0 +1,199 @@
+"""The settings half of the pair dialog: models, draft length, sampling and hardware, as a `PairChoice`."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGridLayout,
+    QGroupBox,
+    QSizePolicy,
+    QSpinBox,
+    QWidget,
+)
+
+from engine.draft_length import K_LIMIT
+from engine.models import ModelRef
+
+from .pair_widgets import ModelPicker
+from .presets import BACKENDS, DEVICES, DTYPES, PairChoice
+
+DRAFTERS = (("Draft model", "model"), ("N-gram lookup (no draft model)", "ngram"), ("None: plain decoding", "none"))
+COMING = ("Medusa heads (coming)", "EAGLE head (coming)", "Lookahead decoding (coming)")
+
+
+def _combo(items, parent) -> QComboBox:
+    combo = QComboBox(parent)
+    for item in items:
+        text, data = item if isinstance(item, tuple) else (item, item)
+        combo.addItem(text, data)
+    return combo
+
+
+def _spin(low: int, high: int, parent, special: str | None = None, step: int = 1) -> QSpinBox:
+    spin = QSpinBox(parent)
+    spin.setRange(low, high)
+    spin.setSingleStep(step)
+    if special:
+        spin.setSpecialValueText(special)  # shown at the minimum, which means "let the engine choose"
+    return spin
+
+
+class PairForm(QWidget):
+    sig_key_edited = Signal()
+    """A model field is being typed in: the last check no longer applies."""
+    sig_key_changed = Signal()
+    """Something the check looks at changed and is settled: check again."""
+
+    def __init__(self, models: list[ModelRef], parent=None) -> None:
+        super().__init__(parent)
+        # -- models
+        self.backend = _combo(BACKENDS, self)
+        self.backend.setToolTip("auto: GGUF files run on llama.cpp, Hugging Face folders on PyTorch")
+        self.target = ModelPicker(models, "target", self)
+        self.drafter = _combo(DRAFTERS, self)
+        self.drafter.insertSeparator(self.drafter.count())
+        for text in COMING:  # listed so users see what is planned; they cannot be picked
+            self.drafter.addItem(text, None)
+            self.drafter.model().item(self.drafter.count() - 1).setEnabled(False)
+        self.draft = ModelPicker(models, "draft model", self)
+        self.draft_backend = _combo(BACKENDS, self)
+        self.ngram_max = _spin(1, 8, self)
+        self.ngram_max.setToolTip("Longest run of recent tokens looked up in the earlier text")
+        self.ngram_max.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)  # a number, not a path: keep it short
+        models_box = QGroupBox("Models", self)
+        form = QFormLayout(models_box)
+        form.addRow("&Backend:", self.backend)
+        form.addRow("&Target:", self.target)
+        form.addRow("D&rafter:", self.drafter)
+        form.addRow("&Draft model:", self.draft)
+        form.addRow("Draft backend:", self.draft_backend)
+        form.addRow("N-gram length:", self.ngram_max)
+
+        # -- draft length
+        self.k_auto = QCheckBox("&Automatic", self)
+        self.k_auto.setToolTip("Pick k each step from the measured acceptance and costs (0 when drafting does not pay)")
+        self.k_max = _spin(1, K_LIMIT, self)
+        self.k = _spin(1, K_LIMIT, self)
+        length_box = QGroupBox("Draft length k", self)
+        length = QFormLayout(length_box)
+        length.addRow(self.k_auto)
+        length.addRow("Largest k:", self.k_max)
+        length.addRow("Fixed k:", self.k)
+
+        # -- sampling
+        self.temperature = QDoubleSpinBox(self)
+        self.temperature.setRange(0.0, 5.0)
+        self.temperature.setSingleStep(0.05)
+        self.temperature.setSpecialValueText("0 (greedy)")
+        self.top_k = _spin(0, 100_000, self, special="off")
+        self.top_p = QDoubleSpinBox(self)
+        self.top_p.setRange(0.01, 1.0)
+        self.top_p.setSingleStep(0.05)
+        self.top_p.setToolTip("1 = off")
+        self.seed = _spin(0, 2**31 - 1, self)
+        self.max_tokens = _spin(1, 131_072, self, step=64)
+        sampling_box = QGroupBox("Sampling", self)
+        sampling = QFormLayout(sampling_box)
+        sampling.addRow("Te&mperature:", self.temperature)
+        sampling.addRow("Top-k:", self.top_k)
+        sampling.addRow("Top-p:", self.top_p)
+        sampling.addRow("Seed:", self.seed)
+        sampling.addRow("Max tokens:", self.max_tokens)
+
+        # -- hardware
+        self.device = _combo(DEVICES, self)
+        self.device.setToolTip("PyTorch only; llama.cpp offloads with GPU layers instead")
+        self.dtype = _combo(DTYPES, self)
+        self.dtype.setToolTip("PyTorch only; a GGUF file on llama.cpp keeps its own quantization")
+        self.threads = _spin(0, 256, self, special="auto")
+        self.gpu_layers = _spin(-1, 999, self, special="all")
+        self.gpu_layers.setToolTip("llama.cpp: layers to offload to the GPU (0 = none)")
+        self.n_ctx = _spin(0, 1_048_576, self, special="model default", step=1024)
+        self.n_ctx.setToolTip("Tokens the context holds; model default is min(trained context, 4096)")
+        hardware_box = QGroupBox("Hardware", self)
+        hardware = QFormLayout(hardware_box)
+        hardware.addRow("De&vice:", self.device)
+        hardware.addRow("D&type:", self.dtype)
+        hardware.addRow("Threads:", self.threads)
+        hardware.addRow("GPU layers:", self.gpu_layers)
+        hardware.addRow("Context size:", self.n_ctx)
+
+        # Models across the top (paths are long), the numbers in three columns below.
+        for box_form in (length, sampling, hardware):
+            box_form.setFieldGrowthPolicy(QFormLayout.FieldsStayAtSizeHint)
+        grid = QGridLayout(self)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.addWidget(models_box, 0, 0, 1, 3)
+        grid.addWidget(length_box, 1, 0)
+        grid.addWidget(sampling_box, 1, 1)
+        grid.addWidget(hardware_box, 1, 2)
+
+        self.target.sig_edited.connect(self.sig_key_edited)
+        self.draft.sig_edited.connect(self.sig_key_edited)
+        self.target.sig_chosen.connect(self.sig_key_changed)
+        self.draft.sig_chosen.connect(self.sig_key_changed)
+        for combo in (self.backend, self.drafter, self.draft_backend, self.dtype):
+            combo.currentIndexChanged.connect(self.sig_key_changed)
+        self.n_ctx.valueChanged.connect(self.sig_key_changed)
+        self.target.sig_browsed.connect(self.set_browse_dir)
+        self.draft.sig_browsed.connect(self.set_browse_dir)
+        self.drafter.currentIndexChanged.connect(self._enable)
+        self.k_auto.toggled.connect(self._enable)
+        self.set_choice(PairChoice())
+
+    def choice(self) -> PairChoice:
+        return PairChoice(
+            target=self.target.spec(), drafter=self.drafter.currentData() or "ngram", draft=self.draft.spec(),
+            backend=self.backend.currentData(), draft_backend=self.draft_backend.currentData(),
+            k_auto=self.k_auto.isChecked(), k=self.k.value(), k_max=self.k_max.value(),
+            ngram_max=self.ngram_max.value(), temperature=round(self.temperature.value(), 4),
+            top_k=self.top_k.value(), top_p=round(self.top_p.value(), 4), seed=self.seed.value(),
+            max_tokens=self.max_tokens.value(), device=self.device.currentData(), dtype=self.dtype.currentData(),
+            threads=self.threads.value(), gpu_layers=self.gpu_layers.value(), n_ctx=self.n_ctx.value(),
+        )  # fmt: skip
+
+    def set_choice(self, c: PairChoice) -> None:
+        self.target.set_spec(c.target)
+        self.draft.set_spec(c.draft)
+        combos = ((self.backend, c.backend), (self.drafter, c.drafter), (self.draft_backend, c.draft_backend),
+                  (self.device, c.device), (self.dtype, c.dtype))  # fmt: skip
+        for combo, value in combos:
+            combo.setCurrentIndex(max(combo.findData(value), 0))
+        self.k_auto.setChecked(c.k_auto)
+        for spin, value in ((self.k, c.k), (self.k_max, c.k_max), (self.ngram_max, c.ngram_max),
+                            (self.temperature, c.temperature), (self.top_k, c.top_k), (self.top_p, c.top_p),
+                            (self.seed, c.seed), (self.max_tokens, c.max_tokens), (self.threads, c.threads),
+                            (self.gpu_layers, c.gpu_layers), (self.n_ctx, c.n_ctx)):  # fmt: skip
+            spin.setValue(value)
+        self._enable()
+        # Typed-in specs emit nothing when set in code; say that the selection moved.
+        self.sig_key_changed.emit()
+
+    @staticmethod
+    def key_of(c: PairChoice) -> tuple:
+        """What a check depends on: when this changes, the last check says nothing about the selection."""
+        model = c.drafter == "model"
+        return (c.target.strip(), c.drafter, c.draft.strip() if model else None, c.backend,
+                c.draft_backend if model else None, c.dtype, c.n_ctx)  # fmt: skip
+
+    def check_key(self) -> tuple:
+        return self.key_of(self.choice())
+
+    def browse_dir(self) -> str:
+        return self.target.start_dir
+
+    def set_browse_dir(self, folder: str) -> None:
+        if folder:
+            self.target.start_dir = self.draft.start_dir = folder
+
+    def _enable(self) -> None:
+        model = self.drafter.currentData() == "model"
+        self.draft.setEnabled(model)
+        self.draft_backend.setEnabled(model)
+        self.ngram_max.setEnabled(self.drafter.currentData() == "ngram")
+        self.k_max.setEnabled(self.k_auto.isChecked())
+        self.k.setEnabled(not self.k_auto.isChecked())

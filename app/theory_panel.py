@@ -1,0 +1,118 @@
+"""The theory panel: the article's formula, the measured operating point and the break-even acceptance.
+
+For draft length k and per-token acceptance a, a step emits on average
+E(a, k) = (1 - a^(k+1)) / (1 - a) tokens; with the cost model's measured draft
+and verify times that becomes a predicted speedup over plain decoding. Where the
+speedup curve crosses 1 is the break-even acceptance; when verification costs
+grow like k + 1 plain steps (compute-bound, the article's failure mode 2) the
+curve never crosses 1 and the panel says so instead of drawing a line.
+"""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+
+from .chart_panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel
+
+# The legend (up to five rows, top left) needs more room than other panels' two.
+THEORY_HEADROOM = 1.6
+
+
+class TheoryPanel(Panel):
+    def __init__(self, parent=None) -> None:
+        super().__init__("Theory", "acceptance rate a", "tokens per step  /  speedup ×", parent)
+        self.legend.setOffset((6, 6))  # top left: every curve rises to the right
+        blue = RUN_COLOURS["speculative"]
+        # Unnamed items: the legend is rebuilt by hand, so its entries follow what is drawn.
+        self.expected = self.plot.plot([], [], pen=pg.mkPen(blue, width=2), antialias=True)
+        self.speedup = self.plot.plot([], [], pen=pg.mkPen(SPEEDUP, width=2), antialias=True)
+        self.plain = pg.InfiniteLine(pos=1.0, angle=0, pen=pg.mkPen(self.muted(160), width=1.5, style=Qt.DotLine))
+        self.plain_sample = pg.PlotDataItem(pen=self.plain.pen)  # its legend entry
+        # Its label sits low on the line: the top left is the legend's, and right
+        # of the break-even point every curve is above 1.
+        self.break_even = pg.InfiniteLine(
+            angle=90, pen=pg.mkPen(BREAK_EVEN, width=1.5, style=Qt.DashLine),
+            label="", labelOpts={"position": 0.06, "color": BREAK_EVEN, "anchors": [(0, 1), (0, 1)]},
+        )  # fmt: skip
+        self.plot.addItem(self.plain)
+        self.plot.addItem(self.break_even)
+        self.measured = pg.ScatterPlotItem(size=11, pen=pg.mkPen(self.fg, width=1.5), brush=blue)
+        self.measured_speedup = pg.ScatterPlotItem(size=11, symbol="d", pen=pg.mkPen(self.fg, width=1.5),
+                                                   brush=SPEEDUP)  # fmt: skip
+        self.plot.addItem(self.measured)
+        self.plot.addItem(self.measured_speedup)
+        # The note goes in the legend: no free corner of the plot is safe for text
+        # (with no break-even, the speedup curve runs along the bottom).
+        self.note_sample = pg.PlotDataItem(pen=None)  # a legend line with text and no sample
+        self.plot.setXRange(-0.02, 1.04, padding=0.0)  # room for the "1.0" tick label at the right edge
+        self.plot.enableAutoRange(enable=False)
+        self.plot.getViewBox().setLimits(xMin=-0.05, xMax=1.05, yMin=-0.2)
+        self._k = None
+        self._legend_entries = None
+        self.note = ""  # what the legend says when there is no break-even line; tests read it
+
+    def show_series(self, series: dict) -> None:
+        t = series["theory"]
+        k = t["k"]
+        self.set_title(f"Theory for k = {k}")
+        self.expected.setData(t["a"], t["tokens_per_step"], skipFiniteCheck=True)
+        if t["speedup"] is None:
+            self.speedup.setData([], [])
+        else:
+            self.speedup.setData(t["a"], t["speedup"], skipFiniteCheck=True)
+        break_even = t["break_even"]
+        self.break_even.setVisible(break_even is not None)
+        if break_even is not None:
+            self.break_even.setValue(break_even)
+            # Verification this cheap pays even when nothing is accepted: say it plainly.
+            text = "every a pays" if break_even < 0.005 else f"break-even a = {break_even:.2f}"
+            self.break_even.label.setFormat(text)
+        measured, points = t["measured"], t["measured_speedup"]
+        self.measured.setData(*([measured[0]], [measured[1]]) if measured else ([], []))
+        self.measured_speedup.setData(*([points[0]], [points[1]]) if points else ([], []))
+        self.note = self._note(t)
+        self._show_legend(t)
+
+        # Headroom keeps the top-left legend above the curves, which start near 1.
+        top = THEORY_HEADROOM * max(k + 1.0, t["max_speedup"] or 0.0, measured[1] if measured else 0.0,
+                             points[1] if points else 0.0)  # fmt: skip
+        if self._k != k or self.plot.getViewBox().viewRange()[1][1] < top:
+            self.plot.setYRange(0.0, top, padding=0.02)
+            self._k = k
+
+
+    def clear_data(self) -> None:
+        self.measured.setData([], [])
+        self.measured_speedup.setData([], [])
+
+    def _note(self, t: dict) -> str:
+        if t["speedup"] is None:
+            return "speedup: no cost model yet"
+        if t["break_even"] is None:
+            return f"no break-even at k = {t['k']}: no a pays"
+        return ""
+
+    def _show_legend(self, t: dict) -> None:
+        measured, points = t["measured"], t["measured_speedup"]
+        # Short entries: a wide legend would cover the curves' right ends. The numbers
+        # are in LiveCharts' summary line.
+        fg = self.fg.name()
+        entries = [(self.expected, "E[tokens/step]", fg)]
+        if t["speedup"] is not None:
+            entries.append((self.speedup, "predicted speedup", fg))
+        entries.append((self.plain_sample, "plain decoding (1×)", fg))
+        if measured:
+            entries.append((self.measured, "measured tokens/step", fg))
+        if points:
+            entries.append((self.measured_speedup, "measured speedup", fg))
+        if self.note:
+            colour = BREAK_EVEN if t["speedup"] is not None else self.muted(220).name()
+            entries.append((self.note_sample, self.note, colour))
+        if entries == self._legend_entries:
+            return
+        self._legend_entries = entries
+        self.legend.clear()
+        for item, text, colour in entries:
+            self.legend.addItem(item, text)
+            self.legend.getLabel(item).setText(text, color=colour, size="8pt")

@@ -1,0 +1,109 @@
+"""Take the README's screenshots of the desktop app with the real embedded model.
+
+    QT_QPA_PLATFORM=offscreen python docs/screenshots/take_screenshots.py
+
+Writes chat.png, side-by-side.png and pair-dialog.png beside this file. Uses a
+temporary settings and conversation folder, so it never touches yours. Runs
+under Xvfb as well (unset QT_QPA_PLATFORM and run it with xvfb-run).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ["SPECDECK_DATA_DIR"] = tempfile.mkdtemp(prefix="specdeck-shots-")
+
+import app  # noqa: E402,F401 - applies the PySide6 refcount workaround first
+from PySide6.QtCore import QCoreApplication, QEventLoop, QSettings  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+from engine import EngineConfig, SamplingConfig  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SIZE = (1440, 900)
+# k = 4: on a small CPU model automatic k mostly decodes plainly, and these pictures are about drafting.
+# The verify costs are measured (as in the app) so that the theory panel shows this machine's numbers.
+# One thread: on a busy machine llama.cpp's threads spin waiting for each other.
+CONFIG = EngineConfig(k=4, threads=1)
+
+
+def wait(application: QApplication, condition, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the app did not get there in time")
+        application.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+        time.sleep(0.01)
+
+
+def settle(application: QApplication, seconds: float = 0.5) -> None:
+    """Let the charts' redraw timer and the layouts catch up."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        application.processEvents()
+        time.sleep(0.02)
+
+
+def main() -> int:
+    QCoreApplication.setOrganizationName("SpecDeckScreenshots")
+    QCoreApplication.setApplicationName("SpecDeckScreenshots")
+    QSettings.setDefaultFormat(QSettings.Format.IniFormat)
+    QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, tempfile.mkdtemp())
+    application = QApplication(sys.argv[:1])
+    from app.application import app_icon
+    from app.main_window import MainWindow
+
+    application.setWindowIcon(app_icon())
+    window = MainWindow()
+    window.resize(*SIZE)
+    window.sampling = SamplingConfig(max_tokens=160)
+    window.show()
+    try:
+        shoot(application, window)
+    finally:
+        window.close()  # cancels whatever still runs and joins the worker thread
+    print("wrote", ", ".join(p.name for p in sorted(HERE.glob("*.png"))))
+    return 0
+
+
+def shoot(application: QApplication, window) -> None:
+    finished = []  # one entry per run that ended
+    window.controller.sig_run_finished.connect(lambda kind, result: finished.append(kind))
+    window.start(CONFIG)
+    wait(application, lambda: window.controller.engine is not None and not window.controller.busy)
+
+    for prompt in ("Write a Python function that adds two numbers, then repeat the function.",
+                   "Can you write a function that subtracts two numbers?"):  # fmt: skip
+        runs = len(finished)
+        window.send_message(prompt)
+        wait(application, lambda: len(finished) > runs)
+    settle(application)
+    window.grab().save(str(HERE / "chat.png"))
+
+    window.tabs.setCurrentWidget(window.compare_view)
+    window.compare_view.prompt.setPlainText("List the days of the week, then list them again in the same order.")
+    window.sampling = SamplingConfig(max_tokens=80)
+    runs = len(finished)
+    window.compare_view.run_button.click()
+    wait(application, lambda: len(finished) > runs)
+    settle(application)
+    window.grab().save(str(HERE / "side-by-side.png"))
+
+    window.choose_models()
+    dialog = window.pair_dialog
+    checked = []
+    dialog.sig_check_finished.connect(checked.append)
+    dialog.check()
+    wait(application, lambda: checked)
+    settle(application)
+    dialog.grab().save(str(HERE / "pair-dialog.png"))
+    dialog.reject()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

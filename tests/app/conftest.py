@@ -1,0 +1,91 @@
+"""Fixtures for the desktop app's tests.
+
+Nothing here may touch a user's settings or conversations (qutebrowser's rule):
+the application gets test-only names, QSettings writes INI files into a
+temporary folder, QStandardPaths is in test mode, and every test gets its own
+conversation folder through SPECDECK_DATA_DIR.
+
+Real models: the embedded SmolLM2 on llama.cpp loads in about a second without
+the cost measurement, so each window loads its own (a window owns its engine
+and closes it); replies are kept short so the whole suite stays in minutes on
+two busy cores.
+"""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QCoreApplication, QSettings, QStandardPaths
+
+import app  # noqa: F401 - applies the PySide6 6.12 / Python 3.11 refcount workaround before any signal
+from engine import EngineConfig, SamplingConfig
+
+TEST_ORGANIZATION = "SpecDeckTests"
+TEST_APPLICATION = "specdeck-app-tests"
+
+# k fixed at 4: automatic k decodes plainly on a small CPU model (verifying n tokens
+# costs about n decodes there), and these tests need drafted tokens to colour.
+FAST_CONFIG = EngineConfig(measure_costs=False, k=4)
+SHORT_REPLY = SamplingConfig(max_tokens=24)
+LOAD_TIMEOUT_MS = 120_000  # a second when idle; much more on a loaded CI machine
+REPLY_TIMEOUT_MS = 180_000
+
+# The offscreen platform says this about docks, dialogs and tooltips; it is not our warning.
+QT_NOISE = r"This plugin does not support (propagateSizeHints|raise)\(\)"
+STRICT_QT_LOG = [pytest.mark.qt_log_level_fail("WARNING"), pytest.mark.qt_log_ignore(QT_NOISE)]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_settings(qapp, tmp_path_factory):
+    QStandardPaths.setTestModeEnabled(True)
+    QCoreApplication.setOrganizationName(TEST_ORGANIZATION)
+    QCoreApplication.setOrganizationDomain("tests.specdeck.invalid")
+    QCoreApplication.setApplicationName(TEST_APPLICATION)
+    QSettings.setDefaultFormat(QSettings.Format.IniFormat)
+    folder = tmp_path_factory.mktemp("qsettings")
+    for scope in (QSettings.Scope.UserScope, QSettings.Scope.SystemScope):
+        QSettings.setPath(QSettings.Format.IniFormat, scope, str(folder))
+    yield folder
+
+
+@pytest.fixture(autouse=True)
+def fresh_settings_and_data(isolated_settings, tmp_path, monkeypatch):
+    """Each test starts with no settings and an empty conversation folder."""
+    # Other tests in this folder may set their own application name; ours is put back.
+    QCoreApplication.setOrganizationName(TEST_ORGANIZATION)
+    QCoreApplication.setApplicationName(TEST_APPLICATION)
+    QSettings().clear()
+    QSettings().sync()
+    data = tmp_path / "data"
+    monkeypatch.setenv("SPECDECK_DATA_DIR", str(data))
+    yield data
+    QSettings().clear()
+
+
+@pytest.fixture
+def data_dir(fresh_settings_and_data):
+    return fresh_settings_and_data
+
+
+@pytest.fixture
+def make_window(qtbot):
+    """make_window(config=FAST_CONFIG, sampling=SHORT_REPLY, load=True) -> a shown MainWindow."""
+    from app.main_window import MainWindow
+
+    def make(config: EngineConfig | None = FAST_CONFIG, sampling: SamplingConfig = SHORT_REPLY, load: bool = True):
+        window = MainWindow()
+        qtbot.addWidget(window)  # closed at teardown: closeEvent cancels and joins the worker
+        window.sampling = sampling
+        window.show()
+        if load:
+            with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
+                window.start(config)
+        return window
+
+    return make
+
+
+def send_and_wait(qtbot, window, text: str, timeout: int = REPLY_TIMEOUT_MS):
+    """Send a chat message and wait until its reply has ended; returns the run's result."""
+    with qtbot.waitSignal(window.controller.sig_run_finished, timeout=timeout) as blocker:
+        window.send_message(text)
+    return blocker.args[1]
