@@ -173,6 +173,9 @@ class DraftLength:
         self._accepted = 2.0
         self._tested = 3.0
         self._plain_steps = 0
+        self._probe_interval = probe_every
+        self._probing = False
+        self._costs: CostModel | None = None
 
     @property
     def auto(self) -> bool:
@@ -185,18 +188,30 @@ class DraftLength:
     def choose(self, costs: CostModel) -> int:
         if self.fixed is not None:
             return self.fixed
+        self._costs = costs
+        best_k = self._best_k(costs, self.acceptance)
+        if best_k > 0:
+            self._plain_steps = 0
+            self._probe_interval = self.probe_every
+            return best_k
+        # Plain decoding. Look again now and then, since acceptance may recover (the reply
+        # starts quoting its input, say). A probe stays open until the drafter actually
+        # drafts (an n-gram drafter with no match costs nothing), and each probe that
+        # finds nothing doubles the wait, so where drafting never pays probes cost ~0.
+        if not self._probing:
+            self._plain_steps += 1
+            if self._plain_steps < self._probe_interval:
+                return 0
+            self._plain_steps = 0
+            self._probing = True
+        return max(1, min(self._best_k(costs, 0.9), 4))  # the draft that would pay if drafts did land
+
+    def _best_k(self, costs: CostModel, acceptance: float) -> int:
         best_k, best = 0, 1.0
         for k in range(1, self.k_max + 1):
-            s = costs.speedup(self.acceptance, k)
+            s = costs.speedup(acceptance, k)
             if s > best * 1.02:  # ask for a clear gain before adding tokens
                 best_k, best = k, s
-        if best_k == 0:
-            self._plain_steps += 1
-            if self._plain_steps >= self.probe_every:  # look again: acceptance may have recovered
-                self._plain_steps = 0
-                return min(4, self.k_max)
-        else:
-            self._plain_steps = 0
         return best_k
 
     def observe(self, tested: int, accepted: int, decay: float = 0.85) -> None:
@@ -204,3 +219,7 @@ class DraftLength:
             return
         self._accepted = self._accepted * decay + accepted
         self._tested = self._tested * decay + tested
+        if self._probing:
+            self._probing = False
+            if self._costs is not None and self._best_k(self._costs, self.acceptance) == 0:
+                self._probe_interval = min(self._probe_interval * 2, 512)

@@ -8,7 +8,11 @@ import subprocess
 
 from engine.cli import main
 
-README_PROMPT = "Repeat this sentence twice: the quick brown fox jumps over the lazy dog."
+README_PROMPT = (
+    "Copy this paragraph exactly, word for word: Speculative decoding lets a small draft model propose "
+    "several tokens that a large target model then checks in a single forward pass. Every accepted token "
+    "saves one full pass of the large model, and the output is exactly what the target alone would have written."
+)
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:

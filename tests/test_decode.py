@@ -141,10 +141,26 @@ def test_sampling_through_the_loop_is_lossless():
 def test_auto_k_falls_back_to_plain_when_verification_costs_like_sequential():
     linear = CostModel(verify_s={n: 0.01 * n for n in (1, 2, 4, 8, 16)})
     length = DraftLength("auto", k_max=8, probe_every=10)
-    for _ in range(5):
-        length.observe(tested=4, accepted=2)  # a ~ 0.5
-    choices = [length.choose(linear) for _ in range(20)]
-    assert choices.count(0) >= 18 and max(choices) > 0  # plain, with a probe now and then
+    choices = []
+    for step in range(200):
+        k = length.choose(linear)
+        choices.append(k)
+        if k and step % 3:  # the drafter finds something to draft on two steps in three
+            length.observe(tested=1, accepted=0)
+    probes = [i for i, k in enumerate(choices) if k]
+    assert choices[0] == 0 and len(probes) < 12  # plain, with rare probes
+    assert probes[-1] - probes[-2] > probes[1] - probes[0]  # failed probes back off
+
+
+def test_a_probe_waits_until_the_drafter_drafts():
+    """An n-gram drafter with no match drafts nothing: the probe stays open at no cost."""
+    linear = CostModel(verify_s={n: 0.01 * n for n in (1, 2, 4, 8, 16)})
+    length = DraftLength("auto", k_max=8, probe_every=4)
+    choices = [length.choose(linear) for _ in range(10)]  # nothing is ever drafted
+    assert choices[:3] == [0, 0, 0] and all(k > 0 for k in choices[3:])
+    for _ in range(6):
+        length.observe(tested=4, accepted=4)  # drafts land: acceptance recovers
+    assert length.choose(CostModel(verify_s={1: 0.01, 2: 0.011, 4: 0.012, 8: 0.014, 16: 0.02})) >= 4
 
 
 def test_auto_k_drafts_long_when_verification_is_cheap_and_acceptance_high():

@@ -86,7 +86,11 @@ def shoot(application: QApplication, window) -> None:
     window.grab().save(str(HERE / "chat.png"))
 
     window.tabs.setCurrentWidget(window.compare_view)
-    window.compare_view.prompt.setPlainText("List the days of the week, then list them again in the same order.")
+    window.compare_view.prompt.setPlainText(
+        "Copy this paragraph exactly, word for word: Speculative decoding lets a small draft model propose "
+        "several tokens that a large target model then checks in a single forward pass. Every accepted token "
+        "saves one full pass of the large model, and the output is exactly what the target alone would have written."
+    )
     window.sampling = SamplingConfig(max_tokens=80)
     runs = len(finished)
     window.compare_view.run_button.click()
