@@ -134,10 +134,8 @@ def test_context_longer_than_trained(tmp_path):
 
 def test_gguf_target_with_the_matching_hf_draft(tmp_path, default_meta, plenty_of_memory):
     """The same tokenizer in both formats: the SmolLM2 GGUF and a HF folder with its tokenizer."""
-    try:
-        from tests.factories.hf_models import tokenizer_dir  # the tokenizer transformers builds from the GGUF
-    except ImportError:
-        pytest.skip("tests/factories/hf_models.py is not there")
+    from tests.factories.hf_models import tokenizer_dir  # the tokenizer transformers builds from the GGUF
+
     folder = write_hf_folder(tmp_path / "hf", TOKENS)
     for item in tokenizer_dir().iterdir():
         shutil.copy2(item, folder / item.name)
