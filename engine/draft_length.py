@@ -19,6 +19,7 @@ now and then to notice when acceptance recovers.
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 
@@ -50,27 +51,36 @@ class CostModel:
     verify_s: dict[int, float] = field(default_factory=dict)  # n tokens -> seconds
     draft_s_per_token: float = 0.0
     smoothing: float = 0.2
+    _sorted_sizes: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def verify_time(self, n: int) -> float:
         """T(n), interpolated linearly between measured sizes (and extrapolated past them)."""
-        if not self.verify_s:
+        times = self.verify_s
+        if not times:
             return float(n)  # unmeasured: assume no parallelism at all (the pessimistic case)
-        if n in self.verify_s:
-            return self.verify_s[n]
-        sizes = sorted(self.verify_s)
-        lower = max((s for s in sizes if s < n), default=None)
-        upper = min((s for s in sizes if s > n), default=None)
-        if lower is None:
-            return self.verify_s[upper] * n / upper
-        if upper is None:  # beyond the curve: continue the last segment's slope
-            below = [s for s in sizes if s < lower]
-            if not below:
-                return self.verify_s[lower] * n / lower
-            prev = below[-1]
-            slope = (self.verify_s[lower] - self.verify_s[prev]) / (lower - prev)
-            return self.verify_s[lower] + max(slope, 0.0) * (n - lower)
+        if n in times:
+            return times[n]
+        sizes = self._sizes()
+        i = bisect.bisect_left(sizes, n)  # sizes[i - 1] < n < sizes[i]
+        if i == 0:
+            return times[sizes[0]] * n / sizes[0]
+        lower = sizes[i - 1]
+        if i == len(sizes):  # beyond the curve: continue the last segment's slope
+            if i == 1:
+                return times[lower] * n / lower
+            prev = sizes[i - 2]
+            slope = (times[lower] - times[prev]) / (lower - prev)
+            return times[lower] + max(slope, 0.0) * (n - lower)
+        upper = sizes[i]
         t = (n - lower) / (upper - lower)
-        return self.verify_s[lower] * (1 - t) + self.verify_s[upper] * t
+        return times[lower] * (1 - t) + times[upper] * t
+
+    def _sizes(self) -> list[int]:
+        # Called for every candidate k on every step: keep the sorted sizes until a new one
+        # is measured (sizes are only ever added).
+        if len(self._sorted_sizes) != len(self.verify_s):
+            self._sorted_sizes = sorted(self.verify_s)
+        return self._sorted_sizes
 
     def observe_verify(self, n: int, seconds: float) -> None:
         old = self.verify_s.get(n)

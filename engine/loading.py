@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from .backends.base import Backend
 from .drafters.base import Drafter
 from .errors import ConfigError, IncompatiblePairError
@@ -46,24 +44,22 @@ def load_backend(
 
     from .backends.torch_backend import TorchBackend
 
-    if ref.kind == "gguf":
-        folder, filename = os.path.split(ref.path)
-        return TorchBackend(folder, gguf_file=filename, device=device, dtype=dtype, n_ctx=n_ctx, name=ref.name)
+    # A GGUF file goes through transformers' gguf_file loading (dequantized).
     return TorchBackend(
         ref.path, device=device, dtype=dtype, n_ctx=n_ctx, name=ref.name, trust_remote_code=trust_remote_code
     )
 
 
-def check_vocabularies(target: Backend, draft: Backend) -> None:
-    """Refuse a pair whose token ids mean different things (the rule compares p and q by id)."""
-    n = min(target.vocab_size, draft.vocab_size)
-    for token_id in range(n):
-        if target.token_text(token_id) != draft.token_text(token_id):
-            raise IncompatiblePairError(
-                f"{draft.info.name} cannot draft for {target.info.name}: their vocabularies differ "
-                f"(token {token_id} is {target.token_text(token_id)!r} for the target and "
-                f"{draft.token_text(token_id)!r} for the draft). Pick a draft model from the target's family."
-            )
+def refuse_incompatible_pair(target: Backend, draft: str) -> None:
+    """Run the pair doctor before the draft model loads: the rule compares p and q by token id,
+    so a draft whose ids mean other words than the target's cannot be used at all."""
+    from .doctor import check_pair
+
+    report = check_pair(target.info.path, draft)
+    errors = [f for f in report.findings if f.severity == "error"]
+    if errors:
+        reasons = " ".join(f"{f.title}: {f.detail}" for f in errors)
+        raise IncompatiblePairError(f"{draft} cannot draft for {target.info.name}. {reasons}")
 
 
 def make_drafter(
@@ -90,9 +86,9 @@ def make_drafter(
         raise ConfigError("The model drafter needs a draft model: give one with --draft.")
     from .drafters.model import ModelDrafter
 
+    refuse_incompatible_pair(target, draft)
     draft_model = load_backend(draft, backend=draft_backend, **load_options)
     try:
-        check_vocabularies(target, draft_model)
         return ModelDrafter(draft_model, target.vocab_size)
     except Exception:
         draft_model.close()

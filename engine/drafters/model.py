@@ -73,8 +73,5 @@ class ModelDrafter(Drafter):
         q = torch.stack(q_rows) if q_rows else None
         return Draft(tokens=tokens, q=q, q_token=tuple(q_token))
 
-    def reset(self) -> None:
-        pass  # the cache is re-synced by prefix on every proposal
-
     def close(self) -> None:
         self.backend.close()

@@ -7,31 +7,20 @@ import json
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QCoreApplication
 from PySide6.QtGui import QImage
 
 from app.chart_data import COLUMNS, StepBuffer, accepted_histogram, rolling_rate
 from app.charts import LiveCharts
 from engine.draft_length import CostModel, DraftLength, break_even_acceptance, expected_tokens
 from engine.events import RunStats, Source, StepEvent, TokenInfo
+from tests.app.conftest import STRICT_QT_LOG
 
 # Verifying k + 1 tokens costs barely more than one: drafting pays from a low acceptance.
 CHEAP = CostModel(verify_s={1: 0.010, 2: 0.0102, 4: 0.0105, 8: 0.011, 16: 0.013, 33: 0.02}, draft_s_per_token=0.0005)
 # Verifying n tokens costs n plain steps (compute-bound): no acceptance rate pays.
 LINEAR = CostModel(verify_s={n: 0.01 * n for n in (1, 2, 4, 8, 16, 33)}, draft_s_per_token=0.0005)
 
-# Qt warnings fail a test, except the one the offscreen platform prints on every show().
-pytestmark = [
-    pytest.mark.qt_log_level_fail("WARNING"),
-    pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints\(\)"),
-]
-
-
-@pytest.fixture(autouse=True)
-def test_app_names(qapp):
-    # Nothing here may read or write a user's settings, even by accident.
-    QCoreApplication.setOrganizationName("SpecDeckTests")
-    QCoreApplication.setApplicationName("specdeck-charts-tests")
+pytestmark = STRICT_QT_LOG  # Qt warnings fail a test; tests/app/conftest.py keeps settings out of the user's
 
 
 @pytest.fixture

@@ -5,27 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from PySide6.QtCore import QCoreApplication, QSettings
+from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication, QDialog
 
 from app.pair_dialog import PairDialog
 from app.presets import PairChoice, PresetStore, load_choice
 from engine.models import default_model_path
+from tests.app.conftest import STRICT_QT_LOG
 
 CHECK_TIMEOUT_MS = 20_000  # metadata only, but a busy test machine is slow to read a 90 MB GGUF's vocabulary
 
-# Qt warnings fail a test, except the one the offscreen platform prints on every show().
-pytestmark = [
-    pytest.mark.qt_log_level_fail("WARNING"),
-    pytest.mark.qt_log_ignore(r"This plugin does not support propagateSizeHints\(\)"),
-]
-
-
-@pytest.fixture(autouse=True)
-def test_app_names(qapp):
-    # Nothing here may read or write a user's settings, even by accident.
-    QCoreApplication.setOrganizationName("SpecDeckTests")
-    QCoreApplication.setApplicationName("specdeck-pair-dialog-tests")
+pytestmark = STRICT_QT_LOG  # Qt warnings fail a test; tests/app/conftest.py keeps settings out of the user's
 
 
 @pytest.fixture
