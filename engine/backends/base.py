@@ -103,6 +103,45 @@ class Backend(abc.ABC):
             self._truncate(length)
             del self.tokens[length:]
 
+    # -- trees and features (tree-shaped drafters: Medusa, EAGLE, lookahead) ---------
+
+    supports_tree: bool = False  # True when forward_tree accepts any tree, not just chains
+    supports_features: bool = False  # True when last_features() returns hidden states
+
+    def forward_tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        """Run the model over a token tree placed after the cached tokens.
+
+        `parents[i]` is the index (into `tokens`) of node i's parent, or -1 for a
+        node that follows the cached tokens directly; parents come before their
+        children (parents[i] < i). Node i sits at position len(self.tokens) +
+        depth(i) and attends to the cache, its ancestors and itself only. Returns
+        float32 logits (len(tokens), V); row i predicts the token after node i.
+
+        Afterwards the cache holds every node (self.tokens lists them in node
+        order) until `keep_nodes` picks one root-to-leaf path. A backend without
+        tree attention accepts chains (parents[i] == i - 1) only.
+        """
+        if any(parent != i - 1 for i, parent in enumerate(parents)):
+            raise NotImplementedError(f"the {self.name} backend verifies chains only, not trees")
+        self._tree_base = len(self.tokens)
+        return self.forward(tokens)
+
+    def keep_nodes(self, nodes: list[int]) -> None:
+        """After `forward_tree`, keep the cache entries of `nodes` (a path from a
+        depth-0 node down, in order) and drop every other node of the tree."""
+        base = getattr(self, "_tree_base", None)
+        if base is None:
+            raise RuntimeError("keep_nodes() needs a forward_tree() call first")
+        if list(nodes) != list(range(len(nodes))):
+            raise NotImplementedError(f"the {self.name} backend keeps chain prefixes only")
+        self._tree_base = None
+        self.rollback(base + len(nodes))
+
+    def last_features(self) -> torch.Tensor:
+        """Final-layer hidden states (after the final norm) of the rows of the last
+        forward / forward_tree call, shape (n, hidden_size), on the model's device."""
+        raise NotImplementedError(f"the {self.name} backend does not expose hidden states")
+
     def prefill(self, tokens: list[int]) -> None:
         """Make the cache hold exactly `tokens`, reusing the longest common prefix."""
         keep = common_prefix_length(self.tokens, tokens)

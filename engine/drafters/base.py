@@ -7,8 +7,13 @@ q for each token (processed with the same `SamplingConfig` as the target, so the
 rejection rule stays lossless); one without (n-gram lookup) returns q=None and is
 verified as a point mass.
 
-Tree-shaped drafts (Medusa, EAGLE) and multi-branch drafts (lookahead) will add a
-`parents` array to `Draft`: a chain is the tree where node i's parent is i - 1.
+Tree-shaped drafts (Medusa, EAGLE, lookahead) set `Draft.parents`: node i's
+parent is parents[i] (an earlier node), or -1 when it follows the pending token
+directly. A chain is the tree where parents[i] == i - 1 (and parents=None).
+
+Drafters that work from the target's hidden states (Medusa, EAGLE) set
+`uses_features`; after every step the decode loop hands them the target's final
+hidden states of the tokens that step committed to the cache.
 """
 
 from __future__ import annotations
@@ -26,7 +31,11 @@ class Draft:
     tokens: list[int]
     q: torch.Tensor | None = None  # (n, V_target) processed draft probabilities; None = point mass
     q_token: tuple[float, ...] | None = None  # q(x_i) for display (raw softmax when greedy)
-    parents: tuple[int, ...] | None = None  # None = a chain; reserved for tree drafts
+    parents: tuple[int, ...] | None = None  # None = a chain; else parent index per node, -1 = root
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None and any(p != i - 1 for i, p in enumerate(self.parents))
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -38,6 +47,7 @@ EMPTY_DRAFT = Draft(tokens=[])
 class Drafter(abc.ABC):
     name: str = "drafter"
     has_distribution: bool = False  # True when propose() returns q
+    uses_features: bool = False  # True when it needs observe_features() after every step
 
     @abc.abstractmethod
     def propose(
@@ -47,6 +57,11 @@ class Drafter(abc.ABC):
 
     def observe(self, drafted: int, accepted: int) -> None:
         """How many of the last proposal's tokens the target accepted."""
+
+    def observe_features(self, features: torch.Tensor) -> None:
+        """The target's final hidden states (m, hidden) for the tokens the last step
+        put in the cache for good: the pending token it was fed, then the accepted
+        drafts. The last row is the one whose logits chose the new pending token."""
 
     def reset(self) -> None:
         """Forget per-conversation state (called at the start of each generation)."""
