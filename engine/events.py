@@ -56,6 +56,12 @@ class RunStats:
     verify_cost_ratio: float = 1.0  # time to verify the last k+1 tokens / one single-token forward
     predicted_speedup: float = 1.0  # (1 - a^(k+1)) / (1 - a) / (1 + c), from the measured a and costs
     k: int = 0  # draft length used in the last step
+    # Tree drafts (Medusa, EAGLE): per depth d = 1, 2, ... (index d - 1) how many steps
+    # offered a node at that depth on the path accepted so far, and how many accepted one.
+    # For Medusa, depth d is head d's prediction: accepted/tested is that head's acceptance.
+    depth_tested: tuple[int, ...] = ()
+    depth_accepted: tuple[int, ...] = ()
+    tree_nodes: int = 0  # draft nodes verified in the last step (= drafted for a chain)
 
     @property
     def acceptance_rate(self) -> float:
