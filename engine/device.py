@@ -4,6 +4,10 @@
 then the CPU. The dtype follows the device: bfloat16 where the hardware does
 bf16 math natively (every CUDA GPU since Ampere, x86 CPUs with AVX512-BF16 or
 AMX), float32 elsewhere, because emulated bf16 on a CPU is slower than float32.
+
+"int8" asks for int8 weights (engine/quantize.py) with the device's automatic
+dtype for everything else: `pick_dtype` returns that compute dtype and
+`weight_format` says "int8".
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ _DTYPE_NAMES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
+# Weight formats that are not a torch dtype: they compute in the automatic dtype.
+_WEIGHT_FORMATS = {"int8": "int8"}
 
 
 def available_devices() -> list[str]:
@@ -82,12 +88,13 @@ def cpu_has_native_bf16() -> bool:
 def pick_dtype(device: str, override: str = "auto") -> torch.dtype:
     """The dtype to load weights in on `device`: `override`, or the fastest safe one."""
     choice = (override or "auto").strip().lower()
-    if choice != "auto":
+    if choice != "auto" and choice not in _WEIGHT_FORMATS:
         try:
             return _DTYPE_NAMES[choice]
         except KeyError:
             raise ConfigError(
-                f"Unknown dtype {override!r}. Choose one of: auto, float32 (fp32), bfloat16 (bf16), float16 (fp16)."
+                f"Unknown dtype {override!r}. Choose one of: auto, float32 (fp32), bfloat16 (bf16), "
+                "float16 (fp16), int8 (int8 weights)."
             ) from None
     if device == "cuda":
         # Pre-Ampere GPUs emulate bf16; float16 is their fast half type.
@@ -95,6 +102,11 @@ def pick_dtype(device: str, override: str = "auto") -> torch.dtype:
     if device == "cpu" and cpu_has_native_bf16():
         return torch.bfloat16
     return torch.float32
+
+
+def weight_format(override: str = "auto") -> str | None:
+    """The weight format `override` asks for: "int8", or None for float weights in pick_dtype's dtype."""
+    return _WEIGHT_FORMATS.get((override or "auto").strip().lower())
 
 
 def dtype_name(dtype: torch.dtype) -> str:

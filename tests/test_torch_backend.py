@@ -1,8 +1,11 @@
-"""The transformers backend: cache arithmetic, numerics, errors, text, devices.
+"""The PyTorch backend: cache arithmetic, numerics, errors, text, devices.
 
 Most tests use a tiny random Llama with the real SmolLM2 tokenizer (made in a
-second by tests/factories/hf_models.py); one module-scoped fixture loads the
-embedded SmolLM2-135M GGUF through transformers to check a real model end to end.
+second by tests/factories/hf_models.py), on both implementations (native and
+transformers' own forward); one module-scoped fixture loads the embedded
+SmolLM2-135M GGUF through transformers to check a real model end to end.
+The native implementation's own properties (trees, features, int8, other
+architectures) are tested in test_native_llama.py.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 from engine import device as device_mod
 from engine.backends import torch_backend
 from engine.backends.torch_backend import TorchBackend
-from engine.device import cpu_has_native_bf16, pick_device, pick_dtype
+from engine.device import cpu_has_native_bf16, pick_device, pick_dtype, weight_format
 from engine.errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
 from tests.factories.hf_models import default_gguf_path, make_tiny_llama
 
@@ -28,9 +31,9 @@ def tiny_dir(tmp_path_factory) -> str:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "target", seed=0)
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    backend = TorchBackend(tiny_dir, dtype="float32")
+@pytest.fixture(scope="module", params=["native", "transformers"])
+def tiny(tiny_dir, request):
+    backend = TorchBackend(tiny_dir, dtype="float32", impl=request.param)
     yield backend
     backend.close()
 
@@ -48,6 +51,8 @@ def prompt(tiny) -> list[int]:
 
 
 def _cache_length(backend: TorchBackend) -> int:
+    if backend._native is not None:
+        return backend._kv.length
     return backend._cache.get_seq_length()
 
 
@@ -84,7 +89,7 @@ def test_rollback_then_forward_equals_fresh_prefill(fresh, prompt):
 
 def test_rebuild_path_is_exact_too(tiny_dir, prompt):
     # Models with sliding-window or recurrent layers cannot crop; they rebuild.
-    backend = TorchBackend(tiny_dir, dtype="float32")
+    backend = TorchBackend(tiny_dir, dtype="float32", impl="transformers")
     backend._exact_crop = False
     backend.forward(prompt + [500, 600, 700])
     backend.rollback(len(prompt) + 1)
@@ -312,7 +317,10 @@ def test_dtype_overrides_and_unknown_dtype():
     assert pick_dtype("cpu", "fp32") == torch.float32
     assert pick_dtype("cpu", "bf16") == torch.bfloat16
     assert pick_dtype("cpu", "float16") == torch.float16
-    with pytest.raises(ConfigError, match="float32.*bfloat16.*float16"):
+    # int8 weights compute in the automatic dtype of the device.
+    assert pick_dtype("cpu", "int8") == pick_dtype("cpu") and weight_format(" INT8 ") == "int8"
+    assert weight_format("bf16") is None and weight_format("auto") is None
+    with pytest.raises(ConfigError, match="float32.*bfloat16.*float16.*int8"):
         pick_dtype("cpu", "int3")
 
 

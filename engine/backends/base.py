@@ -114,7 +114,7 @@ class Backend(abc.ABC):
         `parents[i]` is the index (into `tokens`) of node i's parent, or -1 for a
         node that follows the cached tokens directly; parents come before their
         children (parents[i] < i). Node i sits at position len(self.tokens) +
-        depth(i) and attends to the cache, its ancestors and itself only. Returns
+        depth(i) - 1 (engine.tree.depths: 1 for a node without parent) and attends to the cache, its ancestors and itself only. Returns
         float32 logits (len(tokens), V); row i predicts the token after node i.
 
         Afterwards the cache holds every node (self.tokens lists them in node

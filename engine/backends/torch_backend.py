@@ -3,9 +3,18 @@
 It loads a local folder (config.json + safetensors + tokenizer files) or a GGUF
 file, which transformers unpacks into dense weights of the chosen dtype (slow
 to load: its reader parses the file three times; prefer the llama.cpp backend
-for GGUF files), keeps one `DynamicCache` for one sequence,
-and rolls that cache back with `crop` so that rejected draft tokens cost nothing
-to undo. Everything runs offline: nothing is ever downloaded.
+for GGUF files). Everything runs offline: nothing is ever downloaded.
+
+Two implementations run the loaded model (`impl`):
+
+- "native" (`native_llama.NativeLlama`, for llama, mistral, qwen2 and qwen3):
+  our own forward pass on the same weights, with a preallocated KV cache
+  (rollback sets a length), token trees (`forward_tree` / `keep_nodes`), the
+  final hidden states (`last_features`) and optional int8 weights.
+- "transformers": the model's own forward with one `DynamicCache`, rolled back
+  with `crop`; any architecture transformers knows, chains only.
+
+"auto" (the default) takes native where it applies and transformers elsewhere.
 
 Written against transformers 5.x, where the model's cache argument is named
 `cache` (5.24; `past_key_values` before, still accepted until 5.40), positions
@@ -16,14 +25,20 @@ follow from the cache length (there is no `cache_position`), and
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import re
 
 import torch
 
-from ..device import dtype_name, pick_device, pick_dtype
-from ..errors import ConfigError, ModelLoadError, ModelNotFoundError, OutOfMemoryError
+from ..device import dtype_name, pick_device, pick_dtype, weight_format
+from ..errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError, OutOfMemoryError
+from ..tree import ancestor_mask, check_parents, depths
 from .base import Backend, ModelInfo
+from .native_llama import SUPPORTED_ARCHITECTURES, NativeLlama, unsupported_reason
+
+logger = logging.getLogger(__name__)
+IMPLEMENTATIONS = ("auto", "native", "transformers")
 
 # Longest slice of a prompt run through the model at once: bounds the memory of a
 # long prefill (activations and attention scores grow with the slice length).
@@ -48,37 +63,38 @@ class TorchBackend(Backend):
         n_ctx: int | None = None,
         name: str | None = None,
         trust_remote_code: bool = False,
+        impl: str = "auto",
     ) -> None:
+        """`dtype` "int8" keeps the linear weights in int8 (native implementation only)
+        and computes in the device's default dtype. `impl`: "auto", "native" or "transformers"."""
         super().__init__()
         if n_ctx is not None and n_ctx < 1:
             raise ConfigError(f"The context size must be a positive number of tokens, got {n_ctx}.")
+        if impl not in IMPLEMENTATIONS:
+            raise ConfigError(f"Unknown implementation {impl!r}: choose one of {', '.join(IMPLEMENTATIONS)}.")
         self._device = pick_device(device)
         self._dtype = pick_dtype(self._device, dtype)
+        weights = weight_format(dtype)  # "int8" or None (float weights in self._dtype)
+        if weights and impl == "transformers":
+            raise ConfigError(
+                "int8 weights need the native implementation; use impl='auto' or 'native', or a float dtype."
+            )
         folder, gguf_file = _resolve_location(os.fspath(path), gguf_file)
         self._path = os.path.join(folder, gguf_file) if gguf_file else folder
         display = name or os.path.basename(os.path.normpath(self._path))
 
         self._model, self._tok = _load(folder, gguf_file, self._dtype, self._device, trust_remote_code)
+        self._native: NativeLlama | None = None
+        self._kv = None  # the native path's KVCache
+        self._features: torch.Tensor | None = None  # last_features() of the native path
         config = self._model.config.get_text_config()
 
-        # Facts the UI and the decode loop ask for, computed once.
+        # Facts the UI and the decode loop ask for, computed once (before int8
+        # quantization replaces the float weights).
         params = list(self._model.parameters())  # shared (tied) tensors appear once
         out_emb = self._model.get_output_embeddings()
         vocab = out_emb.weight.shape[0] if out_emb is not None else config.vocab_size
         context = _context_length(config, self._tok)
-        self._info = ModelInfo(
-            name=display,
-            path=self._path,
-            backend="torch",
-            architecture=str(getattr(config, "model_type", "unknown")),
-            n_params=sum(p.numel() for p in params),
-            weight_bytes=sum(p.numel() * p.element_size() for p in params),
-            vocab_size=int(vocab),
-            n_layers=int(getattr(config, "num_hidden_layers", 0) or 0),
-            context_length=context,
-            dtype=dtype_name(self._dtype),
-            device=self._device,
-        )
         if n_ctx is not None and not 1 <= n_ctx <= context:
             self.close()
             raise ConfigError(
@@ -86,6 +102,33 @@ class TorchBackend(Backend):
                 f"(the length it was trained for), got {n_ctx}."
             )
         self._n_ctx = n_ctx or context
+        n_params = sum(p.numel() for p in params)
+        weight_bytes = sum(p.numel() * p.element_size() for p in params)
+        del params
+        self._hidden_size = int(getattr(config, "hidden_size", 0) or 0)
+
+        try:
+            self._native = self._make_native(impl, weights, display)
+        except BaseException:
+            self.close()
+            raise
+        if self._native is not None:
+            weight_bytes = self._native.weight_bytes
+            self._kv = self._native.new_cache()
+        self.supports_tree = self.supports_features = self._native is not None
+        self._info = ModelInfo(
+            name=display,
+            path=self._path,
+            backend="torch",
+            architecture=str(getattr(config, "model_type", "unknown")),
+            n_params=n_params,
+            weight_bytes=weight_bytes,
+            vocab_size=int(vocab),
+            n_layers=int(getattr(config, "num_hidden_layers", 0) or 0),
+            context_length=context,
+            dtype=f"int8 (weights) / {dtype_name(self._dtype)}" if weights else dtype_name(self._dtype),
+            device=self._device,
+        )
         self._eos = _eos_ids(self._model, self._tok)
         self._added_ids = frozenset(self._tok.added_tokens_decoder)  # control tokens etc.
         self._byte_level = _is_byte_level(self._tok)
@@ -95,7 +138,30 @@ class TorchBackend(Backend):
         params_of_forward = inspect.signature(self._model.forward).parameters
         self._cache_kw = "cache" if "cache" in params_of_forward else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in params_of_forward
-        self._cache, self._exact_crop = self._new_cache()
+        self._cache, self._exact_crop = self._new_cache() if self._native is None else (None, True)
+
+    def _make_native(self, impl: str, weights: str | None, display: str) -> NativeLlama | None:
+        """The native implementation when `impl` allows it and the model is supported, else None."""
+        if impl == "transformers":
+            return None
+        reason = unsupported_reason(self._model, self._n_ctx)
+        if reason is not None:
+            if impl == "native" or weights:
+                what = "int8 weights need" if weights else "impl='native' needs"
+                raise ConfigError(
+                    f"{display} cannot run on the native implementation, which {what}: {reason}. "
+                    f"It supports the {', '.join(SUPPORTED_ARCHITECTURES)} architectures"
+                    + ("; use a float dtype." if weights else "; use impl='auto' or 'transformers'.")
+                )
+            logger.debug("%s runs on transformers' own forward: %s", display, reason)
+            return None
+        try:
+            return NativeLlama(self._model, self._n_ctx, weights)
+        except (torch.OutOfMemoryError, MemoryError) as error:
+            raise OutOfMemoryError(
+                f"Not enough memory on {self._device} to prepare {display}. "
+                "Try a smaller dtype (bfloat16, int8), a smaller model, or close other programs."
+            ) from error
 
     # -- model facts ---------------------------------------------------------------
 
@@ -110,6 +176,17 @@ class TorchBackend(Backend):
     @property
     def eos_ids(self) -> frozenset[int]:
         return self._eos
+
+    @property
+    def hidden_size(self) -> int:
+        return self._hidden_size
+
+    @property
+    def lm_head(self):
+        """The target's own LM head: a module mapping hidden states (..., hidden) to logits (..., V)."""
+        if self._native is not None:
+            return self._native.lm_head
+        return self._model.get_output_embeddings()
 
     @property
     def chat_template(self) -> str | None:
@@ -146,15 +223,18 @@ class TorchBackend(Backend):
             if len(tokens) <= PREFILL_CHUNK:  # the decode hot path: one call
                 logits = self._run(tokens, all_logits)
             else:
-                rows = []
+                rows, features = [], []
                 for start in range(0, len(tokens), PREFILL_CHUNK):
                     chunk = tokens[start : start + PREFILL_CHUNK]
                     last = start + PREFILL_CHUNK >= len(tokens)
                     if all_logits or last:
                         rows.append(self._run(chunk, all_logits))
+                        features.append(self._features)
                     else:
                         self._run(chunk, False)
                 logits = torch.cat(rows) if len(rows) > 1 else rows[0]
+                if self._native is not None:
+                    self._features = torch.cat(features) if len(features) > 1 else features[0]
         except BaseException as error:
             # A failed or interrupted call may have appended keys and values for
             # some layers; put the cache back in line with self.tokens.
@@ -172,16 +252,22 @@ class TorchBackend(Backend):
 
     def _run(self, tokens: list[int], all_logits: bool) -> torch.Tensor:
         """One model call appending `tokens` to the cache; returns (n or 1, V) logits."""
-        input_ids = torch.tensor([tokens], dtype=torch.long, device=self._device)
+        input_ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
+        if self._native is not None:
+            with torch.inference_mode():
+                logits, self._features = self._native.forward(input_ids, self._kv, last_only=not all_logits)
+            return logits
         kwargs = {self._cache_kw: self._cache, "use_cache": True}
         if self._has_logits_to_keep:
             kwargs["logits_to_keep"] = 0 if all_logits else 1  # 0 = every position
         with torch.inference_mode():
-            logits = self._model(input_ids=input_ids, **kwargs).logits[0]
+            logits = self._model(input_ids=input_ids[None], **kwargs).logits[0]
         return logits if all_logits else logits[-1:]
 
     def _truncate(self, length: int) -> None:
-        if length == 0:
+        if self._native is not None:
+            self._kv.truncate(length)  # rows past the length are stale and never read
+        elif length == 0:
             self._cache.reset()
         elif self._exact_crop:
             with torch.inference_mode():
@@ -197,6 +283,9 @@ class TorchBackend(Backend):
 
     def _repair_cache(self) -> None:
         keep = len(self.tokens)
+        if self._native is not None:
+            self._kv.truncate(keep)
+            return
         if not self._exact_crop:
             try:
                 self._rebuild(self.tokens)
@@ -209,6 +298,85 @@ class TorchBackend(Backend):
                 keys = getattr(layer, "keys", None)
                 if keys is not None and keys.numel() and keys.shape[-2] > keep:
                     layer.crop(-(keys.shape[-2] - keep))
+
+    # -- trees and hidden states (native implementation) ------------------------------
+
+    def forward_tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        if self._native is None:
+            return super().forward_tree(tokens, parents)
+        if self._model is None:
+            raise RuntimeError("this backend was closed")
+        if not tokens or len(tokens) != len(parents):
+            raise ValueError(f"forward_tree() needs one parent per token: {len(tokens)} tokens, {len(parents)} parents")
+        check_parents(parents)
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"The context window of {self.info.name} is full ({self.n_ctx} tokens): "
+                f"{len(self.tokens)} are in use and a tree of {len(tokens)} more was asked for. "
+                "Start a new chat, shorten the prompt, or load the model with a larger context."
+            )
+        base = len(self.tokens)
+        try:
+            ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
+            node_depths = torch.tensor(depths(parents), dtype=torch.long, device=self._device)
+            with torch.inference_mode():
+                logits, self._features = self._native.forward(
+                    ids, self._kv, tree_depths=node_depths, tree_mask=ancestor_mask(parents, self._device)
+                )
+        except BaseException as error:
+            self._repair_cache()
+            if _is_oom(error):
+                raise OutOfMemoryError(
+                    f"{self._info.device} ran out of memory verifying a tree of {len(tokens)} tokens "
+                    f"with {self._info.name}. Use a smaller tree or a smaller model."
+                ) from error
+            raise
+        self.tokens.extend(tokens)
+        self._tree_base, self._tree_parents = base, list(parents)
+        return logits.to(device="cpu", dtype=torch.float32, copy=True)
+
+    def keep_nodes(self, nodes: list[int]) -> None:
+        if self._native is None:
+            return super().keep_nodes(nodes)
+        base = getattr(self, "_tree_base", None)
+        if base is None or len(self.tokens) != base + len(self._tree_parents):
+            raise RuntimeError("keep_nodes() needs a forward_tree() call first (and nothing in between)")
+        nodes = [int(i) for i in nodes]
+        expected_parent = -1
+        for node in nodes:
+            if not 0 <= node < len(self._tree_parents) or self._tree_parents[node] != expected_parent:
+                raise ValueError(f"nodes {nodes} are not a path down from a depth-1 node of the tree")
+            expected_parent = node
+        self._tree_base = None
+        if nodes == list(range(len(nodes))):  # a prefix in node order: already in place
+            self.rollback(base + len(nodes))
+            return
+        rows = torch.tensor([base + i for i in nodes], dtype=torch.long, device=self._device)
+        with torch.inference_mode():
+            self._kv.keep_rows(base, rows)
+        tree_tokens = self.tokens[base:]
+        self.tokens[base:] = [tree_tokens[i] for i in nodes]
+
+    def last_features(self) -> torch.Tensor:
+        """Final-norm hidden states (n, hidden) of the rows of the last forward or
+        forward_tree call (only the last row after a forward with all_logits=False)."""
+        if self._native is None:
+            return super().last_features()
+        if self._features is None:
+            raise RuntimeError("last_features() needs a forward() or forward_tree() call first")
+        return self._features.clone()  # an ordinary tensor, outside inference mode
+
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Final-norm hidden states (B, T, hidden) of `input_ids` (B, T) run causally
+        from position 0, in no-grad mode and without touching the cache (for
+        training draft heads on batches of text)."""
+        if self._model is None:
+            raise RuntimeError("this backend was closed")
+        input_ids = input_ids.to(self._device)
+        if self._native is not None:
+            return self._native.hidden_states(input_ids)
+        with torch.no_grad():
+            return self._model.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
 
     # -- text ----------------------------------------------------------------------
 
@@ -263,6 +431,7 @@ class TorchBackend(Backend):
         device = self._device
         self._model = None
         self._cache = None
+        self._native = self._kv = self._features = None
         self.tokens.clear()
         if device == "cuda":
             torch.cuda.empty_cache()

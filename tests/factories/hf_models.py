@@ -143,3 +143,74 @@ def _init(name: str, param, seed: int) -> None:
         param.normal_(0.0, LAYER_GAIN / param.shape[1] ** 0.5, generator=generator)
     else:  # embeddings (tied or not) and anything unexpected
         param.normal_(0.0, EMBEDDING_STD, generator=generator)
+
+
+# Config classes of the architectures make_tiny_model knows (model_type -> transformers names).
+_ARCHITECTURES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+}
+
+
+def make_tiny_model(
+    out_dir: str | os.PathLike,
+    arch: str = "llama",
+    *,
+    seed: int = 0,
+    n_layers: int = 2,
+    hidden: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    intermediate: int = 128,
+    tie_embeddings: bool = True,
+    max_positions: int = 2048,
+    norm_jitter: float = 0.2,
+    **config_extra,
+) -> str:
+    """Like make_tiny_llama, for any of llama / mistral / qwen2 / qwen3.
+
+    `config_extra` goes to the config (rope_parameters, sliding_window,
+    head_dim, attention_bias...). Norm weights are drawn around 1 (std
+    `norm_jitter`) rather than left at 1, so that a forward pass which skipped
+    or misplaced a norm weight (Qwen3's per-head q/k norms included) gives
+    different logits. Biases (Qwen2's q/k/v) are drawn like embeddings.
+    """
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
+    config_name, model_name = _ARCHITECTURES[arch]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = getattr(transformers, config_name)(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tie_embeddings,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        initializer_range=EMBEDDING_STD,
+        **({"head_dim": hidden // n_heads} if arch in ("qwen3", "mistral") else {}) | config_extra,
+    )
+    model = getattr(transformers, model_name)(config).to(torch.float32).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            _init(name, param, seed)
+            if name.endswith("norm.weight") and norm_jitter:
+                generator = torch.Generator().manual_seed(
+                    int.from_bytes(hashlib.sha1(f"{seed}:{name}:jitter".encode()).digest()[:7], "big")
+                )
+                param.add_(torch.randn(param.shape, generator=generator) * norm_jitter)
+        model.model.norm.weight.mul_(LOGIT_STD / (EMBEDDING_STD * hidden**0.5))
+    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID)
+    model.save_pretrained(out)
+
+    for item in tokenizer_dir().iterdir():
+        shutil.copy2(item, out / item.name)
+    return str(out)
