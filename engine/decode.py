@@ -14,6 +14,14 @@ one, which is "pending" and goes in front of the drafts in the next forward:
 After the verdict (j drafts kept, then token y), roll the cache back to
 x_1..x_m d_1..d_j; y becomes the new pending token. Plain (vanilla) decoding is
 the same step with n = 0, so both go through one code path and one sampler.
+
+Trees (Medusa, EAGLE): the feed is [x_m, node_1, ..., node_n] with node i
+attending to its ancestors only (`Backend.forward_tree`, parents shifted by one
+for x_m in front); row i + 1 is p after node i. The verdict is a root-to-node
+path (engine/verify_tree.py) and `keep_nodes` keeps x_m and that path. A backend
+without tree attention (llama.cpp) gets the draft's best branch as a chain, and
+the run says so in `RunStats.notes`. Drafters that read the target's hidden
+states get the rows of what the step kept (x_m, then the accepted drafts).
 """
 
 from __future__ import annotations
@@ -24,13 +32,15 @@ from dataclasses import replace
 from typing import Iterator
 
 from .backends.base import Backend
-from .draft_length import CostModel, DraftLength, expected_tokens
-from .drafters.base import EMPTY_DRAFT, Drafter
+from .draft_length import CostModel, DraftLength, expected_tokens, expected_tokens_tree
+from .drafters.base import EMPTY_DRAFT, Draft, Drafter
 from .errors import ConfigError, ContextOverflowError
 from .events import RunStats, Source, StepEvent, TokenInfo
 from .sampling import SamplingConfig, make_generator, probabilities
 from .text import IncrementalText, find_stop, held_back
+from .tree import depths
 from .verify import verify_greedy, verify_sampled
+from .verify_tree import dedupe_siblings, verify_tree_greedy, verify_tree_sampled
 
 
 def decode_steps(
@@ -51,16 +61,24 @@ def decode_steps(
             f"The prompt is {len(prompt)} tokens long but the context window holds {target.n_ctx}: "
             "shorten the prompt (or start a new chat), or load the model with a larger context."
         )
+    if drafter is not None and drafter.uses_features and not target.supports_features:
+        raise ConfigError(
+            f"The {drafter.name} drafter reads the target's hidden states, which the {target.name} "
+            "backend does not expose: load the target with the PyTorch backend (--backend torch)."
+        )
     draft_length = draft_length or DraftLength(0 if drafter is None else "auto")
     costs = costs if costs is not None else CostModel()
     generator = make_generator(sampling.seed)
     eos = target.eos_ids
+    trees = target.supports_tree  # False: tree drafts are verified as their best branch
     if drafter is not None:
         drafter.reset()
+        if drafter.drafts_trees and trees:
+            draft_length.use_tree_estimate(drafter.tree_expected_tokens)  # k = node budget
 
     start = time.perf_counter()
     target.prefill(prompt[:-1])
-    run = _Run(prefill_s=time.perf_counter() - start)
+    run = _Run(prefill_s=time.perf_counter() - start, notes=run_notes(target, drafter))
     context = list(prompt)
     reply = _Reply(target.detokenize, sampling.stop)
     loop_start = time.perf_counter()
@@ -76,34 +94,54 @@ def decode_steps(
         left = sampling.max_tokens - run.tokens
         k = 0 if drafter is None else min(draft_length.choose(costs), room, left - 1)
 
-        # 1. Draft up to k tokens (and q, if the drafter has a distribution).
+        # 1. Draft up to k tokens or tree nodes (and q, if the drafter has a distribution).
         t0 = time.perf_counter()
         draft = drafter.propose(context, k, sampling, generator) if k > 0 else EMPTY_DRAFT
-        drafted = list(draft.tokens[:k])
+        draft = fit_draft(draft, k, trees)
+        drafted = list(draft.tokens)
         t1 = time.perf_counter()
 
-        # 2. One target forward over the pending token and the drafts.
-        logits = target.forward([context[-1], *drafted])  # (n+1, V)
+        # 2. One target forward over the pending token and the drafts (a chain or a tree).
+        if draft.is_tree:
+            logits = target.forward_tree([context[-1], *drafted], [-1, *(p + 1 for p in draft.parents)])  # (n+1, V)
+        else:
+            logits = target.forward([context[-1], *drafted])  # (n+1, V)
         t2 = time.perf_counter()
 
-        # 3. Verdict: keep the longest accepted prefix, then one token from p (or the residual).
-        if sampling.greedy:
-            verdict = verify_greedy(logits, drafted)
+        # 3. Verdict: keep the longest accepted prefix (or tree path), then one token from p
+        #    (or the residual); cut the cache back to the pending token and what was kept.
+        if draft.is_tree:
+            if sampling.greedy:
+                verdict = verify_tree_greedy(logits, drafted, draft.parents)
+            else:
+                verdict = verify_tree_sampled(probabilities(logits, sampling), drafted, draft.parents, generator)
+            path, tested = list(verdict.path), verdict.tested_depths
+            kept_rows = [0, *(node + 1 for node in path)]
+            features = target.last_features()[kept_rows] if _wants_features(drafter) else None
+            target.keep_nodes(kept_rows)
         else:
-            q = draft.q[: len(drafted)] if draft.q is not None else None
-            verdict = verify_sampled(probabilities(logits, sampling), q, drafted, generator)
-        kept = verdict.accepted
-        target.rollback(len(context) + kept)  # drop the rejected drafts' cache entries
+            if sampling.greedy:
+                verdict = verify_greedy(logits, drafted)
+            else:
+                q = draft.q[: len(drafted)] if draft.q is not None else None
+                verdict = verify_sampled(probabilities(logits, sampling), q, drafted, generator)
+            path = list(range(verdict.accepted))
+            tested = len(path) + (len(path) < len(drafted))
+            features = target.last_features()[: len(path) + 1] if _wants_features(drafter) else None
+            target.rollback(len(context) + len(path))  # drop the rejected drafts' cache entries
+        kept = len(path)
+        if features is not None:
+            drafter.observe_features(features)  # (kept + 1, hidden): the last row chose the new token
         if drafter is not None and drafted:
             drafter.observe(len(drafted), kept)
-            draft_length.observe(kept + (kept < len(drafted)), kept)
+            draft_length.observe(tested, kept)
             costs.observe_draft(len(drafted), t1 - t0)
         costs.observe_verify(len(drafted) + 1, t2 - t1)
 
         # 4. Commit token by token, so EOS, stop strings and max tokens cut inside the block.
         finish = end = None
-        for i, token in enumerate([*drafted[:kept], verdict.token]):
-            info = _token_info(token, i, kept, verdict, draft)
+        for i, token in enumerate([*(drafted[node] for node in path), verdict.token]):
+            info = _token_info(token, i, path, verdict, draft)
             if token in eos:
                 finish, end = "stop", info
                 break
@@ -116,7 +154,8 @@ def decode_steps(
                 break
         infos, step_text = reply.release(final=finish is not None)
         t3 = time.perf_counter()
-        run.add(reply.count, len(drafted), kept, t1 - t0, t2 - t1, t3 - t2)
+        tree_depth = max(depths(draft.parents)) if draft.is_tree else None
+        run.add(reply.count, len(drafted), kept, tested, t1 - t0, t2 - t1, t3 - t2, tree_depth)
         yield run.event(
             index, tuple(infos), step_text, k, len(drafted), kept,
             t1 - t0, t2 - t1, t3 - t2, loop_start, costs, finish, end,
@@ -125,10 +164,70 @@ def decode_steps(
             return
 
 
-def _token_info(token: int, i: int, kept: int, verdict, draft) -> TokenInfo:
-    if i < kept:
+def run_notes(target: Backend, drafter: Drafter | None) -> tuple[str, ...]:
+    """Sentences a UI should show about this target/drafter combination (RunStats.notes)."""
+    if drafter is not None and drafter.drafts_trees and not target.supports_tree:
+        note = (
+            f"The {target.name} backend verifies chains only, so each {drafter.name} draft tree is cut "
+            "to its most likely branch: fewer tokens are accepted per step than with the PyTorch "
+            "backend, which verifies the whole tree."
+        )
+        return (note,)
+    return ()
+
+
+def fit_draft(draft: Draft, k: int, trees: bool) -> Draft:
+    """The draft as it will be verified: at most k tokens (nodes, for a tree).
+
+    Tree nodes are point masses (q dropped), siblings carry distinct tokens (a repeated
+    sibling goes, with its subtree), and where the backend verifies chains only the
+    tree becomes its best branch.
+    """
+    if not draft.is_tree:  # a chain: keep q, if any
+        if len(draft) <= k and draft.parents is None:
+            return draft
+        q_token = draft.q_token[:k] if draft.q_token is not None else None
+        return Draft(draft.tokens[:k], draft.q[:k] if draft.q is not None else None, q_token)
+    tokens, parents = list(draft.tokens[:k]), list(draft.parents[:k])
+    keep = dedupe_siblings(tokens, parents)
+    if len(keep) < len(tokens):
+        new_index = {old: new for new, old in enumerate(keep)}
+        tokens = [tokens[i] for i in keep]
+        parents = [new_index.get(parents[i], -1) for i in keep]
+        best = [new_index[i] for i in draft.best_path or () if i in new_index]
+    else:
+        best = list(draft.best_path or ())
+    if trees:
+        return Draft(tokens, parents=tuple(parents))
+    branch = _branch(parents, best)
+    return Draft([tokens[i] for i in branch], parents=tuple(range(-1, len(branch) - 1)))
+
+
+def _branch(parents: list[int], best: list[int]) -> list[int]:
+    """The longest valid prefix of `best` (a path from depth 1 down); without one, the first
+    child at every level."""
+    branch: list[int] = []
+    for node in best:
+        if node >= len(parents) or parents[node] != (branch[-1] if branch else -1):
+            break
+        branch.append(node)
+    if best:
+        return branch
+    node = -1
+    while (node := next((i for i, p in enumerate(parents) if p == node), None)) is not None:
+        branch.append(node)
+    return branch
+
+
+def _wants_features(drafter: Drafter | None) -> bool:
+    return drafter is not None and drafter.uses_features
+
+
+def _token_info(token: int, i: int, path: list[int], verdict, draft: Draft) -> TokenInfo:
+    """What the UI shows for the i-th token emitted this step (path: the accepted draft nodes)."""
+    if i < len(path):
         source, p = Source.ACCEPTED, verdict.p_draft[i]
-        q = draft.q_token[i] if draft.q_token is not None else None
+        q = draft.q_token[path[i]] if draft.q_token is not None else None
     else:
         source, p, q = verdict.source, verdict.p_token, None
     top_ids = verdict.top_ids[i] if verdict.top_ids else ()
@@ -192,26 +291,42 @@ class _Reply:
 class _Run:
     """Running totals of one generation, turned into a RunStats snapshot per step."""
 
-    def __init__(self, prefill_s: float) -> None:
-        self.stats = RunStats(prefill_s=prefill_s)
+    def __init__(self, prefill_s: float, notes: tuple[str, ...] = ()) -> None:
+        self.stats = RunStats(prefill_s=prefill_s, notes=notes)
         self.tokens = 0
-        self.drafted_lengths: dict[int, int] = {}  # n drafted -> steps, for the predicted speedup
+        # For the predicted speedup: chain steps by drafts, tree steps by (nodes, depth).
+        self.drafted_lengths: dict[int, int] = {}
+        self.tree_shapes: dict[tuple[int, int], int] = {}
 
-    def add(self, total_tokens: int, drafted: int, kept: int, draft_s: float, verify_s: float, other_s: float):
+    def add(
+        self, total_tokens: int, drafted: int, kept: int, tested: int,
+        draft_s: float, verify_s: float, other_s: float, tree_depth: int | None = None,
+    ):  # fmt: skip
+        """One step: `drafted` tokens (tree nodes), `kept` accepted along the path, `tested`
+        depths where the path met a draft (kept, plus one when the rule rejected there)."""
         s = self.stats
         self.tokens = total_tokens
-        self.drafted_lengths[drafted] = self.drafted_lengths.get(drafted, 0) + 1
+        if tree_depth is None:
+            self.drafted_lengths[drafted] = self.drafted_lengths.get(drafted, 0) + 1
+        else:
+            shape = (drafted, tree_depth)
+            self.tree_shapes[shape] = self.tree_shapes.get(shape, 0) + 1
         self.stats = replace(
             s,
             steps=s.steps + 1,
             tokens=self.tokens,
             drafted=s.drafted + drafted,
             accepted=s.accepted + kept,
-            tested=s.tested + kept + (kept < drafted),
+            tested=s.tested + tested,
             draft_s=s.draft_s + draft_s,
             verify_s=s.verify_s + verify_s,
             other_s=s.other_s + other_s,
             k=drafted,
+            # Depth d (index d - 1) was tested when the accepted path reached depth d - 1 and the
+            # draft had a node below it; for a chain depth d is draft position d (Medusa: head d).
+            depth_tested=(depth_tested := _count_first(s.depth_tested, tested)),
+            depth_accepted=_count_first(s.depth_accepted, kept, len(depth_tested)),
+            tree_nodes=drafted,
         )
 
     def event(
@@ -219,10 +334,15 @@ class _Run:
     ):
         s = self.stats
         a = s.acceptance_rate
-        # The formula applied to the drafts this run actually made: sum E(a, n) over steps
-        # against sum of their costs in units of one plain forward.
+        # The formula applied to the drafts this run actually made, against the sum of their
+        # costs in units of one plain forward: chains E(a, n); trees 1 + sum over depths of
+        # the product of the measured per-depth acceptance (draft_length.expected_tokens_tree),
+        # each step costing n * c_d + T(n+1) / T(1) for its n nodes.
+        rates = s.depth_acceptance
         gain = sum(c * expected_tokens(a, n) for n, c in self.drafted_lengths.items())
-        cost = sum(c * (n * costs.draft_ratio() + costs.verify_ratio(n + 1)) for n, c in self.drafted_lengths.items())
+        gain += sum(c * expected_tokens_tree(rates, depth) for (_, depth), c in self.tree_shapes.items())
+        shapes = [*self.drafted_lengths.items(), *((n, c) for (n, _), c in self.tree_shapes.items())]
+        cost = sum(c * (n * costs.draft_ratio() + costs.verify_ratio(n + 1)) for n, c in shapes)
         mean_drafted = s.drafted / s.steps if s.steps else 0.0
         self.stats = replace(
             s,
@@ -233,3 +353,8 @@ class _Run:
         )
         return StepEvent(index, infos, text, k, drafted, kept, draft_s, verify_s, other_s, self.stats, finish, end)
 
+
+def _count_first(counts: tuple[int, ...], n: int, length: int = 0) -> tuple[int, ...]:
+    """counts + 1 at indices 0..n-1, grown with zeros to at least n (and `length`) entries."""
+    grown = list(counts) + [0] * max(0, n - len(counts), length - len(counts))
+    return tuple(c + 1 if i < n else c for i, c in enumerate(grown))

@@ -15,6 +15,19 @@ decoding. That is the article's failure modes made operational: with low a, or
 when T(n) grows like n * T(1) (compute-bound verification, as llama.cpp on a
 small CPU model), no k > 0 pays and the engine decodes plainly, drafting a probe
 now and then to notice when acceptance recovers.
+
+Trees (Medusa, EAGLE). For a tree drafter k is the number of nodes, verified in
+one forward of k + 1 rows, so the cost is still k * d + T(k+1). The expected
+tokens are no longer E(a, k): a step emits 1 + (accepted depth), and
+
+    E_tree = 1 + sum over depths d of  alpha_1 * ... * alpha_d
+
+where alpha_j is the acceptance at depth j given depth j - 1 was accepted (the
+per-depth counts RunStats keeps: depth_accepted / depth_tested). Acceptance at
+each depth grows with the nodes spent there, which only the drafter can model,
+so automatic k asks the drafter for E(k) (`Drafter.tree_expected_tokens`; for
+Medusa, 1 + the sum of its k best nodes' estimated path probabilities, which is
+the same per-depth sum: the depth-d term is the mass of its depth-d nodes).
 """
 
 from __future__ import annotations
@@ -37,6 +50,16 @@ def expected_tokens(a: float, k: int) -> float:
     if a >= 1.0 - 1e-12:
         return float(k + 1)
     return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def expected_tokens_tree(depth_rates: list[float] | tuple[float, ...], depth: int) -> float:
+    """E_tree = 1 + sum_{d=1..depth} prod_{j<=d} alpha_j, alpha_j the acceptance at depth j
+    given depth j - 1 was accepted (depths without a measurement count as 0)."""
+    total, reach = 1.0, 1.0
+    for d in range(min(depth, len(depth_rates))):
+        reach *= min(max(depth_rates[d], 0.0), 1.0)
+        total += reach
+    return total
 
 
 @dataclass
@@ -105,7 +128,13 @@ class CostModel:
         """S(a, k) = E(a, k) / (k * c_d + T(k+1) / T(1))."""
         if k <= 0:
             return 1.0
-        return expected_tokens(a, k) / (k * self.draft_ratio() + self.verify_ratio(k + 1))
+        return self.speedup_for(expected_tokens(a, k), k)
+
+    def speedup_for(self, expected: float, k: int) -> float:
+        """expected tokens per step / (k * c_d + T(k+1) / T(1)): any drafter, chain or tree."""
+        if k <= 0:
+            return 1.0
+        return expected / (k * self.draft_ratio() + self.verify_ratio(k + 1))
 
 
 def break_even_acceptance(costs: CostModel, k: int) -> float | None:
@@ -186,6 +215,11 @@ class DraftLength:
         self._probe_interval = probe_every
         self._probing = False
         self._costs: CostModel | None = None
+        self._tree_expected = None  # nodes -> expected tokens, for tree drafters (see use_tree_estimate)
+
+    def use_tree_estimate(self, expected) -> None:
+        """Choose k as a tree's node budget, with `expected(k)` tokens per step (None = chain formula)."""
+        self._tree_expected = expected
 
     @property
     def auto(self) -> bool:
@@ -219,7 +253,8 @@ class DraftLength:
     def _best_k(self, costs: CostModel, acceptance: float) -> int:
         best_k, best = 0, 1.0
         for k in range(1, self.k_max + 1):
-            s = costs.speedup(acceptance, k)
+            tree = self._tree_expected(k) if self._tree_expected is not None else None
+            s = costs.speedup(acceptance, k) if tree is None else costs.speedup_for(tree, k)
             if s > best * 1.02:  # ask for a clear gain before adding tokens
                 best_k, best = k, s
         return best_k

@@ -62,6 +62,10 @@ class RunStats:
     depth_tested: tuple[int, ...] = ()
     depth_accepted: tuple[int, ...] = ()
     tree_nodes: int = 0  # draft nodes verified in the last step (= drafted for a chain)
+    # Plain sentences about how this run differs from what the user may expect, for the UI to
+    # show as they are (e.g. a tree drafter on a backend that verifies only chains). Set from
+    # the first step on.
+    notes: tuple[str, ...] = ()
 
     @property
     def acceptance_rate(self) -> float:
@@ -72,6 +76,11 @@ class RunStats:
     def draft_acceptance(self) -> float:
         """Share of drafted tokens that were accepted (what most tools call acceptance)."""
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def depth_acceptance(self) -> tuple[float, ...]:
+        """Per depth (per Medusa head, per chain position): accepted / tested there."""
+        return tuple(a / t if t else 0.0 for a, t in zip(self.depth_accepted, self.depth_tested))
 
     @property
     def tokens_per_step(self) -> float:
@@ -99,6 +108,11 @@ class RunStats:
             "draft_cost_ratio": round(self.draft_cost_ratio, 4),
             "verify_cost_ratio": round(self.verify_cost_ratio, 4),
             "predicted_speedup": round(self.predicted_speedup, 4),
+            "depth_tested": list(self.depth_tested),
+            "depth_accepted": list(self.depth_accepted),
+            "depth_acceptance": [round(a, 4) for a in self.depth_acceptance],
+            "tree_nodes": self.tree_nodes,
+            "notes": list(self.notes),
         }
 
 

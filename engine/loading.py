@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .backends.base import Backend
 from .drafters.base import Drafter
 from .errors import ConfigError, IncompatiblePairError
 from .models import resolve
 
+if TYPE_CHECKING:
+    import torch
+
 BACKENDS = ("auto", "torch", "llama.cpp")
-DRAFTERS = ("none", "ngram", "model")
+DRAFTERS = ("none", "ngram", "model", "medusa")
 
 
 def load_backend(
@@ -69,9 +74,14 @@ def make_drafter(
     draft: str | None = None,
     draft_backend: str = "auto",
     ngram_max: int = 3,
+    heads: str | None = None,
     **load_options,
 ) -> Drafter | None:
-    """The drafter a user asked for; `draft` (a model spec) implies kind "model"."""
+    """The drafter a user asked for; `draft` (a model spec) implies kind "model".
+
+    `heads` is the Medusa heads folder (kind "medusa" only); without one, the heads
+    shipped for the target (resources/heads/medusa-<model>/), if any.
+    """
     if draft is not None:
         kind = "model"
     if kind not in DRAFTERS:
@@ -82,6 +92,8 @@ def make_drafter(
         from .drafters.ngram import NgramDrafter
 
         return NgramDrafter(max_ngram=ngram_max)
+    if kind == "medusa":
+        return make_medusa_drafter(target, heads)
     if draft is None:
         raise ConfigError("The model drafter needs a draft model: give one with --draft.")
     from .drafters.model import ModelDrafter
@@ -93,3 +105,39 @@ def make_drafter(
     except Exception:
         draft_model.close()
         raise
+
+
+def make_medusa_drafter(target: Backend, heads: str | None) -> Drafter:
+    """Medusa heads on `target`'s hidden states, cast to the target's device and dtype."""
+    if not target.supports_features:
+        raise ConfigError(
+            f"Medusa heads read the target's hidden states, which the {target.name} backend does not "
+            f"expose: load {target.info.name} with the PyTorch backend (--backend torch, or a Hugging "
+            "Face model folder), or choose another drafter (n-gram or a draft model)."
+        )
+    from .shipped import default_heads_dir
+
+    folder = heads or default_heads_dir("medusa", target.info)
+    if folder is None:
+        raise ConfigError(
+            f"No Medusa heads for {target.info.name}: train some with "
+            "`specdeck-cli train-heads --kind medusa ...` or pass --heads DIR."
+        )
+    from .drafters.medusa import MedusaDrafter
+    from .heads.medusa import load_heads
+
+    lm_head = target.lm_head
+    loaded = load_heads(folder, target.hidden_size, target.vocab_size, lm_head)
+    device, dtype = _placement(lm_head)
+    return MedusaDrafter(loaded.to(device=device, dtype=dtype), target)
+
+
+def _placement(module) -> tuple[torch.device | None, torch.dtype | None]:
+    """Device and compute dtype of the target's LM head (an int8 head computes in its
+    `compute_dtype`; its weights are int8 buffers, not parameters)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    device = tensors[0].device if tensors else None
+    dtype = getattr(module, "compute_dtype", None)
+    if dtype is None:
+        dtype = next((t.dtype for t in tensors if t.is_floating_point()), None)
+    return device, dtype

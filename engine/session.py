@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from .backends.base import Backend
-from .decode import decode_steps
+from .decode import decode_steps, run_notes
 from .divergence import first_divergence, rounding_bound
 from .draft_length import CostModel, DraftLength, measure_verify_curve
 from .drafters.base import Drafter
@@ -26,8 +26,9 @@ from .sampling import SamplingConfig
 @dataclass(frozen=True)
 class EngineConfig:
     target: str = "default"
-    drafter: str = "ngram"  # "none" | "ngram" | "model"
+    drafter: str = "ngram"  # "none" | "ngram" | "model" | "medusa"
     draft: str | None = None  # draft model spec (implies drafter "model")
+    heads: str | None = None  # Medusa heads folder (drafter "medusa"); None = the ones shipped, if any
     backend: str = "auto"
     draft_backend: str = "auto"
     device: str = "auto"
@@ -80,7 +81,7 @@ class Engine:
             report("Loading the drafter", 0.5)
             drafter = make_drafter(
                 config.drafter, target, draft=config.draft, draft_backend=config.draft_backend,
-                ngram_max=config.ngram_max, **options,
+                ngram_max=config.ngram_max, heads=config.heads, **options,
             )  # fmt: skip
             costs = CostModel()
             if config.measure_costs:
@@ -91,6 +92,12 @@ class Engine:
             raise
         report("Ready", 1.0)
         return cls(target, drafter, config, costs)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Sentences for the UI about this target/drafter pair (each run's RunStats.notes too),
+        e.g. that a tree drafter's trees are cut to one branch on a chain-only backend."""
+        return run_notes(self.target, self.drafter)
 
     def prompt_ids(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
         """Token ids for a plain string (as a user message when `chat`) or a list of chat messages."""

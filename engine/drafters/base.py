@@ -10,6 +10,11 @@ verified as a point mass.
 Tree-shaped drafts (Medusa, EAGLE, lookahead) set `Draft.parents`: node i's
 parent is parents[i] (an earlier node), or -1 when it follows the pending token
 directly. A chain is the tree where parents[i] == i - 1 (and parents=None).
+Tree nodes are verified as point masses (engine/verify_tree.py), so siblings
+must carry distinct tokens and q is not used. A backend that cannot verify trees
+(llama.cpp) verifies one branch instead: `Draft.best_path`, or the first child
+at every level when it is None, so list the most likely child first.
+A tree drafter sets `drafts_trees` and interprets k as its node budget.
 
 Drafters that work from the target's hidden states (Medusa, EAGLE) set
 `uses_features`; after every step the decode loop hands them the target's final
@@ -32,6 +37,8 @@ class Draft:
     q: torch.Tensor | None = None  # (n, V_target) processed draft probabilities; None = point mass
     q_token: tuple[float, ...] | None = None  # q(x_i) for display (raw softmax when greedy)
     parents: tuple[int, ...] | None = None  # None = a chain; else parent index per node, -1 = root
+    # The branch to verify where trees cannot be: node indices from depth 1 down (tree drafts only).
+    best_path: tuple[int, ...] | None = None
 
     @property
     def is_tree(self) -> bool:
@@ -48,6 +55,7 @@ class Drafter(abc.ABC):
     name: str = "drafter"
     has_distribution: bool = False  # True when propose() returns q
     uses_features: bool = False  # True when it needs observe_features() after every step
+    drafts_trees: bool = False  # True when propose() returns trees; k is then a node budget
 
     @abc.abstractmethod
     def propose(
@@ -62,6 +70,12 @@ class Drafter(abc.ABC):
         """The target's final hidden states (m, hidden) for the tokens the last step
         put in the cache for good: the pending token it was fed, then the accepted
         drafts. The last row is the one whose logits chose the new pending token."""
+
+    def tree_expected_tokens(self, nodes: int) -> float | None:
+        """Tree drafters: expected tokens per step (accepted nodes + 1) from a tree of
+        `nodes` nodes, from the drafter's own acceptance estimates; automatic k uses it
+        in place of the chain formula. None = use the chain formula."""
+        return None
 
     def reset(self) -> None:
         """Forget per-conversation state (called at the start of each generation)."""

@@ -87,3 +87,95 @@ class MarkovDrafter(Drafter):
 def random_transition(vocab: int, seed: int, sharpness: float = 2.0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.softmax(torch.randn(vocab, vocab, generator=gen) * sharpness, dim=-1)
+
+
+class MarkovTreeBackend(MarkovBackend):
+    """MarkovBackend with tree attention and hidden states (a stand-in for the torch backend).
+
+    Logits depend only on a node's own token, so a tree's rows are just log P[token]. The
+    "hidden state" of a token is its one-hot vector (hidden_size = V) and `lm_head` maps it
+    back to log P[token], so heads on these features can be built to predict exactly.
+    With `tree=False` it verifies chains only (like llama.cpp) but still has features.
+    """
+
+    supports_features = True
+
+    def __init__(self, transition: torch.Tensor, eos: int | None = None, n_ctx: int = 256, tree: bool = True):
+        super().__init__(transition, eos, n_ctx)
+        self.supports_tree = tree
+        vocab = transition.shape[0]
+        self.lm_head = torch.nn.Linear(vocab, vocab, bias=False)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(torch.log(transition).T)  # one-hot(t) @ W.T = log P[t]
+        self.tree_calls: list[tuple[int, ...]] = []  # parents of each forward_tree call
+        self.kept_paths: list[list[int]] = []
+        self._rows: list[int] = []  # tokens of the last forward's rows
+        self._tree: tuple[list[int], list[int]] | None = None
+
+    @property
+    def hidden_size(self) -> int:
+        return self.transition.shape[0]
+
+    def _forward(self, tokens: list[int], all_logits: bool) -> torch.Tensor:
+        self._rows = list(tokens)
+        return super()._forward(tokens, all_logits)
+
+    def forward_tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        if not self.supports_tree:
+            return super().forward_tree(tokens, parents)
+        assert all(-1 <= p < i for i, p in enumerate(parents)), parents
+        self.tree_calls.append(tuple(parents))
+        self._tree = (len(self.tokens), list(parents))
+        self.forward_calls.append(len(tokens))
+        self._rows = list(tokens)
+        self.tokens.extend(tokens)
+        return torch.log(self.transition[torch.tensor(tokens)])  # (n, V)
+
+    def keep_nodes(self, nodes: list[int]) -> None:
+        if not self.supports_tree:
+            return super().keep_nodes(nodes)
+        assert self._tree is not None, "keep_nodes() without forward_tree()"
+        base, parents = self._tree
+        for i, node in enumerate(nodes):  # a path from a depth-0 node down
+            assert parents[node] == (nodes[i - 1] if i else -1), (nodes, parents)
+        self.kept_paths.append(list(nodes))
+        kept = [self.tokens[base + node] for node in nodes]
+        del self.tokens[base:]
+        self.tokens.extend(kept)
+        self._tree = None
+
+    def last_features(self) -> torch.Tensor:
+        return torch.nn.functional.one_hot(torch.tensor(self._rows), self.hidden_size).float()  # (n, V)
+
+
+class MarkovTreeDrafter(Drafter):
+    """A tree drafter that knows (a sharpened copy of) the chain: at every node, its `width`
+    most likely next tokens, best first, until k nodes; the best branch follows first children."""
+
+    name = "markov tree"
+    drafts_trees = True
+
+    def __init__(self, transition: torch.Tensor, width: int = 2, depth: int = 4) -> None:
+        self.transition = transition
+        self.width = width
+        self.depth = depth
+        self.observed: list[tuple[int, int]] = []
+
+    def propose(self, context, k, sampling: SamplingConfig, generator) -> Draft:
+        tokens: list[int] = []
+        parents: list[int] = []
+        frontier = [(-1, context[-1], 0)]  # (node, token, depth): breadth first
+        while frontier and len(tokens) < k:
+            node, token, depth = frontier.pop(0)
+            if depth >= self.depth:
+                continue
+            for child in torch.argsort(self.transition[token], descending=True)[: self.width].tolist():
+                if len(tokens) == k:
+                    break
+                tokens.append(child)
+                parents.append(node)
+                frontier.append((len(tokens) - 1, child, depth + 1))
+        return Draft(tokens, parents=tuple(parents))
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.observed.append((drafted, accepted))
