@@ -1,0 +1,15 @@
+"""Training small modules on a frozen target by self-distillation (Medusa heads).
+
+    from engine.training import train_medusa
+    result = train_medusa("default", "builtin", "heads/medusa-smollm2", steps=2000)
+
+The target never changes; its own next-token distributions are the labels, so
+no labelled data set is needed: any text the target reads (files, a built-in
+corpus, or replies the target writes itself) teaches the heads to predict what
+the target would say a few tokens ahead.
+"""
+
+from .checkpoint import CheckpointInfo, checkpoint_info
+from .medusa import TrainProgress, TrainResult, train_medusa
+
+__all__ = ["CheckpointInfo", "TrainProgress", "TrainResult", "checkpoint_info", "train_medusa"]
