@@ -1,0 +1,150 @@
+"""A benchmark report as plain-text tables (for the terminal) and as JSON (for everything else)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .results import EFFICIENCY_LIMIT, VANILLA, BenchReport, GroupSummary, PeerResult, PromptSummary
+
+
+def to_json(report: BenchReport) -> str:
+    return json.dumps(report.as_dict(), indent=2, ensure_ascii=False, default=_jsonable)
+
+
+def write_json(report: BenchReport, path: str | os.PathLike) -> None:
+    Path(path).write_text(to_json(report) + "\n", encoding="utf-8")
+
+
+def _jsonable(value):
+    return str(value)
+
+
+def format_text(report: BenchReport) -> str:
+    s = report.settings
+    t = s["target"]
+    drafter = f"draft model {s['draft']['name']}" if s.get("draft") else f"drafter {s['drafter']}"
+    threads = f", {_threads(s['threads'])}" if s.get("threads") else ""
+    kinds = ", ".join(f"{n} {k}" for k, n in s["kinds"].items())
+    groups = (*report.kinds, report.overall)
+    lines = [
+        f"Target {t['name']} ({t['dtype']}, {t['backend']}, {t['device']}{threads}); {drafter}, k {s['k']}",
+        (f"{s['prompts']} prompts ({kinds}), greedy, up to {s['max_tokens']} tokens, "
+         f"{s['repeat']} repeat(s) after {s['warmup']} warm-up; tok/s: median decode speed, prefill excluded"),
+        "",
+        _table(["prompt", *_COLUMNS], [[p.id, *_prompt_cells(p)] for p in report.prompts]),
+        "",
+        _table(["kind", "prompts", *_COLUMNS[1:]], [[g.name, str(g.prompts), *_group_cells(g)] for g in groups]),
+        "",
+        *_checks(report),
+    ]
+    if report.peers:
+        lines += ["", *_peers(report)]
+    return "\n".join(lines)
+
+
+_COLUMNS = ["tokens", "vanilla tok/s", "spec tok/s", "speedup", "accept", "tok/fwd", "predicted", "eff.",
+            "identical"]  # fmt: skip
+
+
+def _prompt_cells(p: PromptSummary) -> list[str]:
+    if p.identical:
+        same = "yes"
+    elif p.divergence and p.divergence.get("explained"):
+        same = f"no @{p.divergence['index']} (rounding)"
+    else:
+        same = "NO: unexplained" if p.divergence else "no"
+    return [str(p.tokens), f"{p.vanilla_tps:.1f}", f"{p.speculative_tps:.1f}", f"{p.speedup:.2f}x",
+            f"{p.acceptance:.2f}", f"{p.tokens_per_forward:.2f}", f"{p.predicted_speedup:.2f}x",
+            f"{p.efficiency:.2f}", same]  # fmt: skip
+
+
+def _group_cells(g: GroupSummary) -> list[str]:
+    return [f"{g.vanilla_tps:.1f}", f"{g.speculative_tps:.1f}", f"{g.speedup:.2f}x", f"{g.acceptance:.2f}",
+            f"{g.tokens_per_forward:.2f}", f"{g.predicted_speedup:.2f}x", f"{g.efficiency:.2f}",
+            f"{g.identical}/{g.prompts}"]  # fmt: skip
+
+
+def _checks(report: BenchReport) -> list[str]:
+    lines = []
+    f = report.floor
+    if f is not None:
+        threads = f", {_threads(f.threads)}" if f.threads else ""
+        lines.append(
+            f"Bandwidth floor: {_size(f.weight_bytes)} of weights per token / {f.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
+            f"copy bandwidth ({f.device}{threads}) = {f.floor_s * 1e3:.2f} ms/token ({1 / f.floor_s:.0f} tok/s); "
+            f"vanilla {f.vanilla_s * 1e3:.2f} ms/token = {f.ratio:.2f}x the floor "
+            f"(goal: at most {f.limit:.2f}x): {_verdict(f.ok)}"
+        )
+    o = report.overall
+    lines.append(
+        f"Efficiency: measured speedup {o.speedup:.2f}x / predicted {o.predicted_speedup:.2f}x = {o.efficiency:.2f} "
+        f"(goal: at least {EFFICIENCY_LIMIT}): {_verdict(report.efficiency_ok)}"
+    )
+    m = report.memory
+    if m.vanilla_peak_bytes is None or m.speculative_peak_bytes is None:
+        lines.append("Memory: peak resident memory cannot be read on this system.")
+    else:
+        scope = "" if m.per_run else " (peaks since the process started: this system cannot reset them)"
+        lines.append(
+            f"Memory: peak resident vanilla {_size(m.vanilla_peak_bytes)}, speculative "
+            f"{_size(m.speculative_peak_bytes)}; limit (vanilla + draft {_size(m.draft_bytes)}) "
+            f"+ {m.margin:.0%} = {_size(m.limit_bytes)}: {_verdict(m.ok)}{scope}"
+        )
+    return lines
+
+
+def _peers(report: BenchReport) -> list[str]:
+    ours = {VANILLA: report.overall.vanilla_tps, "speculative": report.overall.speculative_tps}
+    rows = [_peer_row(peer, ours[peer.mode], len(report.prompts)) for peer in report.peers]
+    ours_rows = [["SpecDeck vanilla", VANILLA, f"{ours[VANILLA]:.1f}", "-", "-", "the reference"],
+                 ["SpecDeck speculative", "speculative", f"{ours['speculative']:.1f}", "-",
+                  f"{report.overall.identical}/{report.overall.prompts}", ""]]  # fmt: skip
+    header = ["system (same process, same model file)", "mode", "tok/s", "ours / theirs", "identical", "note"]
+    legend = ("Peers: median tok/s over prompts; ours / theirs = our tok/s in the same mode over theirs; "
+              "identical = same output as our vanilla greedy run")
+    return [legend, _table(header, ours_rows + rows)]
+
+
+def _peer_row(peer: PeerResult, ours: float, n_prompts: int) -> list[str]:
+    if not peer.ok:
+        return [peer.name, peer.mode, "-", "-", "-", f"FAILED: {_one_line(peer.error)}"]
+    ratio = ours / peer.tokens_per_s if peer.tokens_per_s > 0 else 0.0
+    return [peer.name, peer.mode, f"{peer.tokens_per_s:.1f}", f"{ratio:.2f}x", f"{peer.identical}/{n_prompts}", ""]
+
+
+def _one_line(text: str | None, limit: int = 160) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _verdict(ok: bool | None) -> str:
+    return "unknown" if ok is None else ("met" if ok else "NOT MET")
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns of numbers right-aligned (header too), text left-aligned."""
+    table = [header, *rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
+    numeric = [i > 0 and all(_looks_numeric(str(row[i])) for row in rows if row[i]) for i in range(len(header))]
+
+    def line(cells) -> str:
+        return "  ".join(str(c).rjust(w) if num else str(c).ljust(w)
+                         for c, w, num in zip(cells, widths, numeric)).rstrip()  # fmt: skip
+
+    return "\n".join(line(row) for row in table)
+
+
+def _looks_numeric(cell: str) -> bool:
+    return cell == "-" or (bool(cell) and (cell[0].isdigit() or cell[0] == "."))
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread" + ("" if n == 1 else "s")

@@ -1,0 +1,249 @@
+"""Run a benchmark: every prompt vanilla and speculative, repeated, on one loaded engine.
+
+One `Engine` serves both modes, as in `Engine.compare`: vanilla is the same
+decode loop with no drafter (k = 0), so the two differ in nothing but drafting.
+Order per repeat: for each prompt, vanilla then speculative, so that slow
+phases of a busy machine hit both modes alike. Before the measured runs, each
+mode is warmed up on the first prompt (caches, thread pools, the cost model).
+
+Each run starts a new resident-memory peak and reads it at the end (see
+system.py). Peers, when asked for, run last, on the same prompt token ids.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from ..divergence import first_divergence, rounding_bound
+from ..errors import ConfigError, SpecDeckError
+from ..sampling import SamplingConfig
+from ..session import Engine, EngineConfig
+from . import system
+from .peers import PeerSpec, default_peers, run_peers
+from .prompts import BenchPrompt
+from .results import (SPECULATIVE, VANILLA, BenchmarkCancelled, BenchReport, FloorCheck, RunRecord, memory_check,
+                      summarize)  # fmt: skip
+
+Progress = Callable[[str, float], None]
+WARMUP_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    max_tokens: int = 128
+    repeat: int = 3
+    warmup: int = 1  # warm-up generations per mode (and per peer) before measuring
+    peers: bool = False
+    measure_bandwidth: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ConfigError(f"max tokens must be at least 1, got {self.max_tokens}.")
+        if self.repeat < 1:
+            raise ConfigError(f"repeat must be at least 1, got {self.repeat}.")
+        if self.warmup < 0:
+            raise ConfigError(f"warm-up must be 0 or more runs, got {self.warmup}.")
+
+
+def run_benchmark(
+    config: EngineConfig,
+    prompts: tuple[BenchPrompt, ...],
+    settings: BenchSettings = BenchSettings(),
+    *,
+    engine: Engine | None = None,
+    peers: list[PeerSpec] | None = None,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+    prompts_source: str = "",
+) -> BenchReport:
+    """Load `config` (unless an `engine` is given, which stays open), measure, report.
+
+    `peers` overrides the default peers (those matching the backend), which run
+    only when `settings.peers` is set. Raises BenchmarkCancelled when `cancel` is set.
+    """
+    if not prompts:
+        raise ConfigError("The benchmark needs at least one prompt.")
+    report = progress or (lambda message, fraction: None)
+    cancel = cancel or threading.Event()
+    own_engine = engine is None
+    if own_engine:
+        report("Loading the models", 0.0)
+        engine = Engine.load(config, progress=lambda message, fraction: report(message, 0.1 * fraction))
+    try:
+        return _measure(engine, prompts, settings, peers, report, cancel, prompts_source)
+    finally:
+        if own_engine:
+            engine.close()
+
+
+def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_source) -> BenchReport:
+    if engine.drafter is None:
+        raise ConfigError(
+            "The benchmark compares vanilla and speculative decoding, so it needs a drafter: "
+            "choose n-gram lookup or a draft model."
+        )
+    ids = {}
+    for prompt in prompts:
+        try:
+            ids[prompt.id] = engine.prompt_ids(list(prompt.messages))
+        except SpecDeckError as error:
+            raise ConfigError(f"Prompt {prompt.id!r}: {error}") from error
+
+    report("Measuring the memory bandwidth", 0.1)
+    bandwidth = system.copy_bandwidth(*_bandwidth_device(engine)) if settings.measure_bandwidth else None
+
+    greedy = SamplingConfig(max_tokens=settings.max_tokens)
+    warm = SamplingConfig(max_tokens=min(WARMUP_TOKENS, settings.max_tokens))
+    for _ in range(settings.warmup):
+        for speculative in (False, True):
+            _check(cancel)
+            report("Warming up", 0.12)
+            engine.generate(ids[prompts[0].id], warm, speculative=speculative, cancel=cancel)
+
+    with_peers = settings.peers or peer_specs is not None
+    ours_end = 0.7 if with_peers else 1.0
+    total = settings.repeat * len(prompts) * 2
+    per_run = system.reset_peak_rss()
+    bound = rounding_bound(engine.target.info)
+    runs: list[RunRecord] = []
+    done = 0
+    for repeat in range(settings.repeat):
+        for prompt in prompts:
+            vanilla = None
+            for mode in (VANILLA, SPECULATIVE):
+                _check(cancel)
+                report(f"Repeat {repeat + 1}/{settings.repeat}: {prompt.id}, {mode}",
+                       0.15 + (ours_end - 0.15) * done / total)  # fmt: skip
+                system.reset_peak_rss()
+                result = engine.generate(ids[prompt.id], greedy, speculative=mode == SPECULATIVE, cancel=cancel)
+                peak = system.peak_rss_bytes()
+                _check(cancel)
+                identical = divergence = None
+                if mode == VANILLA:
+                    vanilla = result
+                else:
+                    identical = result.tokens == vanilla.tokens
+                    if not identical:
+                        divergence = first_divergence(result, vanilla, bound).as_dict()
+                runs.append(_record(prompt, mode, repeat, result, peak, identical, divergence))
+                done += 1
+
+    prompt_summaries, kinds, overall = summarize(runs)
+    floor = None
+    if bandwidth is not None:
+        floor = FloorCheck(
+            weight_bytes=engine.target.info.weight_bytes,
+            bandwidth_bytes_per_s=bandwidth.bytes_per_s,
+            threads=bandwidth.threads,
+            device=bandwidth.device,
+            floor_s=system.floor_s_per_token(engine.target.info.weight_bytes, bandwidth),
+            vanilla_s=_median([p.vanilla_s_per_token for p in prompt_summaries]),
+        )
+    memory = memory_check(runs, draft_memory_bytes(engine), per_run)
+
+    peer_results = ()
+    if with_peers:
+        specs = peer_specs if peer_specs is not None else default_peers(engine)
+        reference = {r.prompt_id: (r.text, r.token_ids) for r in runs if r.mode == VANILLA and r.repeat == 0}
+        peer_results = run_peers(
+            specs, prompts, ids, reference, settings.max_tokens, settings.repeat, warmup=min(settings.warmup, 1),
+            progress=lambda message, fraction: report(message, ours_end + (1 - ours_end) * fraction), cancel=cancel,
+        )  # fmt: skip
+    report("Done", 1.0)
+    return BenchReport(
+        settings=_describe(engine, settings, prompts, prompts_source, bandwidth),
+        prompts=prompt_summaries,
+        kinds=kinds,
+        overall=overall,
+        floor=floor,
+        memory=memory,
+        peers=peer_results,
+        runs=tuple(runs),
+    )
+
+
+def _check(cancel: threading.Event) -> None:
+    if cancel.is_set():
+        raise BenchmarkCancelled("The benchmark was cancelled.")
+
+
+def _record(prompt, mode, repeat, result, peak, identical, divergence) -> RunRecord:
+    s = result.stats
+    return RunRecord(
+        prompt_id=prompt.id, kind=prompt.kind, mode=mode, repeat=repeat, tokens=s.tokens, wall_s=s.wall_s,
+        prefill_s=s.prefill_s, steps=s.steps, drafted=s.drafted, accepted=s.accepted, tested=s.tested,
+        predicted_speedup=s.predicted_speedup if mode == SPECULATIVE else 1.0, finish_reason=result.finish_reason,
+        peak_rss_bytes=peak, identical=identical, divergence=divergence, text=result.text,
+        token_ids=tuple(result.tokens),
+    )  # fmt: skip
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _bandwidth_device(engine) -> tuple[str, int | None]:
+    """Where the target's weights are read from, and with how many CPU threads."""
+    info = engine.target.info
+    if info.backend == "llama.cpp":
+        from ..backends.llama_backend import default_threads
+
+        # With GPU layers part of the weights live on the GPU: the CPU floor is then an approximation.
+        return "cpu", engine.config.threads or default_threads()
+    if info.device == "cpu":
+        import torch
+
+        return "cpu", torch.get_num_threads()
+    return info.device, None
+
+
+def draft_memory_bytes(engine) -> int:
+    """The draft's own weights and KV cache (full context); for a drafter without a model of its
+    own, the weights of the torch modules it holds (Medusa heads), 0 for n-gram lookup."""
+    drafter = engine.drafter
+    backend = getattr(drafter, "backend", None)
+    if backend is None:
+        import torch
+
+        modules = [value for value in vars(drafter).values() if isinstance(value, torch.nn.Module)]
+        return sum(p.numel() * p.element_size() for module in modules for p in module.parameters())
+    weights = backend.info.weight_bytes
+    try:
+        from ..doctor import estimate_memory
+        from ..metadata import read_metadata
+        from ..models import resolve
+
+        dtype = backend.info.dtype if backend.info.backend == "torch" else None
+        _, cache = estimate_memory(read_metadata(resolve(backend.info.path)), backend.n_ctx, dtype)
+    except (SpecDeckError, OSError, ValueError, KeyError):
+        cache = 0  # metadata we cannot read: count the weights only
+    return weights + cache
+
+
+def _describe(engine, settings: BenchSettings, prompts, prompts_source: str, bandwidth) -> dict:
+    config, info = engine.config, engine.target.info
+    draft = getattr(engine.drafter, "backend", None)
+    kinds: dict[str, int] = {}
+    for prompt in prompts:
+        kinds[prompt.kind] = kinds.get(prompt.kind, 0) + 1
+    return {
+        "target": {"name": info.name, "path": info.path, "backend": info.backend, "dtype": info.dtype,
+                   "device": info.device, "weight_bytes": info.weight_bytes, "n_params": info.n_params},
+        "draft": ({"name": draft.info.name, "path": draft.info.path, "backend": draft.info.backend,
+                   "dtype": draft.info.dtype, "weight_bytes": draft.info.weight_bytes} if draft else None),
+        "drafter": config.drafter if config.draft is None else "model",
+        "drafter_name": getattr(engine.drafter, "name", ""),
+        "k": config.k,
+        "k_max": config.k_max,
+        "threads": bandwidth.threads if bandwidth else config.threads,
+        "max_tokens": settings.max_tokens,
+        "repeat": settings.repeat,
+        "warmup": settings.warmup,
+        "greedy": True,
+        "prompts_file": prompts_source,
+        "prompts": len(prompts),
+        "kinds": kinds,
+    }  # fmt: skip
