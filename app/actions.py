@@ -32,6 +32,8 @@ class Actions:
     choose_models: QAction
     stop: QAction
     colour_tokens: QAction
+    benchmark: QAction
+    train_heads: QAction
 
 
 def create_actions(window: MainWindow) -> Actions:
@@ -52,7 +54,9 @@ def create_actions(window: MainWindow) -> Actions:
     def standard(name: str) -> QIcon:
         return window.style().standardIcon(getattr(QStyle.StandardPixmap, name))
 
+    from app.bench_dialog import open_bench_dialog
     from app.file_dialogs import export_charts
+    from app.train_dialog import open_train_dialog
 
     actions = Actions(
         new_chat=action("&New chat", window.new_chat, QKeySequence.StandardKey.New, standard("SP_FileIcon"),
@@ -70,6 +74,10 @@ def create_actions(window: MainWindow) -> Actions:
         stop=action("&Stop", window.controller.stop, "Esc", standard("SP_MediaStop"), "Stop the generation"),
         colour_tokens=action("&Colour tokens", None, "Ctrl+Shift+C", None,
                              "Tint each token by where it came from"),
+        benchmark=action("&Benchmark…", lambda: open_bench_dialog(window), None, None,
+                         "Time vanilla against speculative decoding on a set of prompts"),
+        train_heads=action("&Train heads…", lambda: open_train_dialog(window), None, None,
+                           "Train Medusa heads for a target on its own predictions"),
     )  # fmt: skip
     actions.stop.setEnabled(False)
     # Esc stops a generation only from the chat and comparison panes: elsewhere (a title
@@ -91,6 +99,8 @@ def create_actions(window: MainWindow) -> Actions:
 
     models_menu = menus.addMenu("&Models")
     models_menu.addActions([actions.choose_models, actions.stop])
+    models_menu.addAction(actions.benchmark)
+    models_menu.addAction(actions.train_heads)
 
     view_menu = menus.addMenu("&View")
     view_menu.addAction(actions.colour_tokens)

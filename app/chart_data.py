@@ -145,6 +145,30 @@ def accepted_histogram(accepted: np.ndarray, drafted: np.ndarray, a: float) -> d
     return {"bins": bins, "measured": measured, "predicted": predicted / n, "steps": n}
 
 
+def depth_acceptance(run: Run) -> dict:
+    """Per depth d = 1, 2, ...: steps that tested a draft token there, and steps that accepted it.
+
+    For Medusa, depth d is head d's guess. Tree drafters report the counts in
+    RunStats.depth_tested / depth_accepted; for a chain they follow from the
+    steps: position j was tested when j tokens were drafted and the j - 1
+    before it were accepted, and accepted when at least j were.
+    """
+    s = run.stats
+    if s.depth_tested:
+        tested = np.asarray(s.depth_tested, dtype=float)
+        accepted = np.asarray(s.depth_accepted, dtype=float)[: len(tested)]
+    elif len(run.steps):
+        drafted, took = run.steps.column("drafted"), run.steps.column("accepted")
+        positions = np.arange(1, int(drafted.max()) + 1 if len(drafted) else 1)
+        tested = np.array([np.sum((drafted >= j) & (took >= j - 1)) for j in positions], dtype=float)
+        accepted = np.array([np.sum(took >= j) for j in positions], dtype=float)
+    else:
+        tested = accepted = np.zeros(0)
+    rate = np.full(len(tested), np.nan)
+    np.divide(accepted, tested, out=rate, where=tested > 0)
+    return {"depth": np.arange(1, len(tested) + 1), "tested": tested, "accepted": accepted, "rate": rate}
+
+
 def theory_curves(costs: CostModel | None, k: int, measured_a: float | None) -> dict:
     """E[tokens/step] and the predicted speedup against acceptance, and the break-even a, for draft length k."""
     a = np.linspace(0.0, 1.0, THEORY_POINTS)
@@ -175,6 +199,7 @@ def chart_series(runs: dict[str, Run], costs: CostModel | None, window: int = WI
         time_split[label] = {"draft": s.draft_s, "verify": s.verify_s, "other": s.other_s}
 
     spec = runs.get("speculative")
+    depth = depth_acceptance(spec if spec is not None else Run())
     draft_length = {}
     histogram = accepted_histogram(np.zeros(0), np.zeros(0), 0.0)
     measured = None
@@ -202,6 +227,7 @@ def chart_series(runs: dict[str, Run], costs: CostModel | None, window: int = WI
         "acceptance": acceptance,
         "accepted_histogram": histogram,
         "draft_length": draft_length,
+        "depth": depth,
         "time_split": time_split,
         "theory": theory,
     }

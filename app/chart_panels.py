@@ -290,3 +290,60 @@ class TimeSplitPanel(Panel):
 
     def clear_data(self) -> None:
         self.show_series({"time_split": {}})
+
+
+class DepthPanel(Panel):
+    """accepted / tested per draft depth: per Medusa head ("head k") or per chain position ("position k").
+
+    The counts above each bar say how much evidence it rests on: a deep head
+    is only tested when every head before it was right.
+    """
+
+    LABELS = {"head": "Acceptance per head", "position": "Acceptance per draft position"}
+    MAX_NAMED_TICKS = 5  # "head 1".."head 5"; beyond that, numbers and the axis says what they are
+    MAX_COUNTS = 8  # more bars than this and the count labels would run into each other
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(self.LABELS["position"], "", "accepted / tested", parent,
+                         axis_items={"left": CappedAxis("left")})  # fmt: skip
+        self.legend.hide()
+        self.label = "position"
+        self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=RUN_COLOURS["speculative"], pen=pg.mkPen(None))
+        self.plot.addItem(self.bars)
+        self.counts: list[pg.TextItem] = []
+        self.plot.getAxis("left").setTickSpacing(major=0.5, minor=0.1)
+        self.plot.getViewBox().setMouseEnabled(y=False)
+        self.plot.enableAutoRange(enable=False)
+        self.plot.setYRange(0.0, 1.25, padding=0.0)  # room above a full bar for its count
+        self.clear_data()
+
+    def set_label(self, label: str) -> None:
+        """"head" for Medusa heads, "position" for chain drafters."""
+        self.label = label if label in self.LABELS else "position"
+        self.set_title(self.LABELS[self.label])
+
+    def tick_labels(self, n: int) -> list[str]:
+        return [f"{self.label} {k}" if n <= self.MAX_NAMED_TICKS else str(k) for k in range(1, n + 1)]
+
+    def show_series(self, series: dict) -> None:
+        depth = series["depth"]
+        n = len(depth["depth"])
+        heights = np.nan_to_num(depth["rate"], nan=0.0)
+        self.bars.setOpts(x=depth["depth"], height=heights)
+        self.plot.getAxis("bottom").setTicks([list(zip(range(1, n + 1), self.tick_labels(n)))])
+        self.plot.setLabel("bottom", self.label if n > self.MAX_NAMED_TICKS else "",
+                           color=self.fg.name(), size="9pt")  # fmt: skip
+        for item in self.counts:
+            self.plot.removeItem(item)
+        self.counts = []
+        if n <= self.MAX_COUNTS:
+            for k, height, accepted, tested in zip(depth["depth"], heights, depth["accepted"], depth["tested"]):
+                text = pg.TextItem(f"{int(accepted)}/{int(tested)}", color=self.fg, anchor=(0.5, 1))
+                text.setPos(float(k), float(height) + 0.02)
+                self.plot.addItem(text)
+                self.counts.append(text)
+        self.plot.setXRange(0.5, max(n, 4) + 0.5, padding=0.02)
+
+    def clear_data(self) -> None:
+        empty = np.zeros(0)
+        self.show_series({"depth": {"depth": empty, "rate": empty, "accepted": empty, "tested": empty}})

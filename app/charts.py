@@ -9,11 +9,13 @@ steps from its worker through a queued signal.
 Panels (three columns when wide, two when tall):
   tokens per second | acceptance rate (rolling)  | tokens accepted per step
   draft length k    | where the time goes        | theory: E[tokens/step] and speedup vs a
+  acceptance per draft position (per Medusa head), across the last row
 """
 
 from __future__ import annotations
 
 import csv
+import html
 import json
 import os
 
@@ -28,6 +30,7 @@ from .chart_data import COLUMNS, Run, chart_series
 from .chart_panels import (
     RUN_COLOURS,
     AcceptancePanel,
+    DepthPanel,
     DraftLengthPanel,
     HistogramPanel,
     ThroughputPanel,
@@ -54,8 +57,9 @@ class LiveCharts(QWidget):
         self.draft_length = DraftLengthPanel(self)
         self.time_split = TimeSplitPanel(self)
         self.theory = TheoryPanel(self)
+        self.depth = DepthPanel(self)
         self.panels = (self.throughput, self.acceptance, self.histogram, self.draft_length, self.time_split,
-                       self.theory)  # fmt: skip
+                       self.theory, self.depth)  # fmt: skip
         # Steps share their x axis: zooming one zooms the other.
         self.draft_length.plot.setXLink(self.acceptance.plot)
         # One line above the panels names the run colours once for all of them and
@@ -99,6 +103,11 @@ class LiveCharts(QWidget):
             # start that label over rather than join two runs into one curve.
             run = self._runs[label] = Run()
         run.add(event)
+        self._schedule()
+
+    def set_depth_label(self, label: str) -> None:
+        """Name the depth bars: "head" (Medusa heads) or "position" (chain drafters)."""
+        self.depth.set_label(label)
         self._schedule()
 
     def set_cost_model(self, costs: CostModel | None) -> None:
@@ -148,9 +157,11 @@ class LiveCharts(QWidget):
         for panel in self.panels:
             self._grid.removeWidget(panel)
         for i, panel in enumerate(self.panels):
-            self._grid.addWidget(panel, i // columns, i % columns)
+            # The last panel takes what is left of its row.
+            span = columns - i % columns if i == len(self.panels) - 1 else 1
+            self._grid.addWidget(panel, i // columns, i % columns, 1, span)
         rows = (len(self.panels) + columns - 1) // columns
-        for r in range(3):
+        for r in range(4):
             self._grid.setRowStretch(r, 1 if r < rows else 0)
         for c in range(3):
             self._grid.setColumnStretch(c, 1 if c < columns else 0)
@@ -175,7 +186,9 @@ class LiveCharts(QWidget):
 
     def export_json(self, path: str | os.PathLike) -> None:
         """The run's numbers: final RunStats and per-step rows per label, and the cost model's view."""
-        theory = self.series()["theory"]
+        series = self.series()
+        theory = series["theory"]
+        depth = series["depth"]
         costs = self._cost_snapshot()
         document = {
             "columns": list(COLUMNS),
@@ -186,6 +199,12 @@ class LiveCharts(QWidget):
             "cost_model": None if costs is None else {
                 "verify_s": {str(n): s for n, s in sorted(costs.verify_s.items())},
                 "draft_s_per_token": costs.draft_s_per_token,
+            },
+            "depth_acceptance": {
+                "label": self.depth.label,
+                "depth": [int(d) for d in depth["depth"]],
+                "tested": [int(t) for t in depth["tested"]],
+                "accepted": [int(a) for a in depth["accepted"]],
             },
             "theory": {
                 "k": theory["k"],
@@ -221,6 +240,9 @@ def summary_html(series: dict, text_colour: str) -> str:
     if "speculative" in stats and stats["speculative"].tested:
         parts.append(f"{stats['speculative'].predicted_speedup:.2f}× predicted")
     line = " &nbsp;·&nbsp; ".join(parts)
+    spec = stats.get("speculative")
+    for note in getattr(spec, "notes", ()) if spec is not None else ():  # the engine's own words, as text
+        line += f"<br>{html.escape(note)}"
     if t["speedup"] is not None and t["break_even"] is None:
         # The article's failure mode 2, with this machine's numbers.
         why = f"verifying {t['k'] + 1} tokens costs {t['verify_ratio']:.1f} plain steps"

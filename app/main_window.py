@@ -31,6 +31,7 @@ from app.compare_view import CompareView
 from app.conversation_panel import ConversationPanel
 from app.conversations import ConversationStore, default_data_dir
 from app.engine_controller import COMPARE, EngineController
+from app.heads import engine_notes
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ log = logging.getLogger(__name__)
 def describe_engine(config: EngineConfig, engine) -> str:
     """The status bar's summary of what is loaded."""
     info = engine.target.info
-    drafter = {"ngram": "n-gram drafter", "none": "no drafter"}.get(config.drafter, "draft model")
+    names = {"ngram": "n-gram drafter", "none": "no drafter", "medusa": "Medusa heads"}
+    drafter = names.get(config.drafter, "draft model")
     if engine.drafter is not None and config.drafter == "model" and config.draft:
         drafter = f"draft {config.draft}"
     return f"{info.name} ({info.dtype}, {info.backend}) · {drafter} · k {config.k}"
@@ -215,6 +217,10 @@ class MainWindow(QMainWindow):
         self.engine_label.setText(describe_engine(config, self.controller.engine))
         self.statusBar().showMessage("Model loaded.", 5000)
         self.charts.set_cost_model(self.controller.engine.costs)
+        self.charts.set_depth_label("head" if config.drafter == "medusa" else "position")
+        notes = engine_notes(self.controller.engine)  # e.g. a Medusa tree cut to one branch on llama.cpp
+        if notes:
+            self.banner.show_message(" ".join(notes), "info")
         self._set_ready(True)
 
     def _on_load_failed(self, message: str) -> None:

@@ -56,7 +56,9 @@ def check_choice(choice: PairChoice) -> CheckResult:
             findings += check_model(target, n_ctx=n_ctx, dtype=dtype)
         except SpecDeckError as e:  # a bad context size or dtype
             return CheckResult((Finding("error", "Cannot check this model", str(e)),))
-        if choice.drafter == "ngram":
+        if choice.drafter == "medusa":
+            findings += _medusa_findings(target, choice)
+        elif choice.drafter == "ngram":
             findings.append(Finding(
                 "ok", "N-gram lookup needs no draft model",
                 "Draft tokens are copied from earlier text in the conversation, so nothing can mismatch. "
@@ -70,6 +72,58 @@ def check_choice(choice: PairChoice) -> CheckResult:
             ))  # fmt: skip
     findings += _backend_rules("target", target, choice.backend, choice.dtype)
     return CheckResult(tuple(findings), report)
+
+
+def _medusa_findings(target: ModelRef, choice: PairChoice) -> list[Finding]:
+    """Medusa reads the target's hidden states (PyTorch only) and needs heads made for its hidden size."""
+    from engine.heads.medusa import read_config
+    from engine.metadata import read_metadata
+
+    from .heads import describe_heads
+
+    runs_on = choice.backend if choice.backend != "auto" else ("llama.cpp" if target.kind == "gguf" else "torch")
+    findings = []
+    if runs_on == "llama.cpp":
+        findings.append(Finding(
+            "error", "Medusa needs the PyTorch backend",
+            "Medusa heads read the target's hidden states, which llama.cpp does not expose. Set Backend to "
+            "torch: a GGUF file then loads through transformers, dequantized (it takes longer to load).",
+        ))  # fmt: skip
+    try:
+        meta = read_metadata(target)
+    except SpecDeckError as e:
+        return findings + [Finding("error", "Cannot read the target", str(e))]
+    folder = choice.heads.strip() or _shipped_heads(target, meta, runs_on)
+    if not folder:
+        return findings + [Finding(
+            "error", f"No Medusa heads ship for {target.name}",
+            "Train heads for this target (Models ▸ Train heads…), or choose a heads folder.",
+        )]  # fmt: skip
+    try:
+        config = read_config(folder)
+    except SpecDeckError as e:
+        return findings + [Finding("error", "Cannot use these Medusa heads", str(e))]
+    if meta.hidden_size and config.hidden_size != meta.hidden_size:
+        return findings + [Finding(
+            "error", "These heads belong to another model",
+            f"They were trained for a hidden size of {config.hidden_size} "
+            f"({config.base_model or 'unknown base model'}); {target.name} has {meta.hidden_size}. "
+            "Train heads for this target (Models ▸ Train heads…).",
+        )]  # fmt: skip
+    where = "shipped with SpecDeck" if not choice.heads.strip() else folder
+    return findings + [Finding("ok", "Medusa heads fit the target", f"{describe_heads(folder)} ({where}).")]
+
+
+def _shipped_heads(target: ModelRef, meta, runs_on: str) -> str | None:
+    from engine.backends.base import ModelInfo
+    from engine.shipped import default_heads_dir
+
+    info = ModelInfo(
+        name=target.name, path=target.path, backend=runs_on, architecture=meta.architecture,
+        n_params=meta.n_params, weight_bytes=meta.weight_bytes, vocab_size=meta.vocab_size,
+        n_layers=meta.n_layers, context_length=meta.context_length, dtype=meta.dtype, device="",
+    )  # fmt: skip
+    return default_heads_dir("medusa", info)
 
 
 def _resolve(role: str, spec: str) -> ModelRef | Finding:

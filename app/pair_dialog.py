@@ -57,7 +57,7 @@ class PairDialog(QDialog):
         self._auto_check = QTimer(self, singleShot=True, interval=AUTO_CHECK_MS, timeout=self.check)
         self._sig_result.connect(self._on_result, Qt.QueuedConnection)
 
-        self.form = PairForm(list_models(), self)
+        self.form = PairForm(list_models(), self, settings=self.settings)
         self.form.sig_key_edited.connect(self._invalidate)
         self.form.sig_key_changed.connect(self._invalidate_and_schedule)
 

@@ -18,11 +18,13 @@ from PySide6.QtWidgets import (
 from engine.draft_length import K_LIMIT
 from engine.models import ModelRef
 
+from .heads import HeadsPicker
 from .pair_widgets import ModelPicker
 from .presets import BACKENDS, DEVICES, DTYPES, PairChoice
 
-DRAFTERS = (("Draft model", "model"), ("N-gram lookup (no draft model)", "ngram"), ("None: plain decoding", "none"))
-COMING = ("Medusa heads (coming)", "EAGLE head (coming)", "Lookahead decoding (coming)")
+DRAFTERS = (("Draft model", "model"), ("N-gram lookup (no draft model)", "ngram"),
+            ("Medusa heads (on the target's hidden states)", "medusa"), ("None: plain decoding", "none"))
+COMING = ("EAGLE head (coming)", "Lookahead decoding (coming)")
 
 
 def _combo(items, parent) -> QComboBox:
@@ -48,7 +50,7 @@ class PairForm(QWidget):
     sig_key_changed = Signal()
     """Something the check looks at changed and is settled: check again."""
 
-    def __init__(self, models: list[ModelRef], parent=None) -> None:
+    def __init__(self, models: list[ModelRef], parent=None, settings=None) -> None:
         super().__init__(parent)
         # -- models
         self.backend = _combo(BACKENDS, self)
@@ -61,6 +63,8 @@ class PairForm(QWidget):
             self.drafter.model().item(self.drafter.count() - 1).setEnabled(False)
         self.draft = ModelPicker(models, "draft model", self)
         self.draft_backend = _combo(BACKENDS, self)
+        self.heads = HeadsPicker(self, settings)
+        self.heads.setToolTip("Trained Medusa heads for this target (Models ▸ Train heads… makes some)")
         self.ngram_max = _spin(1, 8, self)
         self.ngram_max.setToolTip("Longest run of recent tokens looked up in the earlier text")
         self.ngram_max.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)  # a number, not a path: keep it short
@@ -71,6 +75,7 @@ class PairForm(QWidget):
         form.addRow("D&rafter:", self.drafter)
         form.addRow("&Draft model:", self.draft)
         form.addRow("Draft backend:", self.draft_backend)
+        form.addRow("Medusa &heads:", self.heads)
         form.addRow("N-gram length:", self.ngram_max)
 
         # -- draft length
@@ -136,6 +141,7 @@ class PairForm(QWidget):
         self.draft.sig_edited.connect(self.sig_key_edited)
         self.target.sig_chosen.connect(self.sig_key_changed)
         self.draft.sig_chosen.connect(self.sig_key_changed)
+        self.heads.sig_chosen.connect(self.sig_key_changed)
         for combo in (self.backend, self.drafter, self.draft_backend, self.dtype):
             combo.currentIndexChanged.connect(self.sig_key_changed)
         self.n_ctx.valueChanged.connect(self.sig_key_changed)
@@ -148,6 +154,7 @@ class PairForm(QWidget):
     def choice(self) -> PairChoice:
         return PairChoice(
             target=self.target.spec(), drafter=self.drafter.currentData() or "ngram", draft=self.draft.spec(),
+            heads=self.heads.folder(),
             backend=self.backend.currentData(), draft_backend=self.draft_backend.currentData(),
             k_auto=self.k_auto.isChecked(), k=self.k.value(), k_max=self.k_max.value(),
             ngram_max=self.ngram_max.value(), temperature=round(self.temperature.value(), 4),
@@ -159,6 +166,7 @@ class PairForm(QWidget):
     def set_choice(self, c: PairChoice) -> None:
         self.target.set_spec(c.target)
         self.draft.set_spec(c.draft)
+        self.heads.set_folder(c.heads)
         combos = ((self.backend, c.backend), (self.drafter, c.drafter), (self.draft_backend, c.draft_backend),
                   (self.device, c.device), (self.dtype, c.dtype))  # fmt: skip
         for combo, value in combos:
@@ -178,7 +186,8 @@ class PairForm(QWidget):
         """What a check depends on: when this changes, the last check says nothing about the selection."""
         model = c.drafter == "model"
         return (c.target.strip(), c.drafter, c.draft.strip() if model else None, c.backend,
-                c.draft_backend if model else None, c.dtype, c.n_ctx)  # fmt: skip
+                c.draft_backend if model else None, c.dtype, c.n_ctx,
+                c.heads.strip() if c.drafter == "medusa" else None)  # fmt: skip
 
     def check_key(self) -> tuple:
         return self.key_of(self.choice())
@@ -194,6 +203,7 @@ class PairForm(QWidget):
         model = self.drafter.currentData() == "model"
         self.draft.setEnabled(model)
         self.draft_backend.setEnabled(model)
+        self.heads.setEnabled(self.drafter.currentData() == "medusa")
         self.ngram_max.setEnabled(self.drafter.currentData() == "ngram")
         self.k_max.setEnabled(self.k_auto.isChecked())
         self.k.setEnabled(not self.k_auto.isChecked())

@@ -24,14 +24,15 @@ PRESETS_KEY = f"{PREFIX}/presets"
 BACKENDS = ("auto", "torch", "llama.cpp")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-DRAFTERS = ("model", "ngram", "none")
+DRAFTERS = ("model", "ngram", "none", "medusa")
 
 
 @dataclass(frozen=True)
 class PairChoice:
     target: str = "default"
-    drafter: str = "ngram"  # "model" | "ngram" | "none"
+    drafter: str = "ngram"  # "model" | "ngram" | "none" | "medusa"
     draft: str = "default"  # used when drafter is "model"
+    heads: str = ""  # Medusa heads folder, used when drafter is "medusa"; "" = the heads shipped for the target
     backend: str = "auto"
     draft_backend: str = "auto"
     k_auto: bool = True
@@ -54,6 +55,7 @@ class PairChoice:
             target=self.target.strip(),
             drafter=self.drafter,
             draft=self.draft.strip() if self.drafter == "model" else None,
+            heads=(self.heads.strip() or None) if self.drafter == "medusa" else None,
             backend=self.backend,
             draft_backend=self.draft_backend,
             device=self.device,
@@ -78,7 +80,8 @@ class PairChoice:
         model = config.draft is not None
         return cls.from_dict({
             "target": config.target, "drafter": "model" if model else config.drafter,
-            "draft": config.draft if model else cls.draft, "backend": config.backend,
+            "draft": config.draft if model else cls.draft, "heads": config.heads or "",
+            "backend": config.backend,
             "draft_backend": config.draft_backend, "k_auto": config.k == "auto",
             "k": cls.k if config.k == "auto" else config.k, "k_max": config.k_max, "ngram_max": config.ngram_max,
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,

@@ -17,6 +17,8 @@ import sys
 import threading
 from pathlib import Path
 
+from .cli_bench import add_bench_parser
+from .cli_train import add_train_parser
 from .errors import ConfigError, SpecDeckError
 
 
@@ -66,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--dir", action="append", default=[], help="also search this folder (repeatable)")
     models.add_argument("--json", action="store_true")
     models.set_defaults(func=cmd_models)
+    add_bench_parser(sub)
+    add_train_parser(sub)
     return parser
 
 
@@ -73,7 +77,10 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
     drafter = parser.add_mutually_exclusive_group()
     drafter.add_argument("--draft", help="a draft model (same forms as --target)")
-    drafter.add_argument("--drafter", choices=["ngram", "none"], default="ngram", help="drafter without a model")
+    drafter.add_argument(
+        "--drafter", choices=["ngram", "none", "medusa"], default="ngram", help="drafter without a draft model"
+    )
+    parser.add_argument("--heads", help="Medusa heads folder (implies --drafter medusa; default: the shipped heads)")
     parser.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
     parser.add_argument("--draft-backend", default="auto")
     parser.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
@@ -93,7 +100,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )  # fmt: skip
     messages = _read_messages(args.messages) if args.messages else None
     config = EngineConfig(
-        target=args.target, drafter="model" if args.draft else args.drafter, draft=args.draft,
+        target=args.target, drafter=_drafter_kind(args), draft=args.draft, heads=args.heads,
         backend=args.backend, draft_backend=args.draft_backend, device=args.device, dtype=args.dtype,
         n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k, k_max=args.k_max,
     )  # fmt: skip
@@ -121,8 +128,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(json.dumps(_json_report(result, comparison), ensure_ascii=False))
     else:
         _write("\n")
-        _print_summary(result, comparison)
+        _print_summary(result, comparison, per_depth=bool(getattr(engine.drafter, "drafts_trees", False)))
     return 0
+
+
+def _drafter_kind(args: argparse.Namespace) -> str:
+    """--draft means a draft model; --heads means Medusa (over the default n-gram drafter)."""
+    if args.draft:
+        return "model"
+    if getattr(args, "heads", None) and args.drafter != "medusa":
+        if args.drafter == "none":
+            raise ConfigError("--heads gives Medusa heads, but --drafter none drafts nothing: drop one of them.")
+        return "medusa"
+    return args.drafter
 
 
 def _read_messages(path: Path) -> list[dict]:
@@ -149,6 +167,11 @@ def _run_stats(result) -> dict:
     keys = ("steps", "drafted", "accepted", "acceptance_rate", "tokens_per_step", "tokens_per_s", "wall_s")
     stats = {key: s.as_dict()[key] for key in keys}
     stats.update(finish_reason=result.finish_reason, predicted_speedup=round(s.predicted_speedup, 4))
+    # Per depth d (a chain's position d, Medusa's head d): how often it was reached and accepted.
+    stats.update(
+        depth_tested=list(s.depth_tested), depth_accepted=list(s.depth_accepted),
+        head_acceptance=[round(a, 4) for a in s.depth_acceptance], notes=list(s.notes),
+    )  # fmt: skip
     return stats
 
 
@@ -164,13 +187,18 @@ def _json_report(result, comparison) -> dict:
     return report
 
 
-def _print_summary(result, comparison) -> None:
+def _print_summary(result, comparison, per_depth: bool = False) -> None:
     s = result.stats
     lines = [
         f"{s.tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), {s.steps} target forwards "
         f"({s.tokens_per_step:.2f} tokens each); drafted {s.drafted}, accepted {s.accepted} "
         f"(acceptance {s.acceptance_rate:.0%}); formula predicts {s.predicted_speedup:.2f}x"
     ]
+    if per_depth and s.depth_tested:
+        lines.append("acceptance per head: " + ", ".join(
+            f"{d}: {a:.0%} of {t}" for d, (a, t) in enumerate(zip(s.depth_acceptance, s.depth_tested), start=1)
+        ))  # fmt: skip
+    lines.extend(f"note: {note}" for note in s.notes)
     if comparison is not None:
         v = comparison.vanilla.stats
         lines.append(
