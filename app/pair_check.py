@@ -81,8 +81,14 @@ def _medusa_findings(target: ModelRef, choice: PairChoice) -> list[Finding]:
 
     from .heads import describe_heads
 
-    runs_on = choice.backend if choice.backend != "auto" else ("llama.cpp" if target.kind == "gguf" else "torch")
+    runs_on = choice.backend if choice.backend != "auto" else "torch"  # the engine's auto picks torch for Medusa
     findings = []
+    if choice.backend == "auto" and target.kind == "gguf":
+        findings.append(Finding(
+            "info", "The target runs on PyTorch",
+            "Medusa reads the target's hidden states, which llama.cpp does not expose, so Backend auto "
+            "loads this GGUF file through transformers, dequantized (it takes longer to load).",
+        ))  # fmt: skip
     if runs_on == "llama.cpp":
         findings.append(Finding(
             "error", "Medusa needs the PyTorch backend",

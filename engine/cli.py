@@ -84,7 +84,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
     parser.add_argument("--draft-backend", default="auto")
     parser.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (torch backend)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
     parser.add_argument("--n-ctx", type=int, default=None, help="context window in tokens")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (llama.cpp)")
     parser.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")

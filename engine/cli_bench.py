@@ -35,7 +35,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
     bench.add_argument("--draft-backend", default="auto")
     bench.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
-    bench.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (torch backend)")
+    bench.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
     bench.add_argument("--n-ctx", type=int, default=None, help="context window in tokens")
     bench.add_argument("--threads", type=int, default=None, help="CPU threads (llama.cpp and its peers)")
     bench.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")

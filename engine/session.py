@@ -61,6 +61,18 @@ class Comparison:
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
 
 
+# Drafters that read the target's hidden states, which only the PyTorch backend exposes.
+FEATURE_DRAFTERS = frozenset({"medusa"})
+
+
+def target_backend(config: EngineConfig) -> str:
+    """The backend for the target: as asked, except that "auto" means PyTorch for drafters
+    that need hidden states (a GGUF target then loads through transformers, dequantized)."""
+    if config.backend == "auto" and config.drafter in FEATURE_DRAFTERS and config.draft is None:
+        return "torch"
+    return config.backend
+
+
 class Engine:
     def __init__(self, target: Backend, drafter: Drafter | None, config: EngineConfig, costs: CostModel) -> None:
         self.target = target
@@ -76,7 +88,7 @@ class Engine:
         options = dict(device=config.device, dtype=config.dtype, n_ctx=config.n_ctx, threads=config.threads,
                        gpu_layers=config.gpu_layers)  # fmt: skip
         report("Loading the target model", 0.0)
-        target = load_backend(config.target, backend=config.backend, **options)
+        target = load_backend(config.target, backend=target_backend(config), **options)
         try:
             report("Loading the drafter", 0.5)
             drafter = make_drafter(

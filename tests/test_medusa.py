@@ -378,7 +378,15 @@ def test_medusa_on_llama_cpp_says_to_use_the_torch_backend(default_llama, tmp_pa
 
 def test_medusa_on_the_default_model_through_the_engine_explains_what_to_do():
     with pytest.raises(ConfigError, match="PyTorch backend"):
-        Engine.load(EngineConfig(target="default", drafter="medusa", measure_costs=False))
+        Engine.load(EngineConfig(target="default", drafter="medusa", backend="llama.cpp", measure_costs=False))
+
+
+def test_medusa_with_backend_auto_loads_the_target_on_pytorch():
+    from engine.session import target_backend
+
+    assert target_backend(EngineConfig(target="default", drafter="medusa")) == "torch"
+    assert target_backend(EngineConfig(target="default", drafter="ngram")) == "auto"
+    assert target_backend(EngineConfig(target="default", drafter="medusa", backend="llama.cpp")) == "llama.cpp"
 
 
 def test_no_heads_for_a_model_says_how_to_get_some(torch_with_features, tiny):
@@ -429,6 +437,23 @@ def test_cli_reports_per_head_acceptance(torch_with_features, tiny, tmp_path, ca
 def test_cli_medusa_on_the_default_model_is_one_clear_line(capsys):
     from engine.cli import main
 
-    code = main(["generate", "--target", "default", "--drafter", "medusa", "--prompt", "hi", "--max-tokens", "4"])
+    code = main(["generate", "--target", "default", "--backend", "llama.cpp", "--drafter", "medusa",
+                 "--prompt", "hi", "--max-tokens", "4"])
     _, err = capsys.readouterr()
     assert code == 2 and "PyTorch backend" in err and len(err.strip().splitlines()) == 1
+
+
+def test_shipped_heads_keep_the_embedded_model_greedy_output_exact_in_float32(embedded_hf_dir):
+    """The heads in resources/ load for the embedded model, draft real trees, and change nothing."""
+    from engine.backends.torch_backend import TorchBackend
+
+    engine = medusa_engine(TorchBackend, embedded_hf_dir, heads=None, k=12)
+    try:
+        prompt = engine.prompt_ids("List the days of the week, one per line.")
+        comparison = engine.compare(prompt, SamplingConfig(temperature=0.0, max_tokens=40))
+        assert comparison.identical, comparison.divergence
+        s = comparison.speculative.stats
+        assert s.drafted > s.steps  # several tree nodes per target forward
+        assert s.depth_tested and sum(s.depth_tested) == s.tested
+    finally:
+        engine.close()

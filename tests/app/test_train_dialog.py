@@ -139,11 +139,21 @@ def test_missing_data_is_reported_in_the_dialog(qtbot, dialog):
 def test_medusa_on_llama_cpp_says_it_needs_pytorch(qtbot):
     pair = PairDialog(settings=QSettings())
     qtbot.addWidget(pair)
-    pair.set_choice(PairChoice(target="default", drafter="medusa", backend="auto"))
+    pair.set_choice(PairChoice(target="default", drafter="medusa", backend="llama.cpp"))
     with qtbot.waitSignal(pair.sig_check_finished, timeout=20_000) as check:
         pair.check()
     assert check.args[0] is False
     assert "Medusa needs the PyTorch backend" in pair.findings.toPlainText()
+
+
+def test_medusa_with_backend_auto_says_the_gguf_target_runs_on_pytorch(qtbot):
+    pair = PairDialog(settings=QSettings())
+    qtbot.addWidget(pair)
+    pair.set_choice(PairChoice(target="default", drafter="medusa", backend="auto"))
+    with qtbot.waitSignal(pair.sig_check_finished, timeout=20_000):
+        pair.check()
+    text = pair.findings.toPlainText()
+    assert "The target runs on PyTorch" in text and "Medusa needs the PyTorch backend" not in text
 
 
 def depth_event(tested, accepted) -> StepEvent:
