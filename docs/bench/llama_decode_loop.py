@@ -1,3 +1,5 @@
+"""One-token llama_decode cost: our LlamaCppBackend vs llama-cpp-python's Llama.eval, same file and context size,
+5 alternating runs of 64 decodes after a 100-token prompt (docs/benchmarks.md)."""
 import time, statistics, llama_cpp
 from engine.backends.llama_backend import LlamaCppBackend
 from engine.models import default_model_path
@@ -19,4 +21,3 @@ a=[];b=[]
 for r in range(5):
     a.append(run_ours()); b.append(run_peer())
 print("ours ms/token", [round(x,2) for x in a], "peer", [round(x,2) for x in b])
-print("ctx params", ours._llm.context_params.n_ctx if hasattr(ours,'_llm') else '', )
