@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import threading
 
 import pytest
@@ -154,9 +155,13 @@ def test_the_system_measurements_are_plausible():
     assert floor_s_per_token(10**9, bandwidth) == pytest.approx(10**9 / bandwidth.bytes_per_s)
     reset_peak_rss()
     before = peak_rss_bytes()
-    blob = bytearray(64 * 2**20)  # touched: zero-filled pages
+    # A fresh anonymous mapping, one byte written per page: 64 MiB that cannot already be resident
+    # (heap memory freed by earlier tests may be, and calloc'd zeros may never be touched).
+    blob = mmap.mmap(-1, 64 * 2**20)
+    for offset in range(0, len(blob), mmap.PAGESIZE):
+        blob[offset] = 1
     after = peak_rss_bytes()
-    del blob
+    blob.close()
     assert before is not None and after >= before + 32 * 2**20
 
 
