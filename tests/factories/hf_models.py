@@ -94,36 +94,14 @@ def make_tiny_llama(
     intermediate: int = 128,
     tie_embeddings: bool = True,
 ) -> str:
-    """Write a random tiny Llama + the SmolLM2 tokenizer to `out_dir`; return its path."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    """Write a random tiny Llama + the SmolLM2 tokenizer to `out_dir`; return its path.
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=n_layers,
-        num_attention_heads=n_heads,
-        num_key_value_heads=n_kv_heads,
-        max_position_embeddings=2048,
-        tie_word_embeddings=tie_embeddings,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        initializer_range=EMBEDDING_STD,
-    )
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():  # a tied lm_head is not listed again
-            _init(name, param, seed)
-        model.model.norm.weight.fill_(LOGIT_STD / (EMBEDDING_STD * hidden**0.5))
-    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID)
-    model.save_pretrained(out)
-
-    for item in tokenizer_dir().iterdir():
-        shutil.copy2(item, out / item.name)
-    return str(out)
+    All norm weights are exactly 1 (make_tiny_model without jitter).
+    """
+    return make_tiny_model(
+        out_dir, "llama", seed=seed, n_layers=n_layers, hidden=hidden, n_heads=n_heads,
+        n_kv_heads=n_kv_heads, intermediate=intermediate, tie_embeddings=tie_embeddings, norm_jitter=0.0,
+    )  # fmt: skip
 
 
 def _init(name: str, param, seed: int) -> None:
