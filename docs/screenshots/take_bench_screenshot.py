@@ -10,34 +10,21 @@ this machine measured; docs/benchmarks.md holds the ones taken on a quiet one.
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+from shots import application as make_application, settle, wait
 
-import app  # noqa: E402,F401 - applies the PySide6 refcount workaround first
-from PySide6.QtCore import QCoreApplication, QSettings  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
-
-from engine import EngineConfig  # noqa: E402
+from engine import EngineConfig
 
 HERE = Path(__file__).resolve().parent
 CONFIG = EngineConfig()  # the app's default pair: embedded model, n-gram drafter, automatic k
 
 
 def main() -> int:
-    QCoreApplication.setOrganizationName("SpecDeckScreenshots")
-    QCoreApplication.setApplicationName("SpecDeckScreenshots")
-    QSettings.setDefaultFormat(QSettings.Format.IniFormat)
-    QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, tempfile.mkdtemp())
-    application = QApplication(sys.argv[:1])
-    from app.application import app_icon
+    application = make_application()
     from app.bench_dialog import BenchDialog
 
-    application.setWindowIcon(app_icon())
     dialog = BenchDialog(config=CONFIG)
     dialog.resize(1280, 900)
     dialog.repeat.setValue(1)
@@ -47,17 +34,10 @@ def main() -> int:
     finished = []
     dialog.sig_finished.connect(finished.append)
     dialog.run()
-    deadline = time.monotonic() + 1800
-    while not finished or dialog.running:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the benchmark did not finish in time")
-        application.processEvents()
-        time.sleep(0.02)
+    wait(application, lambda: finished and not dialog.running)
     if finished[0] is None:
         raise RuntimeError(f"the benchmark failed: {dialog.status.text()}")
-    for _ in range(20):  # let the layouts settle
-        application.processEvents()
-        time.sleep(0.02)
+    settle(application)
     dialog.grab().save(str(HERE / "bench.png"))
     dialog.close()
     dialog.deleteLater()  # delete the dialog while the application still exists, not at interpreter exit

@@ -9,20 +9,14 @@ under Xvfb as well (unset QT_QPA_PLATFORM and run it with xvfb-run).
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-os.environ["SPECDECK_DATA_DIR"] = tempfile.mkdtemp(prefix="specdeck-shots-")
+from shots import application as make_application, settle, wait  # first: platform, data folder, workaround
 
-import app  # noqa: E402,F401 - applies the PySide6 refcount workaround first
-from PySide6.QtCore import QCoreApplication, QEventLoop, QSettings  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
+from PySide6.QtWidgets import QApplication
 
-from engine import EngineConfig, SamplingConfig  # noqa: E402
+from engine import EngineConfig, SamplingConfig
 
 HERE = Path(__file__).resolve().parent
 SIZE = (1440, 900)
@@ -32,33 +26,10 @@ SIZE = (1440, 900)
 CONFIG = EngineConfig(k=4, threads=1)
 
 
-def wait(application: QApplication, condition, timeout: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the app did not get there in time")
-        application.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
-        time.sleep(0.01)
-
-
-def settle(application: QApplication, seconds: float = 0.5) -> None:
-    """Let the charts' redraw timer and the layouts catch up."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        application.processEvents()
-        time.sleep(0.02)
-
-
 def main() -> int:
-    QCoreApplication.setOrganizationName("SpecDeckScreenshots")
-    QCoreApplication.setApplicationName("SpecDeckScreenshots")
-    QSettings.setDefaultFormat(QSettings.Format.IniFormat)
-    QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, tempfile.mkdtemp())
-    application = QApplication(sys.argv[:1])
-    from app.application import app_icon
+    application = make_application()
     from app.main_window import MainWindow
 
-    application.setWindowIcon(app_icon())
     window = MainWindow()
     window.resize(*SIZE)
     window.sampling = SamplingConfig(max_tokens=160)

@@ -9,44 +9,20 @@ The heads go to a temporary folder and are thrown away; settings are temporary t
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-DATA = tempfile.mkdtemp(prefix="specdeck-train-shot-")
-os.environ["SPECDECK_DATA_DIR"] = DATA
-
-import app  # noqa: E402,F401 - applies the PySide6 refcount workaround first
-from PySide6.QtCore import QCoreApplication, QEventLoop, QSettings  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
+from shots import DATA, application as make_application, settle, wait
 
 HERE = Path(__file__).resolve().parent
 
 
-def wait(application: QApplication, condition, timeout: float = 1800.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the dialog did not get there in time")
-        application.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
-        time.sleep(0.02)
-
-
 def main() -> int:
     shown_steps = int(sys.argv[1]) if len(sys.argv) > 1 else 24
-    QCoreApplication.setOrganizationName("SpecDeckScreenshots")
-    QCoreApplication.setApplicationName("SpecDeckScreenshots")
-    QSettings.setDefaultFormat(QSettings.Format.IniFormat)
-    QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, tempfile.mkdtemp())
-    application = QApplication(sys.argv[:1])
-    from app.application import app_icon
+    application = make_application()
     from app.train_dialog import TrainDialog
 
-    application.setWindowIcon(app_icon())
     dialog = TrainDialog(target="default")
     dialog.form.steps.setValue(400)
     dialog.form.batch_size.setValue(2)
@@ -57,10 +33,7 @@ def main() -> int:
         dialog.start()
         wait(application, lambda: len(dialog.charts.steps) >= shown_steps or not dialog.running)
         dialog.charts.redraw()
-        end = time.monotonic() + 0.5
-        while time.monotonic() < end:
-            application.processEvents()
-            time.sleep(0.02)
+        settle(application)
         dialog.grab().save(str(HERE / "train-heads.png"))
         print("wrote train-heads.png at step", dialog.charts.steps[-1] if dialog.charts.steps else 0)
     finally:
