@@ -137,6 +137,26 @@ class Backend(abc.ABC):
         self._tree_base = None
         self.rollback(base + len(nodes))
 
+    def forward_masked(self, tokens: list[int], offsets: list[int], mask: torch.Tensor, what: str = "a block") -> torch.Tensor:
+        """Run `tokens` after the cached ones with any attention pattern: token i at
+        position len(self.tokens) + offsets[i], attending to every cached token and
+        to new token j where mask[i, j] (bool (n, n), diagonal included). Returns
+        float32 logits (n, V); `keep_rows` then keeps the accepted tokens. Backends
+        with `supports_tree` implement it (forward_tree is its special case)."""
+        raise NotImplementedError(f"the {self.name} backend runs chains only")
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """After forward_masked, keep new tokens `rows` (increasing indices into that
+        call's tokens) right after the previously cached ones; drop the others."""
+        if list(rows) != list(range(len(rows))):
+            raise NotImplementedError(f"the {self.name} backend keeps chain prefixes only")
+        self.keep_nodes(rows)
+
+    def cached_features(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Final-layer hidden states (after the final norm) of cached tokens
+        self.tokens[start:end], shape (end - start, hidden_size): what EAGLE reads."""
+        raise NotImplementedError(f"the {self.name} backend does not expose hidden states")
+
     def last_features(self) -> torch.Tensor:
         """Final-layer hidden states (after the final norm) of the rows of the last
         forward / forward_tree call, shape (n, hidden_size), on the model's device."""

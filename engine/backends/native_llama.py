@@ -261,33 +261,34 @@ class NativeLlama:
         self,
         ids: torch.Tensor,
         cache: KVCache,
-        tree_depths: torch.Tensor | None = None,
-        tree_mask: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
         last_only: bool = False,
         n_layers: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append `ids` (n,) after the cache's `length` rows; return (logits, features).
 
         A chain by default: row i sits at position length + i and attends to
-        every earlier row. For a tree, `tree_depths` (n,) gives each node's
-        depth (1 = follows the cache) and `tree_mask` (n, n) bool which nodes
-        it may attend to (itself and its ancestors). Logits (n or 1, V) and
-        features (the final-norm hidden states of the same rows, (n or 1,
-        hidden)) are in the model's dtype, on its device. The cache's length
-        grows by n.
+        every earlier row. Otherwise `offsets` (n,) places row i at position
+        length + offsets[i] (a tree node at depth d: d - 1) and `mask` (n, n)
+        bool says which of the new rows it attends to (a tree: itself and its
+        ancestors); every row attends to all cached rows. Logits (n or 1, V)
+        are in the model's dtype; features, the final-norm hidden states of
+        every new row (n, hidden), too. The cache's length grows by n.
         """
         n = ids.shape[0]
         start = cache.length
         end = start + n
         cache.reserve(end)
-        if tree_depths is None:
+        if offsets is None:
             cos, sin = self._rope(start, end)  # (n, 1, head_dim)
             # One row attends to everything cached: no mask. Several rows: causal.
             mask = None if n == 1 else self._positions[:end] <= self._positions[start:end, None]  # (n, end)
         else:
-            cos, sin = self._rope(start, end, tree_depths + (start - 1))
+            cos, sin = self._rope(start, end, offsets + start)
+            new_rows = mask
             mask = torch.ones(n, end, dtype=torch.bool, device=self.device)
-            mask[:, start:] = tree_mask
+            mask[:, start:] = new_rows
         group_mask = None if mask is None else mask.repeat(self.n_heads // self.n_kv_heads, 1)  # (groups * n, end)
 
         def attend(layer: int, q, kv):
@@ -297,10 +298,8 @@ class NativeLlama:
         for index, block in enumerate(self.blocks[:n_layers]):
             x = self._block(index, block, x, cos, sin, attend)
         cache.length = end
-        if last_only:
-            x = x[-1:]
-        features = F.rms_norm(x, (self.hidden_size,), self.final_norm, self.eps)  # (n or 1, hidden)
-        return self.head(features), features
+        features = F.rms_norm(x, (self.hidden_size,), self.final_norm, self.eps)  # (n, hidden)
+        return self.head(features[-1:] if last_only else features), features
 
     @torch.no_grad()
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -87,6 +87,9 @@ class TorchBackend(Backend):
         self._native: NativeLlama | None = None
         self._kv = None  # the native path's KVCache
         self._features: torch.Tensor | None = None  # last_features() of the native path
+        # Final-norm hidden states of every cached position (native path), row i for
+        # self.tokens[i]: what EAGLE's head reads. Grown by doubling, like the KV cache.
+        self._feature_store: torch.Tensor | None = None
         config = self._model.config.get_text_config()
 
         # Facts the UI and the decode loop ask for, computed once (before int8
@@ -219,6 +222,7 @@ class TorchBackend(Backend):
     def _forward(self, tokens: list[int], all_logits: bool) -> torch.Tensor:
         if self._model is None:
             raise RuntimeError("this backend was closed")
+        self._tree_base = self._tree_parents = None  # a plain forward ends any tree's keep window
         try:
             if len(tokens) <= PREFILL_CHUNK:  # the decode hot path: one call
                 logits = self._run(tokens, all_logits)
@@ -233,8 +237,8 @@ class TorchBackend(Backend):
                     else:
                         self._run(chunk, False)
                 logits = torch.cat(rows) if len(rows) > 1 else rows[0]
-                if self._native is not None:
-                    self._features = torch.cat(features) if len(features) > 1 else features[0]
+                if self._native is not None and len(features) > 1:
+                    self._features = torch.cat(features)
         except BaseException as error:
             # A failed or interrupted call may have appended keys and values for
             # some layers; put the cache back in line with self.tokens.
@@ -254,8 +258,11 @@ class TorchBackend(Backend):
         """One model call appending `tokens` to the cache; returns (n or 1, V) logits."""
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
         if self._native is not None:
+            start = self._kv.length
             with torch.inference_mode():
-                logits, self._features = self._native.forward(input_ids, self._kv, last_only=not all_logits)
+                logits, features = self._native.forward(input_ids, self._kv, last_only=not all_logits)
+                self._store_features(start, features)
+            self._features = features if all_logits else features[-1:]
             return logits
         kwargs = {self._cache_kw: self._cache, "use_cache": True}
         if self._has_logits_to_keep:
@@ -304,58 +311,117 @@ class TorchBackend(Backend):
     def forward_tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
         if self._native is None:
             return super().forward_tree(tokens, parents)
-        if self._model is None:
-            raise RuntimeError("this backend was closed")
         if not tokens or len(tokens) != len(parents):
             raise ValueError(f"forward_tree() needs one parent per token: {len(tokens)} tokens, {len(parents)} parents")
         check_parents(parents)
-        if len(self.tokens) + len(tokens) > self.n_ctx:
+        offsets = [d - 1 for d in depths(parents)]
+        logits = self.forward_masked(tokens, offsets, ancestor_mask(parents), what="a tree")
+        self._tree_parents = list(parents)
+        return logits
+
+    def forward_masked(self, tokens: list[int], offsets: list[int], mask: torch.Tensor, what: str = "a block") -> torch.Tensor:
+        """Run `tokens` after the cached ones, token i at position len(self.tokens) +
+        offsets[i], attending to every cached token and to the new tokens j where
+        mask[i, j] (bool (n, n); include i itself). Returns float32 logits (n, V).
+
+        Trees are the special case forward_tree builds; lookahead decoding uses
+        any pattern (Jacobi window and candidate n-grams side by side). The cache
+        then holds every new token until `keep_rows` keeps the accepted ones.
+        """
+        if self._native is None:
+            raise NotImplementedError(f"the {self.name} backend runs chains only (the transformers implementation)")
+        if self._model is None:
+            raise RuntimeError("this backend was closed")
+        n = len(tokens)
+        if not n or len(offsets) != n or tuple(mask.shape) != (n, n):
+            raise ValueError(f"forward_masked() needs one offset and one mask row per token ({n} tokens)")
+        if len(self.tokens) + n > self.n_ctx or len(self.tokens) + max(offsets) >= self.n_ctx:
             raise ContextOverflowError(
                 f"The context window of {self.info.name} is full ({self.n_ctx} tokens): "
-                f"{len(self.tokens)} are in use and a tree of {len(tokens)} more was asked for. "
+                f"{len(self.tokens)} are in use and {what} of {n} more was asked for. "
                 "Start a new chat, shorten the prompt, or load the model with a larger context."
             )
         base = len(self.tokens)
         try:
             ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
-            node_depths = torch.tensor(depths(parents), dtype=torch.long, device=self._device)
+            positions = torch.tensor(offsets, dtype=torch.long, device=self._device)
             with torch.inference_mode():
                 logits, self._features = self._native.forward(
-                    ids, self._kv, tree_depths=node_depths, tree_mask=ancestor_mask(parents, self._device)
+                    ids, self._kv, offsets=positions, mask=mask.to(device=self._device, dtype=torch.bool)
                 )
+                self._store_features(base, self._features)
         except BaseException as error:
             self._repair_cache()
             if _is_oom(error):
                 raise OutOfMemoryError(
-                    f"{self._info.device} ran out of memory verifying a tree of {len(tokens)} tokens "
-                    f"with {self._info.name}. Use a smaller tree or a smaller model."
+                    f"{self._info.device} ran out of memory verifying {what} of {n} tokens "
+                    f"with {self._info.name}. Use a smaller draft or a smaller model."
                 ) from error
             raise
         self.tokens.extend(tokens)
-        self._tree_base, self._tree_parents = base, list(parents)
+        self._tree_base, self._tree_parents = base, None
         return logits.to(device="cpu", dtype=torch.float32, copy=True)
 
     def keep_nodes(self, nodes: list[int]) -> None:
         if self._native is None:
             return super().keep_nodes(nodes)
-        base = getattr(self, "_tree_base", None)
-        if base is None or len(self.tokens) != base + len(self._tree_parents):
+        parents = getattr(self, "_tree_parents", None)
+        if getattr(self, "_tree_base", None) is None or parents is None:
             raise RuntimeError("keep_nodes() needs a forward_tree() call first (and nothing in between)")
         nodes = [int(i) for i in nodes]
         expected_parent = -1
         for node in nodes:
-            if not 0 <= node < len(self._tree_parents) or self._tree_parents[node] != expected_parent:
+            if not 0 <= node < len(parents) or parents[node] != expected_parent:
                 raise ValueError(f"nodes {nodes} are not a path down from a depth-1 node of the tree")
             expected_parent = node
-        self._tree_base = None
-        if nodes == list(range(len(nodes))):  # a prefix in node order: already in place
-            self.rollback(base + len(nodes))
+        self.keep_rows(nodes)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """After `forward_masked` (or `forward_tree`), keep the new tokens `rows` (indices
+        into that call's tokens, increasing), in that order, right after the tokens
+        cached before it; drop the rest. The caller keeps rows whose offsets were
+        0, 1, 2...: a kept token's cache entry was computed at that position."""
+        base = getattr(self, "_tree_base", None)
+        if self._native is None or base is None:
+            raise RuntimeError("keep_rows() needs a forward_masked() or forward_tree() call first")
+        rows = [int(i) for i in rows]
+        new = len(self.tokens) - base
+        if any(not 0 <= r < new for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
+            raise ValueError(f"rows {rows} are not increasing indices of the {new} tokens of the last call")
+        self._tree_base = self._tree_parents = None
+        if rows == list(range(len(rows))):  # a prefix in order: already in place
+            self.rollback(base + len(rows))
             return
-        rows = torch.tensor([base + i for i in nodes], dtype=torch.long, device=self._device)
+        index = torch.tensor([base + i for i in rows], dtype=torch.long, device=self._device)
         with torch.inference_mode():
-            self._kv.keep_rows(base, rows)
-        tree_tokens = self.tokens[base:]
-        self.tokens[base:] = [tree_tokens[i] for i in nodes]
+            self._kv.keep_rows(base, index)
+            if self._feature_store is not None:
+                self._feature_store[base : base + len(rows)] = self._feature_store[index]
+        new_tokens = self.tokens[base:]
+        self.tokens[base:] = [new_tokens[i] for i in rows]
+
+    def cached_features(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Final-norm hidden states (end - start, hidden) of the cached tokens
+        self.tokens[start:end], on the model's device (an ordinary tensor)."""
+        if self._native is None:
+            return super().cached_features(start, end)
+        end = len(self.tokens) if end is None else end
+        if not 0 <= start <= end <= len(self.tokens):
+            raise ValueError(f"no features for positions {start}..{end}: the cache holds {len(self.tokens)} tokens")
+        if self._feature_store is None:
+            return torch.zeros(0, self._native.hidden_size, dtype=self._native.dtype, device=self._device)
+        return self._feature_store[start:end].clone()
+
+    def _store_features(self, start: int, features: torch.Tensor) -> None:
+        end = start + features.shape[0]
+        store = self._feature_store
+        if store is None or store.shape[0] < end:
+            capacity = max(end, 256, 2 * (0 if store is None else store.shape[0]))
+            grown = features.new_empty(min(max(capacity, end), max(self.n_ctx, end)), features.shape[1])
+            if store is not None and start:
+                grown[:start] = store[:start]
+            self._feature_store = store = grown
+        store[start:end] = features
 
     def last_features(self) -> torch.Tensor:
         """Final-norm hidden states (n, hidden) of the rows of the last forward or
@@ -431,7 +497,7 @@ class TorchBackend(Backend):
         device = self._device
         self._model = None
         self._cache = None
-        self._native = self._kv = self._features = None
+        self._native = self._kv = self._features = self._feature_store = None
         self.tokens.clear()
         if device == "cuda":
             torch.cuda.empty_cache()
