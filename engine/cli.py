@@ -20,6 +20,9 @@ from pathlib import Path
 from .cli_bench import add_bench_parser
 from .cli_train import add_train_parser
 from .errors import ConfigError, SpecDeckError
+from .loading import DRAFTERS, HEAD_DRAFTERS
+
+DRAFTER_CHOICES = tuple(d for d in DRAFTERS if d != "model")  # a draft model comes with --draft
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,9 +81,13 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     drafter = parser.add_mutually_exclusive_group()
     drafter.add_argument("--draft", help="a draft model (same forms as --target)")
     drafter.add_argument(
-        "--drafter", choices=["ngram", "none", "medusa"], default="ngram", help="drafter without a draft model"
+        "--drafter", choices=list(DRAFTER_CHOICES), default="ngram", help="drafter without a draft model"
     )
-    parser.add_argument("--heads", help="Medusa heads folder (implies --drafter medusa; default: the shipped heads)")
+    parser.add_argument(
+        "--heads",
+        help="Medusa heads or EAGLE head folder (implies --drafter medusa unless --drafter eagle; "
+        "default: the ones shipped for the target)",
+    )
     parser.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
     parser.add_argument("--draft-backend", default="auto")
     parser.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
@@ -133,12 +140,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _drafter_kind(args: argparse.Namespace) -> str:
-    """--draft means a draft model; --heads means Medusa (over the default n-gram drafter)."""
+    """--draft means a draft model; --heads means Medusa (over the default n-gram drafter) or EAGLE."""
     if args.draft:
         return "model"
-    if getattr(args, "heads", None) and args.drafter != "medusa":
+    if getattr(args, "heads", None) and args.drafter not in HEAD_DRAFTERS:
         if args.drafter == "none":
-            raise ConfigError("--heads gives Medusa heads, but --drafter none drafts nothing: drop one of them.")
+            raise ConfigError("--heads gives Medusa or EAGLE heads, but --drafter none drafts nothing: drop one of them.")
+        if args.drafter != "ngram":
+            raise ConfigError(
+                f"--heads gives Medusa or EAGLE heads, but --drafter {args.drafter} uses none: drop one of them."
+            )
         return "medusa"
     return args.drafter
 

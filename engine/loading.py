@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     import torch
 
 BACKENDS = ("auto", "torch", "llama.cpp")
-DRAFTERS = ("none", "ngram", "model", "medusa")
+DRAFTERS = ("none", "ngram", "model", "medusa", "eagle")
+HEAD_DRAFTERS = ("medusa", "eagle")  # drafters that read trained heads (--heads)
 
 
 def load_backend(
@@ -79,8 +80,8 @@ def make_drafter(
 ) -> Drafter | None:
     """The drafter a user asked for; `draft` (a model spec) implies kind "model".
 
-    `heads` is the Medusa heads folder (kind "medusa" only); without one, the heads
-    shipped for the target (resources/heads/medusa-<model>/), if any.
+    `heads` is the Medusa heads or EAGLE head folder (kinds "medusa", "eagle"); without
+    one, the heads shipped for the target (resources/heads/<kind>-<model>/), if any.
     """
     if draft is not None:
         kind = "model"
@@ -94,6 +95,8 @@ def make_drafter(
         return NgramDrafter(max_ngram=ngram_max)
     if kind == "medusa":
         return make_medusa_drafter(target, heads)
+    if kind == "eagle":
+        return make_eagle_drafter(target, heads)
     if draft is None:
         raise ConfigError("The model drafter needs a draft model: give one with --draft.")
     from .drafters.model import ModelDrafter
@@ -130,6 +133,30 @@ def make_medusa_drafter(target: Backend, heads: str | None) -> Drafter:
     loaded = load_heads(folder, target.hidden_size, target.vocab_size, lm_head)
     device, dtype = _placement(lm_head)
     return MedusaDrafter(loaded.to(device=device, dtype=dtype), target)
+
+
+def make_eagle_drafter(target: Backend, heads: str | None) -> Drafter:
+    """An EAGLE head on `target`'s features, in the target's device and dtype."""
+    if not target.supports_features or not target.supports_tree:
+        raise ConfigError(
+            f"EAGLE reads the target's hidden states and drafts trees, which the {target.name} backend "
+            f"cannot serve: load {target.info.name} with the PyTorch backend (--backend torch, or a Hugging "
+            "Face model folder), or choose another drafter (n-gram or a draft model)."
+        )
+    from .shipped import default_heads_dir
+
+    folder = heads or default_heads_dir("eagle", target.info)
+    if folder is None:
+        raise ConfigError(
+            f"No EAGLE head for {target.info.name}: train one with "
+            "`specdeck-cli train-heads --kind eagle ...` or pass --heads DIR."
+        )
+    from .drafters.eagle import EagleDrafter
+    from .heads.eagle import EagleConfig, load_head
+
+    head = load_head(folder, EagleConfig.for_target(target.text_config))
+    device, dtype = _placement(target.lm_head)
+    return EagleDrafter(head.to(device=device, dtype=dtype), target)
 
 
 def _placement(module) -> tuple[torch.device | None, torch.dtype | None]:

@@ -26,9 +26,9 @@ from .sampling import SamplingConfig
 @dataclass(frozen=True)
 class EngineConfig:
     target: str = "default"
-    drafter: str = "ngram"  # "none" | "ngram" | "model" | "medusa"
+    drafter: str = "ngram"  # "none" | "ngram" | "model" | "medusa" | "eagle"
     draft: str | None = None  # draft model spec (implies drafter "model")
-    heads: str | None = None  # Medusa heads folder (drafter "medusa"); None = the ones shipped, if any
+    heads: str | None = None  # Medusa / EAGLE heads folder; None = the ones shipped, if any
     backend: str = "auto"
     draft_backend: str = "auto"
     device: str = "auto"
@@ -62,7 +62,7 @@ Progress = Callable[[str, float], None]  # (what is happening, fraction done)
 
 
 # Drafters that read the target's hidden states, which only the PyTorch backend exposes.
-FEATURE_DRAFTERS = frozenset({"medusa"})
+FEATURE_DRAFTERS = frozenset({"medusa", "eagle"})
 
 
 def target_backend(config: EngineConfig) -> str:

@@ -192,6 +192,27 @@ class TorchBackend(Backend):
         return self._model.get_output_embeddings()
 
     @property
+    def text_config(self):
+        """The transformers config of the language model (layer sizes for draft heads)."""
+        return self._model.config.get_text_config()
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The target's input embeddings (..., hidden) of token ids, in its dtype and on its device."""
+        if self._native is None:
+            return self._model.get_input_embeddings()(ids.to(self._device))
+        return self._native._embed(ids.to(self._device))
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (n, head_dim) of the target's rotary embedding at `positions` (n,), in
+        the usual form (q * cos + rotate_half(q) * sin): draft heads with the target's
+        attention shape place their rows as the target would."""
+        rotary = self._model.model.rotary_emb
+        # Only the dtype and device of this tensor matter to the rotary module.
+        reference = self._native.final_norm if self._native is not None else self._model.get_input_embeddings().weight
+        cos, sin = rotary(reference, positions.to(self._device)[None])
+        return cos[0], sin[0]
+
+    @property
     def chat_template(self) -> str | None:
         template = getattr(self._tok, "chat_template", None)
         if isinstance(template, dict):  # several named templates: use the default one
@@ -360,6 +381,63 @@ class TorchBackend(Backend):
             raise
         self.tokens.extend(tokens)
         self._tree_base, self._tree_parents = base, None
+        return logits.to(device="cpu", dtype=torch.float32, copy=True)
+
+    # -- early exit (self-speculative drafting, native implementation) --------------------
+
+    @property
+    def supports_early_exit(self) -> bool:
+        """True when `partial_forward` works (the native implementation)."""
+        return self._native is not None
+
+    def partial_forward(self, tokens: list[int], n_layers: int, start: int) -> torch.Tensor:
+        """The early-exit head: the first `n_layers` layers, then the final norm and the
+        LM head, over `tokens` placed at positions start, start + 1, ... Returns float32
+        CPU logits (len(tokens), V); row i predicts the token after tokens[i].
+
+        The committed tokens (self.tokens) are read from the cache as they are. Layers
+        0..n_layers-1 of the same cache are written at positions start.. as scratch;
+        positions len(self.tokens)..start-1 must hold scratch that earlier calls in the
+        same drafting round wrote for at least `n_layers` layers (start >=
+        len(self.tokens)). `self.tokens` does not change and the cache's length is set
+        back to len(self.tokens) afterwards (also on error), so the scratch is never
+        read by anything else: the next forward over those positions overwrites every
+        layer. The cached features and last_features() are left alone.
+        """
+        if self._native is None:
+            raise NotImplementedError(
+                f"partial_forward() needs the native implementation, and {self._info.name} runs on "
+                "transformers' own forward: load it with impl='auto' or 'native' (llama, mistral, qwen2, qwen3)."
+            )
+        if self._model is None:
+            raise RuntimeError("this backend was closed")
+        n, base, depth = len(tokens), len(self.tokens), len(self._native.blocks)
+        if not n:
+            raise ValueError("partial_forward() needs at least one token")
+        if not 1 <= n_layers <= depth:
+            raise ValueError(f"n_layers must be between 1 and {depth} (the model's layers), got {n_layers}")
+        if start < base:
+            raise ValueError(f"start {start} would overwrite cached tokens: the cache holds {base}")
+        if start + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"The context window of {self.info.name} is full ({self.n_ctx} tokens): "
+                f"drafting {n} tokens at position {start} does not fit. "
+                "Start a new chat, shorten the prompt, or load the model with a larger context."
+            )
+        try:
+            ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
+            with torch.inference_mode():
+                self._kv.length = start  # NativeLlama.forward appends after `length` (and grows keep it)
+                logits, _ = self._native.forward(ids, self._kv, n_layers=n_layers)
+        except BaseException as error:
+            if _is_oom(error):
+                raise OutOfMemoryError(
+                    f"{self._info.device} ran out of memory drafting with the first {n_layers} layers "
+                    f"of {self._info.name}. Use a shorter draft or a smaller model."
+                ) from error
+            raise
+        finally:
+            self._kv.truncate(base)
         return logits.to(device="cpu", dtype=torch.float32, copy=True)
 
     def keep_nodes(self, nodes: list[int]) -> None:

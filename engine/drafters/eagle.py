@@ -1,0 +1,280 @@
+"""EAGLE drafting with EAGLE-2's dynamic draft tree.
+
+The head (engine/heads/eagle.py) guesses the target's next feature from the
+current feature and the next token; the target's LM head turns a guess into
+q. Notation as in engine/decode.py: the committed tokens are x_0 .. x_{L-1},
+x_{L-1} is pending (not yet in the target's cache), and the target has final
+features f_0 .. f_{L-2} for the cached ones (`Backend.cached_features`).
+
+1. Catch up. The head's cache holds one row per pair (f_t, x_{t+1}), at
+   position t, for every t the target has committed a feature for. New pairs
+   (the accepted drafts and the last step's token) go through the head in one
+   causal pass; the last one, (f_{L-2}, x_{L-1}), gives g_{L-1}, the guessed
+   feature of the pending token, whose LM-head row is q for the first draft.
+
+2. Grow the tree (EAGLE-2). A node's value is log q summed along its path:
+   the draft's own estimate that the whole path is accepted. Depth 1 holds the
+   top K tokens of q(. | g_{L-1}). Each round takes the K best nodes of the
+   deepest level, pairs each token z with its parent's guessed feature g (at
+   z's parent's position, attending to the committed pairs and to the rows of
+   its own ancestors only: a tree mask over the head's cache), gets z's guessed
+   feature and the top K children of it. A round stops the growth when its best
+   node is worse than the budget's worst kept one (no descendant could make the
+   cut: values only fall down a path), or at MAX_DEPTH.
+
+3. Rerank. Of all nodes made, the k with the highest value (k = the decode
+   loop's node budget) form the draft tree; a parent always outranks its
+   children, so the chosen set is a tree. The head's cache goes back to the
+   committed pairs: the tree's rows were scratch. The target verifies the tree
+   (engine/verify_tree.py, candidates as point masses: lossless), and the next
+   catch-up feeds the head the target's true features of what was accepted.
+
+Automatic k: the sum of exp(value) over a tree's nodes is the draft's
+estimate of the accepted length. Scaled by how well those estimates matched
+the accepted lengths so far (a running ratio), the last tree's sorted values
+give `tree_expected_tokens(n)` for every budget n, which DraftLength weighs
+against the measured verify-cost curve.
+
+Only the ids in the head's draft vocabulary (if it has one) are proposed; the
+LM head is then scored on those rows only, which on a CPU is most of what a
+round costs for a small target.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..backends.kv_cache import KVCache
+from ..draft_length import K_LIMIT
+from ..errors import ConfigError
+from ..heads.eagle import EagleHead
+from ..sampling import SamplingConfig
+from ..tree import path_to
+from .base import EMPTY_DRAFT, Draft, Drafter
+
+TOP_K = 8  # children per expanded node, and nodes expanded per round
+MAX_DEPTH = 8
+PRIOR_WEIGHT = 4.0  # the estimates' calibration starts as if 4 tokens had matched them
+
+
+class EagleDrafter(Drafter):
+    name = "eagle"
+    has_distribution = False  # tree nodes are point masses (engine/verify_tree.py)
+    uses_features = True
+    drafts_trees = True
+
+    def __init__(self, head: EagleHead, target_backend, top_k: int = TOP_K, max_depth: int = MAX_DEPTH) -> None:
+        if not getattr(target_backend, "supports_features", False):
+            raise ConfigError(
+                f"EAGLE reads the target's hidden states, which the {target_backend.name} backend does not "
+                "expose: load the target with the PyTorch backend (--backend torch)."
+            )
+        if top_k < 1 or max_depth < 1:
+            raise ConfigError(f"EAGLE needs top_k >= 1 and max_depth >= 1, got {top_k} and {max_depth}.")
+        self.head = head
+        self.target = target_backend
+        config = head.config
+        self.top_k = min(top_k, target_backend.vocab_size)
+        self.max_depth = max_depth
+        self.groups = config.num_heads // config.num_kv_heads
+        param = next(head.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.cache = KVCache(1, config.num_kv_heads, config.head_dim, target_backend.n_ctx, self.dtype, self.device)
+        self.vocab = head.draft_vocab.to(self.device) if head.draft_vocab is not None else None
+        self._lm_weight = _draft_lm_weight(target_backend.lm_head, self.vocab, self.dtype)
+        self.reset()
+
+    # -- the decode loop's calls ----------------------------------------------------------
+
+    def reset(self) -> None:
+        self.cache.truncate(0)
+        self._committed: list[int] = []  # the tokens x_1.. whose pairs are in the head's cache
+        self._values: list[float] = _prior_values(self.top_k)  # sorted path probabilities of the last tree
+        self._predicted = self._matched = PRIOR_WEIGHT
+        self._proposed_mass = 0.0
+        self.nodes = self.depth = 0
+        self.rounds = 0
+
+    def propose(
+        self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator
+    ) -> Draft:
+        if k <= 0 or len(context) < 2:
+            return EMPTY_DRAFT
+        with torch.inference_mode():
+            guess = self._catch_up(context)  # g_{L-1}: (H,)
+            tokens, parents, values = self._grow(guess, len(context), k)
+        probs = [math.exp(v) for v in values]
+        self._values = sorted((math.exp(v) for v in self._all_values), reverse=True)[:K_LIMIT]
+        self._proposed_mass = sum(probs)
+        # The branch to verify where trees cannot be: the most expected accepted tokens.
+        reach: list[float] = []
+        for parent, p in zip(parents, probs):
+            reach.append((reach[parent] if parent >= 0 else 0.0) + p)
+        best = max(range(len(tokens)), key=reach.__getitem__)
+        self.nodes = len(tokens)
+        self.depth = max(_depth(parents, i) for i in range(len(tokens)))
+        return Draft(tokens, parents=tuple(parents), best_path=tuple(path_to(parents, best)))
+
+    def observe(self, drafted: int, accepted: int, decay: float = 0.9) -> None:
+        # How far the draft's own path probabilities over- or under-estimate acceptance.
+        self._predicted = self._predicted * decay + self._proposed_mass
+        self._matched = self._matched * decay + accepted
+
+    def tree_expected_tokens(self, nodes: int) -> float:
+        scale = self._matched / self._predicted if self._predicted > 0 else 1.0
+        return 1.0 + scale * sum(self._values[:nodes])
+
+    def stats(self) -> dict:
+        return {
+            "nodes": self.nodes,
+            "depth": self.depth,
+            "rounds": self.rounds,
+            "top_k": self.top_k,
+            "draft_vocab": int(self.vocab.numel()) if self.vocab is not None else self.target.vocab_size,
+            "calibration": round(self._matched / self._predicted, 4) if self._predicted > 0 else 1.0,
+        }
+
+    # -- 1. catching up with the committed context --------------------------------------------
+
+    def _catch_up(self, context: list[int]) -> torch.Tensor:
+        """Run the head over the pairs (f_t, x_{t+1}) it has not seen; return g_{L-1}."""
+        length = len(context)
+        have = len(self._committed)
+        if self._committed != context[1 : have + 1]:  # another conversation, or an edit: start over
+            have = 0
+        have = min(have, length - 2)  # recompute at least the last pair: its output is g_{L-1}
+        features = self.target.cached_features(have, length - 1)  # f_have .. f_{L-2}
+        ids = torch.tensor(context[have + 1 : length], dtype=torch.long, device=self.device)
+        self.cache.truncate(have)
+        n = ids.numel()
+        chain = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        out = self._forward(ids, features.to(self.dtype), torch.arange(have, length - 1, device=self.device), chain)
+        self._committed = list(context[1:length])
+        return out[-1]
+
+    # -- 2. and 3. the tree ----------------------------------------------------------------------
+
+    def _grow(self, guess: torch.Tensor, length: int, budget: int) -> tuple[list[int], list[int], list[float]]:
+        """EAGLE-2: expand the best nodes level by level, then keep the `budget` best."""
+        committed = self.cache.length
+        k = self.top_k
+        logq, ids = self._top(guess[None])  # (1, K)
+        tokens, parents, values = ids[0].tolist(), [-1] * k, logq[0].tolist()
+        rows: dict[int, int] = {}  # node -> its row in the head's cache (expanded nodes only)
+        features = {-1: guess}  # node -> its guessed feature
+        level = list(range(k))
+        self.rounds = 1
+        while level and self.rounds < self.max_depth:
+            level = sorted(level, key=values.__getitem__, reverse=True)[:k]
+            if len(values) >= budget and values[level[0]] < sorted(values, reverse=True)[budget - 1]:
+                break  # nothing below this level can enter the best `budget` nodes
+            start = self.cache.length
+            depth = _depth(parents, level[0])
+            ancestors = torch.zeros(len(level), start + len(level), dtype=torch.bool, device=self.device)
+            ancestors[:, :committed] = True
+            for i, node in enumerate(level):
+                ancestors[i, start + i] = True
+                parent = parents[node]
+                while parent >= 0:
+                    ancestors[i, rows[parent]] = True
+                    parent = parents[parent]
+            for i, node in enumerate(level):
+                rows[node] = start + i
+            parent_features = torch.stack([features[parents[node]] for node in level])
+            ids_in = torch.tensor([tokens[node] for node in level], dtype=torch.long, device=self.device)
+            positions = torch.full((len(level),), length - 2 + depth, dtype=torch.long, device=self.device)
+            out = self._forward(ids_in, parent_features, positions, ancestors[:, start:], full_mask=ancestors)
+            child_logq, child_ids = self._top(out)  # (n, K)
+            next_level = []
+            for i, node in enumerate(level):
+                features[node] = out[i]
+                base = values[node]
+                for lq, token in zip(child_logq[i].tolist(), child_ids[i].tolist()):
+                    parents.append(node)
+                    tokens.append(token)
+                    values.append(base + lq)
+                    next_level.append(len(tokens) - 1)
+            level = next_level
+            self.rounds += 1
+        self.cache.truncate(committed)  # the tree's rows were scratch
+        self._all_values = values
+        # The best `budget` nodes; on equal values the shallower first, so parents precede children.
+        chosen = sorted(range(len(tokens)), key=lambda i: (-values[i], _depth(parents, i)))[: min(budget, K_LIMIT)]
+        chosen.sort(key=lambda i: (_depth(parents, i), -values[i]))
+        index = {node: i for i, node in enumerate(chosen)}
+        chosen = [i for i in chosen if parents[i] < 0 or parents[i] in index]  # ties at the cut
+        index = {node: i for i, node in enumerate(chosen)}
+        return (
+            [tokens[i] for i in chosen],
+            [index[parents[i]] if parents[i] >= 0 else -1 for i in chosen],
+            [values[i] for i in chosen],
+        )
+
+    # -- the head ----------------------------------------------------------------------------------
+
+    def _forward(self, ids, features, positions, mask, full_mask=None) -> torch.Tensor:
+        """Append rows (token ids, their paired features) to the head's cache at `positions`;
+        each attends to the committed rows and to the new rows `mask` (n, n) allows (or to
+        the columns of `full_mask` (n, cache + n) when given). Returns guessed features (n, H)."""
+        head = self.head
+        n = ids.numel()
+        start = self.cache.length
+        end = start + n
+        self.cache.reserve(end)
+        z = head.project(self.target.embed(ids).to(self.dtype), features)
+        cos, sin = self.target.rope(positions)
+        q, key, value = head.qkv(z, cos.to(self.dtype), sin.to(self.dtype))  # (n, heads|kv, dim)
+        keys, values = self.cache.write(0, start, torch.cat((key, value), dim=1).transpose(0, 1))
+        self.cache.length = end
+        if full_mask is None:
+            full_mask = torch.ones(n, end, dtype=torch.bool, device=self.device)
+            full_mask[:, start:] = mask
+        kv_heads, dim = self.head.config.num_kv_heads, self.head.config.head_dim
+        # Fold the query heads that share a KV head into rows (as the native target does).
+        q = q.view(n, kv_heads, self.groups, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, self.groups * n, dim)
+        attn = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=full_mask.repeat(self.groups, 1))
+        attn = attn.view(kv_heads, self.groups, n, dim).permute(2, 0, 1, 3).reshape(n, -1)
+        return head.finish(z, attn)
+
+    def _top(self, guesses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """log q and ids of the top K draft tokens for each guessed feature (n, H)."""
+        if self._lm_weight is not None:
+            logits = guesses @ self._lm_weight.t()
+        else:
+            logits = self.target.lm_head(guesses)
+            if self.vocab is not None:
+                logits = logits[:, self.vocab]
+        logq = torch.log_softmax(logits.float(), dim=-1)
+        top, index = torch.topk(logq, self.top_k, dim=-1)
+        ids = self.vocab[index] if self.vocab is not None else index
+        return top, ids
+
+
+def _draft_lm_weight(lm_head, vocab: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """The LM head's rows for the draft vocabulary (a small copy), or None to call the head itself
+    (a full vocabulary, or an int8 head without float weights)."""
+    weight = getattr(lm_head, "weight", None)
+    if vocab is None or not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        return None
+    if getattr(lm_head, "bias", None) is not None:
+        return None
+    with torch.no_grad():
+        return weight.detach()[vocab].to(dtype).contiguous()
+
+
+def _depth(parents: list[int], node: int) -> int:
+    depth = 0
+    while node >= 0:
+        depth += 1
+        node = parents[node]
+    return depth
+
+
+def _prior_values(k: int) -> list[float]:
+    """Path probabilities assumed before the first tree: the best child right 60% of the time,
+    the others ever less often."""
+    values = [0.6**d * 0.3**r for d in range(1, MAX_DEPTH + 1) for r in range(k)]
+    return sorted(values, reverse=True)[:K_LIMIT]
