@@ -1,7 +1,11 @@
-"""specdeck-cli train-heads: train Medusa heads for a target by self-distillation.
+"""specdeck-cli train-heads: train Medusa heads or an EAGLE head for a target by self-distillation.
 
     specdeck-cli train-heads --kind medusa --target default --data builtin --self-generate 200 \\
         --out heads/medusa-smollm2 --steps 2000
+    specdeck-cli train-heads --kind eagle --target default --data builtin --out heads/eagle-smollm2
+
+--kind eagle trains one EAGLE head (engine/training/eagle.py) on the same cached
+features; --heads and --layers are Medusa's, --draft-vocab is EAGLE's.
 
 --objective features (the default) runs the target once over the data, caches its
 hidden states in --out/training (at most --cache-tokens of them) and trains the
@@ -30,8 +34,8 @@ KINDS = ("medusa", "eagle")
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
-    train = subparsers.add_parser("train-heads", help="train Medusa heads for a target (self-distillation)")
-    train.add_argument("--kind", choices=KINDS, default="medusa", help="medusa (EAGLE comes later)")
+    train = subparsers.add_parser("train-heads", help="train Medusa or EAGLE heads for a target (self-distillation)")
+    train.add_argument("--kind", choices=KINDS, default="medusa", help="medusa (default) or eagle")
     train.add_argument("--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
     train.add_argument("--data", action="append", default=[],
                        help="'builtin', or a .txt/.md/.jsonl file or a folder of them (repeatable)")
@@ -40,6 +44,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     train.add_argument("--out", required=True, help="folder for the heads (and training/ for resuming)")
     train.add_argument("--heads", type=int, default=4, help="number of heads (default 4)")
     train.add_argument("--layers", type=int, default=1, help="residual blocks per head (default 1)")
+    train.add_argument("--draft-vocab", type=int, default=8192, metavar="N",
+                       help="eagle: the N ids most frequent in the data are the ones the head proposes "
+                            "(0 = the whole vocabulary; default 8192)")
     train.add_argument("--objective", choices=("features", "kl"), default="features",
                        help="features: regress the target's cached hidden states (fast, default); "
                             "kl: full-vocabulary distillation, the target runs every step (slow)")
@@ -66,11 +73,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_train_heads(args: argparse.Namespace) -> int:
-    if args.kind == "eagle":
-        raise ConfigError(
-            "EAGLE heads are not available yet: train-heads makes Medusa heads for now (--kind medusa)."
-        )
-    from .training import checkpoint_info, train_medusa
+    from .training import checkpoint_info, train_heads
 
     saved = checkpoint_info(args.out)
     if saved is not None and not (args.resume or args.restart):
@@ -92,13 +95,14 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     if in_main_thread:
         signal.signal(signal.SIGINT, on_interrupt)
     try:
-        result = train_medusa(
+        result = train_heads(
             args.target, args.data, args.out, num_heads=args.heads, num_layers=args.layers, steps=args.steps,
             batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, dtype=args.dtype, device=args.device,
             resume=args.resume, self_generate=args.self_generate, seed=args.seed,
             checkpoint_every=args.checkpoint_every, gen_max_tokens=args.gen_max_tokens,
             gen_temperature=args.gen_temperature, progress=_printer(max(1, args.log_every)), cancel=cancel,
-            objective=args.objective, cache_tokens=args.cache_tokens, command=command_line(args),
+            objective=args.objective, cache_tokens=args.cache_tokens, kind=args.kind, draft_vocab=args.draft_vocab,
+            command=command_line(args),
         )  # fmt: skip
     finally:
         if in_main_thread:
@@ -121,7 +125,12 @@ def command_line(args: argparse.Namespace) -> str:
     words += ["--objective", args.objective]
     if args.objective == "features":
         words += ["--cache-tokens", str(args.cache_tokens)]
-    words += ["--out", args.out, "--heads", str(args.heads), "--layers", str(args.layers), "--steps", str(args.steps),
+    words += ["--out", args.out]
+    if args.kind == "eagle":
+        words += ["--draft-vocab", str(args.draft_vocab)]
+    else:
+        words += ["--heads", str(args.heads), "--layers", str(args.layers)]
+    words += ["--steps", str(args.steps),
               "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len), "--lr", f"{args.lr:g}",
               "--dtype", args.dtype, "--device", args.device, "--seed", str(args.seed)]  # fmt: skip
     return " ".join(shlex.quote(w) for w in words)
@@ -165,7 +174,8 @@ def summary(result) -> str:
     if result.final_loss is not None:
         lines[0] += f"; final loss {result.final_loss:.4f}"
     if result.head_accuracy:
-        accuracy = ", ".join(f"head {k} {a:.1%}" for k, a in enumerate(result.head_accuracy, 1))
+        unit = "depth" if result.training.get("kind") == "eagle" else "head"
+        accuracy = ", ".join(f"{unit} {k} {a:.1%}" for k, a in enumerate(result.head_accuracy, 1))
         lines.append(f"held-out top-1 agreement with the target: {accuracy}")
     if result.tokens_per_s:
         lines.append(f"{result.tokens_per_s:.0f} tokens/s")

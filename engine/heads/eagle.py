@@ -165,8 +165,15 @@ class EagleHead(nn.Module):
             out[DRAFT_VOCAB_KEY] = self.draft_vocab.detach().to(torch.int64).contiguous()
         return out
 
-    def save(self, folder: str, dtype: torch.dtype | None = None) -> None:
-        """config.json + model.safetensors (weights in `dtype`, e.g. bfloat16 to ship half the bytes)."""
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Load a `weights()` dict (published names, plus draft_vocab if any)."""
+        self.load_state_dict({_OURS[k]: weights[k].float() for k in self.weights() if k != DRAFT_VOCAB_KEY})
+        vocab = weights.get(DRAFT_VOCAB_KEY)
+        self.draft_vocab = None if vocab is None else vocab.to(torch.int64).flatten()
+
+    def save(self, folder: str, dtype: torch.dtype | None = torch.bfloat16) -> None:
+        """config.json + model.safetensors, floats in `dtype` (bfloat16 by default: half the bytes of
+        float32, and the head runs in the target's dtype anyway; None keeps the weights' own)."""
         from safetensors.torch import save_file
 
         os.makedirs(folder, exist_ok=True)

@@ -10,6 +10,6 @@ the target would say a few tokens ahead.
 """
 
 from .checkpoint import CheckpointInfo, checkpoint_info
-from .medusa import TrainProgress, TrainResult, train_medusa
+from .medusa import TrainProgress, TrainResult, train_heads, train_medusa
 
-__all__ = ["CheckpointInfo", "TrainProgress", "TrainResult", "checkpoint_info", "train_medusa"]
+__all__ = ["CheckpointInfo", "TrainProgress", "TrainResult", "checkpoint_info", "train_heads", "train_medusa"]

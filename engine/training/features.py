@@ -117,6 +117,10 @@ class FeatureCache:
         """The training batch at `position` (windows served so far): a fresh seeded order every epoch."""
         return self.rows([self._index(position + i) for i in range(batch_size)])
 
+    def batch_windows(self, position: int, batch_size: int) -> list[int]:
+        """Which training windows `batch(position, batch_size)` serves, in order."""
+        return [self.windows[self._index(position + i)] for i in range(batch_size)]
+
     def _index(self, position: int) -> int:
         epoch, index = divmod(position, len(self.windows))
         if self._order is None or self._order[0] != epoch:

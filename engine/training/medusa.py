@@ -1,4 +1,8 @@
-"""Training Medusa heads by self-distillation on a frozen target.
+"""Training draft heads by self-distillation on a frozen target: Medusa here, EAGLE in eagle.py.
+
+The run (data, self-generated replies, the feature cache, checkpoints, exact
+resume, validation) is the same for both kinds; `kind="eagle"` swaps the heads
+and the loss for engine/training/eagle.py's (features objective only).
 
 Notation as in Cai et al. 2024 (arXiv 2401.10774): h_t is the target's final
 hidden state at position t (after the final norm); the target's LM head turns
@@ -53,6 +57,7 @@ import torch
 
 from ..errors import ConfigError
 from ..heads.medusa import MedusaConfig, MedusaHeads
+from . import eagle
 from . import checkpoint as ckpt
 from .data import (
     BUILTIN,
@@ -68,14 +73,17 @@ from .data import (
 from .features import FeatureCache, cached_windows
 from .loss import distill, feature_scale, logit_metric, regress
 
+KINDS = ("medusa", "eagle")
 OBJECTIVES = ("features", "kl")
 DEFAULT_CACHE_TOKENS = 262_144  # hidden states cached for "features": ~10 minutes of a small target on 2 cores
 HEAD_DECAY = 0.8  # weight of head k is HEAD_DECAY ** k, as in the paper
 GRAD_CLIP = 1.0
 # Settings a resumed run must share with the run it continues (steps may grow; device, dtype may change).
 RESUME_KEYS = ("target", "data", "self_generate", "num_heads", "num_layers", "batch_size", "seq_len", "lr",
-               "seed", "gen_max_tokens", "gen_temperature", "max_builtin_chars", "objective", "cache_tokens")  # fmt: skip
-OLD_DEFAULTS = {"objective": "kl"}  # what a checkpoint saved before a setting existed meant
+               "seed", "gen_max_tokens", "gen_temperature", "max_builtin_chars", "objective", "cache_tokens",
+               "kind", "draft_vocab")  # fmt: skip
+# What a checkpoint saved before a setting existed meant.
+OLD_DEFAULTS = {"objective": "kl", "kind": "medusa", "draft_vocab": eagle.DEFAULT_DRAFT_VOCAB}
 
 
 @dataclass(frozen=True)
@@ -135,8 +143,19 @@ class TrainSettings:
     max_builtin_chars: int = DEFAULT_BUILTIN_CHARS
     objective: str = "features"
     cache_tokens: int = DEFAULT_CACHE_TOKENS  # "features": target hidden states to cache (0: the whole corpus)
+    kind: str = "medusa"  # "medusa" | "eagle"
+    draft_vocab: int = eagle.DEFAULT_DRAFT_VOCAB  # eagle: ids the head may propose (0 = the whole vocabulary)
 
     def check(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"Unknown kind of heads {self.kind!r}: choose 'medusa' or 'eagle'.")
+        if self.kind == "eagle" and self.objective != "features":
+            raise ConfigError(
+                "EAGLE heads train on the target's cached features (--objective features); "
+                "the kl objective is for Medusa heads."
+            )
+        if self.draft_vocab < 0:
+            raise ConfigError(f"The draft vocabulary must be 0 (all ids) or more ids, got {self.draft_vocab}.")
         if self.objective not in OBJECTIVES:
             raise ConfigError(
                 f"Unknown training objective {self.objective!r}: choose 'features' (fast: regression on cached "
@@ -169,7 +188,7 @@ class TrainSettings:
 Progress = Callable[[TrainProgress], None]
 
 
-def train_medusa(
+def train_heads(
     target_spec: str,
     data: str | Sequence[str] | None,
     out_dir: str | os.PathLike,
@@ -192,11 +211,14 @@ def train_medusa(
     max_builtin_chars: int = DEFAULT_BUILTIN_CHARS,
     objective: str = "features",
     cache_tokens: int = DEFAULT_CACHE_TOKENS,
+    kind: str = "medusa",
+    draft_vocab: int = eagle.DEFAULT_DRAFT_VOCAB,
     command: str | None = None,
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
 ) -> TrainResult:
-    """Train Medusa heads for `target_spec` into `out_dir` (see the module docstring).
+    """Train Medusa heads (or, with kind="eagle", an EAGLE head) for `target_spec` into `out_dir`
+    (see the module docstring).
 
     `resume`: continue the run saved in `out_dir` when there is one (it must have
     the same data and sizes); False starts over, replacing it. `objective`: "features"
@@ -211,11 +233,14 @@ def train_medusa(
         num_layers=num_layers, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, dtype=dtype,
         device=device, seed=seed, checkpoint_every=checkpoint_every, gen_max_tokens=gen_max_tokens,
         gen_temperature=gen_temperature, val_windows=val_windows, max_builtin_chars=max_builtin_chars,
-        objective=objective, cache_tokens=cache_tokens,
+        objective=objective, cache_tokens=cache_tokens, kind=kind, draft_vocab=draft_vocab,
     )  # fmt: skip
     settings.check()
     run = _Run(settings, Path(out_dir), progress, cancel or threading.Event(), command or _command_line())
     return run.execute(resume)
+
+
+train_medusa = train_heads  # the name the first version had
 
 
 def learning_rate(step: int, steps: int, lr: float) -> float:
@@ -237,7 +262,10 @@ class _Run:
         self.report = progress or (lambda event: None)
         self.cancel = cancel
         self.command = command
-        self.weights = [HEAD_DECAY**k for k in range(1, settings.num_heads + 1)]
+        if settings.kind == "eagle":  # one head, reported per depth
+            self.weights = [eagle.DEPTH_DECAY**d for d in range(eagle.DEPTHS)]
+        else:
+            self.weights = [HEAD_DECAY**k for k in range(1, settings.num_heads + 1)]
         self.history: dict[str, list] = {"loss": [], "head_loss": [], "head_accuracy": []}
         self.position = 0  # windows served so far
         self.step = 0
@@ -278,7 +306,7 @@ class _Run:
             windows = Windows(tokens, self.s.seq_len, self.s.seed, self.s.val_windows)
             self.corpus_info.update(corpus_tokens=len(tokens), train_windows=windows.n_train,
                                     validation_windows=windows.n_val)  # fmt: skip
-            heads = self._make_heads(target, state)
+            heads = self._make_heads(target, state, tokens)
             optimizer = torch.optim.AdamW(heads.parameters(), lr=self.s.lr, betas=(0.9, 0.999), weight_decay=0.0)
             if state is not None:
                 optimizer.load_state_dict(state["optimizer"])
@@ -304,7 +332,13 @@ class _Run:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(self.step, self.s.steps, self.s.lr)
             heads.train()
-            if self.cache is not None:
+            if self.cache is not None and self.s.kind == "eagle":
+                features, labels = self.cache.batch(self.position, self.s.batch_size)
+                ids = windows.windows[self.cache.batch_windows(self.position, self.s.batch_size)]
+                rows = torch.Generator().manual_seed(self.s.seed * 1_000_003 + self.step)  # noise, token rows
+                head_loss, head_accuracy = eagle.eagle_losses(heads, target, ids, features.to(target.device),
+                                                              labels, self.metric, self.scale, rows, train=True)
+            elif self.cache is not None:
                 features, labels = self.cache.batch(self.position, self.s.batch_size)
                 rows = torch.Generator().manual_seed(self.s.seed * 1_000_003 + self.step)  # token-term positions
                 head_loss, head_accuracy = regress(heads, target.logits, features.to(target.device),
@@ -343,13 +377,22 @@ class _Run:
         return result
 
     def _validate(self, heads, target, windows: Windows) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """(KL per head, top-1 agreement per head) over the held-out windows."""
-        totals_kl = [0.0] * self.s.num_heads
-        totals_acc = [0.0] * self.s.num_heads
+        """(loss per head, top-1 agreement per head) over the held-out windows: Medusa's KL per
+        head, or EAGLE's features loss per depth."""
+        totals_kl = [0.0] * len(self.weights)
+        totals_acc = [0.0] * len(self.weights)
         count = 0
         with torch.no_grad():
             for batch in windows.validation_batches(self.s.batch_size):
-                kl, acc = distill(heads, target, batch.to(target.device), self.weights, train=False)
+                if self.s.kind == "eagle":
+                    hidden = target.hidden_states(batch.to(target.device))
+                    labels = target.logits(hidden).argmax(dim=-1)
+                    if self.metric is None:
+                        self._prepare_metric(target, hidden)
+                    kl, acc = eagle.eagle_losses(heads, target, batch, hidden.float(), labels, self.metric,
+                                                 self.scale, None, train=False)  # fmt: skip
+                else:
+                    kl, acc = distill(heads, target, batch.to(target.device), self.weights, train=False)
                 n = len(batch)
                 totals_kl = [t + n * x for t, x in zip(totals_kl, kl)]
                 totals_acc = [t + n * x for t, x in zip(totals_acc, acc)]
@@ -378,13 +421,17 @@ class _Run:
                                       message=f"Running {self.s.target} once over {n_cache} windows"))  # fmt: skip
             if not self.cache.build(target, windows.windows, show, self.cancel):
                 return False
-        self.metric = logit_metric(target.lm_head.weight).to(target.device)
         sample, _ = self.cache.rows(list(range(min(8, n_cache))))
-        self.scale = feature_scale(sample.to(target.device), self.metric)
+        self._prepare_metric(target, sample)
         self.corpus_info.update(cache_windows=n_cache, cache_tokens=n_cache * self.s.seq_len)
         if self.cache.build_tokens_per_s:
             self.corpus_info["cache_build_tokens_per_s"] = round(self.cache.build_tokens_per_s, 1)
         return True
+
+    def _prepare_metric(self, target, sample: torch.Tensor) -> None:
+        """The LM head's logit metric and the target's logit variance on `sample` features (loss.py)."""
+        self.metric = logit_metric(target.lm_head.weight).to(target.device)
+        self.scale = feature_scale(sample.float().to(target.device), self.metric)
 
     def _corpus(self, resuming: bool) -> torch.Tensor | None:
         """The token stream (read back when resuming), an empty tensor when it must still be
@@ -431,7 +478,19 @@ class _Run:
 
     # -- heads and checkpoints -----------------------------------------------------
 
-    def _make_heads(self, target, state: dict | None) -> MedusaHeads:
+    def _make_heads(self, target, state: dict | None, tokens: torch.Tensor):
+        if self.s.kind == "eagle":
+            head = eagle.make_head(target, target.name, self.s.seed)
+            if state is not None:
+                head.load_weights(state["heads"])
+            elif self.s.draft_vocab:
+                always = [target.eos_id] if target.eos_id is not None else []
+                head.draft_vocab = eagle.draft_vocabulary(tokens, self.s.draft_vocab, target.vocab_size, always)
+            if head.draft_vocab is not None:
+                covered = torch.isin(tokens.long(), head.draft_vocab).float().mean()
+                self.corpus_info["draft_vocab"] = int(head.draft_vocab.numel())
+                self.corpus_info["draft_vocab_coverage"] = round(float(covered), 4)
+            return head
         config = MedusaConfig(
             num_heads=self.s.num_heads, num_layers=self.s.num_layers, hidden_size=target.hidden_size,
             vocab_size=target.vocab_size, shared_lm_head=True, base_model=target.name,
@@ -464,7 +523,8 @@ class _Run:
         losses = self.history["loss"][-20:]
         rate = self.step * self.s.batch_size * self.s.seq_len / self.train_seconds if self.train_seconds else 0.0
         facts = {
-            "method": METHODS[self.s.objective], "objective": self.s.objective,
+            "method": METHODS["eagle" if self.s.kind == "eagle" else self.s.objective], "objective": self.s.objective,
+            "kind": self.s.kind,
             "target": self.s.target, "data": list(self.s.data), "self_generated": self.replies,
             **{k: v for k, v in self.corpus_info.items() if k != "fingerprint"},
             "steps": self.step, "steps_planned": self.s.steps, "batch_size": self.s.batch_size,
@@ -481,9 +541,9 @@ class _Run:
             facts["validation_head_accuracy"] = [round(x, 5) for x in validation[1]]
         return facts
 
-    def _save(self, heads: MedusaHeads, optimizer, finished: bool, validation=None) -> None:
+    def _save(self, heads, optimizer, finished: bool, validation=None) -> None:
         facts = self._training_facts(finished, validation)
-        heads.config = MedusaConfig(**{**asdict(heads.config), "training": facts})
+        heads.config = type(heads.config)(**{**asdict(heads.config), "training": facts})
         ckpt.save_heads(heads, self.out)
         state = {
             "format": ckpt.FORMAT, "step": self.step, "finished": finished, "settings": asdict(self.s),
@@ -524,6 +584,10 @@ METHODS = {
     "kl": "self-distillation: KL(p_target(t+k) || head k), head weights 0.8^k",
     "features": "self-distillation on cached target features: ||z_k(h_t) - h_{t+k}||^2 in the LM head's logit "
                 "metric / target logit variance + 0.1 CE(LM(z_k), argmax p_{t+k}) on 64 positions, head weights 0.8^k",
+    "eagle": "EAGLE on cached target features, depths 1 and 2 (the second fed the head's own guesses): "
+             "||g - f||^2 in the LM head's logit metric / target logit variance + 0.1 CE(LM(g), argmax p) on 64 "
+             "positions, depth weights 1 and 0.5, Gaussian noise 0.05 x RMS on the input features; "
+             "the reported per-head numbers are per depth",
 }  # fmt: skip
 
 

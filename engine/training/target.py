@@ -57,6 +57,16 @@ class FrozenTarget:
         out = self._body(input_ids=input_ids.to(self.device), use_cache=False)
         return out.last_hidden_state  # (B, T, H)
 
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The target's input embeddings (..., H) of ids, in its dtype (no grad flows into them)."""
+        return self.model.get_input_embeddings()(ids.to(self.device))
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (n, head_dim) of the target's rotary embedding (for an EAGLE head)."""
+        reference = self.lm_head.weight
+        cos, sin = self._body.rotary_emb(reference, positions.to(self.device)[None])
+        return cos[0], sin[0]
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on any (..., H) features -> float32 (..., V); differentiable in `hidden`."""
         return self.lm_head(hidden.to(self.dtype)).float()

@@ -1,0 +1,125 @@
+"""Training an EAGLE head on the frozen target's cached features.
+
+Notation as in engine/heads/eagle.py: the window's tokens x_0 .. x_{T-1}, the
+target's final features f_t and greedy tokens y_t = argmax p_t (the target's
+guess of x_{t+1}) come from the feature cache (features.py). Pair t is
+(f_t, x_{t+1}) at position t; the head's output g_{t+1} should be f_{t+1}.
+
+Two passes, as decoding uses the head (the second is EAGLE-3's "training-time
+test", here exact for depth 2):
+
+    pass 1, depth 1:  g_{t+1} = head(e(x_{t+1}), f_t + noise), causal over the pairs
+    pass 2, depth 2:  g'_{t+2} = head(e(x_{t+2}), g_{t+1}), each row attending to
+                      the pass-1 rows at positions <= t (true features, as the
+                      committed pairs are while drafting) and to itself
+
+Each pass's loss is the Medusa features objective (loss.py): the squared error
+to f in the LM head's logit metric over the target's logit variance, plus
+TOKEN_WEIGHT x cross-entropy of LM(g) to the target's greedy token on a few
+random positions. Depth 2 weighs DEPTH_DECAY. Gaussian noise (NOISE x the
+features' RMS) on pass 1's input features stands for the errors of guessed
+features, as EAGLE's uniform noise does.
+
+The reported "head" numbers are per depth: top-1 agreement of LM(g) with the
+target's greedy token at depth 1 and at depth 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..heads.eagle import EagleConfig, EagleHead
+from .loss import TOKEN_ROWS, TOKEN_WEIGHT
+
+DEPTHS = 2
+DEPTH_DECAY = 0.5
+NOISE = 0.05
+DEFAULT_DRAFT_VOCAB = 8192  # ids the shipped head may propose: most frequent in the training text
+
+
+def make_head(target, base_model: str, seed: int) -> EagleHead:
+    """A fresh head shaped like one of the target's layers (float32 weights, on the target's device),
+    initialised from `seed` alone (the global RNG is left as it was)."""
+    config = EagleConfig.for_target(target.model.config.get_text_config(), base_model=base_model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = EagleHead(config)
+    return head.to(target.device)
+
+
+def draft_vocabulary(tokens: torch.Tensor, size: int, vocab_size: int, always: Sequence[int] = ()) -> torch.Tensor:
+    """The `size` ids most frequent in `tokens` (ties by id), plus `always` (EOS...), most frequent first."""
+    counts = torch.bincount(tokens.flatten().long(), minlength=vocab_size)[:vocab_size].double()
+    for token in always:
+        if 0 <= token < vocab_size:
+            counts[token] = float("inf")
+    order = torch.argsort(-counts, stable=True)
+    return order[: min(size, vocab_size)].clone()
+
+
+def eagle_losses(
+    head: EagleHead, target, ids: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, metric: torch.Tensor,
+    scale: float, generator: torch.Generator | None, train: bool, token_rows: int = TOKEN_ROWS,
+) -> tuple[list[float], list[float]]:  # fmt: skip
+    """Loss and top-1 agreement per depth on windows `ids` (B, T) with cached features (B, T, H)
+    and greedy labels (B, T); with `train`, backward() on their weighted sum. Without a
+    generator every position goes into the token term (validation)."""
+    B, T, H = features.shape
+    device = features.device
+    dtype = next(head.parameters()).dtype
+    features = features.to(dtype)
+    embeds = target.embed(ids.to(device)).to(dtype)  # (B, T, H): e(x_t)
+    cos, sin = (t.to(dtype) for t in target.rope(torch.arange(T, device=device)))  # (T, dim)
+    inputs = features[:, : T - 1]
+    if train and NOISE:
+        rms = inputs.detach().pow(2).mean().sqrt()
+        noise = torch.randn(inputs.shape, generator=generator, device="cpu").to(device=device, dtype=dtype)
+        inputs = inputs + NOISE * rms * noise
+
+    # Pass 1: pairs (f_t, x_{t+1}) at positions t = 0..T-2.
+    z1 = head.project(embeds[:, 1:], inputs)  # (B, T-1, H)
+    q1, k1, v1 = head.qkv(z1, cos[: T - 1], sin[: T - 1])
+    out1 = _attend(head, q1, k1, v1, torch.ones(T - 1, T - 1, dtype=torch.bool, device=device).tril())
+    g1 = head.finish(z1, out1)  # g_{t+1}
+
+    # Pass 2: pairs (g_{t+1}, x_{t+2}) at positions t + 1 = 1..T-2; row r sees pass-1 rows 0..r and itself.
+    z2 = head.project(embeds[:, 2:], g1[:, : T - 2])  # (B, T-2, H)
+    q2, k2, v2 = head.qkv(z2, cos[1 : T - 1], sin[1 : T - 1])
+    n = T - 2
+    mask = torch.cat([torch.ones(n, T - 1, dtype=torch.bool, device=device).tril(),
+                      torch.eye(n, dtype=torch.bool, device=device)], dim=1)  # fmt: skip
+    out2 = _attend(head, q2, torch.cat([k1, k2], dim=1), torch.cat([v1, v2], dim=1), mask)
+    g2 = head.finish(z2, out2)  # g'_{t+2}
+
+    total = features.new_zeros((), dtype=torch.float32)
+    losses, accuracy = [], []
+    for depth, guess in ((1, g1), (2, g2)):
+        truth = features[:, depth:]  # f_{t+depth}
+        error = (guess.float() - truth.float()) @ metric
+        regression = error.pow(2).sum(-1).mean() / scale
+        flat = guess.reshape(-1, H)
+        greedy = labels[:, depth:].reshape(-1).to(device)  # the target's token after t + depth
+        rows = (torch.randperm(flat.shape[0], generator=generator)[:token_rows].to(device)
+                if generator is not None else torch.arange(flat.shape[0], device=device))  # fmt: skip
+        logits = target.logits(flat[rows])
+        token = F.cross_entropy(logits, greedy[rows])
+        loss = regression + TOKEN_WEIGHT * token
+        total = total + DEPTH_DECAY ** (depth - 1) * loss
+        losses.append(float(loss.detach()))
+        accuracy.append(float((logits.detach().argmax(-1) == greedy[rows]).float().mean()))
+    if train:
+        total.backward()
+    return losses, accuracy
+
+
+def _attend(head: EagleHead, q, k, v, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of q (B, n, heads, dim) over k, v (B, m, kv_heads, dim) with mask (n, m)."""
+    groups = head.config.num_heads // head.config.num_kv_heads
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.transpose(1, 2).flatten(-2)  # (B, n, heads * dim)
