@@ -93,3 +93,25 @@ def test_eagle_refuses_the_kl_objective_and_a_negative_vocabulary(tiny, text_fil
 def test_draft_vocabulary_keeps_the_most_frequent_ids_and_eos():
     tokens = torch.tensor([5, 5, 5, 7, 7, 9, 1])
     assert draft_vocabulary(tokens, 3, 12, always=[11]).tolist() == [11, 5, 7]
+
+
+def test_batched_replies_equal_the_engines_one_at_a_time(tiny, tmp_path):
+    """The GPU path (transformers generate, left-padded batches) writes what the engine would."""
+    from engine.training.self_generate import generate_replies, read_replies
+
+    prompts = ["Say hello.", "List three colours, please, one per line."]
+    one = generate_replies(tiny, prompts, str(tmp_path / "one.jsonl"), max_tokens=12, dtype="float32", batch_size=0)
+    both = generate_replies(tiny, prompts, str(tmp_path / "both.jsonl"), max_tokens=12, dtype="float32", batch_size=2)
+    # The short prompt is the left-padded row: padding, mask and positions must change nothing.
+    assert both[0].messages == one[0].messages and one[0].messages[1][1]
+    # The long one is unpadded; a batch of two rounds differently from one row, which on a
+    # random tiny model (near-tied logits) can flip a late token, so compare its start only.
+    assert both[1].messages[1][1][:20] == one[1].messages[1][1][:20]
+    assert len(read_replies(str(tmp_path / "both.jsonl"))) == 2
+
+
+def test_generation_prompts_never_include_the_benchmark_prompts():
+    from engine.training.data import bench_prompts, builtin_documents, generation_prompts
+
+    prompts = set(generation_prompts(builtin_documents(10**9), 10_000))
+    assert len(prompts) > 500 and not prompts & {p.strip() for p in bench_prompts()}

@@ -311,9 +311,11 @@ def bench_prompts(path: Path = BENCH_PROMPTS) -> list[str]:
 
 
 def generation_prompts(documents: list[Document], n: int, seed: int = 0) -> list[str]:
-    """n prompts for self-generated replies: the data's first user turns, bench prompts, then built-in ones.
+    """n prompts for self-generated replies: the data's first user turns, then built-in ones.
 
-    When there are fewer than n, requests about stdlib modules fill up the list.
+    When there are fewer than n, requests about stdlib modules fill up the list. The
+    benchmark's prompts (resources/prompts/bench.jsonl) are never among them, so heads
+    are measured on replies they were not trained on.
     """
     seen, prompts = set(), []
 
@@ -328,7 +330,8 @@ def generation_prompts(documents: list[Document], n: int, seed: int = 0) -> list
             if role == "user":
                 add(content)
                 break
-    for prompt in bench_prompts() + list(BUILTIN_PROMPTS):
+    seen.update(p.strip() for p in bench_prompts())
+    for prompt in BUILTIN_PROMPTS:
         add(prompt)
     for name in STDLIB_MODULES:
         add(f"What is the Python module `{name}` for? Show a short example.")

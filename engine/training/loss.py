@@ -115,7 +115,7 @@ def logit_metric(lm_weight: torch.Tensor) -> torch.Tensor:
     W = lm_weight.detach().double()  # (V, H)
     centred = W - W.mean(dim=0, keepdim=True)
     gram = centred.T @ centred / W.shape[0]  # (H, H)
-    gram += torch.eye(W.shape[1], dtype=gram.dtype) * 1e-8 * gram.diagonal().mean()
+    gram += torch.eye(W.shape[1], dtype=gram.dtype, device=gram.device) * 1e-8 * gram.diagonal().mean()
     return torch.linalg.cholesky(gram).float()  # lower L with L L^T = G: ||e L||^2 = e^T G e
 
 

@@ -454,6 +454,7 @@ class _Run:
             replies = generate_replies(
                 self.s.target, prompts, str(ckpt.training_dir(self.out) / ckpt.REPLIES_FILE),
                 max_tokens=self.s.gen_max_tokens, temperature=self.s.gen_temperature, seed=self.s.seed,
+                device=self.s.device, dtype=self.s.dtype,
                 progress=lambda done, total: self.report(TrainProgress(
                     "generate", done, total, message=f"Reply {done} of {total} written")),
                 cancel=self.cancel,

@@ -51,6 +51,17 @@ class FrozenTarget:
     def eos_id(self) -> int | None:
         return self.tokenizer.eos_token_id
 
+    def stop_ids(self) -> frozenset[int]:
+        """Ids that end a reply: the generation config's EOS ids and the tokenizer's."""
+        ids = set()
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        for value in (eos, self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return frozenset(ids)
+
     @torch.no_grad()
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Final hidden states after the final norm, (B, T) -> (B, T, H), in the target's dtype."""
