@@ -22,6 +22,19 @@ path (engine/verify_tree.py) and `keep_nodes` keeps x_m and that path. A backend
 without tree attention (llama.cpp) gets the draft's best branch as a chain, and
 the run says so in `RunStats.notes`. Drafters that read the target's hidden
 states get the rows of what the step kept (x_m, then the accepted drafts).
+
+Extra rows (lookahead decoding's Jacobi window): a draft may add e rows that ride
+along unverified. The feed becomes [x_m, node_1..node_n, extra_1..extra_e] in one
+`Backend.forward_masked` call: x_m at offset 0, node i at its depth, extra j at
+the offset the drafter gave; the mask is the tree's (each node sees x_m and its
+ancestors) plus the drafter's block among the extra rows, which also see x_m
+and the cache, while nodes and extras never see each other. So rows 0..n are
+exactly what `forward_tree` would have returned and the verdict is unchanged;
+rows n+1.. go to `Drafter.observe_extra`, and `keep_rows` keeps x_m and the
+accepted path (dropping the extras). The step costs n + 1 + e rows, and that is
+what the cost model is told (`CostModel.observe_verify`) and what the predicted
+speedup charges. Extras that would not fit in the context are dropped, and so
+are they on a backend without tree attention (a chain cannot carry them).
 """
 
 from __future__ import annotations
@@ -31,6 +44,8 @@ import time
 from dataclasses import replace
 from typing import Iterator
 
+import torch
+
 from .backends.base import Backend
 from .draft_length import CostModel, DraftLength, expected_tokens, expected_tokens_tree
 from .drafters.base import EMPTY_DRAFT, Draft, Drafter
@@ -38,7 +53,7 @@ from .errors import ConfigError, ContextOverflowError
 from .events import RunStats, Source, StepEvent, TokenInfo
 from .sampling import SamplingConfig, make_generator, probabilities
 from .text import IncrementalText, find_stop, held_back
-from .tree import depths
+from .tree import ancestor_mask, depths
 from .verify import verify_greedy, verify_sampled
 from .verify_tree import dedupe_siblings, verify_tree_greedy, verify_tree_sampled
 
@@ -97,12 +112,18 @@ def decode_steps(
         # 1. Draft up to k tokens or tree nodes (and q, if the drafter has a distribution).
         t0 = time.perf_counter()
         draft = drafter.propose(context, k, sampling, generator) if k > 0 else EMPTY_DRAFT
-        draft = fit_draft(draft, k, trees)
+        draft = fit_draft(draft, k, trees, room)
         drafted = list(draft.tokens)
+        extra = len(draft.extra_tokens)
         t1 = time.perf_counter()
 
-        # 2. One target forward over the pending token and the drafts (a chain or a tree).
-        if draft.is_tree:
+        # 2. One target forward over the pending token and the drafts (a chain or a tree),
+        #    and the draft's extra rows (lookahead's window) beside them when it has some.
+        if extra:
+            block = target.forward_masked(*masked_block(context[-1], draft), what="a lookahead step")
+            logits = block[: len(drafted) + 1]  # (n+1, V): what forward_tree would have returned
+            drafter.observe_extra(block[len(drafted) + 1 :])  # (e, V)
+        elif draft.is_tree:
             logits = target.forward_tree([context[-1], *drafted], [-1, *(p + 1 for p in draft.parents)])  # (n+1, V)
         else:
             logits = target.forward([context[-1], *drafted])  # (n+1, V)
@@ -118,7 +139,10 @@ def decode_steps(
             path, tested = list(verdict.path), verdict.tested_depths
             kept_rows = [0, *(node + 1 for node in path)]
             features = target.last_features()[kept_rows] if _wants_features(drafter) else None
-            target.keep_nodes(kept_rows)
+            if extra:
+                target.keep_rows(kept_rows)  # keep_nodes needs forward_tree; this is its general form
+            else:
+                target.keep_nodes(kept_rows)
         else:
             if sampling.greedy:
                 verdict = verify_greedy(logits, drafted)
@@ -128,7 +152,10 @@ def decode_steps(
             path = list(range(verdict.accepted))
             tested = len(path) + (len(path) < len(drafted))
             features = target.last_features()[: len(path) + 1] if _wants_features(drafter) else None
-            target.rollback(len(context) + len(path))  # drop the rejected drafts' cache entries
+            if extra:  # the pending token and the accepted prefix, without the extra rows
+                target.keep_rows(list(range(len(path) + 1)))
+            else:
+                target.rollback(len(context) + len(path))  # drop the rejected drafts' cache entries
         kept = len(path)
         if features is not None:
             drafter.observe_features(features)  # (kept + 1, hidden): the last row chose the new token
@@ -136,7 +163,7 @@ def decode_steps(
             drafter.observe(len(drafted), kept)
             draft_length.observe(tested, kept)
             costs.observe_draft(len(drafted), t1 - t0)
-        costs.observe_verify(len(drafted) + 1, t2 - t1)
+        costs.observe_verify(len(drafted) + 1 + extra, t2 - t1)  # rows the forward really ran
 
         # 4. Commit token by token, so EOS, stop strings and max tokens cut inside the block.
         finish = end = None
@@ -155,7 +182,7 @@ def decode_steps(
         infos, step_text = reply.release(final=finish is not None)
         t3 = time.perf_counter()
         tree_depth = max(depths(draft.parents)) if draft.is_tree else None
-        run.add(reply.count, len(drafted), kept, tested, t1 - t0, t2 - t1, t3 - t2, tree_depth)
+        run.add(reply.count, len(drafted), kept, tested, t1 - t0, t2 - t1, t3 - t2, tree_depth, extra)
         yield run.event(
             index, tuple(infos), step_text, k, len(drafted), kept,
             t1 - t0, t2 - t1, t3 - t2, loop_start, costs, finish, end,
@@ -176,13 +203,54 @@ def run_notes(target: Backend, drafter: Drafter | None) -> tuple[str, ...]:
     return ()
 
 
-def fit_draft(draft: Draft, k: int, trees: bool) -> Draft:
+def fit_draft(draft: Draft, k: int, trees: bool, room: int | None = None) -> Draft:
     """The draft as it will be verified: at most k tokens (nodes, for a tree).
 
     Tree nodes are point masses (q dropped), siblings carry distinct tokens (a repeated
     sibling goes, with its subtree), and where the backend verifies chains only the
-    tree becomes its best branch.
+    tree becomes its best branch. Extra rows are not counted in k; they stay when the
+    backend runs masked forwards (`trees`) and they fit behind the pending token with
+    the nodes (`room`: free positions after it), and are dropped otherwise.
     """
+    if not draft.extra_tokens:
+        return _fit_nodes(draft, k, trees)
+    nodes = _fit_nodes(replace(draft, extra_tokens=(), extra_offsets=(), extra_mask=None), k, trees)
+    e = len(draft.extra_tokens)
+    fits = room is None or (len(nodes) + e <= room and max(draft.extra_offsets, default=0) <= room)
+    if not trees or not fits:
+        return nodes
+    return replace(nodes, extra_tokens=draft.extra_tokens, extra_offsets=draft.extra_offsets,
+                   extra_mask=draft.extra_mask)  # fmt: skip
+
+
+def masked_block(pending: int, draft: Draft) -> tuple[list[int], list[int], torch.Tensor]:
+    """tokens, offsets and mask of one `forward_masked` call over the pending token, the
+    draft's nodes (a chain when parents is None) and its extra rows, in that order.
+
+    Offsets: the pending token 0, node i its depth, extra row j `extra_offsets[j]`. Mask
+    (bool, n + 1 + e square): every row sees the pending token; node i sees its ancestors
+    and itself; extra rows see each other as `extra_mask` says (a causal chain when it is
+    None); nodes and extra rows never see each other.
+    """
+    n, e = len(draft.tokens), len(draft.extra_tokens)
+    parents = draft.parents if draft.parents is not None else tuple(range(-1, n - 1))
+    if len(parents) != n or len(draft.extra_offsets) != e:
+        raise ValueError(f"a draft of {n} nodes and {e} extra rows needs as many parents and offsets")
+    extra_mask = draft.extra_mask if draft.extra_mask is not None else torch.ones(e, e, dtype=torch.bool).tril()
+    if tuple(extra_mask.shape) != (e, e):
+        raise ValueError(f"extra_mask must be ({e}, {e}), got {tuple(extra_mask.shape)}")
+    mask = torch.zeros(1 + n + e, 1 + n + e, dtype=torch.bool)
+    mask[:, 0] = True
+    if n:
+        mask[1 : n + 1, 1 : n + 1] = ancestor_mask(parents)
+    if e:
+        mask[n + 1 :, n + 1 :] = extra_mask.to(dtype=torch.bool, device="cpu")
+    offsets = [0, *depths(parents), *(int(o) for o in draft.extra_offsets)]
+    return [pending, *draft.tokens, *draft.extra_tokens], offsets, mask
+
+
+def _fit_nodes(draft: Draft, k: int, trees: bool) -> Draft:
+    """fit_draft for a draft without extra rows."""
     if not draft.is_tree:  # a chain: keep q, if any
         if len(draft) <= k and draft.parents is None:
             return draft
@@ -294,22 +362,24 @@ class _Run:
     def __init__(self, prefill_s: float, notes: tuple[str, ...] = ()) -> None:
         self.stats = RunStats(prefill_s=prefill_s, notes=notes)
         self.tokens = 0
-        # For the predicted speedup: chain steps by drafts, tree steps by (nodes, depth).
-        self.drafted_lengths: dict[int, int] = {}
-        self.tree_shapes: dict[tuple[int, int], int] = {}
+        # For the predicted speedup: chain steps by (drafts, extra rows), tree steps by
+        # (nodes, depth, extra rows); extra rows (lookahead) add to a step's verify cost only.
+        self.drafted_lengths: dict[tuple[int, int], int] = {}
+        self.tree_shapes: dict[tuple[int, int, int], int] = {}
 
     def add(
         self, total_tokens: int, drafted: int, kept: int, tested: int,
-        draft_s: float, verify_s: float, other_s: float, tree_depth: int | None = None,
+        draft_s: float, verify_s: float, other_s: float, tree_depth: int | None = None, extra: int = 0,
     ):  # fmt: skip
         """One step: `drafted` tokens (tree nodes), `kept` accepted along the path, `tested`
         depths where the path met a draft (kept, plus one when the rule rejected there)."""
         s = self.stats
         self.tokens = total_tokens
         if tree_depth is None:
-            self.drafted_lengths[drafted] = self.drafted_lengths.get(drafted, 0) + 1
+            shape = (drafted, extra)
+            self.drafted_lengths[shape] = self.drafted_lengths.get(shape, 0) + 1
         else:
-            shape = (drafted, tree_depth)
+            shape = (drafted, tree_depth, extra)
             self.tree_shapes[shape] = self.tree_shapes.get(shape, 0) + 1
         self.stats = replace(
             s,
@@ -337,12 +407,12 @@ class _Run:
         # The formula applied to the drafts this run actually made, against the sum of their
         # costs in units of one plain forward: chains E(a, n); trees 1 + sum over depths of
         # the product of the measured per-depth acceptance (draft_length.expected_tokens_tree),
-        # each step costing n * c_d + T(n+1) / T(1) for its n nodes.
+        # each step costing n * c_d + T(n+1+e) / T(1) for its n nodes and e extra rows.
         rates = s.depth_acceptance
-        gain = sum(c * expected_tokens(a, n) for n, c in self.drafted_lengths.items())
-        gain += sum(c * expected_tokens_tree(rates, depth) for (_, depth), c in self.tree_shapes.items())
-        shapes = [*self.drafted_lengths.items(), *((n, c) for (n, _), c in self.tree_shapes.items())]
-        cost = sum(c * (n * costs.draft_ratio() + costs.verify_ratio(n + 1)) for n, c in shapes)
+        gain = sum(c * expected_tokens(a, n) for (n, _), c in self.drafted_lengths.items())
+        gain += sum(c * expected_tokens_tree(rates, depth) for (_, depth, _), c in self.tree_shapes.items())
+        shapes = [*self.drafted_lengths.items(), *(((n, e), c) for (n, _, e), c in self.tree_shapes.items())]
+        cost = sum(c * (n * costs.draft_ratio() + costs.verify_ratio(n + 1 + e)) for (n, e), c in shapes)
         mean_drafted = s.drafted / s.steps if s.steps else 0.0
         self.stats = replace(
             s,

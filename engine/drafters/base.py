@@ -19,12 +19,22 @@ A tree drafter sets `drafts_trees` and interprets k as its node budget.
 Drafters that work from the target's hidden states (Medusa, EAGLE) set
 `uses_features`; after every step the decode loop hands them the target's final
 hidden states of the tokens that step committed to the cache.
+
+Extra rows (lookahead decoding). A draft may also carry rows the target should
+run in the same forward without verifying them: `extra_tokens`, placed at
+`extra_offsets` (positions relative to the pending token, which is offset 0),
+attending to the whole cache, to the pending token and to the extra rows j where
+`extra_mask[i, j]` (bool (e, e), diagonal included), never to the draft nodes;
+no draft node attends to them, so they cannot change the verdict. The decode
+loop hands their logits to `observe_extra` and drops their cache entries. Only
+backends with `supports_tree` (a masked forward) run them; elsewhere they are
+dropped with the rest of the tree.
 """
 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +49,10 @@ class Draft:
     parents: tuple[int, ...] | None = None  # None = a chain; else parent index per node, -1 = root
     # The branch to verify where trees cannot be: node indices from depth 1 down (tree drafts only).
     best_path: tuple[int, ...] | None = None
+    # Rows run alongside the draft and never verified (see the module docstring).
+    extra_tokens: tuple[int, ...] = ()
+    extra_offsets: tuple[int, ...] = ()  # position of each, relative to the pending token (offset 0)
+    extra_mask: torch.Tensor | None = field(default=None, compare=False)  # bool (e, e): row i sees row j
 
     @property
     def is_tree(self) -> bool:
@@ -70,6 +84,10 @@ class Drafter(abc.ABC):
         """The target's final hidden states (m, hidden) for the tokens the last step
         put in the cache for good: the pending token it was fed, then the accepted
         drafts. The last row is the one whose logits chose the new pending token."""
+
+    def observe_extra(self, logits: torch.Tensor) -> None:
+        """Float32 logits (e, V) of the last draft's extra rows, in `extra_tokens` order
+        (called right after the target's forward, before the verdict)."""
 
     def tree_expected_tokens(self, nodes: int) -> float | None:
         """Tree drafters: expected tokens per step (accepted nodes + 1) from a tree of
