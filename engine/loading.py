@@ -13,8 +13,10 @@ if TYPE_CHECKING:
     import torch
 
 BACKENDS = ("auto", "torch", "llama.cpp")
-DRAFTERS = ("none", "ngram", "model", "medusa", "eagle")
+DRAFTERS = ("none", "ngram", "model", "medusa", "eagle", "lookahead", "early-exit")
 HEAD_DRAFTERS = ("medusa", "eagle")  # drafters that read trained heads (--heads)
+# Drafters that need the PyTorch backend (hidden states, tree masks, or the target's layers).
+TORCH_DRAFTERS = frozenset({"medusa", "eagle", "lookahead", "early-exit"})
 
 
 def load_backend(
@@ -76,12 +78,18 @@ def make_drafter(
     draft_backend: str = "auto",
     ngram_max: int = 3,
     heads: str | None = None,
+    tree_depth: int | None = None,
+    lookahead: tuple[int | str, int | str, int | str] = ("auto", "auto", "auto"),
+    exit_layer: int | str = "auto",
     **load_options,
 ) -> Drafter | None:
     """The drafter a user asked for; `draft` (a model spec) implies kind "model".
 
     `heads` is the Medusa heads or EAGLE head folder (kinds "medusa", "eagle"); without
     one, the heads shipped for the target (resources/heads/<kind>-<model>/), if any.
+    `tree_depth`: EAGLE's deepest tree level (None = its default). `lookahead`: the
+    window W, n-gram size N and candidates G of lookahead decoding ("auto" = from the
+    verify-cost curve). `exit_layer`: the early-exit drafter's L ("auto" = measured).
     """
     if draft is not None:
         kind = "model"
@@ -96,7 +104,16 @@ def make_drafter(
     if kind == "medusa":
         return make_medusa_drafter(target, heads)
     if kind == "eagle":
-        return make_eagle_drafter(target, heads)
+        return make_eagle_drafter(target, heads, tree_depth)
+    if kind == "lookahead":
+        from .drafters.lookahead import LookaheadDrafter
+
+        window, ngram, candidates = lookahead
+        return LookaheadDrafter(target, window=window, ngram=ngram, candidates=candidates)
+    if kind == "early-exit":
+        from .drafters.early_exit import EarlyExitDrafter
+
+        return EarlyExitDrafter(target, layers=exit_layer)
     if draft is None:
         raise ConfigError("The model drafter needs a draft model: give one with --draft.")
     from .drafters.model import ModelDrafter
@@ -135,7 +152,7 @@ def make_medusa_drafter(target: Backend, heads: str | None) -> Drafter:
     return MedusaDrafter(loaded.to(device=device, dtype=dtype), target)
 
 
-def make_eagle_drafter(target: Backend, heads: str | None) -> Drafter:
+def make_eagle_drafter(target: Backend, heads: str | None, tree_depth: int | None = None) -> Drafter:
     """An EAGLE head on `target`'s features, in the target's device and dtype."""
     if not target.supports_features or not target.supports_tree:
         raise ConfigError(
@@ -151,12 +168,12 @@ def make_eagle_drafter(target: Backend, heads: str | None) -> Drafter:
             f"No EAGLE head for {target.info.name}: train one with "
             "`specdeck-cli train-heads --kind eagle ...` or pass --heads DIR."
         )
-    from .drafters.eagle import EagleDrafter
+    from .drafters.eagle import MAX_DEPTH, EagleDrafter
     from .heads.eagle import EagleConfig, load_head
 
     head = load_head(folder, EagleConfig.for_target(target.text_config))
     device, dtype = _placement(target.lm_head)
-    return EagleDrafter(head.to(device=device, dtype=dtype), target)
+    return EagleDrafter(head.to(device=device, dtype=dtype), target, max_depth=tree_depth or MAX_DEPTH)
 
 
 def _placement(module) -> tuple[torch.device | None, torch.dtype | None]:

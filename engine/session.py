@@ -19,14 +19,14 @@ from .draft_length import CostModel, DraftLength, measure_verify_curve
 from .drafters.base import Drafter
 from .errors import ConfigError, SpecDeckError
 from .events import Divergence, GenerationResult, StepEvent
-from .loading import load_backend, make_drafter
+from .loading import TORCH_DRAFTERS, load_backend, make_drafter
 from .sampling import SamplingConfig
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     target: str = "default"
-    drafter: str = "ngram"  # "none" | "ngram" | "model" | "medusa" | "eagle"
+    drafter: str = "ngram"  # "none" | "ngram" | "model" | "medusa" | "eagle" | "lookahead" | "early-exit"
     draft: str | None = None  # draft model spec (implies drafter "model")
     heads: str | None = None  # Medusa / EAGLE heads folder; None = the ones shipped, if any
     backend: str = "auto"
@@ -39,6 +39,9 @@ class EngineConfig:
     k: int | str = "auto"
     k_max: int = 16
     ngram_max: int = 3
+    tree_depth: int | None = None  # EAGLE's deepest tree level (None = its default)
+    lookahead: tuple = ("auto", "auto", "auto")  # lookahead's window W, n-gram size N, candidates G
+    exit_layer: int | str = "auto"  # the early-exit drafter's L
     measure_costs: bool = True  # time the target's verify-cost curve at load
 
 
@@ -61,14 +64,11 @@ class Comparison:
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
 
 
-# Drafters that read the target's hidden states, which only the PyTorch backend exposes.
-FEATURE_DRAFTERS = frozenset({"medusa", "eagle"})
-
-
 def target_backend(config: EngineConfig) -> str:
     """The backend for the target: as asked, except that "auto" means PyTorch for drafters
-    that need hidden states (a GGUF target then loads through transformers, dequantized)."""
-    if config.backend == "auto" and config.drafter in FEATURE_DRAFTERS and config.draft is None:
+    that need it (hidden states, tree masks, the target's own layers); a GGUF target then
+    loads through transformers, dequantized."""
+    if config.backend == "auto" and config.drafter in TORCH_DRAFTERS and config.draft is None:
         return "torch"
     return config.backend
 
@@ -79,6 +79,8 @@ class Engine:
         self.drafter = drafter
         self.config = config
         self.costs = costs
+        if drafter is not None and hasattr(drafter, "costs"):
+            drafter.costs = costs  # drafters that size themselves from the verify-cost curve
         DraftLength(config.k, config.k_max)  # validate k early, before any generation
 
     @classmethod
@@ -93,7 +95,8 @@ class Engine:
             report("Loading the drafter", 0.5)
             drafter = make_drafter(
                 config.drafter, target, draft=config.draft, draft_backend=config.draft_backend,
-                ngram_max=config.ngram_max, heads=config.heads, **options,
+                ngram_max=config.ngram_max, heads=config.heads, tree_depth=config.tree_depth,
+                lookahead=tuple(config.lookahead), exit_layer=config.exit_layer, **options,
             )  # fmt: skip
             costs = CostModel()
             if config.measure_costs:

@@ -107,6 +107,7 @@ class Backend(abc.ABC):
 
     supports_tree: bool = False  # True when forward_tree accepts any tree, not just chains
     supports_features: bool = False  # True when last_features() returns hidden states
+    supports_early_exit: bool = False  # True when partial_forward() runs the first layers only
 
     def forward_tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
         """Run the model over a token tree placed after the cached tokens.
