@@ -301,3 +301,20 @@ def test_cli_runs_eagle_with_a_heads_folder(mirrored, one_layer, tmp_path, capsy
     assert code == 0, err
     stats = json.loads(out)["stats"]
     assert stats["drafted"] > 0 and len(stats["depth_tested"]) >= 1
+
+
+def test_the_shipped_head_keeps_the_embedded_models_greedy_output_exact_in_float32(embedded_hf_dir):
+    """The head in resources/ loads for the embedded model, drafts real trees that land, and
+    changes nothing."""
+    backend = TorchBackend(embedded_hf_dir, dtype="float32")
+    try:
+        drafter = make_drafter("eagle", backend)
+        assert drafter.vocab is not None and drafter.vocab.numel() == 8192
+        engine = engine_for(backend, drafter, k=10)
+        comparison = engine.compare(engine.prompt_ids("List the days of the week, one per line."),
+                                    SamplingConfig(max_tokens=40))  # fmt: skip
+        assert comparison.identical, comparison.divergence
+        s = comparison.speculative.stats
+        assert s.accepted > 0 and s.tokens_per_step > 1.2
+    finally:
+        backend.close()
