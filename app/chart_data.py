@@ -5,6 +5,12 @@ write) and, at most ~25 times a second, asks `chart_series` for everything the
 panels draw. Rates over a window come from the running totals in
 `StepEvent.stats`, so a window is two subtractions, and the numbers the charts
 show are the engine's own (no second bookkeeping that could drift from it).
+
+Drafter statistics (the n-gram pool of lookahead decoding, the exit layer of
+early exit...) come as a snapshot of `Drafter.stats()` taken on the worker
+thread right after each step (app/engine_controller.py); a row keeps their
+numbers in DRAFTER_COLUMNS (NaN where the drafter has no such number) and the
+run keeps the latest snapshot whole.
 """
 
 from __future__ import annotations
@@ -23,14 +29,63 @@ COLUMNS = (
     "total_tokens", "total_accepted", "total_tested", "tokens_per_s", "acceptance_rate", "predicted_speedup",
 )  # fmt: skip
 _COL = {name: i for i, name in enumerate(COLUMNS)}
+# From the drafter's stats() snapshot after the step (lookahead: pool_*; early exit: exit_layer).
+# "pool_steps" is the lookahead drafter's "steps": the steps that ran its window.
+DRAFTER_COLUMNS = ("pool_size", "pool_jacobi", "pool_text", "pool_steps", "pool_hits", "exit_layer")
+_STATS_KEYS = {"pool_size": "pool_size", "pool_jacobi": "pool_jacobi", "pool_text": "pool_text",
+               "pool_steps": "steps", "pool_hits": "pool_hits", "exit_layer": "exit_layer"}  # fmt: skip
+ALL_COLUMNS = COLUMNS + DRAFTER_COLUMNS
+_COL.update({name: len(COLUMNS) + i for i, name in enumerate(DRAFTER_COLUMNS)})
 INT_COLUMNS = frozenset(
-    {"step", "tokens", "k", "drafted", "accepted", "total_tokens", "total_accepted", "total_tested"}
+    {"step", "tokens", "k", "drafted", "accepted", "total_tokens", "total_accepted", "total_tested", *DRAFTER_COLUMNS}
 )
+_NO_DRAFTER_ROW = (np.nan,) * len(DRAFTER_COLUMNS)
 
 MAX_STEPS = 100_000  # per run; beyond this the oldest steps drop out of the charts and exports
 WINDOW = 16  # steps in the rolling rates: long enough to smooth one-step noise, short enough to follow drift
 THEORY_POINTS = 201
 DEFAULT_K = 4  # drawn in the theory plot until a step has drafted something
+
+
+@dataclass(frozen=True)
+class DrafterView:
+    """How the charts present a kind of drafter (EngineConfig.drafter's names)."""
+
+    depth_label: str  # what the per-depth acceptance bars are: "head", "depth" or "position"
+    tree: bool  # drafts trees: the draft panel shows tree nodes and the accepted length
+    panel: str | None  # the drafter panel's content: "lookahead", "early-exit" or None (no panel)
+
+
+DRAFTER_VIEWS = {
+    "medusa": DrafterView("head", True, None),
+    "eagle": DrafterView("depth", True, None),
+    "lookahead": DrafterView("depth", True, "lookahead"),
+    "early-exit": DrafterView("position", False, "early-exit"),
+    "ngram": DrafterView("position", False, None),
+    "model": DrafterView("position", False, None),
+    "none": DrafterView("position", False, None),
+}
+
+
+def drafter_view(kind: str | None) -> DrafterView:
+    """The presentation of drafter `kind`; an unknown one is drawn as a chain drafter."""
+    return DRAFTER_VIEWS.get(kind or "none") or DrafterView("position", False, None)
+
+
+def drafter_row(stats: dict | None) -> tuple:
+    """The DRAFTER_COLUMNS of one step from a stats() snapshot (NaN for what it lacks)."""
+    if not stats:
+        return _NO_DRAFTER_ROW
+    if "pool_size" not in stats:  # "steps" means the window's steps only for lookahead
+        return tuple(_number(stats.get(key)) if name == "exit_layer" else np.nan
+                     for name, key in _STATS_KEYS.items())  # fmt: skip
+    return tuple(_number(stats.get(key)) for key in _STATS_KEYS.values())
+
+
+def _number(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return np.nan
+    return float(value)
 
 
 class StepBuffer:
@@ -44,7 +99,7 @@ class StepBuffer:
     def __init__(self, capacity: int = MAX_STEPS, initial: int = 256) -> None:
         self._capacity = capacity
         self._size = min(initial, capacity)
-        self._data = np.zeros((2 * self._size, len(COLUMNS)))
+        self._data = np.zeros((2 * self._size, len(ALL_COLUMNS)))
         self._start = 0
         self._count = 0
 
@@ -52,6 +107,9 @@ class StepBuffer:
         return self._count
 
     def append(self, row) -> None:
+        """One row: ALL_COLUMNS, or COLUMNS alone (the drafter's columns are then NaN)."""
+        if len(row) == len(COLUMNS):
+            row = tuple(row) + _NO_DRAFTER_ROW
         if self._count == self._size and self._size < self._capacity:
             self._grow()
         end = (self._start + self._count) % self._size
@@ -63,7 +121,7 @@ class StepBuffer:
             self._start = (self._start + 1) % self._size
 
     def view(self) -> np.ndarray:
-        """Rows oldest first, shape (count, len(COLUMNS)); a view, valid until the next append."""
+        """Rows oldest first, shape (count, len(ALL_COLUMNS)); a view, valid until the next append."""
         return self._data[self._start : self._start + self._count]
 
     def column(self, name: str) -> np.ndarray:
@@ -72,7 +130,7 @@ class StepBuffer:
     def _grow(self) -> None:
         rows = self.view().copy()
         self._size = min(2 * self._size, self._capacity)
-        self._data = np.zeros((2 * self._size, len(COLUMNS)))
+        self._data = np.zeros((2 * self._size, len(ALL_COLUMNS)))
         self._data[: len(rows)] = rows
         self._data[self._size : self._size + len(rows)] = rows
         self._start = 0
@@ -80,28 +138,45 @@ class StepBuffer:
 
 @dataclass
 class Run:
-    """One decoding run as the charts see it: its step rows and its latest totals."""
+    """One decoding run as the charts see it: its step rows, its latest totals and drafter stats."""
 
     steps: StepBuffer = field(default_factory=StepBuffer)
     stats: RunStats = field(default_factory=RunStats)
     finish_reason: str | None = None
+    drafter_stats: dict | None = None  # the latest snapshot of Drafter.stats(), if any came
 
-    def add(self, event: StepEvent) -> None:
+    def add(self, event: StepEvent, drafter_stats: dict | None = None) -> None:
         s = event.stats
         self.steps.append((
             event.index, s.wall_s, len(event.tokens), event.k, event.drafted, event.accepted,
             event.draft_s, event.verify_s, event.other_s,
             s.tokens, s.accepted, s.tested, s.tokens_per_s, s.acceptance_rate, s.predicted_speedup,
+            *drafter_row(drafter_stats),
         ))  # fmt: skip
         self.stats = s
         self.finish_reason = event.finish_reason
+        if drafter_stats is not None:
+            self.drafter_stats = drafter_stats
 
-    def rows(self) -> list[dict]:
-        """The step rows as plain dicts (ints where the column counts things), for exports."""
-        return [
-            {name: int(v) if name in INT_COLUMNS else round(float(v), 6) for name, v in zip(COLUMNS, row)}
-            for row in self.steps.view()
-        ]
+    def drafter_columns(self) -> tuple[str, ...]:
+        """The DRAFTER_COLUMNS this run has numbers for (the others are all NaN)."""
+        if not len(self.steps):
+            return ()
+        filled = np.isfinite(self.steps.view()[:, len(COLUMNS):]).any(axis=0)
+        return tuple(name for name, has in zip(DRAFTER_COLUMNS, filled) if has)
+
+    def rows(self, columns: tuple[str, ...] | None = None) -> list[dict]:
+        """The step rows as plain dicts (ints where the column counts things, None for a
+        drafter number the step lacks), for exports: COLUMNS plus the run's drafter columns."""
+        names = COLUMNS + self.drafter_columns() if columns is None else columns
+        index = [_COL[name] for name in names]
+        return [{name: _cell(name, row[i]) for name, i in zip(names, index)} for row in self.steps.view()]
+
+
+def _cell(name: str, value: float):
+    if not np.isfinite(value):
+        return None
+    return int(value) if name in INT_COLUMNS else round(float(value), 6)
 
 
 def rolling_rate(numerator: np.ndarray, denominator: np.ndarray, window: int = WINDOW) -> np.ndarray:
@@ -185,8 +260,22 @@ def theory_curves(costs: CostModel | None, k: int, measured_a: float | None) -> 
     return out
 
 
-def chart_series(runs: dict[str, Run], costs: CostModel | None, window: int = WINDOW) -> dict:
-    """Everything the panels draw, keyed by panel then by run label."""
+def drafter_series(run: Run | None, kind: str | None) -> dict:
+    """The drafter panel's numbers for the speculative run: per-step columns and the latest stats."""
+    out = {"kind": kind, "stats": None, "step": np.zeros(0)}
+    if run is None or not len(run.steps):
+        return out
+    out["stats"] = run.drafter_stats
+    out["step"] = run.steps.column("step")
+    for name in DRAFTER_COLUMNS:
+        out[name] = run.steps.column(name)
+    return out
+
+
+def chart_series(runs: dict[str, Run], costs: CostModel | None, window: int = WINDOW,
+                 drafter: str | None = None) -> dict:  # fmt: skip
+    """Everything the panels draw, keyed by panel then by run label; `drafter` is the
+    loaded drafter's kind (EngineConfig.drafter), which decides what the drafter panel shows."""
     throughput, acceptance, time_split = {}, {}, {}
     for label, run in runs.items():
         if not len(run.steps):
@@ -206,7 +295,8 @@ def chart_series(runs: dict[str, Run], costs: CostModel | None, window: int = WI
     k = DEFAULT_K
     if spec is not None and len(spec.steps):
         col = spec.steps.column
-        draft_length = {"k": (col("step"), col("k")), "drafted": (col("step"), col("drafted"))}
+        draft_length = {"k": (col("step"), col("k")), "drafted": (col("step"), col("drafted")),
+                        "accepted": (col("step"), col("accepted"))}  # fmt: skip
         drafted = col("drafted")
         histogram = accepted_histogram(col("accepted"), drafted, spec.stats.acceptance_rate)
         drafting = drafted > 0
@@ -230,4 +320,5 @@ def chart_series(runs: dict[str, Run], costs: CostModel | None, window: int = WI
         "depth": depth,
         "time_split": time_split,
         "theory": theory,
+        "drafter": drafter_series(spec, drafter),
     }

@@ -12,14 +12,18 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QPalette
+from PySide6.QtWidgets import QHBoxLayout, QWidget
 
 RUN_COLOURS = {"speculative": "#0072B2", "vanilla": "#E69F00"}  # blue, orange
 TIME_COLOURS = {"draft": "#D55E00", "verify": "#56B4E9", "other": "#999999"}  # vermillion, sky, grey
 BREAK_EVEN = "#D55E00"
 SPEEDUP = "#009E73"  # green
+ACCEPTED = "#009E73"  # green, as accepted draft tokens are in the chat
+POOL_COLOURS = {"window": "#CC79A7", "text": "#0072B2"}  # reddish purple, blue
 RUN_ORDER = ("speculative", "vanilla")
 HEADROOM = 1.4  # y range over the data's top, so a top-right legend never covers data
 HISTOGRAM_HEADROOM = 1.6  # its legend is wide: beside a tall bar in a narrow panel it needs more
+RISING_HEADROOM = 1.7  # counts that rise from the bottom left, under a two-row legend at the top left
 EMPTY = (np.zeros(0), np.zeros(0))
 
 
@@ -70,6 +74,17 @@ class Panel(pg.PlotWidget):
     def clear_data(self) -> None:
         raise NotImplementedError
 
+    def legend_headroom(self, minimum: float, maximum: float = 3.0) -> float:
+        """Top of the y range over the data's top so that a legend at the top clears the data:
+        from the legend's and the plot's heights in pixels once laid out, else `minimum`."""
+        plot_height = self.plot.getViewBox().height()
+        legend_height = self.legend.boundingRect().height() + 10  # its offset, and a margin
+        if not self.legend.isVisible() or plot_height <= 0:
+            return minimum
+        if plot_height <= legend_height:
+            return maximum
+        return min(max(minimum, plot_height / (plot_height - legend_height)), maximum)
+
     def muted(self, alpha: int = 110) -> QColor:
         """The foreground colour, faded: for reference lines that must not compete with data."""
         colour = QColor(self.fg)
@@ -93,6 +108,31 @@ def set_label_anchor(line: pg.InfiniteLine, anchor: tuple[float, float]) -> None
     if line.label.anchors[0] != anchor:
         line.label.anchors = [anchor, anchor]
         line.label.updatePosition()
+
+
+LABEL_CLEARANCE = 0.15  # a line label's height on the 0..1 acceptance axis, with a margin
+
+
+def label_sides(overall: float | None, break_even: float | None) -> tuple[bool, bool]:
+    """Whether the "whole run" and "break-even" labels go above their lines.
+
+    Apart, the whole-run label goes above its line and the break-even one below,
+    except where that would cut them off at the top or bottom of the axis. When
+    the two lines are closer than a label's height, a label on the inner side
+    would sit on the other line and its label: the upper line's label goes above
+    it and the lower one's below, so the gap between the lines separates them.
+    """
+    overall_above = overall is None or overall <= 1.0 - LABEL_CLEARANCE
+    break_even_above = break_even is not None and break_even < LABEL_CLEARANCE
+    if overall is not None and break_even is not None and abs(overall - break_even) < LABEL_CLEARANCE:
+        # Outer sides where they fit; at the very top (or bottom) both go to the one side
+        # left, where the lines' opposite ends (left, right) keep the labels apart.
+        upper_above = max(overall, break_even) <= 1.0 - LABEL_CLEARANCE
+        lower_above = min(overall, break_even) < LABEL_CLEARANCE
+        if overall >= break_even:
+            return upper_above, lower_above
+        return lower_above, upper_above
+    return overall_above, break_even_above
 
 
 def set_curve(curve: pg.PlotDataItem, x: np.ndarray, y: np.ndarray) -> None:
@@ -148,16 +188,17 @@ class AcceptancePanel(Panel):
         if measured is not None:
             self.overall.setValue(measured[0])
             self.overall.label.setFormat(f"whole run {measured[0]:.2f}")
-            # Near the top of the axis a label above the line would be cut off: put it below.
-            set_label_anchor(self.overall, (0, 0) if measured[0] > 0.8 else (0, 1))
         break_even = series["theory"]["break_even"]
         self.break_even.setVisible(break_even is not None and len(x) > 0)
         if break_even is not None:
             self.break_even.setValue(break_even)
             self.break_even.label.setFormat("break-even: every a pays" if break_even < 0.005
                                             else f"break-even {break_even:.2f}")  # fmt: skip
-            # Near the bottom a label below the line would be cut off: put it above.
-            set_label_anchor(self.break_even, (1, 1) if break_even < 0.15 else (1, 0))
+        overall_above, break_even_above = label_sides(
+            measured[0] if measured is not None else None, break_even if self.break_even.isVisible() else None
+        )
+        set_label_anchor(self.overall, (0, 1) if overall_above else (0, 0))
+        set_label_anchor(self.break_even, (1, 1) if break_even_above else (1, 0))
 
     def clear_data(self) -> None:
         self.curve.setData([], [])
@@ -203,18 +244,49 @@ class HistogramPanel(Panel):
 
 
 class DraftLengthPanel(Panel):
+    """What was asked and drafted per step; for tree drafters, the tree's nodes and the accepted length.
+
+    A tree drafter's k is its node budget and what it drafted is the tree's size,
+    so the same two series read "node budget" and "tree nodes"; the accepted
+    length per step (the path the target kept) is drawn over them in green.
+    """
+
+    TITLES = {False: "Draft length k", True: "Tree size and accepted length"}
+    NAMES = {False: ("k asked", "drafted"), True: ("node budget k", "tree nodes")}
+
     def __init__(self, parent=None) -> None:
-        super().__init__("Draft length k", "step", "tokens", parent)
-        self.asked = self.plot.plot([], [], pen=pg.mkPen(RUN_COLOURS["speculative"], width=2),
-                                    stepMode="left", name="k asked")  # fmt: skip
+        super().__init__(self.TITLES[False], "step", "tokens", parent)
+        self.tree = False
+        self.asked = self.plot.plot([], [], pen=pg.mkPen(RUN_COLOURS["speculative"], width=2), stepMode="left")
         # What the drafter actually proposed (an n-gram drafter often finds fewer than k),
         # as a filled area under the line: symbols would cost 100 ms a frame on a long run.
         fill = QColor(RUN_COLOURS["speculative"])
         fill.setAlpha(70)
-        self.drafted = self.plot.plot([], [], pen=None, stepMode="left", fillLevel=0, fillBrush=fill, name="drafted")
+        self.drafted = self.plot.plot([], [], pen=None, stepMode="left", fillLevel=0, fillBrush=fill)
         self.drafted.setZValue(-1)
+        self.accepted = self.plot.plot([], [], pen=pg.mkPen(ACCEPTED, width=1.5), stepMode="left")
+        self.accepted.setVisible(False)
         self.plot.enableAutoRange(axis="y", enable=False)
         self.plot.setYRange(0.0, 4.0 * HEADROOM)
+        self._fill_legend()
+
+    def set_tree(self, tree: bool) -> None:
+        """Tree drafters (Medusa, EAGLE, lookahead): name the series for trees, show the accepted length."""
+        tree = bool(tree)
+        if tree == self.tree:
+            return
+        self.tree = tree
+        self.set_title(self.TITLES[tree])
+        self.accepted.setVisible(tree)
+        self._fill_legend()
+
+    def _fill_legend(self) -> None:
+        self.legend.clear()
+        asked, drafted = self.NAMES[self.tree]
+        self.legend.addItem(self.asked, asked)
+        self.legend.addItem(self.drafted, drafted)
+        if self.tree:
+            self.legend.addItem(self.accepted, "accepted")
 
     def show_series(self, series: dict) -> None:
         lengths = series["draft_length"]
@@ -223,12 +295,17 @@ class DraftLengthPanel(Panel):
             return
         set_curve(self.asked, *lengths["k"])
         set_curve(self.drafted, *lengths["drafted"])
-        top = max(float(lengths["k"][1].max()), 1.0)
-        self.plot.setYRange(0.0, top * HEADROOM, padding=0.02)
+        if self.tree:
+            set_curve(self.accepted, *lengths["accepted"])
+        else:
+            self.accepted.setData([], [])
+        top = max(float(lengths["k"][1].max()), float(lengths["drafted"][1].max()), 1.0)
+        self.plot.setYRange(0.0, top * self.legend_headroom(HEADROOM), padding=0.02)
 
     def clear_data(self) -> None:
         self.asked.setData([], [])
         self.drafted.setData([], [])
+        self.accepted.setData([], [])
 
 
 class TimeSplitPanel(Panel):
@@ -293,13 +370,15 @@ class TimeSplitPanel(Panel):
 
 
 class DepthPanel(Panel):
-    """accepted / tested per draft depth: per Medusa head ("head k") or per chain position ("position k").
+    """accepted / tested per draft depth: per Medusa head ("head k"), per tree depth for EAGLE and
+    lookahead ("depth k") or per chain position ("position k").
 
     The counts above each bar say how much evidence it rests on: a deep head
     is only tested when every head before it was right.
     """
 
-    LABELS = {"head": "Acceptance per head", "position": "Acceptance per draft position"}
+    LABELS = {"head": "Acceptance per head", "depth": "Acceptance per tree depth",
+              "position": "Acceptance per draft position"}  # fmt: skip
     MAX_NAMED_TICKS = 5  # "head 1".."head 5"; beyond that, numbers and the axis says what they are
     MAX_COUNTS = 8  # more bars than this and the count labels would run into each other
 
@@ -318,7 +397,7 @@ class DepthPanel(Panel):
         self.clear_data()
 
     def set_label(self, label: str) -> None:
-        """"head" for Medusa heads, "position" for chain drafters."""
+        """"head" for Medusa heads, "depth" for other tree drafters, "position" for chain drafters."""
         self.label = label if label in self.LABELS else "position"
         self.set_title(self.LABELS[self.label])
 
@@ -347,3 +426,232 @@ class DepthPanel(Panel):
     def clear_data(self) -> None:
         empty = np.zeros(0)
         self.show_series({"depth": {"depth": empty, "rate": empty, "accepted": empty, "tested": empty}})
+
+
+# -- the drafter panel: numbers only some drafters have --------------------------------------
+
+
+def _finite(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The points where y is a number (a step without a drafter snapshot is NaN)."""
+    keep = np.isfinite(y)
+    return x[keep], y[keep]
+
+
+def _latest(values: np.ndarray) -> int | None:
+    finite = values[np.isfinite(values)] if len(values) else values
+    return int(finite[-1]) if len(finite) else None
+
+
+class PoolPanel(Panel):
+    """Lookahead: the n-gram pool's size over steps, split into n-grams the Jacobi window
+    produced and n-grams taken from the prompt and the reply; W, N and G in the title."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__("N-gram pool", "step", "n-grams", parent)
+        self.legend.setOffset((6, 6))  # top left: the pool only grows
+        window, text = (QColor(POOL_COLOURS[part]) for part in ("window", "text"))
+        window.setAlpha(110)
+        text.setAlpha(110)
+        # The whole pool under the part from the text: the band above the text's is the window's.
+        self.total = self.plot.plot([], [], pen=pg.mkPen(POOL_COLOURS["window"], width=1.5), fillLevel=0,
+                                    fillBrush=window, name="from the window")  # fmt: skip
+        self.text = self.plot.plot([], [], pen=pg.mkPen(POOL_COLOURS["text"], width=1.5), fillLevel=0,
+                                   fillBrush=text, name="from the text")  # fmt: skip
+        self.total.setZValue(-2)
+        self.text.setZValue(-1)
+        self.plot.enableAutoRange(axis="y", enable=False)
+        self.plot.setYRange(0.0, 10.0 * RISING_HEADROOM)
+
+    def show_series(self, series: dict) -> None:
+        d = series["drafter"]
+        stats = d["stats"] or {}
+        title = "N-gram pool"
+        if all(key in stats for key in ("window", "ngram", "max_candidates")):
+            title += f" · W {stats['window']} · N {stats['ngram']} · G {stats['max_candidates']}"
+        self.set_title(title)
+        if "pool_size" not in d:
+            self.clear_data()
+            return
+        x, total = _finite(d["step"], d["pool_size"])
+        set_curve(self.total, x, total)
+        xt, text = _finite(d["step"], d["pool_text"])
+        set_curve(self.text, xt, text)
+        top = max(float(total.max()) if len(total) else 0.0, 10.0)
+        self.plot.setYRange(0.0, top * RISING_HEADROOM, padding=0.02)
+
+    def clear_data(self) -> None:
+        self.total.setData([], [])
+        self.text.setData([], [])
+
+
+class PoolHitsPanel(Panel):
+    """Lookahead: steps where a candidate from the pool had a token accepted, against the steps
+    that ran the window (both running counts: the gap between them is the misses)."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__("Pool hits", "step", "steps", parent)
+        self.legend.setOffset((6, 6))  # top left: both counts rise to the right
+        self.steps = self.plot.plot([], [], pen=pg.mkPen(self.muted(200), width=1.5, style=Qt.DashLine),
+                                    name="window steps")  # fmt: skip
+        self.hits = self.plot.plot([], [], pen=pg.mkPen(ACCEPTED, width=2), name="pool hits")
+        self.plot.enableAutoRange(axis="y", enable=False)
+        self.plot.setYRange(0.0, 10.0 * RISING_HEADROOM)
+
+    def show_series(self, series: dict) -> None:
+        d = series["drafter"]
+        if "pool_hits" not in d:
+            self.set_title("Pool hits")
+            self.clear_data()
+            return
+        x, hits = _finite(d["step"], d["pool_hits"])
+        xs, steps = _finite(d["step"], d["pool_steps"])
+        set_curve(self.hits, x, hits)
+        set_curve(self.steps, xs, steps)
+        last_hits, last_steps = _latest(hits), _latest(steps)
+        self.set_title("Pool hits" if last_hits is None or not last_steps
+                       else f"Pool hits: {last_hits} of {last_steps} steps")  # fmt: skip
+        top = max(float(steps.max()) if len(steps) else 0.0, float(hits.max()) if len(hits) else 0.0, 10.0)
+        self.plot.setYRange(0.0, top * RISING_HEADROOM, padding=0.02)
+
+    def clear_data(self) -> None:
+        self.hits.setData([], [])
+        self.steps.setData([], [])
+
+
+class ExitLayerPanel(Panel):
+    """Early exit: the layer the draft left the target at, step by step (auto mode explores, then settles)."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__("Exit layer", "step", "layer", parent)
+        self.legend.hide()
+        self.curve = self.plot.plot([], [], pen=pg.mkPen(RUN_COLOURS["speculative"], width=2), stepMode="left")
+        self.plot.enableAutoRange(axis="y", enable=False)
+        self.plot.setYRange(0.0, 4.0, padding=0.05)
+        self.n_layers = None
+
+    def show_series(self, series: dict) -> None:
+        d = series["drafter"]
+        stats = d["stats"] or {}
+        layer, n = stats.get("exit_layer"), stats.get("n_layers")
+        title = "Exit layer"
+        if layer is not None:
+            title += f": {layer}" + (f" of {n}" if n else "")
+            mode = stats.get("layers")
+            title += " (auto)" if mode == "auto" else " (fixed)" if mode is not None else ""
+        self.set_title(title)
+        if "exit_layer" not in d:
+            self.clear_data()
+            return
+        set_curve(self.curve, *_finite(d["step"], d["exit_layer"]))
+        top = n or _latest(d["exit_layer"]) or 4
+        if top != self.n_layers:
+            self.n_layers = top
+            self.plot.setYRange(0.0, float(top), padding=0.05)
+
+    def clear_data(self) -> None:
+        self.curve.setData([], [])
+
+
+class ExitAcceptancePanel(Panel):
+    """Early exit: measured acceptance per candidate exit layer, the one in use in the run's blue."""
+
+    MAX_LABELS = 8  # more bars than this and the numbers above them would run into each other
+
+    def __init__(self, parent=None) -> None:
+        super().__init__("Acceptance per exit layer", "exit layer", "accepted / tested", parent,
+                         axis_items={"left": CappedAxis("left")})  # fmt: skip
+        self.legend.hide()
+        self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brushes=[], pen=pg.mkPen(None))
+        self.plot.addItem(self.bars)
+        self.values: list[pg.TextItem] = []
+        self.layers: list[int] = []  # the candidates drawn, in x order; tests read them
+        self.plot.getAxis("left").setTickSpacing(major=0.5, minor=0.1)
+        self.plot.getViewBox().setMouseEnabled(y=False)
+        self.plot.enableAutoRange(enable=False)
+        self.plot.setYRange(0.0, 1.25, padding=0.0)  # room above a full bar for its number
+        self.plot.setXRange(-0.5, 3.5, padding=0.02)
+
+    def show_series(self, series: dict) -> None:
+        stats = series["drafter"]["stats"] or {}
+        candidates = [c for c in stats.get("candidates") or () if isinstance(c, dict) and "layer" in c]
+        in_use = stats.get("exit_layer")
+        self.layers = [int(c["layer"]) for c in candidates]
+        rates = [c.get("acceptance") for c in candidates]
+        heights = [float(r) if r is not None else 0.0 for r in rates]
+        other = self.muted(120)
+        brushes = [pg.mkBrush(RUN_COLOURS["speculative"] if layer == in_use else other) for layer in self.layers]
+        x = np.arange(len(candidates), dtype=float)
+        self.bars.setOpts(x=x, height=heights, brushes=brushes)
+        self.plot.getAxis("bottom").setTicks([[(float(i), str(layer)) for i, layer in enumerate(self.layers)]])
+        self.plot.setLabel("bottom", "exit layer" if in_use is None else f"exit layer (in use: {in_use})",
+                           color=self.fg.name(), size="9pt")  # fmt: skip
+        for item in self.values:
+            self.plot.removeItem(item)
+        self.values = []
+        if len(candidates) <= self.MAX_LABELS:
+            untried = "untried" if len(candidates) <= 5 else "–"  # measured nothing yet
+            for i, (rate, height) in enumerate(zip(rates, heights)):
+                text = pg.TextItem(untried if rate is None else f"{rate:.2f}", color=self.fg, anchor=(0.5, 1))
+                text.setPos(float(i), height + 0.02)
+                self.plot.addItem(text)
+                self.values.append(text)
+        self.plot.setXRange(-0.5, max(len(candidates), 4) - 0.5, padding=0.02)
+
+    def clear_data(self) -> None:
+        self.show_series({"drafter": {"stats": None}})
+
+
+class DrafterPanel(QWidget):
+    """The loaded drafter's own numbers: two plots side by side whose content switches by kind.
+
+    lookahead   the n-gram pool (W, N, G in its title) | pool hits against the window's steps
+    early exit  the exit layer over steps              | measured acceptance per candidate exit
+    Other drafters have nothing here (their numbers are in the other panels) and the
+    panel is hidden. The plots are made the first time a kind needs them.
+    """
+
+    KINDS = {"lookahead": (PoolPanel, PoolHitsPanel), "early-exit": (ExitLayerPanel, ExitAcceptancePanel)}
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.kind: str | None = None
+        self._pairs: dict[str, tuple[Panel, Panel]] = {}
+        self._layout = QHBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.setSpacing(4)
+        self.setVisible(False)
+
+    @property
+    def active(self) -> bool:
+        """Whether the loaded drafter has anything to show here."""
+        return self.kind is not None
+
+    @property
+    def plots(self) -> tuple[Panel, ...]:
+        """The plots shown for the current kind (none when inactive)."""
+        return self._pairs[self.kind] if self.kind is not None else ()
+
+    def set_kind(self, kind: str | None) -> None:
+        """"lookahead", "early-exit" or None (DrafterView.panel)."""
+        kind = kind if kind in self.KINDS else None
+        if kind == self.kind:
+            return
+        for pair_kind, pair in self._pairs.items():
+            for plot in pair:
+                plot.setVisible(pair_kind == kind)
+        if kind is not None and kind not in self._pairs:
+            pair = tuple(make(self) for make in self.KINDS[kind])
+            for plot in pair:
+                self._layout.addWidget(plot, 1)
+                plot.setVisible(True)  # a child made after its parent was shown starts hidden
+            self._pairs[kind] = pair
+        self.kind = kind
+
+    def show_series(self, series: dict) -> None:
+        for plot in self.plots:
+            plot.show_series(series)
+
+    def clear_data(self) -> None:
+        for pair in self._pairs.values():
+            for plot in pair:
+                plot.clear_data()

@@ -9,7 +9,13 @@ steps from its worker through a queued signal.
 Panels (three columns when wide, two when tall):
   tokens per second | acceptance rate (rolling)  | tokens accepted per step
   draft length k    | where the time goes        | theory: E[tokens/step] and speedup vs a
-  acceptance per draft position (per Medusa head), across the last row
+  acceptance per draft position (per Medusa head, per tree depth), across the last row
+The draft length panel shows a tree drafter's tree size and accepted length
+per step instead. Lookahead and early exit add the drafter panel (two plots:
+the n-gram pool and its hits, or the exit layer and each exit's acceptance)
+beside the last panel, or on a row of its own when only one column is left.
+`set_drafter` says which drafter is loaded; the worker's snapshot of its
+statistics comes with each step (`add_step`'s `drafter_stats`).
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 from engine.draft_length import CostModel
 from engine.events import StepEvent
 
-from .chart_data import COLUMNS, Run, chart_series
+from .chart_data import COLUMNS, DRAFTER_COLUMNS, Run, chart_series, drafter_view
 from .chart_panels import (
     RUN_COLOURS,
     AcceptancePanel,
     DepthPanel,
+    DrafterPanel,
     DraftLengthPanel,
     HistogramPanel,
     ThroughputPanel,
@@ -50,6 +57,7 @@ class LiveCharts(QWidget):
         super().__init__(parent)
         self._runs: dict[str, Run] = {}
         self._costs: CostModel | None = None
+        self._drafter: str | None = None  # EngineConfig.drafter of the loaded engine
         self._dirty = False
         self.throughput = ThroughputPanel(self)
         self.acceptance = AcceptancePanel(self)
@@ -58,8 +66,9 @@ class LiveCharts(QWidget):
         self.time_split = TimeSplitPanel(self)
         self.theory = TheoryPanel(self)
         self.depth = DepthPanel(self)
+        self.drafter = DrafterPanel(self)  # hidden unless the drafter has numbers of its own
         self.panels = (self.throughput, self.acceptance, self.histogram, self.draft_length, self.time_split,
-                       self.theory, self.depth)  # fmt: skip
+                       self.theory, self.depth, self.drafter)  # fmt: skip
         # Steps share their x axis: zooming one zooms the other.
         self.draft_length.plot.setXLink(self.acceptance.plot)
         # One line above the panels names the run colours once for all of them and
@@ -93,8 +102,11 @@ class LiveCharts(QWidget):
             panel.clear_data()
         self._schedule()
 
-    def add_step(self, label: str, event: StepEvent) -> None:
-        """Record one step of the run `label` ("speculative" or "vanilla"). Cheap: draws nothing."""
+    def add_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None) -> None:
+        """Record one step of the run `label` ("speculative" or "vanilla"). Cheap: draws nothing.
+
+        `drafter_stats`: the drafter's stats() right after this step, as a snapshot taken on
+        the thread that decodes (never call stats() from here while a worker decodes)."""
         if label not in LABELS:
             raise ValueError(f"unknown run label {label!r}: use one of {', '.join(LABELS)}")
         run = self._runs.get(label)
@@ -102,11 +114,27 @@ class LiveCharts(QWidget):
             # Step 0 of a label that already has steps is a new run without a reset():
             # start that label over rather than join two runs into one curve.
             run = self._runs[label] = Run()
-        run.add(event)
+        run.add(event, drafter_stats)
         self._schedule()
 
+    def set_drafter(self, kind: str | None) -> None:
+        """The loaded drafter (EngineConfig.drafter: "eagle", "lookahead", "early-exit",
+        "medusa", "ngram", "model", "none"): names the depth bars, draws trees as trees,
+        and shows the drafter panel where the drafter has one."""
+        self._drafter = kind
+        view = drafter_view(kind)
+        self.depth.set_label(view.depth_label)
+        self.draft_length.set_tree(view.tree)
+        self.drafter.set_kind(view.panel)
+        self._arrange(self._columns, force=True)
+        self._schedule()
+
+    @property
+    def drafter_kind(self) -> str | None:
+        return self._drafter
+
     def set_depth_label(self, label: str) -> None:
-        """Name the depth bars: "head" (Medusa heads) or "position" (chain drafters)."""
+        """Name the depth bars: "head" (Medusa heads), "depth" (tree drafters) or "position" (chains)."""
         self.depth.set_label(label)
         self._schedule()
 
@@ -119,7 +147,7 @@ class LiveCharts(QWidget):
 
     def series(self) -> dict:
         """The data the panels draw (after the next redraw, if steps arrived since the last)."""
-        return chart_series(self._runs, self._cost_snapshot())
+        return chart_series(self._runs, self._cost_snapshot(), drafter=self._drafter)
 
     def redraw(self) -> None:
         """Draw everything added so far now (the timer calls this; so does export_png)."""
@@ -150,21 +178,25 @@ class LiveCharts(QWidget):
         size = event.size()
         self._arrange(3 if size.width() >= 1.15 * size.height() else 2)
 
-    def _arrange(self, columns: int) -> None:
-        if columns == self._columns:
+    def _arrange(self, columns: int, force: bool = False) -> None:
+        if columns == self._columns and not force:
             return
         self._columns = columns
         for panel in self.panels:
             self._grid.removeWidget(panel)
-        for i, panel in enumerate(self.panels):
-            # The last panel takes what is left of its row.
-            span = columns - i % columns if i == len(self.panels) - 1 else 1
-            self._grid.addWidget(panel, i // columns, i % columns, 1, span)
-        rows = (len(self.panels) + columns - 1) // columns
-        for r in range(4):
-            self._grid.setRowStretch(r, 1 if r < rows else 0)
+        positions = grid_positions(len(self.panels) - 1, columns, self.drafter.active)
+        for row, column, span, panel in positions:
+            self._grid.addWidget(self.panels[panel], row, column, 1, span)
+        self.drafter.setVisible(self.drafter.active)
+        used = 1 + max(row for row, *_ in positions)
+        for r in range(max(self._grid.rowCount(), used)):
+            self._grid.setRowStretch(r, 1 if r < used else 0)
         for c in range(3):
             self._grid.setColumnStretch(c, 1 if c < columns else 0)
+
+    def visible_panels(self) -> tuple:
+        """The panels in the layout now (the drafter panel only where the drafter has one)."""
+        return self.panels if self.drafter.active else self.panels[:-1]
 
     # -- exports -------------------------------------------------------------------
 
@@ -175,25 +207,37 @@ class LiveCharts(QWidget):
         if not self.grab().save(os.fspath(path), "PNG"):
             raise OSError(f"Could not write the image {os.fspath(path)}: check the folder exists and is writable.")
 
+    def _export_columns(self) -> tuple[str, ...]:
+        """COLUMNS, then the drafter's columns that some run has numbers for."""
+        filled = {name for run in self._runs.values() for name in run.drafter_columns()}
+        return COLUMNS + tuple(name for name in DRAFTER_COLUMNS if name in filled)
+
     def export_csv(self, path: str | os.PathLike) -> None:
-        """One row per step and run: the run label, then chart_data.COLUMNS."""
+        """One row per step and run: the run label, then chart_data.COLUMNS and the drafter's
+        columns (lookahead: pool_size, pool_jacobi, pool_text, pool_steps, pool_hits; early
+        exit: exit_layer), empty where a run has no such number."""
+        columns = self._export_columns()
         with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
-            writer.writerow(("run",) + COLUMNS)
+            writer.writerow(("run",) + columns)
             for label, run in self._runs.items():
-                for row in run.rows():
-                    writer.writerow([label] + [row[name] for name in COLUMNS])
+                for row in run.rows(columns):
+                    writer.writerow([label] + ["" if row[name] is None else row[name] for name in columns])
 
     def export_json(self, path: str | os.PathLike) -> None:
-        """The run's numbers: final RunStats and per-step rows per label, and the cost model's view."""
+        """The run's numbers: final RunStats, the drafter's last statistics and per-step rows per
+        label, the cost model's view, per-depth acceptance and the theory's numbers."""
         series = self.series()
         theory = series["theory"]
         depth = series["depth"]
         costs = self._cost_snapshot()
+        columns = self._export_columns()
         document = {
-            "columns": list(COLUMNS),
+            "columns": list(columns),
+            "drafter": self._drafter,
             "runs": {
-                label: {"stats": run.stats.as_dict(), "finish_reason": run.finish_reason, "steps": run.rows()}
+                label: {"stats": run.stats.as_dict(), "finish_reason": run.finish_reason,
+                        "drafter_stats": run.drafter_stats, "steps": run.rows(columns)}
                 for label, run in self._runs.items()
             },
             "cost_model": None if costs is None else {
@@ -214,7 +258,48 @@ class LiveCharts(QWidget):
             },
         }  # fmt: skip
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(document, f, indent=2)
+            json.dump(document, f, indent=2, default=_plain)
+
+
+def _plain(value):
+    """A drafter's number JSON does not know (a numpy or torch scalar): as a plain number or text."""
+    try:
+        return value.item()
+    except (AttributeError, ValueError):
+        return str(value)
+
+
+def grid_positions(n: int, columns: int, drafter: bool) -> list[tuple[int, int, int, int]]:
+    """(row, column, column span, panel index) for n panels in `columns` columns, then, when
+    `drafter`, the drafter panel (index n). The last panel takes what is left of its row;
+    the drafter panel (two plots side by side) goes beside it where two columns or more are
+    left, else on a row of its own across all columns."""
+    out = [[*divmod(i, columns), 1, i] for i in range(n)]
+    row, column = divmod(n - 1, columns)
+    left = columns - column - 1
+    if drafter and left >= 2:
+        out.append([row, column + 1, left, n])
+    else:
+        out[-1][2] = columns - column
+        if drafter:
+            out.append([row + 1, 0, columns, n])
+    return [tuple(p) for p in out]
+
+
+def drafter_summary(drafter: dict | None) -> str:
+    """One line on the tree drafters' own numbers (lookahead and early exit have their panel's titles)."""
+    if not drafter or not drafter.get("stats"):
+        return ""
+    s, kind = drafter["stats"], drafter.get("kind")
+    try:
+        if kind == "eagle":
+            return (f"EAGLE: last tree {s['nodes']} nodes, {s['depth']} deep; draft vocabulary "
+                    f"{s['draft_vocab']:,}; calibration {s['calibration']:.2f}")
+        if kind == "medusa":
+            return f"Medusa: {s['heads']} heads, last tree {s['nodes']} nodes"
+    except (KeyError, TypeError, ValueError):  # a drafter that reports other numbers: say nothing
+        return ""
+    return ""
 
 
 def summary_html(series: dict, text_colour: str) -> str:
@@ -240,6 +325,9 @@ def summary_html(series: dict, text_colour: str) -> str:
     if "speculative" in stats and stats["speculative"].tested:
         parts.append(f"{stats['speculative'].predicted_speedup:.2f}× predicted")
     line = " &nbsp;·&nbsp; ".join(parts)
+    drafter = drafter_summary(series.get("drafter"))
+    if drafter:
+        line += f"<br>{html.escape(drafter)}"
     spec = stats.get("speculative")
     for note in getattr(spec, "notes", ()) if spec is not None else ():  # the engine's own words, as text
         line += f"<br>{html.escape(note)}"

@@ -11,10 +11,17 @@ still hold.
 Every `SpecDeckError` becomes `sig_error` with the engine's own message; any
 other exception is a bug, reported the same way with its type so that the
 window survives it.
+
+Drafter statistics (`Drafter.stats()`: lookahead's n-gram pool, the early-exit
+layer...) are read by the job itself, on the worker thread, right after each
+step of a speculative run, while the decode loop waits at its `yield`; the
+copy travels with the step (`sig_step_stats`). Nothing on the GUI thread ever
+calls into the drafter while it decodes.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from typing import Any
@@ -43,6 +50,10 @@ class EngineController(QObject):
 
     sig_step = Signal(str, object)
     """One decoding step: the run's label ("speculative" or "vanilla") and the StepEvent."""
+
+    sig_step_stats = Signal(str, object, object)
+    """The same step (emitted just before sig_step) with the drafter's statistics just after it:
+    a dict copied on the worker thread, or None (a plain run, no drafter, stats() failed)."""
 
     sig_run_finished = Signal(str, object)
     """A run ended: its kind and its result (GenerationResult / Comparison), None if it failed."""
@@ -105,11 +116,12 @@ class EngineController(QObject):
         def job(cancel: threading.Event, report):
             engine = self._require_engine()
             label = "speculative" if engine.drafter is not None else "vanilla"
+            drafter = engine.drafter if label == "speculative" else None
             events = []
             for event in engine.stream(engine.prompt_ids(messages), sampling, speculative=label == "speculative",
                                        cancel=cancel):  # fmt: skip
                 events.append(event)
-                report((label, event))
+                report((label, event, drafter_snapshot(drafter)))
             return collect(events)
 
         self._start(CHAT, job)
@@ -118,7 +130,12 @@ class EngineController(QObject):
         def job(cancel: threading.Event, report):
             engine = self._require_engine()
             prompt = engine.prompt_ids(messages)
-            return engine.compare(prompt, sampling, cancel=cancel, on_event=lambda label, e: report((label, e)))
+
+            def on_event(label: str, event) -> None:  # on this thread, between two steps
+                drafter = engine.drafter if label == "speculative" else None
+                report((label, event, drafter_snapshot(drafter)))
+
+            return engine.compare(prompt, sampling, cancel=cancel, on_event=on_event)
 
         self._start(COMPARE, job)
 
@@ -173,7 +190,10 @@ class EngineController(QObject):
         if worker.name == LOAD:
             self.sig_load_progress.emit(*value)
         else:
-            self.sig_step.emit(*value)
+            label, event, stats = value
+            # The charts (on sig_step_stats) have the step by the time sig_step's listeners run.
+            self.sig_step_stats.emit(label, event, stats)
+            self.sig_step.emit(label, event)
 
     @Slot(object)
     def _on_returned(self, result: Any) -> None:
@@ -216,3 +236,25 @@ class EngineController(QObject):
         if busy != self._busy:
             self._busy = busy
             self.sig_busy_changed.emit(busy)
+
+
+_failed_stats: set[type] = set()  # drafter classes whose stats() raised: logged once each
+
+
+def drafter_snapshot(drafter) -> dict | None:
+    """A private deep copy of `drafter.stats()`, or None without a drafter.
+
+    Call it on the thread that decodes, between two steps: the copy shares nothing
+    with the drafter, so the GUI thread may read it while decoding goes on. A
+    drafter whose stats() fails is logged once and charted without its numbers;
+    the run itself goes on.
+    """
+    if drafter is None:
+        return None
+    try:
+        return copy.deepcopy(dict(drafter.stats()))
+    except Exception:  # noqa: BLE001 - a statistics bug must not end a reply
+        if type(drafter) not in _failed_stats:
+            _failed_stats.add(type(drafter))
+            log.exception("%s.stats() failed; its numbers are left out of the charts", type(drafter).__name__)
+        return None

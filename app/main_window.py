@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 def describe_engine(config: EngineConfig, engine) -> str:
     """The status bar's summary of what is loaded."""
     info = engine.target.info
-    names = {"ngram": "n-gram drafter", "none": "no drafter", "medusa": "Medusa heads"}
+    names = {"ngram": "n-gram drafter", "none": "no drafter", "medusa": "Medusa heads", "eagle": "EAGLE head",
+             "lookahead": "lookahead decoding", "early-exit": "early exit"}  # fmt: skip
     drafter = names.get(config.drafter, "draft model")
     if engine.drafter is not None and config.drafter == "model" and config.draft:
         drafter = f"draft {config.draft}"
@@ -159,7 +160,7 @@ class MainWindow(QMainWindow):
         c.sig_loaded.connect(self._on_loaded)
         c.sig_load_failed.connect(self._on_load_failed)
         c.sig_run_started.connect(self._on_run_started)
-        c.sig_step.connect(self._on_step)
+        c.sig_step_stats.connect(self._on_step)  # sig_step with the drafter's statistics
         c.sig_run_finished.connect(self._on_run_finished)
         c.sig_busy_changed.connect(self._on_busy_changed)
         c.sig_error.connect(self.show_error)
@@ -217,7 +218,8 @@ class MainWindow(QMainWindow):
         self.engine_label.setText(describe_engine(config, self.controller.engine))
         self.statusBar().showMessage("Model loaded.", 5000)
         self.charts.set_cost_model(self.controller.engine.costs)
-        self.charts.set_depth_label("head" if config.drafter == "medusa" else "position")
+        # A draft model given by name makes the drafter "model", whatever config.drafter says.
+        self.charts.set_drafter("model" if config.draft else config.drafter)
         notes = engine_notes(self.controller.engine)  # e.g. a Medusa tree cut to one branch on llama.cpp
         if notes:
             self.banner.show_message(" ".join(notes), "info")
@@ -258,8 +260,9 @@ class MainWindow(QMainWindow):
             self.compare_view.begin()
         self._run_kind = kind
 
-    def _on_step(self, label: str, event: StepEvent) -> None:
-        self.charts.add_step(label, event)
+    def _on_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None) -> None:
+        # drafter_stats: copied on the worker thread after this step (EngineController).
+        self.charts.add_step(label, event, drafter_stats)
         if self._run_kind == COMPARE:
             self.compare_view.add_step(label, event)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
-from .chart_panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel
+from .chart_panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, set_label_anchor
 
 # The legend (up to five rows, top left) needs more room than other panels' two.
 THEORY_HEADROOM = 1.6
@@ -50,6 +50,7 @@ class TheoryPanel(Panel):
         self.plot.getViewBox().setLimits(xMin=-0.05, xMax=1.05, yMin=-0.2)
         self._k = None
         self._legend_entries = None
+        self.plot.getViewBox().sigResized.connect(self._place_break_even_label)
         self.note = ""  # what the legend says when there is no break-even line; tests read it
 
     def show_series(self, series: dict) -> None:
@@ -65,9 +66,7 @@ class TheoryPanel(Panel):
         self.break_even.setVisible(break_even is not None)
         if break_even is not None:
             self.break_even.setValue(break_even)
-            # Verification this cheap pays even when nothing is accepted: say it plainly.
-            text = "every a pays" if break_even < 0.005 else f"break-even a = {break_even:.2f}"
-            self.break_even.label.setFormat(text)
+            self._place_break_even_label()
         measured, points = t["measured"], t["measured_speedup"]
         self.measured.setData(*([measured[0]], [measured[1]]) if measured else ([], []))
         self.measured_speedup.setData(*([points[0]], [points[1]]) if points else ([], []))
@@ -81,6 +80,30 @@ class TheoryPanel(Panel):
             self.plot.setYRange(0.0, top, padding=0.02)
             self._k = k
 
+    def _place_break_even_label(self, *_) -> None:
+        """The longest wording that fits beside the line, right of it where it fits there, else
+        left: a label past the plot's edge is cut off (a narrow dock, a break-even near 1)."""
+        value = self.break_even.value()
+        if value < 0.005:
+            texts = ["every a pays"]  # verification this cheap pays even when nothing is accepted
+        else:
+            texts = [f"break-even a = {value:.2f}", f"break-even {value:.2f}", f"{value:.2f}"]
+        label = self.break_even.label
+        box = self.plot.getViewBox()
+        (x0, x1), _ = box.viewRange()
+        width = box.width()
+        if width <= 0 or x1 <= x0:  # not laid out yet: the full text, on the roomier side
+            label.setFormat(texts[0])
+            set_label_anchor(self.break_even, (0, 1) if value <= 0.5 else (1, 1))
+            return
+        room_right = (x1 - value) / (x1 - x0) * width - 4
+        room_left = (value - x0) / (x1 - x0) * width - 4
+        for text in texts:
+            label.setFormat(text)
+            needed = label.textItem.boundingRect().width()
+            if needed <= room_right or needed <= room_left:
+                break
+        set_label_anchor(self.break_even, (0, 1) if needed <= room_right or room_right >= room_left else (1, 1))
 
     def clear_data(self) -> None:
         self.measured.setData([], [])

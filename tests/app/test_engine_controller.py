@@ -28,12 +28,18 @@ def controller(qtbot):
 def test_signals_arrive_on_the_gui_thread(qtbot, controller):
     threads = set()
     controller.sig_step.connect(lambda label, event: threads.add(QThread.currentThread()))
+    steps = []
+    controller.sig_step_stats.connect(lambda label, event, stats: steps.append((event, stats)))
 
     with qtbot.waitSignal(controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS) as finished:
         controller.chat(CHAT, SamplingConfig(max_tokens=6))
 
     assert isinstance(finished.args[1], GenerationResult)
     assert threads == {QThread.currentThread()}
+    # Each step again, with the n-gram drafter's statistics copied on the worker thread after it.
+    assert [event for event, _ in steps] == list(finished.args[1].events)
+    lookups = [stats["lookups"] for _, stats in steps]
+    assert lookups == sorted(lookups) and lookups[-1] > 0
 
 
 def test_a_comparison_requested_mid_reply_cancels_the_reply_then_runs(qtbot, controller):
@@ -42,6 +48,9 @@ def test_a_comparison_requested_mid_reply_cancels_the_reply_then_runs(qtbot, con
     with qtbot.waitSignal(controller.sig_step, timeout=REPLY_TIMEOUT_MS):
         controller.chat(CHAT, LONG)
 
+    compared = []
+    controller.sig_run_started.connect(lambda kind: compared.clear())  # the comparison's steps only
+    controller.sig_step_stats.connect(lambda label, event, stats: compared.append((label, stats)))
     controller.compare(CHAT, SamplingConfig(max_tokens=6))
     qtbot.waitUntil(lambda: len(finished) == 2, timeout=REPLY_TIMEOUT_MS)
 
@@ -49,6 +58,10 @@ def test_a_comparison_requested_mid_reply_cancels_the_reply_then_runs(qtbot, con
     assert (first_kind, reply.finish_reason) == ("chat", "cancelled")
     assert second_kind == "compare" and isinstance(comparison, Comparison)
     assert comparison.vanilla.stats.tokens > 0 and comparison.speculative.stats.tokens > 0
+    # The plain run has no drafter statistics; the speculative one has them at every step.
+    assert {stats is None for label, stats in compared if label == "vanilla"} == {True}
+    assert {isinstance(stats, dict) for label, stats in compared if label == "speculative"} == {True}
+    assert len(compared) == comparison.vanilla.stats.steps + comparison.speculative.stats.steps
 
 
 def test_stop_keeps_a_load_queued_behind_a_reply(qtbot, controller):
