@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -10,6 +10,8 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGridLayout,
     QGroupBox,
+    QHBoxLayout,
+    QLabel,
     QSizePolicy,
     QSpinBox,
     QWidget,
@@ -19,12 +21,19 @@ from engine.draft_length import K_LIMIT
 from engine.models import ModelRef
 
 from .heads import HeadsPicker
-from .pair_widgets import ModelPicker
+from .pair_widgets import AutoNumberField, ModelPicker
 from .presets import BACKENDS, DEVICES, DTYPES, PairChoice
 
 DRAFTERS = (("Draft model", "model"), ("N-gram lookup (no draft model)", "ngram"),
-            ("Medusa heads (on the target's hidden states)", "medusa"), ("None: plain decoding", "none"))
-COMING = ("EAGLE head (coming)", "Lookahead decoding (coming)")
+            ("Medusa heads (on the target's hidden states)", "medusa"), ("EAGLE head", "eagle"),
+            ("Lookahead decoding (no model)", "lookahead"), ("Early exit: the target's first layers", "early-exit"),
+            ("None: plain decoding", "none"))  # fmt: skip
+DRAFTER_TIPS = {
+    "medusa": "Medusa heads guess the next few tokens from the target's last hidden state (PyTorch only)",
+    "eagle": "A one-layer EAGLE head runs in the target's feature space and drafts a tree (PyTorch only)",
+    "lookahead": "The target guesses ahead itself (a Jacobi window) and verifies n-grams it has seen (PyTorch only)",
+    "early-exit": "The target's own first layers draft, its full depth verifies (PyTorch only)",
+}
 
 
 def _combo(items, parent) -> QComboBox:
@@ -57,26 +66,60 @@ class PairForm(QWidget):
         self.backend.setToolTip("auto: GGUF files run on llama.cpp, Hugging Face folders on PyTorch")
         self.target = ModelPicker(models, "target", self)
         self.drafter = _combo(DRAFTERS, self)
-        self.drafter.insertSeparator(self.drafter.count())
-        for text in COMING:  # listed so users see what is planned; they cannot be picked
-            self.drafter.addItem(text, None)
-            self.drafter.model().item(self.drafter.count() - 1).setEnabled(False)
+        for data, tip in DRAFTER_TIPS.items():
+            self.drafter.setItemData(self.drafter.findData(data), tip, Qt.ToolTipRole)
         self.draft = ModelPicker(models, "draft model", self)
         self.draft_backend = _combo(BACKENDS, self)
         self.heads = HeadsPicker(self, settings)
         self.heads.setToolTip("Trained Medusa heads for this target (Models ▸ Train heads… makes some)")
+        self.eagle_heads = HeadsPicker(self, settings, kind="eagle")
+        self.eagle_heads.setToolTip("A trained EAGLE head for this target (Models ▸ Train heads…, Kind EAGLE, "
+                                    "makes one)")  # fmt: skip
+        self.tree_depth = AutoNumberField((4, 6, 8, 10), self, "Deepest level of the draft tree; auto = 8. "
+                                          "Deeper trees can accept more tokens per step and cost more to draft")
         self.ngram_max = _spin(1, 8, self)
         self.ngram_max.setToolTip("Longest run of recent tokens looked up in the earlier text")
-        self.ngram_max.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)  # a number, not a path: keep it short
+        self.lookahead_window = AutoNumberField((5, 7, 10, 15), self, "W: how many future positions the target "
+                                                "guesses each step (the Jacobi window); 1 to 64, auto fits it to "
+                                                "this machine")  # fmt: skip
+        self.lookahead_ngram = AutoNumberField((3, 4, 5), self, "N: tokens in each n-gram collected from the "
+                                               "window and verified as a continuation; 2 to 16")  # fmt: skip
+        self.lookahead_candidates = AutoNumberField((3, 7, 10, 15), self, "G: at most this many n-grams are "
+                                                    "verified per step; 1 to 64")  # fmt: skip
+        self.exit_layer = AutoNumberField((4, 8, 12, 16), self, "The draft runs the target's first L layers, then "
+                                          "its LM head; auto measures a few exits and keeps the best")  # fmt: skip
+        for widget in (self.ngram_max, self.tree_depth, self.exit_layer, self.lookahead_window,
+                       self.lookahead_ngram, self.lookahead_candidates):  # fmt: skip
+            widget.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)  # a number, not a path: keep it short
+        lookahead = QWidget(self)
+        row = QHBoxLayout(lookahead)
+        row.setContentsMargins(0, 0, 0, 0)
+        for text, field in (("&Window W", self.lookahead_window), ("N-gram size N", self.lookahead_ngram),
+                            ("Candidates G", self.lookahead_candidates)):  # fmt: skip
+            label = QLabel(text, lookahead)
+            label.setBuddy(field)
+            row.addWidget(label)
+            row.addWidget(field)
+            row.addSpacing(12)
+        row.addStretch(1)
         models_box = QGroupBox("Models", self)
-        form = QFormLayout(models_box)
+        form = self._models_form = QFormLayout(models_box)
         form.addRow("&Backend:", self.backend)
         form.addRow("&Target:", self.target)
         form.addRow("D&rafter:", self.drafter)
         form.addRow("&Draft model:", self.draft)
         form.addRow("Draft backend:", self.draft_backend)
         form.addRow("Medusa &heads:", self.heads)
+        form.addRow("EA&GLE head:", self.eagle_heads)
+        form.addRow("Tree depth:", self.tree_depth)
         form.addRow("N-gram length:", self.ngram_max)
+        form.addRow("Lookahead:", lookahead)
+        form.addRow("E&xit layer:", self.exit_layer)
+        # The rows only one drafter uses: shown while it is chosen.
+        self._drafter_rows = {
+            self.draft: "model", self.draft_backend: "model", self.heads: "medusa", self.eagle_heads: "eagle",
+            self.tree_depth: "eagle", self.ngram_max: "ngram", lookahead: "lookahead", self.exit_layer: "early-exit",
+        }  # fmt: skip
 
         # -- draft length
         self.k_auto = QCheckBox("&Automatic", self)
@@ -142,6 +185,10 @@ class PairForm(QWidget):
         self.target.sig_chosen.connect(self.sig_key_changed)
         self.draft.sig_chosen.connect(self.sig_key_changed)
         self.heads.sig_chosen.connect(self.sig_key_changed)
+        self.eagle_heads.sig_chosen.connect(self.sig_key_changed)
+        for field in self._auto_fields():
+            field.sig_edited.connect(self.sig_key_edited)
+            field.sig_chosen.connect(self.sig_key_changed)
         for combo in (self.backend, self.drafter, self.draft_backend, self.dtype):
             combo.currentIndexChanged.connect(self.sig_key_changed)
         self.n_ctx.valueChanged.connect(self.sig_key_changed)
@@ -154,7 +201,9 @@ class PairForm(QWidget):
     def choice(self) -> PairChoice:
         return PairChoice(
             target=self.target.spec(), drafter=self.drafter.currentData() or "ngram", draft=self.draft.spec(),
-            heads=self.heads.folder(),
+            heads=self.heads.folder(), eagle_heads=self.eagle_heads.folder(), tree_depth=self.tree_depth.value(),
+            lookahead_window=self.lookahead_window.value(), lookahead_ngram=self.lookahead_ngram.value(),
+            lookahead_candidates=self.lookahead_candidates.value(), exit_layer=self.exit_layer.value(),
             backend=self.backend.currentData(), draft_backend=self.draft_backend.currentData(),
             k_auto=self.k_auto.isChecked(), k=self.k.value(), k_max=self.k_max.value(),
             ngram_max=self.ngram_max.value(), temperature=round(self.temperature.value(), 4),
@@ -167,6 +216,10 @@ class PairForm(QWidget):
         self.target.set_spec(c.target)
         self.draft.set_spec(c.draft)
         self.heads.set_folder(c.heads)
+        self.eagle_heads.set_folder(c.eagle_heads)
+        for field, value in zip(self._auto_fields(), (c.tree_depth, c.lookahead_window, c.lookahead_ngram,
+                                                      c.lookahead_candidates, c.exit_layer), strict=True):  # fmt: skip
+            field.set_value(value)
         combos = ((self.backend, c.backend), (self.drafter, c.drafter), (self.draft_backend, c.draft_backend),
                   (self.device, c.device), (self.dtype, c.dtype))  # fmt: skip
         for combo, value in combos:
@@ -185,9 +238,10 @@ class PairForm(QWidget):
     def key_of(c: PairChoice) -> tuple:
         """What a check depends on: when this changes, the last check says nothing about the selection."""
         model = c.drafter == "model"
+        own = {"eagle": (c.tree_depth,), "lookahead": (c.lookahead_window, c.lookahead_ngram, c.lookahead_candidates),
+               "early-exit": (c.exit_layer,)}.get(c.drafter, ())  # fmt: skip
         return (c.target.strip(), c.drafter, c.draft.strip() if model else None, c.backend,
-                c.draft_backend if model else None, c.dtype, c.n_ctx,
-                c.heads.strip() if c.drafter == "medusa" else None)  # fmt: skip
+                c.draft_backend if model else None, c.dtype, c.n_ctx, c.heads_folder(), own)  # fmt: skip
 
     def check_key(self) -> tuple:
         return self.key_of(self.choice())
@@ -199,11 +253,14 @@ class PairForm(QWidget):
         if folder:
             self.target.start_dir = self.draft.start_dir = folder
 
+    def _auto_fields(self) -> tuple[AutoNumberField, ...]:
+        return (self.tree_depth, self.lookahead_window, self.lookahead_ngram, self.lookahead_candidates,
+                self.exit_layer)  # fmt: skip
+
     def _enable(self) -> None:
-        model = self.drafter.currentData() == "model"
-        self.draft.setEnabled(model)
-        self.draft_backend.setEnabled(model)
-        self.heads.setEnabled(self.drafter.currentData() == "medusa")
-        self.ngram_max.setEnabled(self.drafter.currentData() == "ngram")
+        drafter = self.drafter.currentData()
+        for widget, kind in self._drafter_rows.items():
+            widget.setEnabled(kind == drafter)
+            self._models_form.setRowVisible(widget, kind == drafter)
         self.k_max.setEnabled(self.k_auto.isChecked())
         self.k.setEnabled(not self.k_auto.isChecked())

@@ -1,18 +1,19 @@
-"""Two pieces of the pair dialog: a model picker and the view of the doctor's findings."""
+"""Pieces of the pair dialog: a model picker, an "auto or a number" field and the view of the doctor's findings."""
 
 from __future__ import annotations
 
 import html
 import os
 
-from PySide6.QtCore import QRectF, Qt, QUrl, Signal
-from PySide6.QtGui import QAction, QColor, QFont, QImage, QPainter, QPalette
+from PySide6.QtCore import QRectF, QRegularExpression, Qt, QUrl, Signal
+from PySide6.QtGui import QAction, QColor, QFont, QImage, QPainter, QPalette, QRegularExpressionValidator
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QMenu, QPushButton, QTextBrowser, QWidget
 
 from engine.doctor import Finding
 from engine.models import ModelRef
 
 from .pair_check import CheckResult
+from .presets import AUTO, auto_or_number
 
 SEVERITY_COLOURS = {"ok": "#009E73", "info": "#0072B2", "warning": "#E69F00", "error": "#D55E00"}
 SEVERITY_GLYPHS = {"ok": "✓", "info": "i", "warning": "!", "error": "✕"}
@@ -112,6 +113,53 @@ class ModelPicker(QWidget):
             self.sig_browsed.emit(self.start_dir)
             self.set_spec(path)
             self.sig_chosen.emit()
+
+
+class AutoNumberField(QComboBox):
+    """"auto" or a whole number: an editable list with "auto" and a few suggestions.
+
+    Only digits or "auto" can be typed; the value is kept as text (see
+    presets.AUTO_NUMBERS), so a number the engine would refuse (a window of 0)
+    reaches the check, which says why, rather than being silently changed.
+    """
+
+    sig_edited = Signal()
+    """Typing: the value is not settled yet."""
+    sig_chosen = Signal()
+    """A value was picked from the list, or typing finished."""
+
+    def __init__(self, suggestions=(), parent=None, tooltip: str = "") -> None:
+        super().__init__(parent)
+        self.setEditable(True)
+        self.setInsertPolicy(QComboBox.NoInsert)
+        self.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.setMinimumContentsLength(5)
+        for text in (AUTO, *(str(s) for s in suggestions)):
+            self.addItem(text)
+        pattern = QRegularExpression("auto|\\+?[0-9]{1,4}", QRegularExpression.CaseInsensitiveOption)
+        self.setValidator(QRegularExpressionValidator(pattern, self))
+        self.lineEdit().setPlaceholderText(AUTO)
+        if tooltip:
+            self.setToolTip(tooltip)
+        self.lineEdit().textEdited.connect(self.sig_edited)
+        self.lineEdit().editingFinished.connect(self._finished)
+        self.activated.connect(self.sig_chosen)
+
+    def value(self) -> str:
+        """"auto" or the number as text."""
+        return auto_or_number(self.currentText() or AUTO)
+
+    def set_value(self, value) -> None:
+        text = auto_or_number(value)
+        index = self.findText(text, Qt.MatchExactly)
+        if index >= 0:
+            self.setCurrentIndex(index)
+        self.setEditText(text)
+
+    def _finished(self) -> None:
+        if self.currentText() != self.value():  # "" or "AUTO" or "+3": show what it means
+            self.setEditText(self.value())
+        self.sig_chosen.emit()
 
 
 class FindingsView(QTextBrowser):

@@ -24,15 +24,27 @@ PRESETS_KEY = f"{PREFIX}/presets"
 BACKENDS = ("auto", "torch", "llama.cpp")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-DRAFTERS = ("model", "ngram", "none", "medusa")
+DRAFTERS = ("model", "ngram", "none", "medusa", "eagle", "lookahead", "early-exit")
+# Drafters that need the target on PyTorch (as engine.loading.TORCH_DRAFTERS; not imported: it loads torch).
+TORCH_DRAFTERS = ("medusa", "eagle", "lookahead", "early-exit")
+AUTO = "auto"
+# Settings that are "auto" or a whole number, kept as text: what the user typed, even a bad "0",
+# reaches the check, which says what is wrong (the engine's own rules), instead of vanishing.
+AUTO_NUMBERS = ("tree_depth", "lookahead_window", "lookahead_ngram", "lookahead_candidates", "exit_layer")
 
 
 @dataclass(frozen=True)
 class PairChoice:
     target: str = "default"
-    drafter: str = "ngram"  # "model" | "ngram" | "none" | "medusa"
+    drafter: str = "ngram"  # one of DRAFTERS
     draft: str = "default"  # used when drafter is "model"
     heads: str = ""  # Medusa heads folder, used when drafter is "medusa"; "" = the heads shipped for the target
+    eagle_heads: str = ""  # EAGLE head folder, used when drafter is "eagle"; "" = the head shipped for the target
+    tree_depth: str = AUTO  # EAGLE: deepest level of the draft tree, "auto" or a number
+    lookahead_window: str = AUTO  # lookahead: W, future positions guessed per step
+    lookahead_ngram: str = AUTO  # lookahead: N, tokens per n-gram
+    lookahead_candidates: str = AUTO  # lookahead: G, n-grams verified per step
+    exit_layer: str = AUTO  # early exit: the draft runs the target's first L layers
     backend: str = "auto"
     draft_backend: str = "auto"
     k_auto: bool = True
@@ -55,7 +67,7 @@ class PairChoice:
             target=self.target.strip(),
             drafter=self.drafter,
             draft=self.draft.strip() if self.drafter == "model" else None,
-            heads=(self.heads.strip() or None) if self.drafter == "medusa" else None,
+            heads=self.heads_folder() or None,
             backend=self.backend,
             draft_backend=self.draft_backend,
             device=self.device,
@@ -66,7 +78,20 @@ class PairChoice:
             k="auto" if self.k_auto else self.k,
             k_max=self.k_max,
             ngram_max=self.ngram_max,
+            tree_depth=_number(self.tree_depth, None) if self.drafter == "eagle" else None,
+            lookahead=self.lookahead() if self.drafter == "lookahead" else (AUTO, AUTO, AUTO),
+            exit_layer=_number(self.exit_layer, AUTO) if self.drafter == "early-exit" else AUTO,
         )
+
+    def heads_folder(self) -> str:
+        """The heads folder the chosen drafter reads ("" = the shipped one, or a drafter without heads)."""
+        folder = {"medusa": self.heads, "eagle": self.eagle_heads}.get(self.drafter, "")
+        return folder.strip()
+
+    def lookahead(self) -> tuple:
+        """(W, N, G) for EngineConfig.lookahead: each "auto" or an int."""
+        return tuple(_number(v, AUTO) for v in (self.lookahead_window, self.lookahead_ngram,
+                                                  self.lookahead_candidates))  # fmt: skip
 
     def sampling_config(self) -> SamplingConfig:
         return SamplingConfig(
@@ -78,9 +103,15 @@ class PairChoice:
     def from_configs(cls, config: EngineConfig, sampling: SamplingConfig) -> "PairChoice":
         """The choice that gives back these configs (for a caller that keeps its own)."""
         model = config.draft is not None
+        window, ngram, candidates = (tuple(config.lookahead) + (AUTO,) * 3)[:3]
         return cls.from_dict({
             "target": config.target, "drafter": "model" if model else config.drafter,
-            "draft": config.draft if model else cls.draft, "heads": config.heads or "",
+            "draft": config.draft if model else cls.draft,
+            "heads": (config.heads or "") if config.drafter == "medusa" else "",
+            "eagle_heads": (config.heads or "") if config.drafter == "eagle" else "",
+            "tree_depth": AUTO if config.tree_depth is None else config.tree_depth,
+            "lookahead_window": window, "lookahead_ngram": ngram, "lookahead_candidates": candidates,
+            "exit_layer": config.exit_layer,
             "backend": config.backend,
             "draft_backend": config.draft_backend, "k_auto": config.k == "auto",
             "k": cls.k if config.k == "auto" else config.k, "k_max": config.k_max, "ngram_max": config.ngram_max,
@@ -120,7 +151,22 @@ def _clamp_choices(values: dict) -> dict:
                           ("dtype", DTYPES), ("drafter", DRAFTERS)):  # fmt: skip
         if values[name] not in allowed:
             values[name] = allowed[0]
+    for name in AUTO_NUMBERS:
+        values[name] = auto_or_number(values[name])
     return values
+
+
+def auto_or_number(text) -> str:
+    """"auto" or the digits of a whole number ("0" too: the check explains why it will not do);
+    anything else (a hand-edited file) becomes "auto"."""
+    text = str(text).strip().lower().removeprefix("+")
+    return str(int(text)) if text.isdigit() and text.isascii() else AUTO
+
+
+def _number(text: str, auto):
+    """An AUTO_NUMBERS setting for EngineConfig: `auto` for "auto", else the int."""
+    text = auto_or_number(text)
+    return auto if text == AUTO else int(text)
 
 
 def load_choice(settings: QSettings) -> PairChoice:

@@ -47,8 +47,9 @@ def _read(settings: QSettings, key: str, cls: type[T], default: T) -> T:
         fields = json.loads(raw)
         known = {f.name for f in dataclasses.fields(cls)}
         values = {name: value for name, value in fields.items() if name in known}
-        if "stop" in values:  # JSON has no tuples
-            values["stop"] = tuple(values["stop"])
+        for name in ("stop", "lookahead"):  # JSON has no tuples
+            if name in values:
+                values[name] = tuple(values[name])
         return cls(**values)
     except (ValueError, TypeError, AttributeError, ConfigError):
         return default

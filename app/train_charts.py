@@ -1,5 +1,9 @@
 """The train dialog's live charts: the loss, and how often each head agrees with the target.
 
+Medusa's series are its heads ("head 1", "head 2", ...); an EAGLE head reports
+one number per depth of its own drafting ("depth 1", "depth 2"), as
+engine.training does.
+
 Fed one `TrainProgress` per step from the GUI thread; drawn by a timer (at most
 10 times a second, and only when a step arrived), as the live charts are.
 """
@@ -18,6 +22,10 @@ HEAD_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00"
 LOSS_COLOUR = "#0072B2"
 REDRAW_MS = 100
 WINDOW = 20  # steps in the running means: one batch is a noisy measurement
+UNITS = {"medusa": "head", "eagle": "depth"}  # what one accuracy series is, per kind of heads
+LOSS_LABELS = {"kl": "weighted KL to the target (nats)",
+               "features": "weighted loss (features and greedy token)"}  # fmt: skip
+AXIS_STYLE = {"font-size": "9pt"}
 
 
 def running_mean(values: np.ndarray, window: int = WINDOW) -> np.ndarray:
@@ -34,7 +42,7 @@ def running_mean(values: np.ndarray, window: int = WINDOW) -> np.ndarray:
 class TrainingCharts(QWidget):
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
-        self.loss_panel = Panel("Loss", "step", "weighted KL to the target (nats)", self)
+        self.loss_panel = Panel("Loss", "step", LOSS_LABELS["features"], self)  # the default objective
         faint = pg.mkColor(LOSS_COLOUR)
         faint.setAlpha(90)
         self.loss_curve = self.loss_panel.plot.plot([], [], pen=pg.mkPen(faint, width=1), name="each step")
@@ -45,6 +53,7 @@ class TrainingCharts(QWidget):
         self.accuracy_panel.plot.setYRange(0.0, 0.25, padding=0.03)
         self.accuracy_panel.plot.enableAutoRange(axis="y", enable=False)
         self.accuracy_curves: list[pg.PlotDataItem] = []
+        self.unit = UNITS["medusa"]
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.loss_panel)
@@ -53,6 +62,25 @@ class TrainingCharts(QWidget):
         self.losses: list[float] = []
         self.accuracy: list[tuple[float, ...]] = []
         self._timer = QTimer(self, singleShot=True, interval=REDRAW_MS, timeout=self.redraw)
+
+    def set_kind(self, kind: str, objective: str | None = None) -> None:
+        """Label the accuracy series for `kind` ("medusa": head k, "eagle": depth k) and the loss
+        for the training `objective` ("kl" or "features"), when given."""
+        if objective in LOSS_LABELS:
+            colour = self.loss_panel.fg.name()
+            self.loss_panel.plot.setLabel("left", LOSS_LABELS[objective], color=colour, **AXIS_STYLE)
+        unit = UNITS.get(kind, "head")
+        if unit == self.unit:
+            return
+        self.unit = unit
+        for curve in self.accuracy_curves:  # made again, with the new names, at the next redraw
+            self.accuracy_panel.plot.removeItem(curve)
+        self.accuracy_curves = []
+        self._schedule()
+
+    def series_names(self) -> list[str]:
+        """The accuracy series' names, as the legend shows them."""
+        return [curve.name() for curve in self.accuracy_curves]
 
     def reset(self) -> None:
         self.steps, self.losses, self.accuracy = [], [], []
@@ -96,7 +124,7 @@ class TrainingCharts(QWidget):
         while len(self.accuracy_curves) < heads:
             k = len(self.accuracy_curves)
             colour = HEAD_COLOURS[k % len(HEAD_COLOURS)]
-            curve = self.accuracy_panel.plot.plot([], [], pen=pg.mkPen(colour, width=2), name=f"head {k + 1}",
+            curve = self.accuracy_panel.plot.plot([], [], pen=pg.mkPen(colour, width=2), name=f"{self.unit} {k + 1}",
                                                   antialias=True)  # fmt: skip
             self.accuracy_curves.append(curve)
 

@@ -1,12 +1,14 @@
-"""`TrainDialog`: train Medusa heads for a target, watching the loss and each head's agreement.
+"""`TrainDialog`: train Medusa heads or an EAGLE head for a target, watching the loss and
+each head's (EAGLE: each depth's) agreement.
 
-The training is the engine's (engine.training.train_medusa); this dialog picks
+The training is the engine's (engine.training.train_heads); this dialog picks
 its settings, runs it on a worker thread (app/worker.py), and draws every step.
 Cancel stops after the current step and saves a checkpoint, so Start on the
 same folder can resume exactly; closing the dialog while training does the
 same, then closes. When a run finishes, its folder becomes the pair dialog's
-Medusa heads (Models ▸ Model pair…), and "Use in model pair…" opens that dialog
-with the new heads selected.
+heads of that kind (Models ▸ Model pair…), and "Use in model pair…" opens that
+dialog with the new heads selected. A saved run of another kind (or other
+settings) is not resumed: the engine's message says so and the run is kept.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from app import settings as keys
 from engine.errors import SpecDeckError
 from engine.models import resolve
 
-from .heads import remember_trained
+from .heads import CHOICE_FIELDS, remember_trained
 from .train_charts import TrainingCharts
 from .train_form import TrainForm, command_line
 from .worker import GeneratorWorker, TaskRunner
+
+TITLES = {"medusa": "Train Medusa heads", "eagle": "Train an EAGLE head"}
 
 
 class TrainDialog(QDialog):
@@ -32,11 +36,12 @@ class TrainDialog(QDialog):
 
     def __init__(self, parent=None, target: str | None = None, settings: QSettings | None = None) -> None:
         super().__init__(parent)
-        self.setWindowTitle("Train Medusa heads")
+        self.setWindowTitle(TITLES["medusa"])
         self.settings = settings if settings is not None else QSettings()
         self.runner = TaskRunner(self)
         self.runner.sig_done.connect(self._on_worker_done)
         self.result = None  # the last run's TrainResult
+        self._run_kind = "medusa"  # the kind of heads the last run started trains
         self._close_when_done = False
 
         self.form = TrainForm(target or keys.engine_config().target, self)
@@ -51,6 +56,7 @@ class TrainDialog(QDialog):
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.charts = TrainingCharts(self)
         self.charts.setMinimumHeight(220)
+        self.form.sig_kind_changed.connect(self._kind_changed)
 
         self.start_button = QPushButton("Start", self)
         self.start_button.setDefault(True)
@@ -110,6 +116,7 @@ class TrainDialog(QDialog):
             if answer is None:
                 return
             resume = answer == "resume"
+        self.charts.set_kind(options["kind"], options["objective"])
         self.charts.reset()
         if resume:
             try:
@@ -121,6 +128,7 @@ class TrainDialog(QDialog):
         self.use_button.setEnabled(False)
         self.progress.setRange(0, options["steps"])
         self.progress.setValue(saved.step if resume and saved is not None else 0)
+        self._run_kind = options["kind"]
         command = command_line(options)
         worker = GeneratorWorker(lambda cancel, report: _train(options, resume, command, report, cancel), "train-heads")
         worker.sig_yielded.connect(self._on_progress)
@@ -132,7 +140,7 @@ class TrainDialog(QDialog):
 
     def ask_resume(self, saved) -> str | None:
         """"resume", "restart" or None (cancel) for a folder that holds a saved run."""
-        box = QMessageBox(QMessageBox.Icon.Question, "Train Medusa heads",
+        box = QMessageBox(QMessageBox.Icon.Question, self.windowTitle(),
                           f"This folder holds a training run at step {saved.step} of {saved.steps}.", parent=self)
         box.setInformativeText("Resume it, or start over (the heads trained so far are replaced)?")
         resume = box.addButton("Resume", QMessageBox.ButtonRole.AcceptRole)
@@ -161,8 +169,8 @@ class TrainDialog(QDialog):
             self.charts.add(event.step, event.loss, event.head_accuracy)
             heads = " ".join(f"{a:.0%}" for a in event.head_accuracy)
             eta = _duration(event.eta_s) if event.eta_s else "—"
-            self._show_status(f"Step {event.step} of {event.steps} · loss {event.loss:.3f} · top-1 per head {heads} "
-                              f"· {event.tokens_per_s:.0f} tokens/s · about {eta} left")  # fmt: skip
+            self._show_status(f"Step {event.step} of {event.steps} · loss {event.loss:.3f} · top-1 per "
+                              f"{self.charts.unit} {heads} · {event.tokens_per_s:.0f} tokens/s · about {eta} left")
         elif event.phase == "generate":
             self.progress.setRange(0, max(event.steps, 1))
             self.progress.setFormat("%v / %m replies")
@@ -178,11 +186,14 @@ class TrainDialog(QDialog):
             self._show_status(f"Cancelled at step {result.step} of {result.steps}. A checkpoint is saved in "
                               f"{result.out_dir}: press Start to resume.")  # fmt: skip
         else:
-            remember_trained(result.out_dir, self.settings)
-            accuracy = ", ".join(f"head {k} {a:.0%}" for k, a in enumerate(result.head_accuracy, 1))
-            self._show_status(f"Done: {result.step} steps, heads saved in {result.out_dir}. Held-out top-1 "
-                              f"agreement with the target: {accuracy}. Choose them in Models ▸ Model pair… "
-                              "(drafter: Medusa heads).")  # fmt: skip
+            kind = self._run_kind
+            remember_trained(result.out_dir, self.settings, kind)
+            unit = self.charts.unit
+            accuracy = ", ".join(f"{unit} {k} {a:.0%}" for k, a in enumerate(result.head_accuracy, 1))
+            what, drafter = ("EAGLE head", "EAGLE head") if kind == "eagle" else ("heads", "Medusa heads")
+            self._show_status(f"Done: {result.step} steps, {what} saved in {result.out_dir}. Held-out top-1 "
+                              f"agreement with the target: {accuracy}. Choose {'it' if kind == 'eagle' else 'them'} "
+                              f"in Models ▸ Model pair… (drafter: {drafter}).")  # fmt: skip
             self.use_button.setEnabled(True)
         self.sig_finished.emit(result)
 
@@ -215,8 +226,10 @@ class TrainDialog(QDialog):
         target = self.form.target.spec()
         backend = choice.backend
         if backend == "llama.cpp" or (backend == "auto" and _is_gguf(target)):
-            backend = "torch"  # Medusa reads hidden states: PyTorch only
-        pair.set_choice(replace(choice, target=target, drafter="medusa", heads=self.result.out_dir, backend=backend))
+            backend = "torch"  # heads read hidden states: PyTorch only
+        kind = self._run_kind
+        pair.set_choice(replace(choice, target=target, drafter=kind, backend=backend,
+                                **{CHOICE_FIELDS[kind]: self.result.out_dir}))  # fmt: skip
 
     def reject(self) -> None:
         if self.running:  # stop first (the checkpoint is saved), then close
@@ -232,6 +245,9 @@ class TrainDialog(QDialog):
             return
         super().closeEvent(event)
 
+    def _kind_changed(self, kind: str) -> None:
+        self.setWindowTitle(TITLES[kind])  # the charts follow at Start: until then they show the last run
+
     def _set_running(self, running: bool) -> None:
         self.form.set_running(running)
         self.start_button.setEnabled(not running)
@@ -244,9 +260,9 @@ class TrainDialog(QDialog):
 
 def _train(options: dict, resume: bool, command: str, report, cancel):
     """On the worker thread."""
-    from engine.training import train_medusa
+    from engine.training import train_heads
 
-    return train_medusa(**options, resume=resume, command=command, progress=report, cancel=cancel)
+    return train_heads(**options, resume=resume, command=command, progress=report, cancel=cancel)
 
 
 def _is_gguf(spec: str) -> bool:

@@ -1,10 +1,12 @@
 """Take the README's screenshots of the desktop app with the real embedded model.
 
-    QT_QPA_PLATFORM=offscreen python docs/screenshots/take_screenshots.py
+    QT_QPA_PLATFORM=offscreen python docs/screenshots/take_screenshots.py [chat] [side-by-side] [pair-dialog]
 
-Writes chat.png, side-by-side.png and pair-dialog.png beside this file. Uses a
-temporary settings and conversation folder, so it never touches yours. Runs
-under Xvfb as well (unset QT_QPA_PLATFORM and run it with xvfb-run).
+Writes chat.png, side-by-side.png and pair-dialog.png beside this file (or only
+the ones named). The pair dialog is shown with the EAGLE drafter chosen (its
+shipped head for the embedded model), checked. Uses a temporary settings and
+conversation folder, so it never touches yours. Runs under Xvfb as well (unset
+QT_QPA_PLATFORM and run it with xvfb-run).
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ SIZE = (1440, 900)
 # The verify costs are measured (as in the app) so that the theory panel shows this machine's numbers.
 # One thread: on a busy machine llama.cpp's threads spin waiting for each other.
 CONFIG = EngineConfig(k=4, threads=1)
+SHOTS = ("chat", "side-by-side", "pair-dialog")
 
 
 def main() -> int:
+    wanted = sys.argv[1:] or list(SHOTS)
+    unknown = sorted(set(wanted) - set(SHOTS))
+    if unknown:
+        print(f"unknown screenshot {', '.join(unknown)}: choose from {', '.join(SHOTS)}", file=sys.stderr)
+        return 2
     application = make_application()
     from app.main_window import MainWindow
 
@@ -35,14 +43,18 @@ def main() -> int:
     window.sampling = SamplingConfig(max_tokens=160)
     window.show()
     try:
-        shoot(application, window)
+        if {"chat", "side-by-side"} & set(wanted):
+            shoot(application, window)
+        if "pair-dialog" in wanted:
+            shoot_pair_dialog(application, window)
     finally:
         window.close()  # cancels whatever still runs and joins the worker thread
-    print("wrote", ", ".join(p.name for p in sorted(HERE.glob("*.png"))))
+    print("wrote", ", ".join(f"{name}.png" for name in SHOTS if name in wanted))
     return 0
 
 
 def shoot(application: QApplication, window) -> None:
+    """chat.png and side-by-side.png (both: the second continues from the first)."""
     finished = []  # one entry per run that ended
     window.controller.sig_run_finished.connect(lambda kind, result: finished.append(kind))
     window.start(CONFIG)
@@ -69,8 +81,14 @@ def shoot(application: QApplication, window) -> None:
     settle(application)
     window.grab().save(str(HERE / "side-by-side.png"))
 
+
+def shoot_pair_dialog(application: QApplication, window) -> None:
+    """pair-dialog.png: the EAGLE drafter on the embedded model, checked."""
+    from dataclasses import replace
+
     window.choose_models()
     dialog = window.pair_dialog
+    dialog.set_choice(replace(dialog.choice(), target="default", drafter="eagle", eagle_heads="", backend="auto"))
     checked = []
     dialog.sig_check_finished.connect(checked.append)
     dialog.check()

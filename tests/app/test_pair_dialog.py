@@ -65,11 +65,12 @@ def test_lists_the_default_model(dialog):
     assert dialog.form.target.spec() == "default"  # the first run starts from the built-in model
 
 
-def test_placeholder_drafters_are_listed_but_cannot_be_chosen(dialog):
+def test_every_drafter_can_be_chosen_and_none_is_a_placeholder(dialog):
     combo = dialog.form.drafter
-    coming = [i for i in range(combo.count()) if "coming" in combo.itemText(i)]
-    assert len(coming) == 2  # EAGLE and lookahead; Medusa heads can be chosen now
-    assert not any(combo.model().item(i).isEnabled() for i in coming)
+    drafters = [combo.itemData(i) for i in range(combo.count())]
+    assert drafters == ["model", "ngram", "medusa", "eagle", "lookahead", "early-exit", "none"]
+    assert all(combo.model().item(i).isEnabled() for i in range(combo.count()))
+    assert not any("coming" in combo.itemText(i) for i in range(combo.count()))
 
 
 def test_load_is_disabled_until_a_check_passes(dialog):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from app.charts import LiveCharts
 from app.pair_dialog import PairDialog
 from app.presets import PairChoice
 from app.train_dialog import TrainDialog
+from app.train_form import command_line
 from engine.events import RunStats, Source, StepEvent, TokenInfo
 from engine.training import checkpoint_info
 from tests.app.conftest import STRICT_QT_LOG
@@ -202,3 +204,63 @@ def test_the_main_window_has_a_train_heads_action(make_window):
     window.actions.train_heads.trigger()
     assert window.train_dialog.isVisible()
     window.train_dialog.close()
+
+
+# -- EAGLE ----------------------------------------------------------------------------------
+
+
+def test_choosing_eagle_disables_medusas_sizes_and_shows_the_draft_vocabulary(dialog, tmp_path):
+    form = dialog.form
+    assert not form.draft_vocab.isVisibleTo(dialog) and form.num_heads.isEnabled()
+    dialog.form.out_dir.setText("")  # back to the default folder, which follows the kind
+    form.set_kind("eagle")
+    assert not form.num_heads.isEnabled() and not form.num_layers.isEnabled()
+    assert form.draft_vocab.isVisibleTo(dialog) and form.draft_vocab.value() == 8192
+    assert form.objective.currentData() == "features" and not form.objective.isEnabled()
+    assert dialog.windowTitle() == "Train an EAGLE head"
+    assert Path(form.out_dir.text()).name.startswith("eagle-tiny-llama")
+    options = form.options()
+    assert (options["kind"], options["draft_vocab"]) == ("eagle", 8192) and "num_heads" not in options
+    command = command_line(options)
+    assert "--kind eagle --target" in command and "--draft-vocab 8192" in command and "--heads" not in command
+    form.draft_vocab.setValue(0)
+    assert form.draft_vocab.text() == "all" and form.options()["draft_vocab"] == 0
+    form.set_kind("medusa")
+    assert form.num_heads.isEnabled() and not form.draft_vocab.isVisibleTo(dialog)
+    assert "--kind medusa" in command_line(form.options()) and "--heads 3" in command_line(form.options())
+
+
+def test_an_eagle_run_charts_its_depths_and_joins_the_pair_dialog(qtbot, dialog, tiny, tmp_path):
+    dialog.form.set_kind("eagle")
+    dialog.form.steps.setValue(2)
+    result = run_to_end(qtbot, dialog)
+    assert result is not None and not result.cancelled and result.step == 2, dialog.status.text()
+    dialog.charts.redraw()
+    assert dialog.charts.series_names() == ["depth 1", "depth 2"]
+    assert [len(c.yData) for c in dialog.charts.accuracy_curves] == [2, 2]
+    assert "depth 2" in dialog.status.text() and "EAGLE head" in dialog.status.text()
+    out = str(tmp_path / "heads")
+    assert "--kind eagle" in json.loads((Path(out) / "config.json").read_text())["specdeck"]["training"]["command"]
+
+    pair = PairDialog(settings=QSettings())
+    qtbot.addWidget(pair)
+    assert out in pair.form.eagle_heads.choices() and out not in pair.form.heads.choices()
+    pair.set_choice(PairChoice(target=tiny, drafter="eagle", eagle_heads=out))
+    with qtbot.waitSignal(pair.sig_check_finished, timeout=20_000) as check:
+        pair.check()
+    assert check.args[0] is True, pair.findings.toPlainText()
+    assert "The EAGLE head fits the target" in pair.findings.toPlainText()
+    config = pair.engine_config()
+    assert (config.drafter, config.heads) == ("eagle", out)
+
+    # Resuming this run as Medusa heads: the engine refuses, the dialog says why, the run is kept.
+    saved = checkpoint_info(out)
+    dialog.form.set_kind("medusa")
+    dialog.ask_resume = lambda saved: "resume"
+    with qtbot.waitSignal(dialog.sig_finished, timeout=TRAIN_TIMEOUT_MS) as blocker:
+        dialog.start()
+    qtbot.waitUntil(lambda: not dialog.running, timeout=10_000)
+    assert blocker.args[0] is None
+    assert "made with other settings" in dialog.status.text() and "kind 'eagle' -> 'medusa'" in dialog.status.text()
+    assert "color: #D55E00" in dialog.status.styleSheet()
+    assert checkpoint_info(out) == saved
