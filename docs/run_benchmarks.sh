@@ -24,3 +24,10 @@ specdeck-cli bench --target default --backend torch --dtype int8 --drafter ngram
 # 4. PyTorch backend, bf16, the shipped Medusa heads.
 specdeck-cli bench --target default --backend torch --dtype bfloat16 --drafter medusa --max-tokens 128 \
   --repeat 2 --json "$out/torch-bf16-medusa.json" | tee "$out/torch-bf16-medusa.txt"
+
+# 5-7. PyTorch backend, bf16: the shipped EAGLE head, lookahead decoding, self-speculative early exit
+#      (2026-11-30; run 4 again for the Medusa heads shipped the same day).
+for drafter in eagle lookahead early-exit; do
+  specdeck-cli bench --target default --backend torch --dtype bfloat16 --drafter "$drafter" --max-tokens 128 \
+    --repeat 2 --json "$out/torch-bf16-$drafter.json" | tee "$out/torch-bf16-$drafter.txt"
+done
