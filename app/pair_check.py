@@ -202,9 +202,7 @@ def _eagle_findings(target: ModelRef, choice: PairChoice) -> list[Finding]:
 
 def _lookahead_findings(target: ModelRef, choice: PairChoice) -> list[Finding]:
     """Lookahead needs no model; W, N and G are each auto or within the engine's limits."""
-    from engine.drafters.lookahead import (
-        _parameter,  # the engine's own rule and message for each value
-    )
+    from engine.drafters.lookahead import check_parameters  # the engine's own rules and messages
 
     findings = [Finding(
         "ok", "Lookahead decoding needs no draft model",
@@ -212,11 +210,12 @@ def _lookahead_findings(target: ModelRef, choice: PairChoice) -> list[Finding]:
         "collects the runs of N tokens those guesses form, and checks up to G of them that continue the text, "
         "all in the same forward pass. auto fits each to how much a wider forward costs on this machine.",
     )]  # fmt: skip
-    for letter, value, what, minimum in (("W", choice.lookahead_window, "window", 1),
-                                         ("N", choice.lookahead_ngram, "ngram", 2),
-                                         ("G", choice.lookahead_candidates, "candidates", 1)):  # fmt: skip
+    auto = "auto"
+    for letter, values in (("W", (choice.lookahead_window, auto, auto)),
+                           ("N", (auto, choice.lookahead_ngram, auto)),
+                           ("G", (auto, auto, choice.lookahead_candidates))):  # fmt: skip
         try:
-            _parameter(value, what, minimum)
+            check_parameters(*values)
         except SpecDeckError as e:
             findings.append(Finding("error", f"Lookahead {letter} is out of range", str(e)))
     return findings

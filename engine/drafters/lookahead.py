@@ -139,6 +139,12 @@ def window_layout(window: int, ngram: int) -> tuple[tuple[int, ...], torch.Tenso
     return offsets, mask
 
 
+def check_parameters(window, ngram, candidates) -> tuple[int | None, int | None, int | None]:
+    """W, N and G as given (each "auto" or a whole number): ints, None for "auto"; a
+    ConfigError saying which is out of range otherwise. The app checks a pair with it."""
+    return _parameter(window, "window", 1), _parameter(ngram, "ngram", 2), _parameter(candidates, "candidates", 1)
+
+
 def _parameter(value, what: str, minimum: int) -> int | None:
     """An explicit parameter as an int, None for "auto"; ConfigError otherwise."""
     if isinstance(value, str) and value.strip().lower() == AUTO:
@@ -173,11 +179,7 @@ class LookaheadDrafter(Drafter):
         """`costs`: the target's cost model (the one the decode loop uses), for the automatic
         parameters and for charging the window's rows to automatic k; may be set later.
         `text_pool`: also take candidates from the prompt's and the reply's own n-grams."""
-        self._asked = (
-            _parameter(window, "window", 1),
-            _parameter(ngram, "ngram", 2),
-            _parameter(candidates, "candidates", 1),
-        )
+        self._asked = check_parameters(window, ngram, candidates)
         if not getattr(target_backend, "supports_tree", False):
             raise ConfigError(
                 f"Lookahead decoding runs its Jacobi window and its candidate n-grams in one forward with "
