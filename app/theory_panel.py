@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt
 from .chart_panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, set_label_anchor
 
 # The legend (up to five rows, top left) needs more room than other panels' two.
-THEORY_HEADROOM = 1.6
+THEORY_HEADROOM = 2.2
 
 
 class TheoryPanel(Panel):
