@@ -125,6 +125,10 @@ def decode_steps(
             drafter.observe_extra(block[len(drafted) + 1 :])  # (e, V)
         elif draft.is_tree:
             logits = target.forward_tree([context[-1], *drafted], [-1, *(p + 1 for p in draft.parents)])  # (n+1, V)
+        elif draft.exit_hidden is not None and drafted:
+            # Early exit: the draft already ran the first layers; the target starts from there.
+            rows = draft.exit_hidden[: len(drafted) + 1]
+            logits = target.forward_from_exit([context[-1], *drafted], rows, draft.exit_layer)  # (n+1, V)
         else:
             logits = target.forward([context[-1], *drafted])  # (n+1, V)
         t2 = time.perf_counter()
@@ -255,7 +259,9 @@ def _fit_nodes(draft: Draft, k: int, trees: bool) -> Draft:
         if len(draft) <= k and draft.parents is None:
             return draft
         q_token = draft.q_token[:k] if draft.q_token is not None else None
-        return Draft(draft.tokens[:k], draft.q[:k] if draft.q is not None else None, q_token)
+        exit_hidden = draft.exit_hidden[: k + 1] if draft.exit_hidden is not None and draft.parents is None else None
+        return Draft(draft.tokens[:k], draft.q[:k] if draft.q is not None else None, q_token,
+                     exit_hidden=exit_hidden, exit_layer=draft.exit_layer)  # fmt: skip
     tokens, parents = list(draft.tokens[:k]), list(draft.parents[:k])
     keep = dedupe_siblings(tokens, parents)
     if len(keep) < len(tokens):

@@ -115,6 +115,32 @@ def test_the_early_exit_head_is_the_final_norm_and_head_on_layer_l(models, arch)
         backend.close()
 
 
+@pytest.mark.parametrize("reused", [3, 2], ids=["all-rows-drafted", "last-row-not-drafted"])
+def test_verification_starts_from_the_drafts_layers_and_equals_a_full_forward(llama, monkeypatch, reused):
+    """forward_from_exit reuses the draft's first layers (their keys and values and the rows'
+    residual stream) and gives the logits a full forward gives."""
+    prompt = ids(llama, PROMPTS[0])
+    feed = prompt[-1:] + [42, 43]
+    exit_layer = llama.info.n_layers // 2
+    base = len(prompt) - 1
+    llama.prefill(prompt[:-1])
+    hidden = []
+    for i, token in enumerate(feed[:reused]):  # what the drafter does: one row at a time
+        llama.partial_forward([token], exit_layer, base + i)
+        hidden.append(llama.exit_hidden())
+    ran = []
+    block = llama._native._block
+    monkeypatch.setattr(llama._native, "_block", lambda index, *a: ran.append((index, a[1].shape[0])) or block(index, *a))
+    got = llama.forward_from_exit(feed, torch.cat(hidden), exit_layer)
+    monkeypatch.undo()
+    # The first layers ran only for the rows the draft did not run; the rest for all rows.
+    assert [i for i, rows in ran if i < exit_layer] == list(range(exit_layer)) * (reused < len(feed))
+    assert all(rows == len(feed) for i, rows in ran if i >= exit_layer)
+    assert llama.tokens == prompt[:-1] + feed
+    llama.rollback(base)
+    close(got, llama.forward(feed))
+
+
 def test_partial_forward_token_by_token_reads_its_own_scratch(llama):
     """Feeding one token at a time at start, start + 1, ... (the drafter's way) attends to the
     scratch rows the earlier calls wrote: the same rows as one call over all of them."""

@@ -265,6 +265,8 @@ class NativeLlama:
         mask: torch.Tensor | None = None,
         last_only: bool = False,
         n_layers: int | None = None,
+        start_layer: int = 0,
+        hidden: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append `ids` (n,) after the cache's `length` rows; return (logits, features).
 
@@ -275,6 +277,12 @@ class NativeLlama:
         ancestors); every row attends to all cached rows. Logits (n or 1, V)
         are in the model's dtype; features, the final-norm hidden states of
         every new row (n, hidden), too. The cache's length grows by n.
+
+        Early exit: `n_layers` stops after that many layers; `start_layer` with
+        `hidden` (n, hidden), the residual stream after layer start_layer - 1,
+        starts there instead of at the embeddings, the cache already holding the
+        first layers' keys and values for these rows. `self.residual` is the
+        residual stream after the last layer run (before the final norm).
         """
         n = ids.shape[0]
         start = cache.length
@@ -294,9 +302,10 @@ class NativeLlama:
         def attend(layer: int, q, kv):
             return self._attend_cached(layer, q, kv, cache, start, group_mask)
 
-        x = self._embed(ids)  # (n, hidden)
-        for index, block in enumerate(self.blocks[:n_layers]):
-            x = self._block(index, block, x, cos, sin, attend)
+        x = self._embed(ids) if hidden is None else hidden  # (n, hidden)
+        for index in range(start_layer, len(self.blocks[:n_layers])):
+            x = self._block(index, self.blocks[index], x, cos, sin, attend)
+        self.residual = x
         cache.length = end
         features = F.rms_norm(x, (self.hidden_size,), self.final_norm, self.eps)  # (n, hidden)
         return self.head(features[-1:] if last_only else features), features

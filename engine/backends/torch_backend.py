@@ -429,6 +429,7 @@ class TorchBackend(Backend):
             with torch.inference_mode():
                 self._kv.length = start  # NativeLlama.forward appends after `length` (and grows keep it)
                 logits, _ = self._native.forward(ids, self._kv, n_layers=n_layers)
+                self._exit_hidden = self._native.residual
         except BaseException as error:
             if _is_oom(error):
                 raise OutOfMemoryError(
@@ -438,6 +439,60 @@ class TorchBackend(Backend):
             raise
         finally:
             self._kv.truncate(base)
+        return logits.to(device="cpu", dtype=torch.float32, copy=True)
+
+    def exit_hidden(self) -> torch.Tensor:
+        """The residual stream (n, hidden) after the last layer of the last partial_forward,
+        before the final norm: where forward_from_exit picks those rows up."""
+        hidden = getattr(self, "_exit_hidden", None)
+        if hidden is None:
+            raise RuntimeError("exit_hidden() needs a partial_forward() call first")
+        return hidden.clone()
+
+    def forward_from_exit(self, tokens: list[int], hidden: torch.Tensor, exit_layer: int) -> torch.Tensor:
+        """forward(tokens), reusing an early-exit draft's work: the first m = len(hidden)
+        tokens went through layers 0..exit_layer-1 in partial_forward calls at positions
+        len(self.tokens).. (their keys and values are in the cache as scratch, and `hidden`
+        is their residual stream after those layers, from exit_hidden()). Only the other
+        n - m tokens run those first layers here; then all n run the rest of the layers,
+        the final norm and the LM head. Returns float32 logits (n, V) as forward() does,
+        and the tokens join the cache. In exact arithmetic the same as forward(tokens):
+        the same layers on the same inputs, some of them run a row at a time.
+        """
+        if self._native is None:
+            raise NotImplementedError("forward_from_exit() needs the native implementation")
+        n, m, base, depth = len(tokens), int(hidden.shape[0]), len(self.tokens), len(self._native.blocks)
+        if not 0 < m <= n:
+            raise ValueError(f"forward_from_exit() needs 1..{n} rows of hidden states for {n} tokens, got {m}")
+        if not 1 <= exit_layer < depth:
+            raise ValueError(f"exit_layer must be between 1 and {depth - 1}, got {exit_layer}")
+        if base + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"The context window of {self.info.name} is full ({self.n_ctx} tokens): "
+                f"{base} are in use and {n} more were asked for. "
+                "Start a new chat, shorten the prompt, or load the model with a larger context."
+            )
+        self._tree_base = self._tree_parents = None
+        try:
+            ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
+            with torch.inference_mode():
+                x = hidden.to(device=self._device, dtype=self._native.dtype)
+                if m < n:  # the tokens the draft did not run: the first layers here, after its rows
+                    self._kv.length = base + m
+                    self._native.forward(ids[m:], self._kv, last_only=True, n_layers=exit_layer)
+                    x = torch.cat([x, self._native.residual])
+                self._kv.length = base
+                logits, features = self._native.forward(ids, self._kv, start_layer=exit_layer, hidden=x)
+                self._store_features(base, features)
+        except BaseException as error:
+            self._repair_cache()
+            if _is_oom(error):
+                raise OutOfMemoryError(
+                    f"{self._info.device} ran out of memory verifying {n} tokens with {self._info.name}."
+                ) from error
+            raise
+        self._features = features
+        self.tokens.extend(tokens)
         return logits.to(device="cpu", dtype=torch.float32, copy=True)
 
     def keep_nodes(self, nodes: list[int]) -> None:

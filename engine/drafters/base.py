@@ -49,6 +49,11 @@ class Draft:
     parents: tuple[int, ...] | None = None  # None = a chain; else parent index per node, -1 = root
     # The branch to verify where trees cannot be: node indices from depth 1 down (tree drafts only).
     best_path: tuple[int, ...] | None = None
+    # Early exit: the residual stream after the first `exit_layer` layers of the tokens the
+    # drafter ran (the pending token, then all drafts but the last), for the verifying
+    # forward to start from (TorchBackend.forward_from_exit). Chains only.
+    exit_hidden: torch.Tensor | None = None
+    exit_layer: int = 0
     # Rows run alongside the draft and never verified (see the module docstring).
     extra_tokens: tuple[int, ...] = ()
     extra_offsets: tuple[int, ...] = ()  # position of each, relative to the pending token (offset 0)

@@ -14,12 +14,20 @@ Drafting runs the first L layers over x_m, d_1, d_2, ... one token at a time
 as they are and writing its own keys and values of layers 0..L-1 into the SAME
 cache at positions m-1, m, ... as scratch beyond `backend.tokens`. After every
 call the cache's length is set back to len(backend.tokens), so nothing else ever
-reads the scratch, and the verification forward over [x_m, d_1, ..., d_k] writes
-every layer at exactly those positions anyway. So there is no second cache, no
-recomputation of committed tokens for the draft, and nothing stale is ever read.
-(LayerSkip goes one step further and lets verification start at layer L for the
-accepted drafts; here verification recomputes the first L layers, which keeps
-the target's forward untouched and its numerics identical to plain decoding.)
+reads the scratch. So there is no second cache and no recomputation of
+committed tokens for the draft.
+
+The reuse goes the other way too, as in LayerSkip. The draft keeps the residual
+stream after layer L of every token it ran (x_m, d_1, ..., d_{k-1}; `Draft.
+exit_hidden`), and the verification forward over [x_m, d_1, ..., d_k] starts
+there (`TorchBackend.forward_from_exit`): only d_k goes through layers 0..L-1,
+as one row reading the draft's scratch keys and values, and then all k + 1 rows
+run layers L..n-1, whose keys and values are written as usual. The first L
+layers of the verified rows are the draft's own, not recomputed: the same layers
+on the same inputs, so in float32 the logits equal a full forward's to rounding
+(tested), and in bf16 the rows are even closer to plain decoding (one row at a
+time, as vanilla runs them). Rejected drafts' rows are dropped by the usual
+rollback.
 
 q for each draft token is the early-exit head's distribution after the same
 `SamplingConfig` processing as the target's (engine/sampling.py), so the
@@ -278,6 +286,7 @@ class EarlyExitDrafter(Drafter):
         layer = self.fixed if self.fixed is not None else self.chooser.choose(k, *self._costs(k))
         start = time.perf_counter()
         logits = target.partial_forward([context[-1]], layer, base)[-1]
+        hidden = [target.exit_hidden()]  # the verifying forward starts from these rows (forward_from_exit)
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
         q_token: list[float] = []
@@ -293,12 +302,14 @@ class EarlyExitDrafter(Drafter):
             tokens.append(token)
             if i + 1 < k:  # d_{i+1} goes at position base + i + 1, after the scratch rows so far
                 logits = target.partial_forward([token], layer, base + i + 1)[-1]
+                hidden.append(target.exit_hidden())
         if self._timed_once:
             self.chooser.observe_time(layer, (time.perf_counter() - start) / k)
         self._timed_once = True
         self.chooser.count_step(layer)
         self._layer, self._last_k = layer, k
-        return Draft(tokens=tokens, q=torch.stack(q_rows) if q_rows else None, q_token=tuple(q_token))
+        return Draft(tokens=tokens, q=torch.stack(q_rows) if q_rows else None, q_token=tuple(q_token),
+                     exit_hidden=torch.cat(hidden), exit_layer=layer)  # fmt: skip
 
     def observe(self, drafted: int, accepted: int) -> None:
         if self._layer is None or drafted <= 0:
