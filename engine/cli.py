@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from .cli_bench import add_bench_parser
+from .cli_options import add_drafter_settings, drafter_settings
 from .cli_train import add_train_parser
 from .errors import ConfigError, SpecDeckError
 from .loading import DRAFTERS, HEAD_DRAFTERS
@@ -88,11 +89,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
         help="Medusa heads or EAGLE head folder (implies --drafter medusa unless --drafter eagle; "
         "default: the ones shipped for the target)",
     )
-    parser.add_argument("--tree-depth", type=int, default=None, help="eagle: deepest level of the draft tree")
-    parser.add_argument("--window", default="auto", help="lookahead: Jacobi window W (default auto)")
-    parser.add_argument("--ngram", default="auto", help="lookahead: n-gram size N (default auto)")
-    parser.add_argument("--candidates", default="auto", help="lookahead: n-grams verified per step G (default auto)")
-    parser.add_argument("--exit-layer", default="auto", help="early-exit: draft with the first L layers (default auto)")
+    add_drafter_settings(parser)
     parser.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
     parser.add_argument("--draft-backend", default="auto")
     parser.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
@@ -113,7 +110,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     messages = _read_messages(args.messages) if args.messages else None
     config = EngineConfig(
         target=args.target, drafter=_drafter_kind(args), draft=args.draft, heads=args.heads,
-        tree_depth=args.tree_depth, lookahead=(args.window, args.ngram, args.candidates), exit_layer=args.exit_layer,
+        **drafter_settings(args),
         backend=args.backend, draft_backend=args.draft_backend, device=args.device, dtype=args.dtype,
         n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k, k_max=args.k_max,
     )  # fmt: skip

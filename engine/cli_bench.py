@@ -20,6 +20,8 @@ import sys
 import threading
 from pathlib import Path
 
+from .cli_options import add_drafter_settings, drafter_settings
+
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench = subparsers.add_parser("bench", help="benchmark vanilla against speculative decoding on a prompt set")
@@ -32,11 +34,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     drafter.add_argument("--drafter", default="ngram",
                          help="drafter without a draft model: ngram (default) or any other the engine knows")  # fmt: skip
     bench.add_argument("--heads", help="heads folder for a drafter that uses heads (implies --drafter medusa)")
-    bench.add_argument("--tree-depth", type=int, default=None, help="eagle: deepest level of the draft tree")
-    bench.add_argument("--window", default="auto", help="lookahead: Jacobi window W (default auto)")
-    bench.add_argument("--ngram", default="auto", help="lookahead: n-gram size N (default auto)")
-    bench.add_argument("--candidates", default="auto", help="lookahead: n-grams verified per step G")
-    bench.add_argument("--exit-layer", default="auto", help="early-exit: draft with the first L layers")
+    add_drafter_settings(bench)
     bench.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
     bench.add_argument("--draft-backend", default="auto")
     bench.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
@@ -74,7 +72,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         target=args.target, drafter="model" if args.draft else args.drafter, draft=args.draft,
         backend=args.backend, draft_backend=args.draft_backend, device=args.device, dtype=args.dtype,
         n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k, k_max=args.k_max,
-        tree_depth=args.tree_depth, lookahead=(args.window, args.ngram, args.candidates), exit_layer=args.exit_layer,
+        **drafter_settings(args),
     )  # fmt: skip
     if args.heads:
         if "heads" not in {f.name for f in dataclasses.fields(EngineConfig)}:

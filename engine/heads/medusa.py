@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError
+from .files import read_weights
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "medusa_lm_head.safetensors"
@@ -190,22 +191,4 @@ def load_heads(folder: str, hidden_size: int, vocab_size: int, lm_head: nn.Modul
 
 
 def _read_weights(folder: str) -> dict[str, torch.Tensor]:
-    safe = os.path.join(folder, WEIGHTS_FILE)
-    pickle = os.path.join(folder, PICKLE_WEIGHTS_FILE)
-    try:
-        if os.path.isfile(safe):
-            from safetensors.torch import load_file
-
-            return load_file(safe)
-        if os.path.isfile(pickle):
-            # Never an unrestricted pickle: weights_only refuses anything but tensors.
-            data = torch.load(pickle, map_location="cpu", weights_only=True)
-            if not isinstance(data, dict):
-                raise ValueError("the file does not hold a dict of tensors")
-            return data
-    except Exception as error:  # noqa: BLE001 - every failure becomes a clear message
-        raise ModelLoadError(
-            f"Could not read the Medusa weights in {folder}: the file is corrupt or not a weights file "
-            f"({type(error).__name__}: {str(error)[:200]})."
-        ) from error
-    raise ModelLoadError(f"{folder} has no {WEIGHTS_FILE} (or {PICKLE_WEIGHTS_FILE}): no Medusa weights to load.")
+    return read_weights(folder, WEIGHTS_FILE, PICKLE_WEIGHTS_FILE, "Medusa")
