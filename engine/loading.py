@@ -135,14 +135,7 @@ def make_medusa_drafter(target: Backend, heads: str | None) -> Drafter:
             f"expose: load {target.info.name} with the PyTorch backend (--backend torch, or a Hugging "
             "Face model folder), or choose another drafter (n-gram or a draft model)."
         )
-    from .shipped import default_heads_dir
-
-    folder = heads or default_heads_dir("medusa", target.info)
-    if folder is None:
-        raise ConfigError(
-            f"No Medusa heads for {target.info.name}: train some with "
-            "`specdeck-cli train-heads --kind medusa ...` or pass --heads DIR."
-        )
+    folder = _heads_folder("medusa", "Medusa heads", target, heads)
     from .drafters.medusa import MedusaDrafter
     from .heads.medusa import load_heads
 
@@ -160,20 +153,27 @@ def make_eagle_drafter(target: Backend, heads: str | None, tree_depth: int | Non
             f"cannot serve: load {target.info.name} with the PyTorch backend (--backend torch, or a Hugging "
             "Face model folder), or choose another drafter (n-gram or a draft model)."
         )
-    from .shipped import default_heads_dir
-
-    folder = heads or default_heads_dir("eagle", target.info)
-    if folder is None:
-        raise ConfigError(
-            f"No EAGLE head for {target.info.name}: train one with "
-            "`specdeck-cli train-heads --kind eagle ...` or pass --heads DIR."
-        )
+    folder = _heads_folder("eagle", "EAGLE head", target, heads)
     from .drafters.eagle import MAX_DEPTH, EagleDrafter
     from .heads.eagle import EagleConfig, load_head
 
     head = load_head(folder, EagleConfig.for_target(target.text_config))
     device, dtype = _placement(target.lm_head)
     return EagleDrafter(head.to(device=device, dtype=dtype), target, max_depth=tree_depth or MAX_DEPTH)
+
+
+def _heads_folder(kind: str, what: str, target: Backend, heads: str | None) -> str:
+    """The heads folder asked for, else the one shipped for this target; a ConfigError saying
+    how to get one when there is neither."""
+    from .shipped import default_heads_dir
+
+    folder = heads or default_heads_dir(kind, target.info)
+    if folder is None:
+        raise ConfigError(
+            f"No {what} for {target.info.name}: train some with "
+            f"`specdeck-cli train-heads --kind {kind} ...` or pass --heads DIR."
+        )
+    return folder
 
 
 def _placement(module) -> tuple[torch.device | None, torch.dtype | None]:

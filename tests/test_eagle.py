@@ -135,7 +135,7 @@ def test_the_heads_cache_after_rejections_equals_a_fresh_pass(mirrored):
     result = engine.generate(engine.prompt_ids(PROMPTS[1]), GREEDY)
     assert 0 < result.stats.accepted < result.stats.drafted
     pairs = drafter.cache.length
-    context = [backend.tokens[0], *drafter._committed]
+    context = backend.tokens[: pairs + 1]  # the context of the last draft: its pairs, and its pending token
     fresh = EagleDrafter(head, backend)
     with torch.inference_mode():
         fresh._catch_up(context)

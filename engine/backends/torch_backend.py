@@ -549,8 +549,8 @@ class TorchBackend(Backend):
         end = start + features.shape[0]
         store = self._feature_store
         if store is None or store.shape[0] < end:
-            capacity = max(end, 256, 2 * (0 if store is None else store.shape[0]))
-            grown = features.new_empty(min(max(capacity, end), max(self.n_ctx, end)), features.shape[1])
+            doubled = max(256, 2 * (0 if store is None else store.shape[0]))
+            grown = features.new_empty(max(end, min(doubled, self.n_ctx)), features.shape[1])
             if store is not None and start:
                 grown[:start] = store[:start]
             self._feature_store = store = grown

@@ -52,7 +52,7 @@ from ..draft_length import K_LIMIT
 from ..errors import ConfigError
 from ..heads.eagle import EagleHead
 from ..sampling import SamplingConfig
-from ..tree import path_to
+from ..tree import depths, path_to
 from .base import EMPTY_DRAFT, Draft, Drafter
 
 TOP_K = 8  # children per expanded node, and nodes expanded per round
@@ -91,7 +91,7 @@ class EagleDrafter(Drafter):
 
     def reset(self) -> None:
         self.cache.truncate(0)
-        self._committed: list[int] = []  # the tokens x_1.. whose pairs are in the head's cache
+        self._pairs = 0  # committed pairs (f_t, x_{t+1}) in the head's cache, t = 0.._pairs-1
         self._values: list[float] = _prior_values(self.top_k)  # sorted path probabilities of the last tree
         self._predicted = self._matched = PRIOR_WEIGHT
         self._proposed_mass = 0.0
@@ -105,9 +105,9 @@ class EagleDrafter(Drafter):
             return EMPTY_DRAFT
         with torch.inference_mode():
             guess = self._catch_up(context)  # g_{L-1}: (H,)
-            tokens, parents, values = self._grow(guess, len(context), k)
+            tokens, parents, values, every_value = self._grow(guess, len(context), k)
         probs = [math.exp(v) for v in values]
-        self._values = sorted((math.exp(v) for v in self._all_values), reverse=True)[:K_LIMIT]
+        self._values = sorted((math.exp(v) for v in every_value), reverse=True)[:K_LIMIT]
         self._proposed_mass = sum(probs)
         # The branch to verify where trees cannot be: the most expected accepted tokens.
         reach: list[float] = []
@@ -115,7 +115,7 @@ class EagleDrafter(Drafter):
             reach.append((reach[parent] if parent >= 0 else 0.0) + p)
         best = max(range(len(tokens)), key=reach.__getitem__)
         self.nodes = len(tokens)
-        self.depth = max(_depth(parents, i) for i in range(len(tokens)))
+        self.depth = max(depths(parents))
         return Draft(tokens, parents=tuple(parents), best_path=tuple(path_to(parents, best)))
 
     def observe(self, drafted: int, accepted: int, decay: float = 0.9) -> None:
@@ -142,27 +142,28 @@ class EagleDrafter(Drafter):
     def _catch_up(self, context: list[int]) -> torch.Tensor:
         """Run the head over the pairs (f_t, x_{t+1}) it has not seen; return g_{L-1}."""
         length = len(context)
-        have = len(self._committed)
-        if self._committed != context[1 : have + 1]:  # another conversation, or an edit: start over
-            have = 0
-        have = min(have, length - 2)  # recompute at least the last pair: its output is g_{L-1}
+        # Within a generation the context only grows (reset() starts each one at 0); recompute
+        # at least the last pair, whose output is g_{L-1}.
+        have = min(self._pairs, length - 2)
         features = self.target.cached_features(have, length - 1)  # f_have .. f_{L-2}
         ids = torch.tensor(context[have + 1 : length], dtype=torch.long, device=self.device)
         self.cache.truncate(have)
         n = ids.numel()
         chain = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         out = self._forward(ids, features.to(self.dtype), torch.arange(have, length - 1, device=self.device), chain)
-        self._committed = list(context[1:length])
+        self._pairs = length - 1
         return out[-1]
 
     # -- 2. and 3. the tree ----------------------------------------------------------------------
 
-    def _grow(self, guess: torch.Tensor, length: int, budget: int) -> tuple[list[int], list[int], list[float]]:
-        """EAGLE-2: expand the best nodes level by level, then keep the `budget` best."""
+    def _grow(self, guess: torch.Tensor, length: int, budget: int):
+        """EAGLE-2: expand the best nodes level by level, then keep the `budget` best.
+        Returns the chosen nodes' tokens, parents and values, and every node's value."""
         committed = self.cache.length
         k = self.top_k
         logq, ids = self._top(guess[None])  # (1, K)
         tokens, parents, values = ids[0].tolist(), [-1] * k, logq[0].tolist()
+        depth = [1] * k  # node -> its depth (a level's nodes all share one)
         rows: dict[int, int] = {}  # node -> its row in the head's cache (expanded nodes only)
         features = {-1: guess}  # node -> its guessed feature
         level = list(range(k))
@@ -172,7 +173,6 @@ class EagleDrafter(Drafter):
             if len(values) >= budget and values[level[0]] < sorted(values, reverse=True)[budget - 1]:
                 break  # nothing below this level can enter the best `budget` nodes
             start = self.cache.length
-            depth = _depth(parents, level[0])
             ancestors = torch.zeros(len(level), start + len(level), dtype=torch.bool, device=self.device)
             ancestors[:, :committed] = True
             for i, node in enumerate(level):
@@ -185,7 +185,7 @@ class EagleDrafter(Drafter):
                 rows[node] = start + i
             parent_features = torch.stack([features[parents[node]] for node in level])
             ids_in = torch.tensor([tokens[node] for node in level], dtype=torch.long, device=self.device)
-            positions = torch.full((len(level),), length - 2 + depth, dtype=torch.long, device=self.device)
+            positions = torch.full((len(level),), length - 2 + depth[level[0]], dtype=torch.long, device=self.device)
             out = self._forward(ids_in, parent_features, positions, ancestors[:, start:], full_mask=ancestors)
             child_logq, child_ids = self._top(out)  # (n, K)
             next_level = []
@@ -196,14 +196,14 @@ class EagleDrafter(Drafter):
                     parents.append(node)
                     tokens.append(token)
                     values.append(base + lq)
+                    depth.append(depth[node] + 1)
                     next_level.append(len(tokens) - 1)
             level = next_level
             self.rounds += 1
         self.cache.truncate(committed)  # the tree's rows were scratch
-        self._all_values = values
         # The best `budget` nodes; on equal values the shallower first, so parents precede children.
-        chosen = sorted(range(len(tokens)), key=lambda i: (-values[i], _depth(parents, i)))[: min(budget, K_LIMIT)]
-        chosen.sort(key=lambda i: (_depth(parents, i), -values[i]))
+        chosen = sorted(range(len(tokens)), key=lambda i: (-values[i], depth[i]))[: min(budget, K_LIMIT)]
+        chosen.sort(key=lambda i: (depth[i], -values[i]))
         index = {node: i for i, node in enumerate(chosen)}
         chosen = [i for i in chosen if parents[i] < 0 or parents[i] in index]  # ties at the cut
         index = {node: i for i, node in enumerate(chosen)}
@@ -211,6 +211,7 @@ class EagleDrafter(Drafter):
             [tokens[i] for i in chosen],
             [index[parents[i]] if parents[i] >= 0 else -1 for i in chosen],
             [values[i] for i in chosen],
+            values,
         )
 
     # -- the head ----------------------------------------------------------------------------------
@@ -263,14 +264,6 @@ def _draft_lm_weight(lm_head, vocab: torch.Tensor | None, dtype: torch.dtype) ->
         return None
     with torch.no_grad():
         return weight.detach()[vocab].to(dtype).contiguous()
-
-
-def _depth(parents: list[int], node: int) -> int:
-    depth = 0
-    while node >= 0:
-        depth += 1
-        node = parents[node]
-    return depth
 
 
 def _prior_values(k: int) -> list[float]:
