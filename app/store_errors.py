@@ -1,0 +1,50 @@
+"""What a failed read or write of the conversation store tells the user.
+
+SQLite reports a full disk, a read-only folder or a damaged file by error
+names (`sqlite_errorname`, Python 3.11+); each becomes one sentence that says
+what happened, that nothing on screen is lost, and what to do.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+
+class StoreError(Exception):
+    """A conversation could not be read or saved; str() is the sentence to show."""
+
+
+def _reason(error: sqlite3.Error) -> tuple[str, str]:
+    """(what happened, what to do) for an SQLite error."""
+    name = getattr(error, "sqlite_errorname", "") or ""
+    text = str(error).lower()
+    if name.startswith("SQLITE_FULL") or "disk is full" in text:
+        return "the disk is full", "Free some space: it is saved as soon as there is room."
+    if name.startswith(("SQLITE_READONLY", "SQLITE_PERM", "SQLITE_AUTH")) or "readonly" in text:
+        return ("the folder or the database is read-only",
+                "Make it writable, or start SpecDeck with SPECDECK_DATA_DIR set to a writable folder.")  # fmt: skip
+    if name.startswith("SQLITE_CANTOPEN"):
+        return ("the database file cannot be opened",
+                "Check that the folder exists and is writable (or set SPECDECK_DATA_DIR).")  # fmt: skip
+    if name.startswith("SQLITE_BUSY") or name.startswith("SQLITE_LOCKED"):
+        return "another program holds the database locked", "Close the other SpecDeck window and try again."
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return ("the database is damaged",
+                "Quit SpecDeck and move conversations.db aside; a new one is started on the next launch.")  # fmt: skip
+    if name.startswith("SQLITE_IOERR"):
+        return "the disk reported an input/output error", "Check the disk; it is saved again on the next change."
+    return str(error), "Try again; if it keeps happening, please report it."
+
+
+def write_error(error: sqlite3.Error, path: Path | None) -> StoreError:
+    what, advice = _reason(error)
+    where = f" ({path})" if path else ""
+    return StoreError(f"The conversation could not be saved: {what}{where}. Nothing on screen is lost "
+                      f"while SpecDeck stays open. {advice}")  # fmt: skip
+
+
+def read_error(error: sqlite3.Error, path: Path | None) -> StoreError:
+    what, advice = _reason(error)
+    where = f" ({path})" if path else ""
+    return StoreError(f"The saved conversations could not be read: {what}{where}. {advice}")
