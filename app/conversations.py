@@ -335,7 +335,7 @@ class ConversationStore:
         for message in reading.messages:
             conversation.messages.append(Message(message.role, message.content, message.tokens,
                                                  message.finish_reason, message.stats))  # fmt: skip
-        self._save(conversation, durable=True, touch=False)
+        self._save(conversation, touch=False)  # the journal is kept (moved aside), so no fsync per chat
         return True
 
 
