@@ -114,6 +114,11 @@ class ChatView(QWidget):
                 note = reply_note(message.finish_reason, message.stats)
                 self.transcript.add_message("assistant", ASSISTANT_TITLE, tokens=list(message.tokens or []), note=note)
 
+    def message_sent(self, text: str) -> None:
+        """The message was saved and sent: clear the composer, unless the user has typed on meanwhile."""
+        if self.composer.toPlainText().strip() == text:
+            self.composer.clear()
+
     def add_user_message(self, text: str) -> None:
         self.transcript.add_message("user", USER_TITLE, text=text)
 
@@ -148,8 +153,8 @@ class ChatView(QWidget):
         text = self.composer.toPlainText().strip()
         if not text or not self._ready:
             return
-        self.composer.clear()
         # Sending while a reply streams is allowed: the window stops it and starts the new one.
+        # The text stays in the composer until it is saved (message_sent): a failed save loses nothing.
         self.sig_send_requested.emit(text)
 
     def _on_button(self) -> None:

@@ -8,6 +8,10 @@ The window loads the engine, runs comparisons, feeds every step to the charts,
 and remembers its settings; the chat's bookkeeping (which conversation, what
 is saved when) is ChatSession's. Every error reaches the user through
 `show_error`: a banner that leaves the window usable.
+
+The window always starts: an unusable conversation folder gives a store that
+keeps nothing (and says so), and unreadable settings fall back to their defaults
+(and the banner names them).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from app.chat_view import ChatView
 from app.chat_session import ChatSession
 from app.compare_view import CompareView
 from app.conversation_panel import ConversationPanel
-from app.conversations import ConversationStore, default_data_dir
+from app.conversations import ConversationStore, StoreError, default_data_dir, is_valid_id
 from app.engine_controller import COMPARE, EngineController
 from app.heads import engine_notes
 
@@ -50,12 +54,22 @@ def describe_engine(config: EngineConfig, engine) -> str:
 class MainWindow(QMainWindow):
     def __init__(self, store: ConversationStore | None = None) -> None:
         super().__init__()
-        self.store = store or ConversationStore(default_data_dir())
+        problems = []  # said in the banner once the window is built
+        if store is None:
+            try:
+                store = ConversationStore(default_data_dir())
+            except StoreError as error:
+                store = ConversationStore.in_memory()
+                problems.append(f"Conversations are kept only until SpecDeck closes. {error}")
+        self.store = store
         self.controller = EngineController(self)
-        self._sampling = keys.sampling_config()
+        self._resets: list[str] = []  # settings keys that were unreadable and fell back to their defaults
+        keys.engine_config(resets=self._resets)  # read only to check it; start() loads it
+        self._sampling = keys.sampling_config(resets=self._resets)
         self._run_kind: str | None = None
         self._compare_sampling = self._sampling  # what the running comparison was started with
         self._shut_down = False
+        self._save_failure = ""  # the banner's text while it shows a failed save
         self.pair_dialog = None  # the model pair dialog while it is open
 
         self.banner = Banner()
@@ -92,6 +106,8 @@ class MainWindow(QMainWindow):
         self._restore_settings()
         self.sampling = self._sampling  # shows the summary
         self._set_ready(False, "Loading the model…")
+        self._show_start_problems(problems)
+        self._keep_banner = bool(self.banner.text())  # until the user or a later load replaces it
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -118,15 +134,39 @@ class MainWindow(QMainWindow):
         return dock
 
     def _restore_settings(self) -> None:
-        settings = QSettings()
-        if not self.restoreGeometry(settings.value(keys.GEOMETRY, QByteArray(), type=QByteArray)):
+        settings, resets = QSettings(), self._resets
+        geometry = keys.read(settings, keys.GEOMETRY, QByteArray(), resets)
+        if geometry.isEmpty() or not self.restoreGeometry(geometry):
+            if not geometry.isEmpty():  # bytes, but not a geometry Qt wrote
+                keys.reset(keys.GEOMETRY, resets)
             self._default_geometry()
         # Dock sizes only take once the window has its size: see showEvent.
-        self._first_show = not self.restoreState(settings.value(keys.WINDOW_STATE, QByteArray(), type=QByteArray))
-        self.tabs.setCurrentIndex(settings.value(keys.CURRENT_TAB, 0, type=int))
-        self.actions.colour_tokens.setChecked(settings.value(keys.COLOUR_TOKENS, True, type=bool))
-        current = settings.value(keys.CURRENT_CONVERSATION, "", type=str)
+        state = keys.read(settings, keys.WINDOW_STATE, QByteArray(), resets)
+        self._first_show = state.isEmpty() or not self.restoreState(state)
+        if self._first_show and not state.isEmpty():
+            keys.reset(keys.WINDOW_STATE, resets)
+        tab = keys.read(settings, keys.CURRENT_TAB, 0, resets)
+        if not 0 <= tab < self.tabs.count():
+            tab = 0
+            keys.reset(keys.CURRENT_TAB, resets)
+        self.tabs.setCurrentIndex(tab)
+        self.actions.colour_tokens.setChecked(keys.read(settings, keys.COLOUR_TOKENS, True, resets))
+        current = keys.read(settings, keys.CURRENT_CONVERSATION, "", resets)
+        if current and not is_valid_id(current):  # e.g. a path: never handed to the store
+            current = ""
+            keys.reset(keys.CURRENT_CONVERSATION, resets)
+        for key in resets:  # said once: the next start reads the defaults (or what this session saves)
+            settings.remove(key)
         self.chats.open(current or None)
+
+    def _show_start_problems(self, problems: list[str]) -> None:
+        """The banner at start: what could not be used, what was reset, what opening the store found."""
+        if self._resets:
+            problems.append(keys.describe_resets(self._resets))
+        opened = self.banner.text()  # what opening the restored conversation found (damaged records)
+        notes = problems + list(self.store.notices) + ([opened] if opened else [])
+        if notes:
+            self.banner.show_message(" ".join(notes), "error" if problems else "info")
 
     def _default_geometry(self) -> None:
         screen = self.screen().availableGeometry()
@@ -164,6 +204,9 @@ class MainWindow(QMainWindow):
         c.sig_run_finished.connect(self._on_run_finished)
         c.sig_busy_changed.connect(self._on_busy_changed)
         c.sig_error.connect(self.show_error)
+        self.chats.sig_save_failed.connect(self._on_save_failed)
+        self.chats.sig_save_recovered.connect(self._on_save_recovered)
+        self.chats.sig_notice.connect(self._show_info)
         self.chat_view.sig_send_requested.connect(self.send_message)
         self.chat_view.sig_stop_requested.connect(self.controller.stop)
         self.compare_view.sig_run_requested.connect(self.run_comparison)
@@ -177,7 +220,9 @@ class MainWindow(QMainWindow):
     # -- the engine --------------------------------------------------------------------
 
     def load_engine(self, config: EngineConfig) -> None:
-        self.banner.hide()
+        if not self._keep_banner:  # a new load clears the old one's messages, not what start-up found
+            self.banner.hide()
+        self._keep_banner = False
         self._set_ready(False, "Loading the model…")
         self.engine_label.setText("Loading…")
         self.progress.setValue(0)
@@ -245,6 +290,18 @@ class MainWindow(QMainWindow):
         self.banner.show_message(message, "error", list(actions))
         self.statusBar().showMessage(message.split(". ")[0], 8000)
 
+    def _show_info(self, message: str) -> None:
+        self.banner.show_message(message, "info")
+
+    def _on_save_failed(self, message: str) -> None:
+        self.show_error(message)
+        self._save_failure = message
+
+    def _on_save_recovered(self) -> None:
+        if self._save_failure and self.banner.text() == self._save_failure:  # still up: replace it
+            self._show_info("Saving works again: everything shown is saved.")
+        self._save_failure = ""
+
     # -- runs ------------------------------------------------------------------------------
 
     def send_message(self, text: str) -> None:
@@ -296,7 +353,7 @@ class MainWindow(QMainWindow):
         self.chat_view.composer.setFocus()
 
     def confirm_delete(self, conversation_id: str) -> None:
-        conversation = self.store.load(conversation_id)
+        conversation = self.chats.find(conversation_id)
         if conversation is None:
             return
         question = f"Delete “{conversation.title}”? This cannot be undone."
@@ -306,7 +363,7 @@ class MainWindow(QMainWindow):
     def export_markdown(self, conversation_id: str | None = None) -> None:
         from app.file_dialogs import export_conversation
 
-        conversation = self.store.load(conversation_id) if conversation_id else self.chats.conversation
+        conversation = self.chats.find(conversation_id) if conversation_id else self.chats.conversation
         if conversation is not None:
             export_conversation(self, conversation)
 

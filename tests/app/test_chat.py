@@ -104,4 +104,7 @@ def test_shift_enter_adds_a_line_and_enter_sends(qtbot, make_window):
     assert sent == []
     qtbot.keyClick(composer, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
 
-    assert sent == ["line one\nline two"] and composer.toPlainText() == ""
+    assert sent == ["line one\nline two"]
+    assert composer.toPlainText() == "line one\nline two"  # kept until the message is saved
+    window.chat_view.message_sent(sent[0])
+    assert composer.toPlainText() == ""
