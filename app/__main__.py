@@ -6,6 +6,13 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from app.qt_platform import check_xcb_libraries
+
+    # Before any Qt: without its system libraries Qt aborts with a message that names none.
+    problem = check_xcb_libraries()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
     # Qt and the window are imported here, not at module level, so that the entry
     # point script starts (and fails, if PySide6 is missing) with a plain traceback.
     from app.application import create_application
