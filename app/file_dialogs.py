@@ -24,7 +24,7 @@ _CHART_FORMATS = {"png": "PNG image (*.png)", "csv": "CSV table (*.csv)", "json"
 def _ask_path(window: MainWindow, caption: str, name: str, file_filter: str) -> Path | None:
     settings = QSettings()
     home = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
-    folder = settings.value(keys.EXPORT_FOLDER, home, type=str)
+    folder = keys.read(settings, keys.EXPORT_FOLDER, home) or home
     path, _ = QFileDialog.getSaveFileName(window, caption, str(Path(folder) / name), file_filter)
     if not path:
         return None

@@ -31,6 +31,7 @@ from engine.models import list_models
 from engine.sampling import SamplingConfig
 from engine.session import EngineConfig
 
+from . import settings as keys
 from .pair_check import CheckResult, check_choice
 from .pair_form import PairForm
 from .pair_widgets import FindingsView
@@ -85,11 +86,11 @@ class PairDialog(QDialog):
         layout.addWidget(self.buttons)
 
         self.form.set_choice(load_choice(self.settings))
-        self.form.set_browse_dir(self.settings.value(f"{PREFIX}/browse_dir", "", type=str))
+        self.form.set_browse_dir(keys.read(self.settings, f"{PREFIX}/browse_dir", ""))
         self._auto_check.stop()  # the first check runs when the dialog is shown, not while it is built
         self._invalidate()
         self.findings.show_message("Not checked yet: press Check pair.")
-        geometry = self.settings.value(f"{PREFIX}/geometry", QByteArray(), type=QByteArray)
+        geometry = keys.read(self.settings, f"{PREFIX}/geometry", QByteArray())  # garbage: the default size
         if geometry.isEmpty() or not self.restoreGeometry(geometry):
             self.resize(860, 720)
 

@@ -139,3 +139,30 @@ def test_the_store_notices_are_shown_at_start(make_window, data_dir, monkeypatch
     monkeypatch.setattr(again.controller, "load", lambda config: None)
     again.start()
     assert again.chats.conversation.title == "Old chat" and "1 damaged record" in again.banner.text()
+
+
+@pytest.mark.qt_log_ignore(QT_NOISE, r"QVariant::load: unknown user type")
+def test_the_model_pair_dialog_opens_whatever_its_saved_geometry_holds(make_window):
+    write_settings_file("[pair_dialog]\ngeometry=42\nbrowse_dir=a, b\nk=@Rect(0 0 1 1)\n")
+    window = make_window(load=False)
+
+    window.choose_models()
+
+    assert window.pair_dialog is not None and window.pair_dialog.isVisible()
+    assert window.pair_dialog.width() >= 400
+
+
+def test_an_unreadable_export_folder_suggests_the_documents_folder(make_window, monkeypatch):
+    from PySide6.QtCore import QStandardPaths
+    from PySide6.QtWidgets import QFileDialog
+
+    write_settings_file("[files]\nexport_folder=a, b\n")  # a list, not a folder
+    window = make_window(load=False)
+    suggested = []
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda parent, caption, path, filter: suggested.append(path)
+                        or ("", ""))  # fmt: skip
+
+    window.actions.export_csv.trigger()
+
+    documents = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+    assert len(suggested) == 1 and suggested[0].startswith(documents), suggested
