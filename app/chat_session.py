@@ -6,7 +6,7 @@ writer of the store. A reply is written to the store step by step as it is
 shown, so a crash loses nothing on screen; it keeps going into its own
 conversation even when the user opens another one meanwhile. A message sent
 while something is decoding stops that run first and goes out once it has
-ended, so the journal never mixes the end of one reply with the next question.
+ended, so the store never mixes the end of one reply with the next question.
 
 A write that fails (read-only folder, full disk) is a `sig_save_failed` message,
 once per streak of failures, never an exception: a user message that could not
@@ -149,7 +149,7 @@ class ChatSession(QObject):
             self.send(*queued)
 
     def close(self) -> None:
-        """After the controller has shut down: a reply cut by closing still ends in the journal."""
+        """After the controller has shut down: a reply cut by closing is still ended in the store."""
         if self.replying_to is not None:
             self._write("", self.store.end_reply, self.replying_to, "cancelled")
             self.replying_to = None
