@@ -20,6 +20,10 @@ class ModelLoadError(SpecDeckError):
     """A file or folder that exists but is not a model we can load (or is corrupt)."""
 
 
+class CorruptModelError(ModelLoadError):
+    """A model that loads but computes NaN or infinite logits: its weights are damaged."""
+
+
 class IncompatiblePairError(SpecDeckError):
     """A draft and target that cannot be used together (different vocabularies...)."""
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ContextOverflowError
+from ..errors import ContextOverflowError, CorruptModelError
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,22 @@ class Backend(abc.ABC):
             )
         logits = self._forward(list(tokens), all_logits)
         self.tokens.extend(tokens)
+        if not finite_rows(logits):
+            self.rollback(len(self.tokens) - len(tokens))
+            raise self.corrupt_error()
         return logits
+
+    def corrupt_error(self) -> CorruptModelError:
+        """The error for logits that came out NaN or infinite: the weights are damaged."""
+        return CorruptModelError(
+            f"{self.info.path} computes NaN or infinite logits, so its weights are corrupt (a damaged "
+            "download, a disk error or a bad conversion); it cannot give a reply. Download or convert "
+            f"the model again.{self._corrupt_hint()}"
+        )
+
+    def _corrupt_hint(self) -> str:
+        """More to say about non-finite logits on this backend ("" by default)."""
+        return ""
 
     def rollback(self, length: int) -> None:
         """Keep only the first `length` cached tokens; accepted positions are never recomputed."""
@@ -190,6 +205,13 @@ class Backend(abc.ABC):
 
     def close(self) -> None:
         """Free the model; the backend is unusable afterwards."""
+
+
+def finite_rows(logits: torch.Tensor) -> bool:
+    """Whether every row (n, V) can be sampled from: one reduction per call, cheap enough for
+    every step. A row's max is NaN when any entry is NaN (max propagates NaN), +inf when any
+    is +inf and -inf when all are; a single -inf is a masked token, which is fine."""
+    return bool(torch.isfinite(logits.amax(dim=-1)).all())
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
