@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 from .backends.base import Backend
 from .drafters.base import Drafter
 from .errors import ConfigError, IncompatiblePairError
+from .memory_errors import model_out_of_memory, unexplained_allocation_failure
 from .models import resolve
 
 if TYPE_CHECKING:
@@ -140,9 +142,10 @@ def make_medusa_drafter(target: Backend, heads: str | None) -> Drafter:
     from .heads.medusa import load_heads
 
     lm_head = target.lm_head
-    loaded = load_heads(folder, target.hidden_size, target.vocab_size, lm_head)
-    device, dtype = _placement(lm_head)
-    return MedusaDrafter(loaded.to(device=device, dtype=dtype), target)
+    with _heads_memory("the Medusa heads", folder, target):
+        loaded = load_heads(folder, target.hidden_size, target.vocab_size, lm_head)
+        device, dtype = _placement(lm_head)
+        return MedusaDrafter(loaded.to(device=device, dtype=dtype), target)
 
 
 def make_eagle_drafter(target: Backend, heads: str | None, tree_depth: int | None = None) -> Drafter:
@@ -157,9 +160,24 @@ def make_eagle_drafter(target: Backend, heads: str | None, tree_depth: int | Non
     from .drafters.eagle import MAX_DEPTH, EagleDrafter
     from .heads.eagle import EagleConfig, load_head
 
-    head = load_head(folder, EagleConfig.for_target(target.text_config))
-    device, dtype = _placement(target.lm_head)
-    return EagleDrafter(head.to(device=device, dtype=dtype), target, max_depth=tree_depth or MAX_DEPTH)
+    with _heads_memory("the EAGLE head", folder, target):
+        head = load_head(folder, EagleConfig.for_target(target.text_config))
+        device, dtype = _placement(target.lm_head)
+        return EagleDrafter(head.to(device=device, dtype=dtype), target, max_depth=tree_depth or MAX_DEPTH)
+
+
+@contextmanager
+def _heads_memory(what: str, folder: str, target: Backend) -> Iterator[None]:
+    """A failed allocation while loading draft heads, said as OutOfMemoryError with what the
+    target already holds (the heads come on top of it)."""
+    try:
+        yield
+    except Exception as error:
+        if not unexplained_allocation_failure(error):
+            raise
+        raise model_out_of_memory(
+            f"load {what} in {folder} beside {target.info.name}", target.info, target.n_ctx
+        ) from error
 
 
 def _heads_folder(kind: str, what: str, target: Backend, heads: str | None) -> str:

@@ -20,6 +20,8 @@ from .drafters.base import Drafter
 from .errors import ConfigError, SpecDeckError
 from .events import Divergence, GenerationResult, StepEvent
 from .loading import TORCH_DRAFTERS, load_backend, make_drafter
+from .memory_errors import model_out_of_memory, out_of_memory, unexplained_allocation_failure
+from .models import resolve
 from .sampling import SamplingConfig
 
 
@@ -90,7 +92,16 @@ class Engine:
         options = dict(device=config.device, dtype=config.dtype, n_ctx=config.n_ctx, threads=config.threads,
                        gpu_layers=config.gpu_layers)  # fmt: skip
         report("Loading the target model", 0.0)
-        target = load_backend(config.target, backend=target_backend(config), **options)
+        try:
+            target = load_backend(config.target, backend=target_backend(config), **options)
+        except Exception as error:
+            if not unexplained_allocation_failure(error):
+                raise
+            raise out_of_memory(
+                f"load {config.target}", path=config.target, backend=_chosen_backend(config),
+                dtype=None if config.dtype == "auto" else config.dtype,
+                device="this machine" if config.device == "auto" else config.device, n_ctx=config.n_ctx,
+            ) from error
         try:
             report("Loading the drafter", 0.5)
             drafter = make_drafter(
@@ -102,8 +113,11 @@ class Engine:
             if config.measure_costs:
                 report("Measuring the target's verify costs", 0.8)
                 costs.verify_s.update(measure_verify_curve(target))
-        except BaseException:
+        except BaseException as error:
             target.close()
+            if unexplained_allocation_failure(error):
+                doing = f"prepare the {config.drafter} drafter for {target.info.name}"
+                raise model_out_of_memory(doing, target.info, target.n_ctx) from error
             raise
         report("Ready", 1.0)
         return cls(target, drafter, config, costs)
@@ -136,10 +150,11 @@ class Engine:
         if speculative and drafter is None:
             raise ConfigError("No drafter is loaded: choose n-gram lookup or a draft model to decode speculatively.")
         draft_length = DraftLength(self.config.k, self.config.k_max) if drafter else None
-        return decode_steps(
+        steps = decode_steps(
             self.target, prompt, sampling, drafter=drafter, draft_length=draft_length, costs=self.costs,
             cancel=cancel,
         )  # fmt: skip
+        return _out_of_memory_said(steps, self.target)
 
     def generate(
         self,
@@ -179,6 +194,29 @@ class Engine:
         if self.drafter is not None:
             self.drafter.close()
         self.target.close()
+
+
+def _chosen_backend(config: EngineConfig) -> str:
+    """The backend load_backend picks for the target ("auto": llama.cpp for a GGUF file)."""
+    backend = target_backend(config)
+    if backend != "auto":
+        return backend
+    try:
+        return "llama.cpp" if resolve(config.target).kind == "gguf" else "torch"
+    except SpecDeckError:
+        return "torch"
+
+
+def _out_of_memory_said(steps: Iterator[StepEvent], target: Backend) -> Iterator[StepEvent]:
+    """`steps`, with a failed allocation anywhere in the loop (a drafter, sampling) said as
+    OutOfMemoryError; the backends already say so for their own forwards."""
+    try:
+        yield from steps
+    except Exception as error:
+        if not unexplained_allocation_failure(error):
+            raise
+        doing = f"generate with {target.info.name}"
+        raise model_out_of_memory(doing, target.info, target.n_ctx, "a shorter prompt") from error
 
 
 def collect(events: list[StepEvent]) -> GenerationResult:

@@ -26,7 +26,8 @@ import llama_cpp
 import numpy as np
 import torch
 
-from ..errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError, OutOfMemoryError
+from ..errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
+from ..memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory
 from .base import Backend, ModelInfo
 
 DEFAULT_CONTEXT = 4096  # enough for a chat, small enough that the KV cache of a 7B model fits in RAM
@@ -180,7 +181,7 @@ class LlamaCppBackend(Backend):
     def _load(self, n_ctx: int) -> llama_cpp.Llama:
         _recent_errors.clear()
         try:
-            return llama_cpp.Llama(
+            llm = llama_cpp.Llama(
                 model_path=self._path,
                 n_ctx=n_ctx,
                 n_batch=BATCH_SIZE,
@@ -191,17 +192,20 @@ class LlamaCppBackend(Backend):
                 logits_all=False,  # we set per-token logits flags ourselves
                 verbose=False,
             )
-        except (ValueError, RuntimeError, OSError) as e:
+        except (ValueError, RuntimeError, OSError, MemoryError) as e:
             said = _llama_said()
-            if "Failed to create llama_context" in str(e):
-                raise OutOfMemoryError(
-                    f"llama.cpp loaded {self._display_name} but could not allocate a {n_ctx}-token context{said}. "
-                    "Choose a smaller context size, or offload fewer layers to the GPU."
+            if "Failed to create llama_context" in str(e) or is_allocation_failure(e, " ".join(_recent_errors)):
+                device = "cpu" if self._n_gpu_layers == 0 else "cpu and GPU"
+                raise out_of_memory(
+                    f"load {self._path} with a {n_ctx}-token context{said}", path=self._path,
+                    backend="llama.cpp", dtype=None, device=device, n_ctx=n_ctx,
                 ) from e
             raise ModelLoadError(
                 f"Could not load {self._path}: the file is corrupt or incomplete, or not a model this "
                 f"llama.cpp ({llama_cpp.__version__}) can run{said}. Re-download it, or pick another .gguf file."
             ) from e
+        _recent_errors.clear()  # what a later failed decode logs is then its own
+        return llm
 
     def _build_batch(self, n_batch: int) -> None:
         """A llama_batch whose arrays are numpy buffers we own, filled in place per call."""
@@ -311,6 +315,11 @@ class LlamaCppBackend(Backend):
         bad = [t for t in tokens if not 0 <= t < self._n_vocab]
         if rc == -1 and bad:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary of {self._display_name} (0..{self._n_vocab - 1})")
+        if rc == -2 or is_allocation_failure(None, " ".join(_recent_errors)):  # -2: compute buffers failed to allocate
+            raise model_out_of_memory(
+                f"run {self._display_name} on {start + len(tokens)} tokens{_llama_said()}", self._info, self._n_ctx,
+                "a shorter prompt",
+            )
         raise RuntimeError(f"llama_decode failed with code {rc}{_llama_said()} after {start} cached tokens.")
 
     def _truncate(self, length: int) -> None:
