@@ -254,7 +254,7 @@ def _pickle(folder):
     [
         (_missing, None, "incomplete"),
         (_corrupt, None, "corrupt"),
-        (_pickle, None, "corrupt"),
+        (_pickle, None, "contains pickled code"),
         (None, {"hidden_size": 128, "num_attention_heads": 8}, r"hidden size 128 \(the target's: 64\)"),
         (None, {"num_key_value_heads": 4}, r"key/value heads 4 \(the target's: 2\)"),
         (None, {"draft_vocab_size": 32000}, "EAGLE-3"),

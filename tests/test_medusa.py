@@ -353,7 +353,7 @@ def break_pickle(folder):
     [
         (break_missing_tensor, "incomplete"),
         (break_corrupt_file, "corrupt"),
-        (break_pickle, "corrupt"),
+        (break_pickle, "contains pickled code"),
         (None, "hidden size of 32"),
     ],
     ids=["missing-tensor", "corrupt-file", "non-tensor-pickle", "wrong-hidden-size"],

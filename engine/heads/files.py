@@ -7,6 +7,8 @@ import os
 import torch
 
 from ..errors import ModelLoadError
+from ..memory_errors import is_allocation_failure
+from ..pickled_code import convert_state_dict, is_refused_pickle, refused_pickle_error, short_reason
 
 
 def read_weights(folder: str, safe_name: str, pickle_name: str, what: str) -> dict[str, torch.Tensor]:
@@ -26,8 +28,12 @@ def read_weights(folder: str, safe_name: str, pickle_name: str, what: str) -> di
                 raise ValueError("the file does not hold a dict of tensors")
             return data
     except Exception as error:  # noqa: BLE001 - every failure becomes a clear message
+        if is_allocation_failure(error):
+            raise  # not a broken file: the caller says what the model needs (memory_errors)
+        if is_refused_pickle(error):
+            raise refused_pickle_error(pickle, error, convert_state_dict(pickle, safe)) from error
         raise ModelLoadError(
             f"Could not read the {what} weights in {folder}: the file is corrupt or not a weights file "
-            f"({type(error).__name__}: {str(error)[:200]})."
+            f"({short_reason(error)})."
         ) from error
     raise ModelLoadError(f"{folder} has no {safe_name} (or {pickle_name}): no {what} weights to load.")
