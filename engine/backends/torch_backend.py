@@ -32,9 +32,11 @@ import re
 import torch
 
 from ..device import dtype_name, pick_device, pick_dtype, weight_format
-from ..errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError, OutOfMemoryError
+from ..errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
+from ..memory_errors import model_out_of_memory, out_of_memory, unexplained_allocation_failure
+from ..pickled_code import convert_model_folder, is_refused_pickle, pickle_files, refused_pickle_error, short_reason
 from ..tree import ancestor_mask, check_parents, depths
-from .base import Backend, ModelInfo
+from .base import Backend, ModelInfo, finite_rows
 from .native_llama import SUPPORTED_ARCHITECTURES, NativeLlama, unsupported_reason
 
 logger = logging.getLogger(__name__)
@@ -83,7 +85,7 @@ class TorchBackend(Backend):
         self._path = os.path.join(folder, gguf_file) if gguf_file else folder
         display = name or os.path.basename(os.path.normpath(self._path))
 
-        self._model, self._tok = _load(folder, gguf_file, self._dtype, self._device, trust_remote_code)
+        self._model, self._tok = _load(folder, gguf_file, self._dtype, self._device, trust_remote_code, n_ctx)
         self._native: NativeLlama | None = None
         self._kv = None  # the native path's KVCache
         self._features: torch.Tensor | None = None  # last_features() of the native path
@@ -160,10 +162,13 @@ class TorchBackend(Backend):
             return None
         try:
             return NativeLlama(self._model, self._n_ctx, weights)
-        except (torch.OutOfMemoryError, MemoryError) as error:
-            raise OutOfMemoryError(
-                f"Not enough memory on {self._device} to prepare {display}. "
-                "Try a smaller dtype (bfloat16, int8), a smaller model, or close other programs."
+        except Exception as error:
+            if not _is_oom(error):
+                raise
+            dtype = f"int8 (weights) / {dtype_name(self._dtype)}" if weights else dtype_name(self._dtype)
+            raise out_of_memory(
+                f"prepare {display}", path=self._path, backend="torch", dtype=dtype, device=self._device,
+                n_ctx=self._n_ctx,
             ) from error
 
     # -- model facts ---------------------------------------------------------------
@@ -265,11 +270,8 @@ class TorchBackend(Backend):
             # some layers; put the cache back in line with self.tokens.
             self._repair_cache()
             if _is_oom(error):
-                raise OutOfMemoryError(
-                    f"{self._info.device} ran out of memory running {self._info.name} on "
-                    f"{len(self.tokens) + len(tokens)} tokens. Use a shorter prompt or context, "
-                    "a smaller dtype (bfloat16/float16) or a smaller model."
-                ) from error
+                doing = f"run {self._info.name} on {len(self.tokens) + len(tokens)} tokens"
+                raise model_out_of_memory(doing, self._info, self._n_ctx, "a shorter prompt") from error
             raise
         # Copy out of inference mode: the caller gets an ordinary float32 CPU
         # tensor it may modify in place (inference tensors refuse that).
@@ -374,12 +376,13 @@ class TorchBackend(Backend):
         except BaseException as error:
             self._repair_cache()
             if _is_oom(error):
-                raise OutOfMemoryError(
-                    f"{self._info.device} ran out of memory verifying {what} of {n} tokens "
-                    f"with {self._info.name}. Use a smaller draft or a smaller model."
-                ) from error
+                doing = f"verify {what} of {n} tokens with {self._info.name}"
+                raise model_out_of_memory(doing, self._info, self._n_ctx, "a smaller draft") from error
             raise
         self.tokens.extend(tokens)
+        if not finite_rows(logits):
+            self.rollback(base)
+            raise self.corrupt_error()
         self._tree_base, self._tree_parents = base, None
         return logits.to(device="cpu", dtype=torch.float32, copy=True)
 
@@ -432,13 +435,13 @@ class TorchBackend(Backend):
                 self._exit_hidden = self._native.residual
         except BaseException as error:
             if _is_oom(error):
-                raise OutOfMemoryError(
-                    f"{self._info.device} ran out of memory drafting with the first {n_layers} layers "
-                    f"of {self._info.name}. Use a shorter draft or a smaller model."
-                ) from error
+                doing = f"draft with the first {n_layers} layers of {self._info.name}"
+                raise model_out_of_memory(doing, self._info, self._n_ctx, "a shorter draft") from error
             raise
         finally:
             self._kv.truncate(base)
+        if not finite_rows(logits):
+            raise self.corrupt_error()
         return logits.to(device="cpu", dtype=torch.float32, copy=True)
 
     def exit_hidden(self) -> torch.Tensor:
@@ -487,12 +490,13 @@ class TorchBackend(Backend):
         except BaseException as error:
             self._repair_cache()
             if _is_oom(error):
-                raise OutOfMemoryError(
-                    f"{self._info.device} ran out of memory verifying {n} tokens with {self._info.name}."
-                ) from error
+                raise model_out_of_memory(f"verify {n} tokens with {self._info.name}", self._info, self._n_ctx) from error
             raise
         self._features = features
         self.tokens.extend(tokens)
+        if not finite_rows(logits):
+            self.rollback(base)
+            raise self.corrupt_error()
         return logits.to(device="cpu", dtype=torch.float32, copy=True)
 
     def keep_nodes(self, nodes: list[int]) -> None:
@@ -624,6 +628,11 @@ class TorchBackend(Backend):
         lines = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
         return prefix + self.tokenize(lines + "assistant:")
 
+    def _corrupt_hint(self) -> str:
+        if self._dtype == torch.float16:
+            return " If the file is intact, the model may overflow in float16: load it in bfloat16 or float32."
+        return ""
+
     def close(self) -> None:
         if getattr(self, "_model", None) is None:
             return
@@ -682,7 +691,9 @@ def _check_folder(folder: str) -> None:
         )
 
 
-def _load(folder: str, gguf_file: str | None, dtype: torch.dtype, device: str, trust_remote_code: bool):
+def _load(
+    folder: str, gguf_file: str | None, dtype: torch.dtype, device: str, trust_remote_code: bool, n_ctx: int | None
+):
     if gguf_file is None:
         _check_folder(folder)
     where = os.path.join(folder, gguf_file) if gguf_file else folder
@@ -701,16 +712,14 @@ def _load(folder: str, gguf_file: str | None, dtype: torch.dtype, device: str, t
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, weights_only=True, **common, **extra)
         model = model.to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(folder, **common)
-    except (torch.OutOfMemoryError, MemoryError) as error:
-        raise OutOfMemoryError(
-            f"Not enough memory on {device} to load {where} in {dtype_name(dtype)}. "
-            "Try a smaller dtype (bfloat16 or float16), a smaller model, or close other programs."
-        ) from error
     except Exception as error:  # every failure gets an actionable message
         if _is_oom(error):
-            raise OutOfMemoryError(
-                f"Not enough memory on {device} to load {where}. Try a smaller dtype or model."
+            raise out_of_memory(
+                f"load {where}", path=where, backend="torch", dtype=dtype_name(dtype), device=device, n_ctx=n_ctx
             ) from error
+        pickles = [] if gguf_file else pickle_files(folder)
+        if pickles and is_refused_pickle(error):
+            raise refused_pickle_error(pickles[0], error, convert_model_folder(folder)) from error
         raise ModelLoadError(_load_failure_message(where, gguf_file, trust_remote_code, error)) from error
     return model, tokenizer
 
@@ -731,9 +740,7 @@ def _dense_gguf_options() -> dict:
 
 
 def _load_failure_message(where: str, gguf_file: str | None, trust_remote_code: bool, error: Exception) -> str:
-    detail = f"{type(error).__name__}: {error}".strip()
-    if len(detail) > 400:
-        detail = detail[:400] + "..."
+    detail = short_reason(error, limit=400)
     hint = (
         "The GGUF file may be corrupt, or use an architecture or quantization transformers cannot "
         "dequantize; try the llama.cpp backend for it."
@@ -747,10 +754,8 @@ def _load_failure_message(where: str, gguf_file: str | None, trust_remote_code: 
 
 
 def _is_oom(error: BaseException) -> bool:
-    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    # MPS reports running out of memory as a plain RuntimeError.
-    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+    """A failed allocation in any of its forms (memory_errors), not yet turned into our error."""
+    return unexplained_allocation_failure(error)
 
 
 def _context_length(config, tokenizer) -> int:
