@@ -15,6 +15,7 @@ between 8:1 and 70:1. Below 8:1 the draft's own cost eats the speedup; above
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from dataclasses import asdict, dataclass
 
@@ -160,14 +161,32 @@ def _vocabulary(t: ModelMeta, d: ModelMeta) -> Finding:
 
 
 def _special_tokens(t: ModelMeta, d: ModelMeta) -> Finding:
-    if t.bos_id == d.bos_id and set(t.eos_ids) == set(d.eos_ids):
-        return Finding("ok", "Special tokens match", f"Both use {_specials(t)}.")
+    # A special token is the same in both models when it has the same id *and* that id has the
+    # same text in each vocabulary: equal ids alone would call '<s>' the draft's '<|im_start|>'.
+    same_bos = (t.bos_id, _text(t, t.bos_id)) == (d.bos_id, _text(d, d.bos_id))
+    same_eos = {(i, _text(t, i)) for i in t.eos_ids} == {(i, _text(d, i)) for i in d.eos_ids}
+    specials = {_text(t, t.bos_id), *(_text(t, i) for i in t.eos_ids)}
+    markers = [m for m in _template_markers(t) if m not in specials]  # the others a template writes
+    moved = [m for m in markers if _token_id(d, m) != _token_id(t, m)]
+    if same_bos and same_eos and not moved:
+        shared = f"; the chat template's {_quoted(markers)} are the same tokens in both" if markers else ""
+        return Finding("ok", "Special tokens match", f"Both use {_specials(t)}{shared}.")
+    details = []
+    if not (same_bos and same_eos):
+        details.append(f"The target uses {_specials(t)}; the draft uses {_specials(d)}.")
+    for marker in moved:
+        i, j = _token_id(t, marker), _token_id(d, marker)
+        where = f"token {j} in the draft" if j is not None else "not a token of the draft"
+        details.append(
+            f"The target's chat template writes {marker!r}, token {i} in the target but {where}"
+            + (f" (the draft's token {i} is {_text(d, i)!r})." if _text(d, i) is not None else ".")
+        )
     return Finding(
         "warning",
         "Special tokens differ",
-        f"The target uses {_specials(t)}; the draft uses {_specials(d)}. Replies start and end the "
-        "target's way; a draft that expects other markers guesses worse, so acceptance may be lower. "
-        "Usually this means the two were converted differently or come from different families.",
+        " ".join(details) + " Replies start and end the target's way; a draft that expects other markers "
+        "guesses worse, so acceptance may be lower. Usually this means the two were converted differently "
+        "or come from different families.",
     )
 
 
@@ -347,6 +366,32 @@ def format_bytes(n: int) -> str:
     if n >= 2**30:
         return f"{n / 2**30:.1f} GiB"
     return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def _text(meta: ModelMeta, i: int | None) -> str | None:
+    """The vocabulary entry of id i in this model, None for no id or one outside the vocabulary."""
+    return meta.vocab[i] if i is not None and 0 <= i < len(meta.vocab) else None
+
+
+def _token_id(meta: ModelMeta, text: str) -> int | None:
+    try:
+        return meta.vocab.index(text)
+    except ValueError:
+        return None
+
+
+# Turn markers as chat templates write them: <|im_start|>, <|eot_id|>, <start_of_turn>, [INST].
+_MARKER = re.compile(r"<\|[^|\s]+\|>|<[A-Za-z_][\w/]*>|\[/?[A-Z_]+\]")
+
+
+def _template_markers(meta: ModelMeta) -> list[str]:
+    """The special-looking strings of the chat template that are whole tokens of the model."""
+    found = dict.fromkeys(_MARKER.findall(meta.chat_template or ""))
+    return [m for m in found if _token_id(meta, m) is not None]
+
+
+def _quoted(texts: list[str]) -> str:
+    return ", ".join(repr(t) for t in texts)
 
 
 def _specials(meta: ModelMeta) -> str:

@@ -154,3 +154,27 @@ def test_check_model():
     assert [f.severity for f in missing] == ["error"] and "specdeck-cli models" in missing[0].detail
     with pytest.raises(ModelNotFoundError):
         check_pair("default", "/no/such/model.gguf")
+
+
+def test_special_tokens_are_compared_by_their_text_in_each_vocabulary(tmp_path):
+    """Same ids, other tokens: the draft's 1 and 2 are <s> and </s>, the target's <|im_start|> and <|im_end|>."""
+    llama_style = ["<unk>", "<s>", "</s>"] + TOKENS[3:]
+    report = check_pair(write_gguf(tmp_path / "t.gguf"), write_gguf(tmp_path / "d.gguf", llama_style))
+    special = finding(report, "special tokens")
+    assert special.title == "Special tokens differ" and special.severity == "warning"
+    assert "the draft uses BOS 1 '<s>' and EOS 2 '</s>'" in special.detail
+    assert "The target uses BOS 1 '<|im_start|>' and EOS 2 '<|im_end|>'" in special.detail
+    same = check_pair(write_gguf(tmp_path / "t.gguf"), write_gguf(tmp_path / "d2.gguf"))
+    assert finding(same, "special tokens").title == "Special tokens match"
+
+
+def test_a_chat_template_marker_the_draft_lacks(tmp_path):
+    """The target added a <|tool|> token at the end of the shared vocabulary, and its template writes it."""
+    template = "{% for m in messages %}<|im_start|>{{ m['role'] }}<|tool|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    target = write_gguf(tmp_path / "t.gguf", TOKENS + ["<|tool|>"], template=template)
+    report = check_pair(target, write_gguf(tmp_path / "d.gguf"))
+    assert report.compatible
+    special = finding(report, "special tokens")
+    assert special.severity == "warning"
+    assert "'<|tool|>', token 10 in the target but not a token of the draft" in special.detail
+    assert finding(check_pair(target, target), "special tokens").severity == "ok"
