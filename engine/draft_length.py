@@ -157,9 +157,14 @@ def measure_verify_curve(
     """Time one forward of n tokens for each n (median of `repeats`), at a short context.
 
     Stops early once `budget_s` is spent (a big model on a CPU); `CostModel`
-    extrapolates past the last size measured. Runs on the backend's own cache and
+    extrapolates past the last size measured. A small context window shrinks the
+    measurement to fit (half the window of context, the sizes that fit behind it),
+    so any n_ctx the backend accepts loads. Runs on the backend's own cache and
     leaves it as it found it.
     """
+    context = max(1, min(context, backend.n_ctx // 2))
+    if context + 1 > backend.n_ctx:  # no room for even one token after the context
+        return {}
     saved = list(backend.tokens)
     filler = _filler_tokens(backend, context + max(sizes))
     curve: dict[int, float] = {}
