@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="a user message (rendered with the chat template)")
-    source.add_argument("--messages", type=Path, help='JSON file: [{"role": "user", "content": "..."}, ...]')
+    source.add_argument("--messages", type=Path, help='JSON file: [{"role": "user", "content": "..."}, ...]; '
+                        "roles: system, user, assistant")
     gen.add_argument("--raw", action="store_true", help="feed --prompt as plain text, without the chat template")
     gen.add_argument("--compare", action="store_true", help="also run vanilla decoding and report the speedup")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -100,6 +101,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    messages = _read_messages(args.messages) if args.messages else None  # before torch even imports
     from .sampling import SamplingConfig
     from .session import Engine, EngineConfig
 
@@ -107,7 +109,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         max_tokens=args.max_tokens, stop=tuple(args.stop),
     )  # fmt: skip
-    messages = _read_messages(args.messages) if args.messages else None
     config = EngineConfig(
         target=args.target, drafter=_drafter_kind(args), draft=args.draft, heads=args.heads,
         **drafter_settings(args),
@@ -134,11 +135,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise
     finally:
         engine.close()
+    n_ctx = engine.target.n_ctx
     if args.json:
-        print(json.dumps(_json_report(result, comparison), ensure_ascii=False))
+        print(json.dumps(_json_report(result, comparison, n_ctx), ensure_ascii=False))
     else:
         _write("\n")
-        _print_summary(result, comparison, per_depth=bool(getattr(engine.drafter, "drafts_trees", False)))
+        per_depth = bool(getattr(engine.drafter, "drafts_trees", False))
+        _print_summary(result, comparison, n_ctx, per_depth=per_depth)
     return 0
 
 
@@ -158,6 +161,9 @@ def _drafter_kind(args: argparse.Namespace) -> str:
 
 
 def _read_messages(path: Path) -> list[dict]:
+    """The messages of a --messages file, checked before any model loads (that takes seconds)."""
+    from .text import check_messages
+
     try:
         messages = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -166,9 +172,7 @@ def _read_messages(path: Path) -> list[dict]:
         raise ConfigError(f"{path} is not a JSON messages file ({error}).")
     if isinstance(messages, dict) and "messages" in messages:
         messages = messages["messages"]
-    if not isinstance(messages, list):
-        raise ConfigError(f'{path} must hold a list of {{"role": ..., "content": ...}} objects.')
-    return messages
+    return check_messages(messages, source=str(path))
 
 
 def _write(text: str) -> None:
@@ -176,7 +180,18 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
-def _run_stats(result) -> dict:
+def _notes(result, n_ctx: int) -> list[str]:
+    """The run's notes, and why it stopped when that was the context window (either mode)."""
+    notes = list(result.stats.notes)
+    if result.finish_reason == "context":
+        notes.append(
+            f"the reply was cut: the context window ({n_ctx} tokens for the prompt and the reply) is full. "
+            "Load the model with a larger --n-ctx, or shorten the prompt."
+        )
+    return notes
+
+
+def _run_stats(result, n_ctx: int) -> dict:
     s = result.stats
     keys = ("steps", "drafted", "accepted", "acceptance_rate", "tokens_per_step", "tokens_per_s", "wall_s")
     stats = {key: s.as_dict()[key] for key in keys}
@@ -184,16 +199,16 @@ def _run_stats(result) -> dict:
     # Per depth d (a chain's position d, Medusa's head d): how often it was reached and accepted.
     stats.update(
         depth_tested=list(s.depth_tested), depth_accepted=list(s.depth_accepted),
-        head_acceptance=[round(a, 4) for a in s.depth_acceptance], notes=list(s.notes),
+        head_acceptance=[round(a, 4) for a in s.depth_acceptance], notes=_notes(result, n_ctx),
     )  # fmt: skip
     return stats
 
 
-def _json_report(result, comparison) -> dict:
-    report = {"text": result.text, "tokens": list(result.tokens), "stats": _run_stats(result)}
+def _json_report(result, comparison, n_ctx: int) -> dict:
+    report = {"text": result.text, "tokens": list(result.tokens), "stats": _run_stats(result, n_ctx)}
     if comparison is not None:
         vanilla = comparison.vanilla
-        report["vanilla"] = {"text": vanilla.text, "tokens": list(vanilla.tokens), "stats": _run_stats(vanilla)}
+        report["vanilla"] = {"text": vanilla.text, "tokens": list(vanilla.tokens), "stats": _run_stats(vanilla, n_ctx)}
         report["speedup"] = round(comparison.speedup, 4)
         report["identical"] = comparison.identical
         if comparison.divergence is not None:
@@ -201,7 +216,7 @@ def _json_report(result, comparison) -> dict:
     return report
 
 
-def _print_summary(result, comparison, per_depth: bool = False) -> None:
+def _print_summary(result, comparison, n_ctx: int, per_depth: bool = False) -> None:
     s = result.stats
     lines = [
         f"{s.tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), {s.steps} target forwards "
@@ -212,8 +227,10 @@ def _print_summary(result, comparison, per_depth: bool = False) -> None:
         lines.append("acceptance per head: " + ", ".join(
             f"{d}: {a:.0%} of {t}" for d, (a, t) in enumerate(zip(s.depth_acceptance, s.depth_tested), start=1)
         ))  # fmt: skip
-    lines.extend(f"note: {note}" for note in s.notes)
+    notes = _notes(result, n_ctx)
+    lines.extend(f"note: {note}" for note in notes)
     if comparison is not None:
+        lines.extend(f"note (vanilla): {note}" for note in _notes(comparison.vanilla, n_ctx) if note not in notes)
         v = comparison.vanilla.stats
         lines.append(
             f"vanilla: {v.tokens} tokens at {v.tokens_per_s:.1f} tok/s -> speedup {comparison.speedup:.2f}x; "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import signal
 import sys
@@ -73,6 +74,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_train_heads(args: argparse.Namespace) -> int:
+    _check_numbers(args)  # before the heavy imports and the target's load
     from .training import checkpoint_info, train_heads
 
     saved = checkpoint_info(args.out)
@@ -112,6 +114,16 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     else:
         print(summary(result), file=sys.stderr)
     return 130 if result.cancelled else 0
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """argparse's float() accepts inf and nan, which would train on NaN losses or sample noise."""
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise ConfigError(f"--lr must be a finite positive number (1e-3 is typical), got {args.lr}.")
+    if not (math.isfinite(args.gen_temperature) and args.gen_temperature >= 0):
+        raise ConfigError(
+            f"--gen-temperature must be 0 (greedy) or a finite positive number, got {args.gen_temperature}."
+        )
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -15,6 +15,7 @@ no function here touches a global seed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,11 +33,15 @@ class SamplingConfig:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0):
-            raise ConfigError(f"temperature must be 0 (greedy) or positive, got {self.temperature}.")
+        # Infinite temperature passes `>= 0` and flattens p into uniform noise; NaN fails every
+        # comparison. Both are typing mistakes, so say the range instead of sampling noise.
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise ConfigError(
+                f"temperature must be 0 (greedy) or a finite positive number (0.7 is typical), got {self.temperature}."
+            )
         if self.top_k < 0:
             raise ConfigError(f"top-k must be 0 (off) or a positive number of tokens, got {self.top_k}.")
-        if not (0.0 < self.top_p <= 1.0):
+        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}; use 1 to turn it off.")
         if self.max_tokens < 1:
             raise ConfigError(f"max tokens must be at least 1, got {self.max_tokens}.")

@@ -1,4 +1,4 @@
-"""Streaming ids to text, and stop strings.
+"""Streaming ids to text, stop strings, and the shape of chat messages.
 
 Tokens do not map to whole characters: a byte-level BPE token can end in the
 middle of a UTF-8 sequence, and some tokenizers change a token's text depending
@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .errors import ConfigError
+
 REPLACEMENT = "\ufffd"
+# The roles every chat template renders (the bench's prompt files allow the same three).
+# Not "tool": a tool's result only means something after the assistant's tool call, which
+# nothing here produces, and templates without tool support write it as an unknown speaker.
+# Anything else (Gemma's "model", Llama's "ipython", a typo) SmolLM2's template would write
+# verbatim, a turn of a speaker the model never saw.
+MESSAGE_ROLES = ("system", "user", "assistant")
 
 
 class IncrementalText:
@@ -65,3 +73,23 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
                 longest = n
                 break
     return longest
+
+
+def check_messages(messages: object, source: str = "The messages") -> list[dict]:
+    """`messages` if it is a non-empty list of {"role", "content"} objects with known roles and
+    text content; otherwise a ConfigError that names the first bad message. Needs no model."""
+    shape = '{"role": ..., "content": ...}'
+    if not isinstance(messages, list) or not messages:
+        raise ConfigError(f"{source} must hold a non-empty list of {shape} objects.")
+    allowed = ", ".join(MESSAGE_ROLES)
+    for n, message in enumerate(messages, start=1):
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise ConfigError(f"{source}: message {n} is not a {shape} object: {message!r:.80}")
+        role, content = message["role"], message["content"]
+        if role not in MESSAGE_ROLES:
+            raise ConfigError(f"{source}: message {n} has the role {role!r}; the roles are {allowed}.")
+        if not isinstance(content, str):
+            raise ConfigError(
+                f"{source}: the content of message {n} must be text, not {type(content).__name__}."
+            )
+    return messages
