@@ -6,45 +6,60 @@
 
 Text streams to stdout as it is produced; statistics go to stderr, so stdout
 holds exactly the reply. With --json, stdout holds one JSON object instead.
-Errors print one line that says what to do, and exit with status 2.
+Errors print one line that says what to do, and exit with status 2. Ctrl+C exits
+with status 130 and the line "cancelled", whatever is under way (see
+cli_interrupt.py); the handler goes in before this module imports anything else,
+and torch, transformers and llama.cpp are imported only inside the commands.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import threading
-from pathlib import Path
+from . import cli_interrupt
 
-from .cli_bench import add_bench_parser
-from .cli_options import add_drafter_settings, drafter_settings
-from .cli_train import add_train_parser
-from .errors import ConfigError, SpecDeckError
-from .loading import DRAFTERS, HEAD_DRAFTERS
+if cli_interrupt.started_as_program():  # as early as it can be: before even argparse imports
+    cli_interrupt.exit_on_interrupt()
 
-DRAFTER_CHOICES = tuple(d for d in DRAFTERS if d != "model")  # a draft model comes with --draft
+import argparse  # noqa: E402 (after the handler)
+import json  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from .cli_bench import add_bench_parser  # noqa: E402
+from .cli_options import add_drafter_settings, drafter_settings  # noqa: E402
+from .cli_train import add_train_parser  # noqa: E402
+from .errors import ConfigError, SpecDeckError  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """The program (argv None), or the same commands called from Python with their arguments;
+    then the caller's Ctrl+C handler comes back afterwards."""
+    restore = cli_interrupt.exit_on_interrupt()  # first, before anything imports torch (a no-op if in place)
     try:
-        return args.func(args)
-    except SpecDeckError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ncancelled", file=sys.stderr)
-        return 130
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        try:
+            return args.func(args)
+        except SpecDeckError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # only where the handler could not be installed (another thread)
+            print("\ncancelled", file=sys.stderr)
+            return cli_interrupt.EXIT_CANCELLED
+    finally:
+        if argv is not None:  # as a program, the handler stays for the interpreter's shutdown too
+            restore()
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .loading import DRAFTERS
+
+    drafters = [d for d in DRAFTERS if d != "model"]  # a draft model comes with --draft
     parser = argparse.ArgumentParser(prog="specdeck-cli", description="Speculative decoding on local models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate a reply, speculatively")
-    _model_options(gen)
+    _model_options(gen, drafters)
     gen.add_argument("--k", default="auto", help="draft length: a number from 0 to 32, or auto (default)")
     gen.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -78,12 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _model_options(parser: argparse.ArgumentParser) -> None:
+def _model_options(parser: argparse.ArgumentParser, drafters: list[str]) -> None:
     parser.add_argument("--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
     drafter = parser.add_mutually_exclusive_group()
     drafter.add_argument("--draft", help="a draft model (same forms as --target)")
     drafter.add_argument(
-        "--drafter", choices=list(DRAFTER_CHOICES), default="ngram", help="drafter without a draft model"
+        "--drafter", choices=drafters, default="ngram", help="drafter without a draft model"
     )
     parser.add_argument(
         "--heads",
@@ -137,7 +152,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         engine.close()
     n_ctx = engine.target.n_ctx
     if args.json:
-        print(json.dumps(_json_report(result, comparison, n_ctx), ensure_ascii=False))
+        with cli_interrupt.held():  # never half an object on stdout
+            print(json.dumps(_json_report(result, comparison, n_ctx), ensure_ascii=False), flush=True)
     else:
         _write("\n")
         per_depth = bool(getattr(engine.drafter, "drafts_trees", False))
@@ -147,6 +163,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def _drafter_kind(args: argparse.Namespace) -> str:
     """--draft means a draft model; --heads means Medusa (over the default n-gram drafter) or EAGLE."""
+    from .loading import HEAD_DRAFTERS
+
     if args.draft:
         return "model"
     if getattr(args, "heads", None) and args.drafter not in HEAD_DRAFTERS:

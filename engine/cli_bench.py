@@ -20,6 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
+from . import cli_interrupt
 from .cli_options import add_drafter_settings, drafter_settings
 
 
@@ -92,7 +93,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(format_text(report))
     if args.json is not None:
         try:
-            write_json(report, args.json)
+            with cli_interrupt.held():  # Ctrl+C waits for the file to be whole
+                write_json(report, args.json)
         except OSError as error:
             raise ConfigError(f"Could not write {args.json}: {error.strerror or error}.") from error
         print(f"\nwrote {args.json}", file=sys.stderr)

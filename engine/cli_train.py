@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 
+from . import cli_interrupt
 from .errors import ConfigError
 
 KINDS = ("medusa", "eagle")
@@ -87,9 +88,8 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     previous = signal.getsignal(signal.SIGINT)
 
     def on_interrupt(signum, frame):
-        if cancel.is_set():  # the second Ctrl+C: stop now
-            signal.signal(signal.SIGINT, previous)
-            raise KeyboardInterrupt
+        if cancel.is_set():  # the second Ctrl+C: stop now (checkpoints are written atomically)
+            cli_interrupt.exit_cancelled()
         cancel.set()
         print("\nstopping after this step (Ctrl+C again to stop at once)...", file=sys.stderr)
 
@@ -110,7 +110,8 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
         if in_main_thread:
             signal.signal(signal.SIGINT, previous)
     if args.json:
-        print(json.dumps(result.as_dict(), ensure_ascii=False))
+        with cli_interrupt.held():
+            print(json.dumps(result.as_dict(), ensure_ascii=False), flush=True)
     else:
         print(summary(result), file=sys.stderr)
     return 130 if result.cancelled else 0
