@@ -17,6 +17,8 @@ dtype the model already has.
 from __future__ import annotations
 
 import errno
+import gc
+import os
 from dataclasses import replace
 
 from .errors import OutOfMemoryError, SpecDeckError
@@ -59,6 +61,18 @@ def unexplained_allocation_failure(error: BaseException) -> bool:
     return not isinstance(error, SpecDeckError) and is_allocation_failure(error)
 
 
+def release_frames(error: BaseException) -> None:
+    """Drop the tracebacks of `error` and its causes, then collect: the frames of a failed
+    load still hold what it allocated (a mapped file, half the tensors), which would leave
+    no room to read the model's header for the estimate, or for anything else."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+    gc.collect()
+
+
 def _names_allocation(text: str) -> bool:
     lower = text.lower()
     return any(piece in lower for piece in _ALLOCATION_MESSAGES)
@@ -73,24 +87,38 @@ def out_of_memory(
     device: str,
     n_ctx: int | None = None,
     first_try: str | None = None,
+    said: str = "",
+    weight_bytes: int | None = None,
 ) -> OutOfMemoryError:
     """The error for an allocation that failed while `doing` ("load X", "run X on 300
     tokens"), for the model at `path` on `backend` ("torch" / "llama.cpp") in `dtype`
     ("float32", "bfloat16", "int8 (weights) / float32", "Q4_1"...; None: as stored) on
-    `device`; `first_try` is advice that belongs to what failed ("a shorter prompt")."""
+    `device`; `first_try` is advice that belongs to what failed ("a shorter prompt"),
+    `said` what the library logged about it; `weight_bytes` what a loaded model's weights
+    take, said when its files cannot be read for the full estimate."""
     meta = _metadata(path)
     if dtype is None:
         dtype = meta.dtype if meta is not None else "as stored"
-    needs = _needs(meta, backend, dtype, n_ctx) if meta is not None else ""
+    if meta is not None:
+        needs = _needs(meta, backend, dtype, n_ctx)
+    elif weight_bytes:
+        from .doctor import format_bytes
+
+        needs = f" Its weights alone take {format_bytes(weight_bytes)}, and its KV cache grows with the context."
+    else:
+        needs = _on_disk(path)
     tries = ([first_try] if first_try else []) + _what_to_try(path, backend, dtype, device)
-    return OutOfMemoryError(f"Not enough memory to {doing} ({dtype} on {device}).{needs} Try {_join(tries)}.")
+    where = (f"on {device}" if dtype == "as stored" else f"{dtype} on {device}") + (f"; {backend}: {said}" if said else "")
+    return OutOfMemoryError(f"Not enough memory to {doing} ({where}).{needs} Try {_join(tries)}.")
 
 
-def model_out_of_memory(doing: str, info, n_ctx: int | None = None, first_try: str | None = None) -> OutOfMemoryError:
+def model_out_of_memory(
+    doing: str, info, n_ctx: int | None = None, first_try: str | None = None, said: str = ""
+) -> OutOfMemoryError:
     """`out_of_memory` for a loaded model, from its `ModelInfo`."""
     return out_of_memory(
         doing, path=info.path, backend=info.backend, dtype=info.dtype, device=info.device, n_ctx=n_ctx,
-        first_try=first_try,
+        first_try=first_try, said=said, weight_bytes=info.weight_bytes,
     )
 
 
@@ -126,7 +154,35 @@ def _needs(meta, backend: str, dtype: str, n_ctx: int | None) -> str:
         f"+ {format_bytes(kv)} of KV cache at {context} tokens of context)"
     )
     free = available_memory_bytes()
-    return text + (f"; {format_bytes(free)} is free now." if free is not None else ".")
+    text += f"; {format_bytes(free)} is free now" if free is not None else ""
+    limit = _address_space_limit()
+    if limit is not None:  # what a ulimit -v allows, which free memory does not show
+        text += f", but this process may map only {format_bytes(limit)} (ulimit -v)"
+    return text + "."
+
+
+def _address_space_limit() -> int | None:
+    try:
+        import resource  # not on Windows
+    except ImportError:
+        return None
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _on_disk(path: str) -> str:
+    """' Its weights take N on disk...' when the model's header cannot be read (too little
+    memory even for that, say): a lower bound is better than nothing."""
+    from .doctor import format_bytes
+
+    try:
+        if os.path.isdir(path):
+            size = sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith((".safetensors", ".bin", ".gguf")))
+        else:
+            size = os.path.getsize(path)
+    except OSError:
+        return ""
+    return f" Its weights take {format_bytes(size)} on disk, and running it takes more than that." if size else ""
 
 
 def _what_to_try(path: str, backend: str, dtype: str, device: str) -> list[str]:
@@ -143,7 +199,7 @@ def _what_to_try(path: str, backend: str, dtype: str, device: str) -> list[str]:
         if device != "cpu":
             tries.append("the CPU (device cpu)")
     else:
-        if not dtype.upper().startswith(("Q2", "Q3", "Q4", "IQ", "TQ")):
+        if dtype != "as stored" and not dtype.upper().startswith(("Q2", "Q3", "Q4", "IQ", "TQ")):
             tries.append("a more quantized GGUF of the model (Q4_K_M or Q4_0)")
         if "gpu" in device:
             tries.append("fewer layers on the GPU")

@@ -271,7 +271,7 @@ _LIMITED_CLI = textwrap.dedent(
     import resource, sys
     import safetensors.torch, torch, transformers
     import transformers.models.llama.modeling_llama
-    import engine.backends.torch_backend, engine.cli, engine.session
+    import engine.backends.llama_backend, engine.backends.torch_backend, engine.cli, engine.session
     with open("/proc/self/status") as f:
         used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
     limit = used + int(sys.argv[1])
@@ -282,12 +282,19 @@ _LIMITED_CLI = textwrap.dedent(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status are Linux's")
-@pytest.mark.parametrize("headroom", [0.25, 1.5], ids=["allocator-fails", "mmap-fails"])
-def test_cli_in_a_limited_address_space_says_out_of_memory_in_one_line(tmp_path_factory, headroom):
-    folder = str(tmp_path_factory.mktemp("big") / "big")
-    weights = make_big_sparse_llama(folder)
-    args = ["generate", "--target", folder, "--backend", "torch", "--dtype", "float32", "--prompt", "hi",
-            "--max-tokens", "4"]  # fmt: skip
+@pytest.mark.parametrize(
+    "backend, headroom",
+    [("torch", 0.25), ("torch", 1.5), ("llama.cpp", 0.5)],
+    ids=["torch-allocator-fails", "torch-mmap-fails", "llama.cpp-mmap-fails"],
+)
+def test_cli_in_a_limited_address_space_says_out_of_memory_in_one_line(tmp_path_factory, default_gguf, backend, headroom):
+    if backend == "torch":
+        target = str(tmp_path_factory.mktemp("big") / "big")
+        weights = make_big_sparse_llama(target)
+        options = ["--backend", "torch", "--dtype", "float32"]
+    else:  # the embedded model's 94 MiB file, with half that to map it in
+        target, weights, options = default_gguf, os.path.getsize(default_gguf), ["--backend", "llama.cpp"]
+    args = ["generate", "--target", target, *options, "--prompt", "hi", "--max-tokens", "4"]
     run = subprocess.run(
         [sys.executable, "-c", _LIMITED_CLI, str(int(headroom * weights)), *args],
         capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -296,8 +303,12 @@ def test_cli_in_a_limited_address_space_says_out_of_memory_in_one_line(tmp_path_
     assert "Traceback" not in run.stderr
     lines = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, run.stderr[-2000:]
-    assert "Not enough memory" in lines[0] and "needs about" in lines[0], lines[0]
-    assert "corrupt" not in lines[0] and "bfloat16" in _advice(lines[0])
+    assert "Not enough memory" in lines[0] and target in lines[0], lines[0]
+    assert "corrupt" not in lines[0]
+    if backend == "torch":
+        assert "needs about" in lines[0] and "bfloat16" in _advice(lines[0])
+    else:  # too little room even to read the header: the file's size is the estimate
+        assert "on disk" in lines[0] and "bfloat16" not in lines[0]
 
 
 # -- 12. pickled code ------------------------------------------------------------------------
@@ -375,3 +386,12 @@ def test_heads_whose_pickle_holds_code_are_refused_in_full_and_never_run(tiny_to
         make_drafter(kind, tiny_torch, heads=str(folder))
     assert_refused_as_pickled_code(caught.value, pickle_path, marker)
     assert "save_file" in str(caught.value)
+
+
+def test_out_of_memory_while_running_says_what_the_weights_take_when_the_files_cannot_be_read():
+    from engine.memory_errors import model_out_of_memory
+
+    info = ModelInfo("gone", "/nowhere/gone.gguf", "torch", "llama", 10**8, 400 * 2**20, 49152, 30, 8192, "float32", "cpu")
+    message = str(model_out_of_memory("run gone on 97 tokens", info, 4096, "a shorter prompt"))
+    assert message.startswith("Not enough memory to run gone on 97 tokens (float32 on cpu).")
+    assert "weights alone take 400 MiB" in message and _advice(message).startswith("a shorter prompt")

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
-from ..memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory
+from ..memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory, release_frames
 from .base import Backend, ModelInfo
 
 DEFAULT_CONTEXT = 4096  # enough for a chat, small enough that the KV cache of a 7B model fits in RAM
@@ -193,19 +193,22 @@ class LlamaCppBackend(Backend):
                 verbose=False,
             )
         except (ValueError, RuntimeError, OSError, MemoryError) as e:
-            said = _llama_said()
-            if "Failed to create llama_context" in str(e) or is_allocation_failure(e, " ".join(_recent_errors)):
-                device = "cpu" if self._n_gpu_layers == 0 else "cpu and GPU"
-                raise out_of_memory(
-                    f"load {self._path} with a {n_ctx}-token context{said}", path=self._path,
-                    backend="llama.cpp", dtype=None, device=device, n_ctx=n_ctx,
-                ) from e
-            raise ModelLoadError(
-                f"Could not load {self._path}: the file is corrupt or incomplete, or not a model this "
-                f"llama.cpp ({llama_cpp.__version__}) can run{said}. Re-download it, or pick another .gguf file."
-            ) from e
-        _recent_errors.clear()  # what a later failed decode logs is then its own
-        return llm
+            failure = e
+        else:
+            _recent_errors.clear()  # what a later failed decode logs is then its own
+            return llm
+        said = _llama_said()
+        if "Failed to create llama_context" in str(failure) or is_allocation_failure(failure, " ".join(_recent_errors)):
+            release_frames(failure)  # the half-loaded model, before the estimate reads the file
+            device = "cpu" if self._n_gpu_layers == 0 else "cpu and GPU"
+            raise out_of_memory(
+                f"load {self._path} with a {n_ctx}-token context", path=self._path, backend="llama.cpp",
+                dtype=None, device=device, n_ctx=n_ctx, said=_recent_errors[0] if _recent_errors else "",
+            ) from failure
+        raise ModelLoadError(
+            f"Could not load {self._path}: the file is corrupt or incomplete, or not a model this "
+            f"llama.cpp ({llama_cpp.__version__}) can run{said}. Re-download it, or pick another .gguf file."
+        ) from failure
 
     def _build_batch(self, n_batch: int) -> None:
         """A llama_batch whose arrays are numpy buffers we own, filled in place per call."""
@@ -316,9 +319,10 @@ class LlamaCppBackend(Backend):
         if rc == -1 and bad:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary of {self._display_name} (0..{self._n_vocab - 1})")
         if rc == -2 or is_allocation_failure(None, " ".join(_recent_errors)):  # -2: compute buffers failed to allocate
+            said = _recent_errors[0] if _recent_errors else f"llama_decode returned {rc}"
             raise model_out_of_memory(
-                f"run {self._display_name} on {start + len(tokens)} tokens{_llama_said()}", self._info, self._n_ctx,
-                "a shorter prompt",
+                f"run {self._display_name} on {start + len(tokens)} tokens", self._info, self._n_ctx,
+                "a shorter prompt", said=said,
             )
         raise RuntimeError(f"llama_decode failed with code {rc}{_llama_said()} after {start} cached tokens.")
 

@@ -33,7 +33,7 @@ import torch
 
 from ..device import dtype_name, pick_device, pick_dtype, weight_format
 from ..errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
-from ..memory_errors import model_out_of_memory, out_of_memory, unexplained_allocation_failure
+from ..memory_errors import model_out_of_memory, out_of_memory, release_frames, unexplained_allocation_failure
 from ..pickled_code import convert_model_folder, is_refused_pickle, pickle_files, refused_pickle_error, short_reason
 from ..tree import ancestor_mask, check_parents, depths
 from .base import Backend, ModelInfo, finite_rows
@@ -714,6 +714,7 @@ def _load(
         tokenizer = AutoTokenizer.from_pretrained(folder, **common)
     except Exception as error:  # every failure gets an actionable message
         if _is_oom(error):
+            release_frames(error)  # the half-loaded weights, before the estimate reads the files
             raise out_of_memory(
                 f"load {where}", path=where, backend="torch", dtype=dtype_name(dtype), device=device, n_ctx=n_ctx
             ) from error
