@@ -196,7 +196,7 @@ def _what_to_try(path: str, backend: str, dtype: str, device: str) -> list[str]:
             tries.append("the llama.cpp backend (it runs the GGUF file quantized, not unpacked)")
         else:
             tries.append("a quantized GGUF of the model on the llama.cpp backend")
-        if device != "cpu":
+        if device in ("cuda", "mps") or device.startswith("cuda:"):
             tries.append("the CPU (device cpu)")
     else:
         if dtype != "as stored" and not dtype.upper().startswith(("Q2", "Q3", "Q4", "IQ", "TQ")):
