@@ -380,5 +380,6 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Stopping…")
             self.controller.shutdown()  # cancels the run and joins the worker thread
             self.chats.close()
+            self.store.close()  # a clean close checkpoints the WAL into the database file
             self._shut_down = True
         event.accept()

@@ -23,6 +23,7 @@ from .loading import TORCH_DRAFTERS, load_backend, make_drafter
 from .memory_errors import model_out_of_memory, out_of_memory, unexplained_allocation_failure
 from .models import resolve
 from .sampling import SamplingConfig
+from .text import check_messages
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class EngineConfig:
     tree_depth: int | None = None  # EAGLE's deepest tree level (None = its default)
     lookahead: tuple = ("auto", "auto", "auto")  # lookahead's window W, n-gram size N, candidates G
     exit_layer: int | str = "auto"  # the early-exit drafter's L
-    measure_costs: bool = True  # time the target's verify-cost curve at load
+    measure_costs: bool = True  # time the target's verify-cost curve (and the drafter's token cost) at load
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ class Engine:
             if config.measure_costs:
                 report("Measuring the target's verify costs", 0.8)
                 costs.verify_s.update(measure_verify_curve(target))
+                if drafter is not None:
+                    costs.draft_s_per_token = drafter.measure_token_cost() or 0.0
         except BaseException as error:
             target.close()
             if unexplained_allocation_failure(error):
@@ -134,9 +137,7 @@ class Engine:
             if not chat:
                 return self.target.tokenize(prompt)
             prompt = [{"role": "user", "content": prompt}]
-        if not prompt or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
-            raise ConfigError('Messages must be a non-empty list of {"role": ..., "content": ...} objects.')
-        return self.target.apply_chat_template(prompt)
+        return self.target.apply_chat_template(check_messages(prompt))
 
     def stream(
         self,

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..text import MESSAGE_ROLES
 
-ROLES = ("system", "user", "assistant")
+ROLES = MESSAGE_ROLES  # the roles every front end accepts (engine/text.py)
 _KEYS = ("id", "kind", "messages")
 SHIPPED_FILE = Path("prompts") / "bench.jsonl"
 

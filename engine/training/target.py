@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from ..device import pick_device, pick_dtype
-from ..errors import ModelLoadError, OutOfMemoryError
+from ..errors import ModelLoadError
+from ..memory_errors import is_allocation_failure, out_of_memory, release_frames
 from ..models import resolve
 
 
@@ -125,12 +126,11 @@ def load_target(spec: str, *, device: str = "auto", dtype: str = "auto") -> Froz
         model = model.to(chosen_device).eval()
         options.pop("quantization_config", None)
         tokenizer = AutoTokenizer.from_pretrained(folder, **options)
-    except (torch.OutOfMemoryError, MemoryError) as error:
-        raise OutOfMemoryError(
-            f"Not enough memory on {chosen_device} to load {ref.name} for training. "
-            "Try --dtype bfloat16, or a smaller model."
-        ) from error
     except Exception as error:  # noqa: BLE001 - every failure gets a message that says what to do
+        if is_allocation_failure(error):
+            release_frames(error)  # the half-loaded model, before the estimate reads the file
+            raise out_of_memory(f"load {ref.name} for training", path=ref.path, backend="torch",
+                                dtype=str(chosen_dtype).removeprefix("torch."), device=str(chosen_device)) from error  # fmt: skip
         detail = f"{type(error).__name__}: {error}"[:300]
         raise ModelLoadError(
             f"Could not load {ref.path} for training with transformers: the files may be incomplete, or the "
