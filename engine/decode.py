@@ -112,6 +112,7 @@ def decode_steps(
         # 1. Draft up to k tokens or tree nodes (and q, if the drafter has a distribution).
         t0 = time.perf_counter()
         draft = drafter.propose(context, k, sampling, generator) if k > 0 else EMPTY_DRAFT
+        catch_up_s = draft.catch_up_s  # feeding the drafter's cache, not drafting (fit_draft drops it)
         draft = fit_draft(draft, k, trees, room)
         drafted = list(draft.tokens)
         extra = len(draft.extra_tokens)
@@ -166,7 +167,7 @@ def decode_steps(
         if drafter is not None and drafted:
             drafter.observe(len(drafted), kept)
             draft_length.observe(tested, kept)
-            costs.observe_draft(len(drafted), t1 - t0)
+            costs.observe_draft(len(drafted), max(t1 - t0 - catch_up_s, 0.0))
         costs.observe_verify(len(drafted) + 1 + extra, t2 - t1)  # rows the forward really ran
 
         # 4. Commit token by token, so EOS, stop strings and max tokens cut inside the block.

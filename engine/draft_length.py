@@ -110,6 +110,7 @@ class CostModel:
         self.verify_s[n] = seconds if old is None else old + self.smoothing * (seconds - old)
 
     def observe_draft(self, tokens: int, seconds: float) -> None:
+        """`tokens` drafted in `seconds`, catching up excluded (`Draft.catch_up_s`)."""
         if tokens <= 0:
             return
         per_token = seconds / tokens
@@ -186,6 +187,27 @@ def measure_verify_curve(
     finally:
         backend.prefill(saved) if saved else backend.rollback(0)
     return curve
+
+
+def measure_draft_cost(backend, repeats: int = 5, context: int = 64) -> float:
+    """Seconds for one one-token decode of a draft model (the median of `repeats`), at a
+    short context: `CostModel.draft_s_per_token` before the loop has timed any drafting.
+    Leaves the backend's cache as it found it."""
+    context = max(1, min(context, backend.n_ctx - 1))
+    saved = list(backend.tokens)
+    filler = _filler_tokens(backend, context + 1)
+    try:
+        backend.prefill(filler[:context])
+        times = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            start = time.perf_counter()
+            backend.forward(filler[context:])
+            times.append(time.perf_counter() - start)
+            backend.rollback(context)
+    finally:
+        backend.prefill(saved) if saved else backend.rollback(0)
+    times = sorted(times[1:])
+    return times[len(times) // 2]
 
 
 def _filler_tokens(backend, n: int) -> list[int]:

@@ -58,6 +58,10 @@ class Draft:
     extra_tokens: tuple[int, ...] = ()
     extra_offsets: tuple[int, ...] = ()  # position of each, relative to the pending token (offset 0)
     extra_mask: torch.Tensor | None = field(default=None, compare=False)  # bool (e, e): row i sees row j
+    # Seconds of the proposal spent feeding committed tokens the drafter's own cache lacked
+    # (a draft model after plain steps), not drafting: the cost model keeps it out of the
+    # per-token draft cost, since a prefill of n tokens costs far less than n decodes.
+    catch_up_s: float = field(default=0.0, compare=False)
 
     @property
     def is_tree(self) -> bool:
@@ -98,6 +102,11 @@ class Drafter(abc.ABC):
         """Tree drafters: expected tokens per step (accepted nodes + 1) from a tree of
         `nodes` nodes, from the drafter's own acceptance estimates; automatic k uses it
         in place of the chain formula. None = use the chain formula."""
+        return None
+
+    def measure_token_cost(self) -> float | None:
+        """Seconds to draft one token, measured once at load (None: nothing to measure, or
+        the drafter does not say); the cost model starts from it and follows the loop."""
         return None
 
     def reset(self) -> None:

@@ -3,19 +3,30 @@
 The draft model keeps its own KV cache in step with the committed text: before
 drafting it rolls back to the longest prefix it shares with the context (which
 drops the drafts the target rejected and keeps the accepted ones), feeds what is
-missing, then decodes k tokens one at a time. q for each token is the draft's
+missing, then decodes k tokens one at a time. After a drafting step at most two
+tokens are missing (the last draft when all were kept, and the target's token);
+more means plain steps went by (automatic k chose 0) or a new prompt came, and
+those go in first as one prefill, timed apart as `Draft.catch_up_s`: a prefill of
+n tokens costs far less than n decodes, and charging it per drafted token made a
+probe after plain steps look like drafting cost ten times what it does. q for each token is the draft's
 distribution after the same processing as the target's (temperature, top-k,
 top-p), in the target's vocabulary width.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..backends.base import Backend, common_prefix_length
+from ..draft_length import measure_draft_cost
 from ..errors import IncompatiblePairError
 from ..sampling import SamplingConfig, probabilities, sample, token_probability
 from .base import EMPTY_DRAFT, Draft, Drafter
+
+
+STEP_LEFTOVER = 2  # tokens a drafting step leaves for the next one to feed (see the docstring)
 
 
 class ModelDrafter(Drafter):
@@ -53,7 +64,14 @@ class ModelDrafter(Drafter):
         # Sync the cache: keep the shared prefix, but always feed at least the last token.
         keep = min(common_prefix_length(self.backend.tokens, context), len(context) - 1)
         self.backend.rollback(keep)
-        logits = self.backend.forward(context[keep:], all_logits=False)[-1]
+        missing = context[keep:]
+        catch_up_s = 0.0
+        if len(missing) > STEP_LEFTOVER:  # catching up after plain steps: one prefill, timed apart
+            start = time.perf_counter()
+            self.backend.forward(missing[:-1], all_logits=False)
+            catch_up_s = time.perf_counter() - start
+            missing = missing[-1:]
+        logits = self.backend.forward(missing, all_logits=False)[-1]
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
         q_token: list[float] = []
@@ -71,7 +89,10 @@ class ModelDrafter(Drafter):
             if i + 1 < k:
                 logits = self.backend.forward([token])[-1]
         q = torch.stack(q_rows) if q_rows else None
-        return Draft(tokens=tokens, q=q, q_token=tuple(q_token))
+        return Draft(tokens=tokens, q=q, q_token=tuple(q_token), catch_up_s=catch_up_s)
+
+    def measure_token_cost(self) -> float:
+        return measure_draft_cost(self.backend)
 
     def close(self) -> None:
         self.backend.close()
