@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
-from .backends.base import Backend
+from .backends.base import Backend, LoadProgress
 from .drafters.base import Drafter
 from .errors import ConfigError, IncompatiblePairError
 from .memory_errors import model_out_of_memory, unexplained_allocation_failure
@@ -31,8 +31,10 @@ def load_backend(
     threads: int | None = None,
     gpu_layers: int = 0,
     trust_remote_code: bool = False,
+    progress: LoadProgress | None = None,
 ) -> Backend:
-    """Load a model: GGUF files go to llama.cpp and folders to PyTorch unless `backend` says otherwise."""
+    """Load a model: GGUF files go to llama.cpp and folders to PyTorch unless `backend` says otherwise.
+    `progress` hears what the load is doing and the fraction of it done."""
     if backend not in BACKENDS:
         raise ConfigError(f"Unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}.")
     ref = resolve(spec)
@@ -50,13 +52,15 @@ def load_backend(
                 "The llama.cpp backend runs a GGUF file in the precision it was saved in; "
                 "leave dtype on auto, or use the torch backend to choose one."
             )
-        return LlamaCppBackend(ref.path, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu_layers, name=ref.name)
+        return LlamaCppBackend(ref.path, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu_layers, name=ref.name,
+                               progress=progress)  # fmt: skip
 
     from .backends.torch_backend import TorchBackend
 
     # A GGUF file goes through transformers' gguf_file loading (dequantized).
     return TorchBackend(
-        ref.path, device=device, dtype=dtype, n_ctx=n_ctx, name=ref.name, trust_remote_code=trust_remote_code
+        ref.path, device=device, dtype=dtype, n_ctx=n_ctx, name=ref.name, trust_remote_code=trust_remote_code,
+        progress=progress,
     )
 
 

@@ -67,6 +67,27 @@ class Comparison:
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
 
 
+def _steady(report: Progress) -> Progress:
+    """`report`, called only when the message changes or the fraction grows by a percent,
+    and never with a smaller fraction than before (a reload restarts a backend's count)."""
+    last = ["", -1.0]
+
+    def steady(message: str, fraction: float) -> None:
+        fraction = max(fraction, last[1], 0.0)
+        if message == last[0] and fraction < min(last[1] + 0.01, 1.0):
+            return
+        last[:] = [message, fraction]
+        report(message, fraction)
+
+    return steady
+
+
+def _part(report: Progress, whose: str, start: float, end: float) -> Progress:
+    """A backend's own progress (0 to 1) as the stretch `start`..`end` of the whole load."""
+    return lambda message, fraction: report(f"{whose}: {message[:1].lower()}{message[1:]}",
+                                            start + (end - start) * fraction)  # fmt: skip
+
+
 def target_backend(config: EngineConfig) -> str:
     """The backend for the target: as asked, except that "auto" means PyTorch for drafters
     that need it (hidden states, tree masks, the target's own layers); a GGUF target then
@@ -88,13 +109,15 @@ class Engine:
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> "Engine":
-        report = progress or (lambda message, fraction: None)
+        report = _steady(progress or (lambda message, fraction: None))
         DraftLength(config.k, config.k_max)
         options = dict(device=config.device, dtype=config.dtype, n_ctx=config.n_ctx, threads=config.threads,
                        gpu_layers=config.gpu_layers)  # fmt: skip
         report("Loading the target model", 0.0)
+        target_share = 0.5 if config.draft or config.drafter != "ngram" else 0.8  # the n-gram drafter is instant
         try:
-            target = load_backend(config.target, backend=target_backend(config), **options)
+            target = load_backend(config.target, backend=target_backend(config), **options,
+                                  progress=_part(report, "Target", 0.0, target_share))  # fmt: skip
         except Exception as error:
             if not unexplained_allocation_failure(error):
                 raise
@@ -104,11 +127,13 @@ class Engine:
                 device="this machine" if config.device == "auto" else config.device, n_ctx=config.n_ctx,
             ) from error
         try:
-            report("Loading the drafter", 0.5)
+            report("Loading the drafter", target_share)
+            draft_progress = _part(report, "Draft", target_share, 0.8) if config.draft else None
             drafter = make_drafter(
                 config.drafter, target, draft=config.draft, draft_backend=config.draft_backend,
                 ngram_max=config.ngram_max, heads=config.heads, tree_depth=config.tree_depth,
                 lookahead=tuple(config.lookahead), exit_layer=config.exit_layer, **options,
+                **({"progress": draft_progress} if draft_progress else {}),
             )  # fmt: skip
             costs = CostModel()
             if config.measure_costs:

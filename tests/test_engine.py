@@ -238,3 +238,28 @@ def test_cancel_mid_run_then_generate_again(default_gguf):
         assert engine.generate(prompt, GREEDY).tokens == full.tokens
     finally:
         engine.close()
+
+
+def load_with_progress(target, **options) -> list[tuple[str, float]]:
+    heard = []
+    engine = Engine.load(EngineConfig(target=target, measure_costs=False, **options),
+                         progress=lambda message, fraction: heard.append((message, fraction)))  # fmt: skip
+    engine.close()
+    return heard
+
+
+def test_a_llama_cpp_load_reports_the_weights_as_they_are_read(default_gguf):
+    heard = load_with_progress(default_gguf)
+    fractions = [fraction for _, fraction in heard]
+    reading = [fraction for message, fraction in heard if message == "Target: reading the weights"]
+    assert len(reading) >= 10  # llama.cpp's own callback, not two or three coarse phases
+    assert reading[-1] - reading[0] > 0.5
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert heard[-1][0] == "Ready"
+
+
+def test_a_transformers_load_reports_its_phases_in_order(tiny):
+    messages = [message for message, _ in load_with_progress(tiny["target"])]
+    assert messages.index("Target: reading the weights") < messages.index("Target: reading the tokenizer")
+    assert messages.index("Target: reading the tokenizer") < messages.index("Target: building the forward pass")
+    assert messages[-1] == "Ready"

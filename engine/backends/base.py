@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from ..errors import ContextOverflowError, CorruptModelError
+
+
+# What loading one model is doing and the fraction of it done (0 to 1), called as it goes.
+LoadProgress = Callable[[str, float], None]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import torch
 
 from ..errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
 from ..memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory, release_frames
-from .base import Backend, ModelInfo
+from .base import Backend, LoadProgress, ModelInfo
 
 DEFAULT_CONTEXT = 4096  # enough for a chat, small enough that the KV cache of a 7B model fits in RAM
 MIN_CONTEXT = 16
@@ -58,6 +58,36 @@ def _on_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
 # if Python collected it, the next log line would jump into freed memory (segfault).
 _LOG_CALLBACK = llama_cpp.llama_log_callback(_on_log)
 llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+
+
+class _ProgressLlama(llama_cpp.Llama):
+    """`llama_cpp.Llama` with llama.cpp's load progress callback, which its constructor
+    does not take: the callback goes into the model parameters as the constructor
+    assigns them, before it loads the model."""
+
+    def __init__(self, progress: LoadProgress | None, **kwargs) -> None:
+        self._on_progress = progress
+        # Kept on the object: llama.cpp holds only a C pointer to it while it loads.
+        self._progress_callback = llama_cpp.llama_progress_callback(self._report)
+        super().__init__(**kwargs)
+
+    @property
+    def model_params(self):
+        return self.__dict__["model_params"]
+
+    @model_params.setter
+    def model_params(self, params) -> None:
+        if self._on_progress is not None:
+            params.progress_callback = self._progress_callback
+        self.__dict__["model_params"] = params
+
+    def _report(self, fraction: float, _user_data: ctypes.c_void_p) -> bool:
+        # Called from C: an exception here could not propagate, and False would abort the load.
+        try:
+            self._on_progress("Reading the weights", min(max(float(fraction), 0.0), 1.0))
+        except Exception:  # noqa: BLE001 - a progress display must never stop a load
+            pass
+        return True
 
 
 def _llama_said() -> str:
@@ -116,6 +146,7 @@ class LlamaCppBackend(Backend):
         n_threads: int | None = None,
         n_gpu_layers: int = 0,
         name: str | None = None,
+        progress: LoadProgress | None = None,
     ) -> None:
         """Load `path`.
 
@@ -125,6 +156,8 @@ class LlamaCppBackend(Backend):
         n_threads: CPU threads for decoding; default `default_threads()`.
         n_gpu_layers: layers to offload (-1 = all); ignored by a CPU-only build.
         name: display name; default the file name.
+        progress: called with (what is happening, fraction of this load done), from
+            llama.cpp's own progress callback while the weights are read.
         """
         super().__init__()
         self._llm: llama_cpp.Llama | None = None
@@ -141,6 +174,7 @@ class LlamaCppBackend(Backend):
         self._display_name = name or os.path.basename(path)
         self._n_threads = n_threads or default_threads()
         self._n_gpu_layers = n_gpu_layers
+        self._progress = progress
 
         wanted = n_ctx or DEFAULT_CONTEXT
         llm = self._load(wanted)
@@ -181,7 +215,8 @@ class LlamaCppBackend(Backend):
     def _load(self, n_ctx: int) -> llama_cpp.Llama:
         _recent_errors.clear()
         try:
-            llm = llama_cpp.Llama(
+            llm = _ProgressLlama(
+                self._progress,
                 model_path=self._path,
                 n_ctx=n_ctx,
                 n_batch=BATCH_SIZE,

@@ -36,7 +36,7 @@ from ..errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNot
 from ..memory_errors import model_out_of_memory, out_of_memory, release_frames, unexplained_allocation_failure
 from ..pickled_code import convert_model_folder, is_refused_pickle, pickle_files, refused_pickle_error, short_reason
 from ..tree import ancestor_mask, check_parents, depths
-from .base import Backend, ModelInfo, finite_rows
+from .base import Backend, LoadProgress, ModelInfo, finite_rows
 from .native_llama import SUPPORTED_ARCHITECTURES, NativeLlama, unsupported_reason
 
 logger = logging.getLogger(__name__)
@@ -66,9 +66,11 @@ class TorchBackend(Backend):
         name: str | None = None,
         trust_remote_code: bool = False,
         impl: str = "auto",
+        progress: LoadProgress | None = None,
     ) -> None:
         """`dtype` "int8" keeps the linear weights in int8 (native implementation only)
-        and computes in the device's default dtype. `impl`: "auto", "native" or "transformers"."""
+        and computes in the device's default dtype. `impl`: "auto", "native" or "transformers".
+        `progress` hears the phases of the load (transformers reports nothing finer)."""
         super().__init__()
         if n_ctx is not None and n_ctx < 1:
             raise ConfigError(f"The context size must be a positive number of tokens, got {n_ctx}.")
@@ -85,7 +87,8 @@ class TorchBackend(Backend):
         self._path = os.path.join(folder, gguf_file) if gguf_file else folder
         display = name or os.path.basename(os.path.normpath(self._path))
 
-        self._model, self._tok = _load(folder, gguf_file, self._dtype, self._device, trust_remote_code, n_ctx)
+        report = progress or (lambda message, fraction: None)
+        self._model, self._tok = _load(folder, gguf_file, self._dtype, self._device, trust_remote_code, n_ctx, report)
         self._native: NativeLlama | None = None
         self._kv = None  # the native path's KVCache
         self._features: torch.Tensor | None = None  # last_features() of the native path
@@ -113,6 +116,7 @@ class TorchBackend(Backend):
         self._hidden_size = int(getattr(config, "hidden_size", 0) or 0)
 
         try:
+            report("Building the forward pass", 0.9)
             self._native = self._make_native(impl, weights, display)
         except BaseException:
             self.close()
@@ -692,8 +696,9 @@ def _check_folder(folder: str) -> None:
 
 
 def _load(
-    folder: str, gguf_file: str | None, dtype: torch.dtype, device: str, trust_remote_code: bool, n_ctx: int | None
-):
+    folder: str, gguf_file: str | None, dtype: torch.dtype, device: str, trust_remote_code: bool, n_ctx: int | None,
+    report: LoadProgress,
+):  # fmt: skip
     if gguf_file is None:
         _check_folder(folder)
     where = os.path.join(folder, gguf_file) if gguf_file else folder
@@ -709,8 +714,12 @@ def _load(
         # torch.load(weights_only=True), which runs no code from the file;
         # transformers 5 also refuses that path on torch < 2.6 (CVE-2025-32434).
         # Safetensors files are preferred whenever both are present.
+        # A GGUF file is dequantized tensor by tensor here: most of a 20-30 s load.
+        report("Dequantizing the GGUF weights" if gguf_file else "Reading the weights", 0.05)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, weights_only=True, **common, **extra)
+        report(f"Moving the weights to {device}", 0.7)
         model = model.to(device).eval()
+        report("Reading the tokenizer", 0.8)
         tokenizer = AutoTokenizer.from_pretrained(folder, **common)
     except Exception as error:  # every failure gets an actionable message
         if _is_oom(error):
