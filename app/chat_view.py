@@ -142,6 +142,9 @@ class ChatView(QWidget):
         self.composer.setPlaceholderText(
             reason if not ready and reason else "Message (Enter to send, Shift+Enter for a new line, Esc to stop)"
         )
+        # Qt repaints an empty box only when its placeholder appears or goes, not when the
+        # text changes: without this the box kept saying "Loading the model…" once loaded.
+        self.composer.viewport().update()
         self._update_controls()
 
     def set_colours_enabled(self, enabled: bool) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QEvent, QObject, QSettings
 from PySide6.QtWidgets import QDialog
 
 from app import settings as keys
@@ -181,6 +181,46 @@ def test_loading_reports_progress_and_gives_the_charts_the_cost_model(qtbot, mak
     assert progress[0] == 0.0 and progress[-1] == 1.0 and progress == sorted(progress)
     assert given == [window.controller.engine.costs]
     assert not window.progress.isVisible() and "SmolLM2" in window.engine_label.text()
+
+
+def test_the_progress_bar_follows_llama_cpp_as_it_reads_the_weights(qtbot, make_window):
+    window = make_window(load=False)
+    shown = []  # the bar's value and the status line each time progress arrives (the window's slot ran first)
+    window.controller.sig_load_progress.connect(
+        lambda message, fraction: shown.append((window.progress.value(), window.statusBar().currentMessage()))
+    )
+
+    with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.start(FAST_CONFIG)
+
+    values = [value for value, _ in shown]
+    reading = {value for value, message in shown if "reading the weights" in message}
+    assert values == sorted(values) and values[-1] == 100
+    assert len(reading) >= 10  # the bar moves while the weights are read, not in two or three jumps
+
+
+def test_the_composer_says_it_is_ready_once_the_model_loaded(qtbot, make_window):
+    window = make_window(load=False)
+    composer = window.chat_view.composer
+    painted = []  # the placeholder the composer showed each time it was drawn
+
+    class Watcher(QObject):
+        def eventFilter(self, watched, event):  # noqa: N802 - Qt API
+            if event.type() == QEvent.Type.Paint:
+                painted.append(composer.placeholderText())
+            return False
+
+    watcher = Watcher(window)
+    composer.viewport().installEventFilter(watcher)
+    qtbot.waitUntil(lambda: bool(painted) and painted[-1] == "Loading the model…")
+
+    with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.start(FAST_CONFIG)
+
+    # What is on screen, not only the widget's state: Qt does not repaint an empty box
+    # whose placeholder changes, so it went on showing "Loading the model…".
+    qtbot.waitUntil(lambda: painted[-1].startswith("Message (Enter to send"), timeout=2000)
+    assert window.chat_view.send_button.isEnabled() and window.compare_view.run_button.isEnabled()
 
 
 def test_a_reply_keeps_going_into_its_own_chat_while_another_is_open(qtbot, make_window, data_dir):
