@@ -280,7 +280,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(json.dumps([ref.__dict__ for ref in refs], indent=2, default=str))
     else:
         for ref in refs:
-            print(f"{ref.name:40s} {ref.kind:5s} {ref.source:9s} {ref.size_bytes / 2**20:9.1f} MiB  {ref.path}")
+            kind = f"{ref.kind} {ref.quant}".strip()  # "gguf Q4_K_M"; a HF folder has no quantization type
+            print(f"{ref.name:40s} {kind:12s} {ref.source:15s} {ref.size_bytes / 2**20:9.1f} MiB  {ref.path}")
     return 0
 
 

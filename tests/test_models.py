@@ -105,11 +105,13 @@ def make_hf_cache_repo(cache: Path, repo: str, commit: str = "0123abcd", gguf_fi
 
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path, monkeypatch):
-    """HOME, the HF cache and SPECDECK_MODEL_DIRS point at empty temporary folders."""
+    """HOME, the HF cache, Ollama's and llama.cpp's stores, SPECDECK_MODEL_DIRS: empty temporary folders."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    monkeypatch.setenv("LLAMA_CACHE", str(tmp_path / "llama.cpp"))
     monkeypatch.delenv("SPECDECK_MODEL_DIRS", raising=False)
     return home
 
