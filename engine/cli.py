@@ -23,6 +23,7 @@ import argparse  # noqa: E402 (after the handler)
 import json  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from .cli_bench import add_bench_parser  # noqa: E402
@@ -118,7 +119,7 @@ def _model_options(parser: argparse.ArgumentParser, drafters: list[str]) -> None
 def cmd_generate(args: argparse.Namespace) -> int:
     messages = _read_messages(args.messages) if args.messages else None  # before torch even imports
     from .sampling import SamplingConfig
-    from .session import Engine, EngineConfig
+    from .session import EngineConfig
 
     sampling = SamplingConfig(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
@@ -130,7 +131,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         backend=args.backend, draft_backend=args.draft_backend, device=args.device, dtype=args.dtype,
         n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k, k_max=args.k_max,
     )  # fmt: skip
-    engine = Engine.load(config)
+    engine = _load_engine(config)
     cancel = threading.Event()
     try:
         prompt = engine.prompt_ids(messages if messages is not None else args.prompt, chat=not args.raw)
@@ -191,6 +192,22 @@ def _read_messages(path: Path) -> list[dict]:
     if isinstance(messages, dict) and "messages" in messages:
         messages = messages["messages"]
     return check_messages(messages, source=str(path))
+
+
+def _load_engine(config):
+    """Engine.load with one line on stderr, "loading NAME (BACKEND)… 0.8 s": stdout stays the reply's."""
+    from .session import Engine, load_summary
+
+    summary = load_summary(config)  # a missing model is said alone, before any loading line
+    started = time.perf_counter()
+    print(f"loading {summary}…", end="", file=sys.stderr, flush=True)
+    try:
+        engine = Engine.load(config)
+    except BaseException:
+        print(file=sys.stderr, flush=True)  # the error gets a line of its own
+        raise
+    print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return engine
 
 
 def _write(text: str) -> None:

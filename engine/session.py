@@ -222,6 +222,14 @@ class Engine:
         self.target.close()
 
 
+def load_summary(config: EngineConfig) -> str:
+    """What `Engine.load(config)` is about to load, for a status line: "SmolLM2-135M-Instruct (llama.cpp)".
+    Raises the load's own error for a target that cannot be found."""
+    name = resolve(config.target).name
+    draft = f" with draft {config.draft}" if config.draft else ""
+    return f"{name} ({_chosen_backend(config)}){draft}"
+
+
 def _chosen_backend(config: EngineConfig) -> str:
     """The backend load_backend picks for the target ("auto": llama.cpp for a GGUF file)."""
     backend = target_backend(config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -80,3 +81,12 @@ def test_console_script_is_installed():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["stats"]["steps"] >= 1
+
+
+def test_generate_says_on_stderr_what_it_loads_and_how_long_it_took(capsys):
+    code, out, err = run_cli(capsys, "generate", "--prompt", "Say hello.", "--max-tokens", "4", "--json")
+    assert code == 0
+    assert json.loads(out)["text"]  # stdout is the JSON object alone
+    first = err.splitlines()[0]
+    assert re.fullmatch(r"loading SmolLM2-135M-Instruct\S* \(llama\.cpp\)… \d+\.\d s", first), first
+    assert "loading" not in out
