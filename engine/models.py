@@ -361,7 +361,9 @@ def list_models(extra_dirs=()) -> list[ModelRef]:
     seen: set[str] = set()
 
     def add(ref: ModelRef) -> None:
-        key = os.path.realpath(ref.path)
+        # One entry per file, but every Ollama name: "llama3.2:latest" and "llama3.2:3b" (or a copy made
+        # with `ollama cp`) share one blob, and a user looks for the name they pulled.
+        key = ref.spec if ref.source == "ollama" else os.path.realpath(ref.path)
         if key not in seen:
             seen.add(key)
             refs.append(ref)

@@ -85,6 +85,14 @@ def test_listed_ollama_model_resolves_with_or_without_the_prefix(ollama):
     assert read_metadata(bare).dtype == "Q4_K_M"
 
 
+def test_every_ollama_name_of_a_shared_blob_is_listed(ollama, tmp_path):
+    """`ollama cp`, or a model's :latest and :1b tags, give one blob several names; a user looks for theirs."""
+    add_ollama_model(ollama, "copy:mine", write_quant_gguf(tmp_path / "a.gguf", "Q4_K_M"))
+    refs = by_name(list_models())
+    assert refs["copy:mine"].path == refs["tiny:1b"].path
+    assert resolve("copy:mine").name == "copy:mine"
+
+
 def test_ollama_name_without_tag_means_latest(ollama, tmp_path):
     with pytest.raises(ModelNotFoundError, match="ollama pull tiny"):
         resolve("ollama:tiny")  # only tiny:1b is pulled
