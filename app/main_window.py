@@ -36,6 +36,7 @@ from app.conversation_panel import ConversationPanel
 from app.conversations import ConversationStore, StoreError, default_data_dir, is_valid_id
 from app.engine_controller import COMPARE, EngineController
 from app.heads import engine_notes
+from app.model_drop import ModelDrops
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,10 @@ class MainWindow(QMainWindow):
         self._set_ready(False, "Loading the model…")
         self._show_start_problems(problems)
         self._keep_banner = bool(self.banner.text())  # until the user or a later load replaces it
+        self.drops = ModelDrops(self, self.open_with_model, lambda message: self.statusBar().showMessage(message, 8000))
+        self.drops.watch(self)  # a read-only view (the transcript) passes its drops up to here
+        for composer in (self.chat_view.composer, self.compare_view.prompt):  # these take other files as text
+            self.drops.watch(composer.viewport(), only_models=True)  # a scroll area gets drops on its viewport
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -245,6 +250,11 @@ class MainWindow(QMainWindow):
 
     def _forget_pair_dialog(self) -> None:
         self.pair_dialog = None
+
+    def open_with_model(self, path: str, role: str = "target") -> None:
+        """A model dropped on the window: the pair dialog opens with it as the target (Shift: the draft)."""
+        self.choose_models()
+        self.pair_dialog.use_model(path, role)
 
     def apply_pair(self, config: EngineConfig, sampling: SamplingConfig) -> None:
         keys.set_engine_config(config)

@@ -32,6 +32,7 @@ from engine.sampling import SamplingConfig
 from engine.session import EngineConfig
 
 from . import settings as keys
+from .model_drop import DRAFT, TARGET, ModelDrops
 from .pair_check import CheckResult, check_choice
 from .pair_form import PairForm
 from .pair_widgets import FindingsView
@@ -93,6 +94,11 @@ class PairDialog(QDialog):
         geometry = keys.read(self.settings, f"{PREFIX}/geometry", QByteArray())  # garbage: the default size
         if geometry.isEmpty() or not self.restoreGeometry(geometry):
             self.resize(860, 720)
+        # A .gguf file or a model folder dropped on the dialog is the target; on a model field, that field's.
+        self.drops = ModelDrops(self, self.use_model, lambda message: self.findings.show_message(message, "error"))
+        self.drops.watch(self, TARGET)
+        self.drops.watch(self.form.target.combo.lineEdit(), TARGET)
+        self.drops.watch(self.form.draft.combo.lineEdit(), DRAFT)
 
     # -- the public API ------------------------------------------------------------
 
@@ -270,3 +276,14 @@ class PairDialog(QDialog):
         if not self._shown_once:  # check what was restored, so a usual pair is one click away
             self._shown_once = True
             self._auto_check.start()
+
+    # -- drops ---------------------------------------------------------------------
+
+    def use_model(self, path: str, role: str = TARGET) -> None:
+        """Make `path` the target, or the draft model (choosing the draft-model drafter); then check."""
+        picker = self.form.target
+        if role == DRAFT:
+            picker = self.form.draft
+            self.form.drafter.setCurrentIndex(self.form.drafter.findData("model"))
+        picker.set_spec(path)
+        picker.sig_chosen.emit()

@@ -17,7 +17,8 @@ from .presets import AUTO, auto_or_number
 
 SEVERITY_COLOURS = {"ok": "#009E73", "info": "#0072B2", "warning": "#E69F00", "error": "#D55E00"}
 SEVERITY_GLYPHS = {"ok": "✓", "info": "i", "warning": "!", "error": "✕"}
-_SOURCES = {"embedded": "built-in", "file": "GGUF", "folder": "folder", "hf-cache": "Hugging Face cache"}
+_SOURCES = {"embedded": "built-in", "file": "GGUF", "folder": "folder", "hf-cache": "Hugging Face cache",
+            "ollama": "Ollama", "llama.cpp-cache": "llama.cpp cache"}  # fmt: skip
 
 
 def format_size(n: int) -> str:
@@ -32,7 +33,8 @@ def model_label(ref: ModelRef) -> str:
     kind = _SOURCES.get(ref.source, ref.source)
     if ref.source == "folder" and ref.kind == "gguf":
         kind = "GGUF"
-    return f"{ref.name}  ({kind}, {format_size(ref.size_bytes)})"
+    facts = [kind, ref.quant, format_size(ref.size_bytes)]  # a GGUF's quantization type beside its name
+    return f"{ref.name}  ({', '.join(f for f in facts if f)})"
 
 
 class ModelPicker(QWidget):
