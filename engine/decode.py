@@ -421,9 +421,11 @@ class _Run:
         shapes = [*self.drafted_lengths.items(), *(((n, e), c) for (n, _, e), c in self.tree_shapes.items())]
         cost = sum(c * (n * costs.draft_ratio() + costs.verify_ratio(n + 1 + e)) for (n, e), c in shapes)
         mean_drafted = s.drafted / s.steps if s.steps else 0.0
+        wall_s = time.perf_counter() - loop_start
         self.stats = replace(
             s,
-            wall_s=time.perf_counter() - loop_start,
+            wall_s=wall_s,
+            time_to_first_token_s=s.time_to_first_token_s or (s.prefill_s + wall_s if infos else 0.0),
             draft_cost_ratio=costs.draft_ratio() if costs.verify_s else 0.0,
             verify_cost_ratio=costs.verify_ratio(round(mean_drafted) + 1) if costs.verify_s else 1.0,
             predicted_speedup=gain / cost if cost > 0 else 1.0,

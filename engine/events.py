@@ -49,6 +49,7 @@ class RunStats:
     tested: int = 0  # draft tokens the rule looked at (accepted + one per rejection)
     wall_s: float = 0.0  # decode loop time (prefill excluded)
     prefill_s: float = 0.0
+    time_to_first_token_s: float = 0.0  # from the start of the prefill to the first token shown (0: none yet)
     draft_s: float = 0.0
     verify_s: float = 0.0
     other_s: float = 0.0
@@ -102,6 +103,7 @@ class RunStats:
             "tokens_per_s": round(self.tokens_per_s, 2),
             "wall_s": round(self.wall_s, 4),
             "prefill_s": round(self.prefill_s, 4),
+            "time_to_first_token_s": round(self.time_to_first_token_s, 4),
             "draft_s": round(self.draft_s, 4),
             "verify_s": round(self.verify_s, 4),
             "other_s": round(self.other_s, 4),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -172,3 +173,22 @@ def test_auto_k_drafts_long_when_verification_is_cheap_and_acceptance_high():
     for _ in range(30):
         length.observe(tested=3, accepted=1)
     assert 0 < length.choose(flat) <= 3  # acceptance fell: shorter drafts, still worth it
+
+
+def test_time_to_first_token_counts_the_prefill_and_the_first_step_only():
+    backend = MarkovBackend(random_transition(8, seed=3))
+    prefill = backend.prefill
+
+    def slow_prefill(tokens):  # a long prompt, as the user waits for it
+        time.sleep(0.05)
+        return prefill(tokens)
+
+    backend.prefill = slow_prefill
+    events = list(decode_steps(backend, [0, 1, 2], SamplingConfig(max_tokens=20), drafter=NgramDrafter(),
+                               draft_length=DraftLength(4)))  # fmt: skip
+    first, last = events[0].stats, events[-1].stats
+    assert events[0].tokens and first.prefill_s >= 0.05
+    assert first.time_to_first_token_s == pytest.approx(first.prefill_s + first.wall_s)
+    assert {event.stats.time_to_first_token_s for event in events} == {first.time_to_first_token_s}
+    assert last.time_to_first_token_s < last.prefill_s + last.wall_s
+    assert last.as_dict()["time_to_first_token_s"] == round(first.time_to_first_token_s, 4)
