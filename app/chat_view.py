@@ -34,6 +34,8 @@ def reply_note(finish_reason: str | None, stats: dict | None) -> str:
         parts.append("interrupted (the app closed while this reply was being written)")
     if stats and stats.get("tokens"):
         parts.append(f"{stats['tokens']} tokens at {stats.get('tokens_per_s', 0):.1f} tok/s")
+        if stats.get("time_to_first_token_s"):
+            parts.append(f"first token after {stats['time_to_first_token_s']:.2f} s")
         if stats.get("drafted"):
             parts.append(f"{stats.get('accepted', 0)}/{stats['drafted']} drafts accepted")
     return " · ".join(parts)

@@ -108,3 +108,12 @@ def test_shift_enter_adds_a_line_and_enter_sends(qtbot, make_window):
     assert composer.toPlainText() == "line one\nline two"  # kept until the message is saved
     window.chat_view.message_sent(sent[0])
     assert composer.toPlainText() == ""
+
+
+def test_the_reply_footer_says_how_long_the_first_token_took(qtbot, make_window):
+    window = make_window()
+    result = send_and_wait(qtbot, window, "Say hello.")
+
+    waited = result.stats.time_to_first_token_s
+    assert 0 < waited < result.stats.prefill_s + result.stats.wall_s
+    assert f"first token after {waited:.2f} s" in window.chat_view.transcript.toPlainText()
