@@ -57,10 +57,12 @@ def load_backend(
 
     from .backends.torch_backend import TorchBackend
 
-    # A GGUF file goes through transformers' gguf_file loading (dequantized).
+    # A GGUF file goes through transformers' gguf_file loading (dequantized). Named as gguf_file, since
+    # an Ollama blob ("sha256-<hex>") lacks the .gguf ending that would otherwise say it is one.
+    gguf = {"gguf_file": ref.path} if ref.kind == "gguf" else {}
     return TorchBackend(
         ref.path, device=device, dtype=dtype, n_ctx=n_ctx, name=ref.name, trust_remote_code=trust_remote_code,
-        progress=progress,
+        progress=progress, **gguf,
     )
 
 

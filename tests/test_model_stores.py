@@ -137,11 +137,25 @@ def test_ollama_model_loads_and_generates_on_llama_cpp(tmp_path):
     add_ollama_model(tmp_path / "ollama", "tiny-random:q8", tiny)
     engine = Engine.load(EngineConfig(target="ollama:tiny-random:q8", drafter="ngram", k=2, measure_costs=False))
     try:
-        assert engine.target.info.backend == "llama.cpp"
+        assert (engine.target.info.backend, engine.target.info.name) == ("llama.cpp", "tiny-random:q8")
         result = engine.generate(engine.prompt_ids("Hello"), SamplingConfig(max_tokens=3))
         assert len(result.tokens) == 3
     finally:
         engine.close()
+
+
+def test_ollama_model_loads_on_pytorch_too(tmp_path):
+    """Medusa, EAGLE, lookahead and early exit need PyTorch: a blob without .gguf must load there as well."""
+    from engine.loading import load_backend
+
+    tiny = make_tiny_gguf(str(tmp_path / "t.gguf"), tensor_type="F16")
+    add_ollama_model(tmp_path / "ollama", "tiny-random:f16", tiny)
+    backend = load_backend("tiny-random:f16", backend="torch", dtype="float32")
+    try:
+        assert (backend.info.backend, backend.info.name) == ("torch", "tiny-random:f16")
+        assert backend.info.path.startswith(str(tmp_path / "ollama" / "blobs"))
+    finally:
+        backend.close()
 
 
 # -- llama.cpp's download cache ----------------------------------------------------------
