@@ -192,7 +192,7 @@ def _what_to_try(path: str, backend: str, dtype: str, device: str) -> list[str]:
             tries.append("a smaller dtype (bfloat16, or int8 weights)")
         elif dtype in ("bfloat16", "float16"):
             tries.append("int8 weights (dtype int8)")
-        if path.lower().endswith(".gguf"):
+        if path.lower().endswith(".gguf") or os.path.isfile(path):  # a file is a GGUF; Ollama's blobs lack the ending
             tries.append("the llama.cpp backend (it runs the GGUF file quantized, not unpacked)")
         else:
             tries.append("a quantized GGUF of the model on the llama.cpp backend")

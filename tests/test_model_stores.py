@@ -158,6 +158,13 @@ def test_ollama_model_loads_on_pytorch_too(tmp_path):
         backend.close()
 
 
+def test_out_of_memory_on_pytorch_suggests_llama_cpp_for_an_ollama_blob(ollama):
+    from engine.memory_errors import _what_to_try
+
+    tries = _what_to_try(resolve("tiny:1b").path, "torch", "float32", "cpu")
+    assert "the llama.cpp backend (it runs the GGUF file quantized, not unpacked)" in tries
+
+
 # -- llama.cpp's download cache ----------------------------------------------------------
 
 
