@@ -62,7 +62,9 @@ def ollama_models() -> list[OllamaModel]:
         for manifest in sorted((root / "manifests").glob("*/*/*/*")):
             if not manifest.is_file():
                 continue
-            host, namespace, model, tag = manifest.relative_to(root / "manifests").parts
+            host, namespace, model, tag = parts = manifest.relative_to(root / "manifests").parts
+            if any(part.startswith(".") for part in parts):
+                continue  # a hidden file in the manifests is not a model anyone named
             name = display_name(host, namespace, model, tag)
             blob = _model_blob(root, manifest)
             if blob is not None and name not in found:

@@ -116,8 +116,9 @@ def test_broken_or_half_pulled_ollama_models_are_left_out(ollama, tmp_path):
     bad = ollama / "manifests" / "registry.ollama.ai" / "library" / "bad" / "latest"
     bad.parent.mkdir(parents=True)
     bad.write_text("{not json")
+    add_ollama_model(ollama, "hidden:.partial", write_quant_gguf(tmp_path / "h.gguf", "Q2_K"))
     names = set(by_name(list_models()))
-    assert "tiny:1b" in names and not names & {"gone:1b", "bad:latest"}
+    assert "tiny:1b" in names and not names & {"gone:1b", "bad:latest", "hidden:.partial"}
     with pytest.raises(ModelNotFoundError, match="No Ollama model 'gone:1b'"):
         resolve("ollama:gone:1b")
 
