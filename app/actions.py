@@ -32,6 +32,9 @@ class Actions:
     choose_models: QAction
     stop: QAction
     colour_tokens: QAction
+    markdown: QAction
+    regenerate: QAction
+    system_prompt: QAction
     benchmark: QAction
     train_heads: QAction
 
@@ -74,6 +77,12 @@ def create_actions(window: MainWindow) -> Actions:
         stop=action("&Stop", window.controller.stop, "Esc", standard("SP_MediaStop"), "Stop the generation"),
         colour_tokens=action("&Colour tokens", None, "Ctrl+Shift+C", None,
                              "Tint each token by where it came from"),
+        markdown=action("Replies as &Markdown", None, "Ctrl+Shift+M", None,
+                        "Draw finished replies as Markdown; off: token by token, in their colours"),
+        regenerate=action("&Regenerate reply", lambda: window.regenerate(), "Ctrl+R", None,
+                          "Write the last reply again"),
+        system_prompt=action("S&ystem prompt…", window.chat_view.edit_system_prompt, None, None,
+                             "This chat's system prompt, and the one new chats start with"),
         benchmark=action("&Benchmark…", lambda: open_bench_dialog(window), None, None,
                          "Time vanilla against speculative decoding on a set of prompts"),
         train_heads=action("&Train heads…", lambda: open_train_dialog(window), None, None,
@@ -86,10 +95,14 @@ def create_actions(window: MainWindow) -> Actions:
     window.centralWidget().addAction(actions.stop)
     actions.colour_tokens.setCheckable(True)
     actions.colour_tokens.setChecked(True)
+    actions.markdown.setCheckable(True)
+    actions.markdown.setChecked(True)
 
     menus = window.menuBar()
     file_menu = menus.addMenu("&File")
     file_menu.addActions([actions.new_chat, actions.rename, actions.delete])
+    file_menu.addSeparator()
+    file_menu.addActions([actions.regenerate, actions.system_prompt])
     file_menu.addSeparator()
     file_menu.addAction(actions.export_markdown)
     charts_menu = file_menu.addMenu("Export c&harts")
@@ -104,6 +117,7 @@ def create_actions(window: MainWindow) -> Actions:
 
     view_menu = menus.addMenu("&View")
     view_menu.addAction(actions.colour_tokens)
+    view_menu.addAction(actions.markdown)
     view_menu.addSeparator()
     view_menu.addAction(window.conversations_dock.toggleViewAction())
     view_menu.addAction(window.charts_dock.toggleViewAction())

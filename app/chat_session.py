@@ -57,7 +57,9 @@ class ChatSession(QObject):
         self.store, self.controller, self.view, self.panel = store, controller, view, panel
         self.conversation: Conversation | None = None  # the one shown
         self.replying_to: Conversation | None = None  # the one the streaming reply belongs to
-        self._queued: tuple[str, SamplingConfig] | None = None
+        self._queued = None  # what to do once the running generation has stopped (a callable)
+        self.default_system_prompt = ""  # what a new conversation starts with (the settings' default)
+        self._new_chat_system_prompt: str | None = None  # set for the empty chat before its first message
         self._save_failing = False  # in a streak of failed writes: said once, not once per token
         controller.sig_run_started.connect(self._on_run_started)
         controller.sig_step.connect(self._on_step)
@@ -70,13 +72,12 @@ class ChatSession(QObject):
 
     def send(self, text: str, sampling: SamplingConfig) -> None:
         """Save the user's message and ask for a reply; the composer is cleared once it is saved."""
-        if self.controller.busy:
-            self._queued = (text, sampling)  # sent by _on_busy_changed once the run has ended
-            self.controller.stop()
+        if self._after_stop(lambda: self.send(text, sampling)):
             return
         conversation = self.conversation
         if conversation is None:
-            conversation = self._write(_NOT_SENT, self.store.create, title_from(text), always_say=True)
+            conversation = self._write(_NOT_SENT, self.store.create, title_from(text), self.system_prompt,
+                                       always_say=True)  # fmt: skip
             if conversation is None:
                 return
             self.conversation = conversation
@@ -84,10 +85,67 @@ class ChatSession(QObject):
         # The store takes the message back if it cannot be saved; it stays in the composer.
         if not self._write(_NOT_SENT, self.store.add_user_message, conversation, text, always_say=True):
             return
+        self._new_chat_system_prompt = None
         self.view.message_sent(text)
         self.view.add_user_message(text)
         self.replying_to = conversation
         self.controller.chat(conversation.chat_messages(), sampling)
+
+    def regenerate(self, sampling: SamplingConfig) -> None:
+        """Write the last reply again (the reply goes; the question stays and is answered anew)."""
+        if self._after_stop(lambda: self.regenerate(sampling)):
+            return
+        conversation = self.conversation
+        if conversation is None or not conversation.messages:
+            return
+        last = len(conversation.messages) - 1
+        if conversation.messages[last].role == "assistant":
+            if not self._write("The reply was not regenerated.", self.store.truncate, conversation, last,
+                               always_say=True):  # fmt: skip
+                return
+        self.view.show_conversation(conversation)
+        self.replying_to = conversation
+        self.controller.chat(conversation.chat_messages(), sampling)
+
+    def edit_and_resend(self, position: int, text: str, sampling: SamplingConfig) -> None:
+        """Replace the user's message at `position` with `text`, drop what came after it, and send it."""
+        if self._after_stop(lambda: self.edit_and_resend(position, text, sampling)):
+            return
+        conversation = self.conversation
+        if conversation is None or not 0 <= position < len(conversation.messages):
+            return
+        if conversation.messages[position].role != "user":
+            return
+        if not self._write(_NOT_SENT, self.store.truncate, conversation, position, always_say=True):
+            return
+        self.view.show_conversation(conversation)
+        self.send(text, sampling)
+
+    @property
+    def system_prompt(self) -> str:
+        """The shown conversation's system prompt (for an empty chat, the one it will start with)."""
+        if self.conversation is not None:
+            return self.conversation.system_prompt
+        if self._new_chat_system_prompt is not None:
+            return self._new_chat_system_prompt
+        return self.default_system_prompt
+
+    def set_system_prompt(self, text: str) -> None:
+        """For the shown conversation from its next reply on (an empty chat: from its first)."""
+        if self.conversation is None:
+            self._new_chat_system_prompt = text
+        else:
+            self._write("The system prompt was not saved.", self.store.set_system_prompt, self.conversation, text,
+                        always_say=True)  # fmt: skip
+        self.view.show_system_prompt(self.system_prompt)
+
+    def _after_stop(self, then) -> bool:
+        """While a generation runs: stop it and do `then` once it has ended (True); else False."""
+        if not self.controller.busy:
+            return False
+        self._queued = then  # run by _on_busy_changed once the run has ended
+        self.controller.stop()
+        return True
 
     def _on_run_started(self, kind: str) -> None:
         if kind == CHAT and self.replying_to is not None:
@@ -146,7 +204,7 @@ class ChatSession(QObject):
     def _send_queued(self) -> None:
         if self._queued is not None:
             queued, self._queued = self._queued, None
-            self.send(*queued)
+            queued()
 
     def close(self) -> None:
         """After the controller has shut down: a reply cut by closing is still ended in the store."""
@@ -165,8 +223,10 @@ class ChatSession(QObject):
         else:
             conversation = self._read(self.store.load, conversation_id) if conversation_id else None
         self.conversation = conversation
+        self._new_chat_system_prompt = None
         streaming = conversation is not None and conversation is self.replying_to
         self.view.show_conversation(conversation, streaming=streaming)
+        self.view.show_system_prompt(self.system_prompt)
         self.refresh()
         if conversation is not None and conversation.skipped:
             records = "record" if conversation.skipped == 1 else "records"

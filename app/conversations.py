@@ -49,7 +49,7 @@ _SOURCES = {code: source for source, code in _SOURCE_CODES.items()}
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id TEXT PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
-    skipped INTEGER NOT NULL DEFAULT 0);
+    skipped INTEGER NOT NULL DEFAULT 0, system_prompt TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS conversations_by_update ON conversations (updated DESC);
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY, conversation TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
@@ -88,11 +88,15 @@ class Conversation:
     updated: float
     messages: list[Message] = field(default_factory=list)
     skipped: int = 0  # damaged records skipped when it was imported from an old journal
-    _saved_title: str | None = field(default=None, repr=False, compare=False)  # None: not in the database yet
+    system_prompt: str = ""  # sent before the first message ("" for none)
+    # (title, system prompt) as the database has them; None: not in the database yet.
+    _saved_header: tuple[str, str] | None = field(default=None, repr=False, compare=False)
 
     def chat_messages(self) -> list[dict]:
-        """The turns to send to the chat template (empty replies, e.g. stopped at once, left out)."""
-        return [{"role": m.role, "content": m.content} for m in self.messages if m.content]
+        """The turns to send to the chat template: the system prompt, then every message with text
+        (empty replies, e.g. stopped at once, left out)."""
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt.strip() else []
+        return system + [{"role": m.role, "content": m.content} for m in self.messages if m.content]
 
 
 @dataclass(frozen=True)
@@ -143,12 +147,13 @@ class ConversationStore:
         """A whole conversation, or None if there is none with that id (or the id is not one)."""
         if not is_valid_id(conversation_id):
             return None
-        head = self._read("SELECT title, created, updated, skipped FROM conversations WHERE id = ?",
+        head = self._read("SELECT title, created, updated, skipped, system_prompt FROM conversations WHERE id = ?",
                           (conversation_id,))  # fmt: skip
         if not head:
             return None
-        title, created, updated, skipped = head[0]
-        conversation = Conversation(conversation_id, title, created, updated, skipped=skipped, _saved_title=title)
+        title, created, updated, skipped, system = head[0]
+        conversation = Conversation(conversation_id, title, created, updated, skipped=skipped, system_prompt=system,
+                                    _saved_header=(title, system))  # fmt: skip
         rows = self._read("SELECT id, role, content, finish_reason, stats FROM messages "
                           "WHERE conversation = ? ORDER BY position", (conversation_id,))  # fmt: skip
         by_row = {}
@@ -170,9 +175,9 @@ class ConversationStore:
 
     # -- writing -------------------------------------------------------------------
 
-    def create(self, title: str = "New chat") -> Conversation:
+    def create(self, title: str = "New chat", system_prompt: str = "") -> Conversation:
         now = time.time()
-        conversation = Conversation(uuid.uuid4().hex, title, now, now)
+        conversation = Conversation(uuid.uuid4().hex, title, now, now, system_prompt=system_prompt)
         self._save(conversation, durable=True)
         return conversation
 
@@ -206,6 +211,21 @@ class ConversationStore:
         conversation.title = title
         self._save(conversation, durable=True)
 
+    def set_system_prompt(self, conversation: Conversation, text: str) -> None:
+        conversation.system_prompt = text
+        self._save(conversation, durable=True)
+
+    def truncate(self, conversation: Conversation, position: int) -> None:
+        """Drop message `position` and every later one (to edit a message, or regenerate a reply)."""
+        dropped = conversation.messages[position:]
+        del conversation.messages[position:]
+        try:
+            self._write(lambda db: db.execute("DELETE FROM messages WHERE conversation = ? AND position >= ?",
+                                              (conversation.id, position)), durable=True)  # fmt: skip
+        except StoreError:
+            conversation.messages.extend(dropped)  # nothing changed: the window still shows them
+            raise
+
     def delete(self, conversation_id: str) -> None:
         if is_valid_id(conversation_id):
             self._write(lambda db: db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)),
@@ -213,7 +233,7 @@ class ConversationStore:
 
     def unsaved(self, conversation: Conversation) -> bool:
         """Whether some of it is only in memory (a write failed and nothing has succeeded since)."""
-        return conversation._saved_title != conversation.title or any(
+        return conversation._saved_header != (conversation.title, conversation.system_prompt) or any(
             m._row is None or (m.tokens and m._saved_tokens < len(m.tokens)) or (m.finish_reason and not m._saved_end)
             for m in conversation.messages)  # fmt: skip
 
@@ -227,12 +247,14 @@ class ConversationStore:
 
         def write(db: sqlite3.Connection) -> None:
             saved.clear()
-            if conversation._saved_title is None:
-                db.execute("INSERT INTO conversations (id, title, created, updated, skipped) VALUES (?, ?, ?, ?, ?)",
+            if conversation._saved_header is None:
+                db.execute("INSERT INTO conversations (id, title, created, updated, skipped, system_prompt) "
+                           "VALUES (?, ?, ?, ?, ?, ?)",
                            (conversation.id, conversation.title, conversation.created, conversation.updated,
-                            conversation.skipped))  # fmt: skip
-            elif not db.execute("UPDATE conversations SET title = ?, updated = ? WHERE id = ?",
-                                (conversation.title, conversation.updated, conversation.id)).rowcount:  # fmt: skip
+                            conversation.skipped, conversation.system_prompt))  # fmt: skip
+            elif not db.execute("UPDATE conversations SET title = ?, system_prompt = ?, updated = ? WHERE id = ?",
+                                (conversation.title, conversation.system_prompt, conversation.updated,
+                                 conversation.id)).rowcount:  # fmt: skip
                 return  # deleted meanwhile: the rest of it goes nowhere
             for position, message in enumerate(conversation.messages):
                 row = message._row
@@ -254,7 +276,7 @@ class ConversationStore:
                     saved.append((message, row, tokens, ended))
 
         self._write(write, durable)
-        conversation._saved_title = conversation.title
+        conversation._saved_header = (conversation.title, conversation.system_prompt)
         for message, row, tokens, ended in saved:
             message._row, message._saved_tokens, message._saved_end = row, tokens, ended
 

@@ -156,6 +156,9 @@ class MainWindow(QMainWindow):
             keys.reset(keys.CURRENT_TAB, resets)
         self.tabs.setCurrentIndex(tab)
         self.actions.colour_tokens.setChecked(keys.read(settings, keys.COLOUR_TOKENS, True, resets))
+        self.actions.markdown.setChecked(keys.read(settings, keys.MARKDOWN, True, resets))
+        self._set_markdown(self.actions.markdown.isChecked())
+        self.chats.default_system_prompt = keys.read(settings, keys.DEFAULT_SYSTEM_PROMPT, "", resets)
         current = keys.read(settings, keys.CURRENT_CONVERSATION, "", resets)
         if current and not is_valid_id(current):  # e.g. a path: never handed to the store
             current = ""
@@ -195,6 +198,7 @@ class MainWindow(QMainWindow):
         settings.setValue(keys.WINDOW_STATE, self.saveState())
         settings.setValue(keys.CURRENT_TAB, self.tabs.currentIndex())
         settings.setValue(keys.COLOUR_TOKENS, self.actions.colour_tokens.isChecked())
+        settings.setValue(keys.MARKDOWN, self.actions.markdown.isChecked())
         conversation = self.chats.conversation
         settings.setValue(keys.CURRENT_CONVERSATION, conversation.id if conversation else "")
         settings.sync()
@@ -221,6 +225,11 @@ class MainWindow(QMainWindow):
         self.conversation_panel.sig_export_requested.connect(self.export_markdown)
         self.chat_view.legend.toggle.toggled.connect(self.actions.colour_tokens.setChecked)
         self.actions.colour_tokens.toggled.connect(self._set_colours)
+        self.chat_view.markdown.toggled.connect(self.actions.markdown.setChecked)
+        self.actions.markdown.toggled.connect(self._set_markdown)
+        self.chat_view.sig_regenerate_requested.connect(self.regenerate)
+        self.chat_view.sig_edit_submitted.connect(self.edit_and_resend)
+        self.chat_view.sig_system_prompt_edited.connect(self.set_system_prompt)
 
     # -- the engine --------------------------------------------------------------------
 
@@ -317,6 +326,19 @@ class MainWindow(QMainWindow):
     def send_message(self, text: str) -> None:
         self.chats.send(text, self.sampling)
 
+    def regenerate(self) -> None:
+        self.chats.regenerate(self.sampling)
+
+    def edit_and_resend(self, position: int, text: str) -> None:
+        self.chats.edit_and_resend(position, text, self.sampling)
+
+    def set_system_prompt(self, text: str, as_default: bool = False) -> None:
+        """This chat's system prompt; with `as_default`, also the one new chats start with."""
+        if as_default:
+            QSettings().setValue(keys.DEFAULT_SYSTEM_PROMPT, text)
+            self.chats.default_system_prompt = text
+        self.chats.set_system_prompt(text)
+
     def run_comparison(self, prompt: str) -> None:
         self._compare_sampling = self.sampling
         self.controller.compare([{"role": "user", "content": prompt}], self.sampling)
@@ -352,6 +374,7 @@ class MainWindow(QMainWindow):
 
     def _set_ready(self, ready: bool, reason: str = "") -> None:
         self.chat_view.set_ready(ready, reason)
+        self.actions.regenerate.setEnabled(ready)
         self.compare_view.set_ready(ready)
 
     # -- conversations ---------------------------------------------------------------------
@@ -376,6 +399,9 @@ class MainWindow(QMainWindow):
         conversation = self.chats.find(conversation_id) if conversation_id else self.chats.conversation
         if conversation is not None:
             export_conversation(self, conversation)
+
+    def _set_markdown(self, enabled: bool) -> None:
+        self.chat_view.set_markdown(enabled)  # the chat only: comparisons show tokens, to mark divergences
 
     def _set_colours(self, enabled: bool) -> None:
         self.chat_view.set_colours_enabled(enabled)

@@ -33,6 +33,8 @@ GEOMETRY = "window/geometry"
 WINDOW_STATE = "window/state"
 CURRENT_TAB = "window/tab"
 COLOUR_TOKENS = "chat/colour_tokens"
+MARKDOWN = "chat/markdown"
+DEFAULT_SYSTEM_PROMPT = "chat/system_prompt"
 CURRENT_CONVERSATION = "chat/conversation"
 EXPORT_FOLDER = "files/export_folder"
 
@@ -44,6 +46,8 @@ LABELS = {
     WINDOW_STATE: "panel layout",
     CURRENT_TAB: "open tab",
     COLOUR_TOKENS: "token colours",
+    MARKDOWN: "Markdown replies",
+    DEFAULT_SYSTEM_PROMPT: "default system prompt",
     CURRENT_CONVERSATION: "open conversation",
     EXPORT_FOLDER: "export folder",
 }

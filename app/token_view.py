@@ -6,11 +6,13 @@ rejection, bonus, plain target token), a tooltip with p(x), q(x) and
 min(1, p/q), and the source as a format property so tests and the comparison
 view can read the provenance back from the document.
 
-Markdown is not rendered as a whole (a reply arrives a token at a time and is
-half a document most of the time); only fenced code blocks are, because they
-are what becomes unreadable in a proportional font: a line that starts with
-three backticks opens or closes a block, drawn in a monospace font on a shaded
-block. The text itself is left exactly as the model wrote it.
+While a reply streams it is half a document most of the time, so Markdown is
+not rendered as a whole; only fenced code blocks are, because they are what
+becomes unreadable in a proportional font: a line that starts with three
+backticks opens or closes a block, drawn in a monospace font on a shaded block.
+With `set_markdown(True)` a finished reply is drawn as Markdown (headings,
+lists, tables, inline code: Qt's own Markdown reader); its characters then no
+longer carry their tokens' provenance, which is what turning it off brings back.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QEvent, QPoint, Qt
-from PySide6.QtGui import (QColor, QFont, QFontDatabase, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextFormat,
-                           QTextLine)  # fmt: skip
+from PySide6.QtGui import (QColor, QFont, QFontDatabase, QTextBlockFormat, QTextCharFormat, QTextCursor,
+                           QTextDocumentFragment, QTextFormat, QTextLine)  # fmt: skip
 from PySide6.QtWidgets import QTextBrowser, QToolTip, QWidget
 
 from engine.events import TokenInfo
@@ -43,6 +45,12 @@ class _Entry:
     spans: list[tuple[int, int]] = field(default_factory=list)  # document positions of each token
     marks: dict[int, str] = field(default_factory=dict)  # token index -> tooltip of its underline
     open: bool = True  # still streaming: end_message() not called yet
+    start: int = 0  # document position where the message (its title) begins
+    body: int = 0  # document position where its text begins
+
+    @property
+    def content(self) -> str:
+        return "".join(t.text for t in self.tokens) if self.tokens is not None else self.text
 
 
 class TokenView(QTextBrowser):
@@ -57,6 +65,7 @@ class TokenView(QTextBrowser):
         self.viewport().installEventFilter(self)
         self._entries: list[_Entry] = []
         self._colours = True
+        self._markdown = False  # finished replies drawn as Markdown instead of token by token
         self._code_font = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
         self._in_code = False  # inside a fenced block of the message being written
         self._line = ""  # text of the current line so far, to spot a fence
@@ -80,8 +89,10 @@ class TokenView(QTextBrowser):
 
     def begin_message(self, role: str, title: str, streaming: bool = True) -> None:
         """Start a message under a bold title ("" for none, e.g. in a pane that has its own)."""
-        self._entries.append(_Entry(role, title, tokens=[] if streaming else None))
+        entry = _Entry(role, title, tokens=[] if streaming else None, start=self._end_cursor().position())
+        self._entries.append(entry)
         self._write_header(title, first=len(self._entries) == 1)
+        entry.body = self._end_cursor().position()
 
     def append_tokens(self, tokens: list[TokenInfo] | tuple[TokenInfo, ...]) -> None:
         entry = self._entries[-1]
@@ -96,9 +107,12 @@ class TokenView(QTextBrowser):
 
     def end_message(self, note: str = "") -> None:
         """Close the message; `note` (e.g. "stopped") is shown after it in small grey type."""
-        self._entries[-1].note = note
-        self._entries[-1].open = False
+        entry = self._entries[-1]
+        entry.note = note
+        entry.open = False
         self._in_code, self._line = False, ""
+        if self._markdown and entry.role == "assistant" and entry.tokens:
+            self._render_markdown(entry)
         if note:
             cursor = self._end_cursor()
             cursor.insertBlock(QTextBlockFormat(), self._plain_format())
@@ -114,6 +128,32 @@ class TokenView(QTextBrowser):
 
     def colours_enabled(self) -> bool:
         return self._colours
+
+    def set_markdown(self, enabled: bool) -> None:
+        """Draw finished replies as Markdown (True) or token by token in their colours (False)."""
+        if enabled != self._markdown:
+            self._markdown = enabled
+            self._rerender()
+
+    def markdown_enabled(self) -> bool:
+        return self._markdown
+
+    def message_count(self) -> int:
+        return len(self._entries)
+
+    def message_at(self, position: int) -> int | None:
+        """The index of the message that holds document `position` (None before the first)."""
+        found = None
+        for index, entry in enumerate(self._entries):
+            if entry.start > position:
+                break
+            found = index
+        return found
+
+    def message(self, index: int) -> tuple[str, str, bool]:
+        """(role, text as written, still streaming) of a message."""
+        entry = self._entries[index]
+        return entry.role, entry.content, entry.open
 
     def mark_token(self, message: int, index: int, tooltip: str) -> None:
         """Underline one token (e.g. where two runs first differ) with a red wave."""
@@ -194,6 +234,37 @@ class TokenView(QTextBrowser):
                 self.add_message(entry.role, entry.title, entry.text, entry.tokens, entry.note)
             for index, tooltip in entry.marks.items():
                 self.mark_token(number, index, tooltip)
+
+    def _render_markdown(self, entry: _Entry) -> None:
+        """Replace a finished reply's tokens by its text rendered as Markdown."""
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(entry.body)
+        cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+        cursor.removeSelectedText()
+        cursor.setBlockFormat(QTextBlockFormat())
+        cursor.setCharFormat(self._plain_format())
+        cursor.insertFragment(QTextDocumentFragment.fromMarkdown(entry.content))
+        entry.spans = []  # its characters are no longer its tokens'
+        self._style_code(entry.body)
+
+    def _style_code(self, start: int) -> None:
+        """Code as in a streaming reply: fenced blocks shaded, code (inline too) in the monospace font."""
+        mono = QTextCharFormat()
+        mono.setFontFamilies([self._code_font.family()])
+        mono.setFontFixedPitch(True)
+        block = self.document().findBlock(start)
+        while block.isValid():
+            cursor = QTextCursor(block)
+            if block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence):
+                cursor.mergeBlockFormat(self._block_format(True))
+            fenced = block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence)
+            code = [(f.position(), f.length()) for f in (i.fragment() for i in block)
+                    if fenced or f.charFormat().fontFixedPitch()]  # fmt: skip
+            for position, length in code:  # collected first: formatting splits and merges fragments
+                cursor.setPosition(position)
+                cursor.setPosition(position + length, QTextCursor.MoveMode.KeepAnchor)
+                cursor.mergeCharFormat(mono)
+            block = block.next()
 
     def _write_header(self, title: str, first: bool) -> None:
         self._in_code, self._line = False, ""

@@ -40,6 +40,7 @@ def test_a_reply_streams_into_the_chat_the_store_and_the_charts(qtbot, make_wind
 
 def test_token_colours_match_the_engines_provenance(qtbot, make_window):
     window = make_window()
+    window.actions.markdown.setChecked(False)  # finished replies token by token, as they streamed
     result = send_and_wait(qtbot, window, REPEAT)
 
     expected = [(c, info.source.value) for info in result.token_infos for c in info.text if c != "\n"]

@@ -228,3 +228,34 @@ def test_a_folder_that_cannot_be_created_says_so(tmp_path):
                 ConversationStore(disk / "SpecDeck" / "conversations")
         finally:
             make_writable(disk)
+
+
+# -- system prompts, editing and regenerating ----------------------------------------------
+
+
+def test_a_system_prompt_is_saved_and_sent_first(tmp_path):
+    store = ConversationStore(tmp_path)
+    conversation = store.create("Pirate", system_prompt="Answer like a pirate.")
+    store.add_user_message(conversation, "Hello")
+    store.set_system_prompt(conversation, "Answer like a pirate, briefly.")
+
+    again = ConversationStore(tmp_path).load(conversation.id)
+
+    assert again.chat_messages() == [{"role": "system", "content": "Answer like a pirate, briefly."},
+                                     {"role": "user", "content": "Hello"}]  # fmt: skip
+
+
+def test_truncating_drops_a_message_and_everything_after_it_for_good(tmp_path):
+    store = ConversationStore(tmp_path)
+    conversation = chat(store, question="First?")
+    store.add_user_message(conversation, "Second?")
+    store.begin_reply(conversation)
+    store.add_reply_tokens(conversation, tokens(("Two", Source.PLAIN)))
+    store.end_reply(conversation, "stop")
+
+    store.truncate(conversation, 2)  # edit "Second?" and send it again
+    store.add_user_message(conversation, "Second, edited?")
+
+    again = ConversationStore(tmp_path).load(conversation.id)
+    assert [m.content for m in again.messages] == ["First?", "Hello", "Second, edited?"]
+    assert again.messages[1].tokens[1].source is Source.ACCEPTED  # what stays keeps its provenance

@@ -19,6 +19,7 @@ def test_settings_and_conversations_survive_a_restart(qtbot, make_window, data_d
     first = make_window()
     reply = send_and_wait(qtbot, first, "Say hello to the fox.")
     first.actions.colour_tokens.setChecked(False)
+    first.actions.markdown.setChecked(False)  # replies token by token: their provenance shows
     first.tabs.setCurrentWidget(first.compare_view)
     first.resize(1111, 777)
     conversation_id = first.chats.conversation.id
@@ -30,6 +31,7 @@ def test_settings_and_conversations_survive_a_restart(qtbot, make_window, data_d
     assert second.conversation_panel.current_id() == conversation_id
     assert reply.text.strip() in second.chat_view.transcript.toPlainText().replace("\u2029", "\n")
     assert not second.actions.colour_tokens.isChecked() and not second.chat_view.transcript.colours_enabled()
+    assert not second.actions.markdown.isChecked() and not second.chat_view.transcript.markdown_enabled()
     assert second.tabs.currentWidget() is second.compare_view
     # Within a frame's width: restoreGeometry() works on the frame, and offscreen fakes one.
     assert abs(second.width() - 1111) <= 16 and abs(second.height() - 777) <= 16
