@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -307,11 +308,17 @@ def _ollama_refs() -> list[ModelRef]:
 
 
 def llama_cache_dir() -> Path:
-    """Where `llama-cli -hf` / `--model-url` download to: $LLAMA_CACHE, else the user's cache folder."""
+    """Where `llama-cli -hf` / `--model-url` download to: $LLAMA_CACHE, else the user's cache folder
+    as llama.cpp's fs_get_cache_directory picks it."""
     if os.environ.get("LLAMA_CACHE", "").strip():
         return Path(os.environ["LLAMA_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(xdg).expanduser() / "llama.cpp"
+    if sys.platform == "darwin":
+        base = "~/Library/Caches"
+    elif sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or "~/AppData/Local"
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(base).expanduser() / "llama.cpp"
 
 
 def _llama_cache_refs() -> list[ModelRef]:

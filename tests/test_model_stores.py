@@ -184,6 +184,14 @@ def test_llama_cpp_cache_defaults_to_the_user_cache_folder(monkeypatch, tmp_path
     assert [r.quant for r in list_models() if r.source == "llama.cpp-cache"] == ["BF16"]
 
 
+def test_llama_cpp_cache_on_macos_is_in_library_caches(monkeypatch, tmp_path):
+    from engine.models import llama_cache_dir
+
+    monkeypatch.delenv("LLAMA_CACHE")
+    monkeypatch.setattr("sys.platform", "darwin")
+    assert llama_cache_dir() == tmp_path / "home" / "Library" / "Caches" / "llama.cpp"
+
+
 # -- the command line ----------------------------------------------------------------------
 
 
