@@ -27,7 +27,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from .cli_bench import add_bench_parser  # noqa: E402
-from .cli_options import add_drafter_settings, drafter_settings  # noqa: E402
+from .cli_options import add_draft_model_options, add_drafter_settings, draft_model_settings, drafter_settings  # noqa: E402
 from .cli_train import add_train_parser  # noqa: E402
 from .errors import ConfigError, SpecDeckError  # noqa: E402
 
@@ -114,6 +114,7 @@ def _model_options(parser: argparse.ArgumentParser, drafters: list[str]) -> None
     parser.add_argument("--n-ctx", type=int, default=None, help="context window in tokens")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (llama.cpp)")
     parser.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
+    add_draft_model_options(parser)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -129,7 +130,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         target=args.target, drafter=_drafter_kind(args), draft=args.draft, heads=args.heads,
         **drafter_settings(args),
         backend=args.backend, draft_backend=args.draft_backend, device=args.device, dtype=args.dtype,
-        n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k, k_max=args.k_max,
+        n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, **draft_model_settings(args),
+        k=args.k, k_max=args.k_max,
     )  # fmt: skip
     engine = _load_engine(config)
     cancel = threading.Event()

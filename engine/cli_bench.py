@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 from . import cli_interrupt
-from .cli_options import add_drafter_settings, drafter_settings
+from .cli_options import add_draft_model_options, add_drafter_settings, draft_model_settings, drafter_settings
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -43,6 +43,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench.add_argument("--n-ctx", type=int, default=None, help="context window in tokens")
     bench.add_argument("--threads", type=int, default=None, help="CPU threads (llama.cpp and its peers)")
     bench.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
+    add_draft_model_options(bench)
     bench.add_argument("--k", default="auto", help="draft length: a number from 1 to 32, or auto (default)")
     bench.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
     bench.add_argument("--max-tokens", type=int, default=128, help="tokens per reply (default 128)")
@@ -73,7 +74,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         target=args.target, drafter="model" if args.draft else args.drafter, draft=args.draft,
         backend=args.backend, draft_backend=args.draft_backend, device=args.device, dtype=args.dtype,
         n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k, k_max=args.k_max,
-        **drafter_settings(args),
+        **drafter_settings(args), **draft_model_settings(args),
     )  # fmt: skip
     if args.heads:
         if "heads" not in {f.name for f in dataclasses.fields(EngineConfig)}:

@@ -1,4 +1,5 @@
-"""Command-line options shared by `generate` and `bench`: the settings of particular drafters."""
+"""Command-line options shared by `generate` and `bench`: the settings of particular drafters,
+and the draft model's own load options (engine/load_options.py)."""
 
 from __future__ import annotations
 
@@ -17,3 +18,21 @@ def drafter_settings(args: argparse.Namespace) -> dict:
     """EngineConfig fields from the options above."""
     return dict(tree_depth=args.tree_depth, lookahead=(args.window, args.ngram, args.candidates),
                 exit_layer=args.exit_layer)  # fmt: skip
+
+
+def add_draft_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft-device", default=None,
+                        help="the draft model's device (PyTorch draft; default: the target's --device)")
+    parser.add_argument("--draft-dtype", default=None,
+                        help="the draft model's dtype (PyTorch draft; default: the target's --dtype; "
+                             "a llama.cpp draft runs in its GGUF file's precision)")
+    parser.add_argument("--draft-threads", type=int, default=None,
+                        help="CPU threads of a llama.cpp draft model (default: --threads)")
+    parser.add_argument("--draft-gpu-layers", type=int, default=None,
+                        help="layers of a llama.cpp draft model offloaded to the GPU (default: --gpu-layers)")  # fmt: skip
+
+
+def draft_model_settings(args: argparse.Namespace) -> dict:
+    """EngineConfig fields from the options above."""
+    return dict(draft_device=args.draft_device, draft_dtype=args.draft_dtype, draft_threads=args.draft_threads,
+                draft_gpu_layers=args.draft_gpu_layers)  # fmt: skip

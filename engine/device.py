@@ -32,6 +32,7 @@ _DTYPE_NAMES = {
 }
 # Weight formats that are not a torch dtype: they compute in the automatic dtype.
 _WEIGHT_FORMATS = {"int8": "int8"}
+DTYPE_CHOICES = ("auto", *_DTYPE_NAMES, *_WEIGHT_FORMATS)  # what a dtype option accepts
 
 
 def available_devices() -> list[str]:

@@ -19,6 +19,7 @@ from .draft_length import CostModel, DraftLength, measure_verify_curve
 from .drafters.base import Drafter
 from .errors import ConfigError, SpecDeckError
 from .events import Divergence, GenerationResult, StepEvent
+from .load_options import check_load_options, draft_load_options, target_load_options
 from .loading import TORCH_DRAFTERS, load_backend, make_drafter
 from .memory_errors import model_out_of_memory, out_of_memory, unexplained_allocation_failure
 from .models import resolve
@@ -39,6 +40,11 @@ class EngineConfig:
     n_ctx: int | None = None
     threads: int | None = None
     gpu_layers: int = 0
+    # The draft model's own load options; None follows the target's where it applies (load_options.py).
+    draft_device: str | None = None
+    draft_dtype: str | None = None  # PyTorch drafts only: llama.cpp runs a GGUF in its saved precision
+    draft_threads: int | None = None
+    draft_gpu_layers: int | None = None
     k: int | str = "auto"
     k_max: int = 16
     ngram_max: int = 3
@@ -111,8 +117,8 @@ class Engine:
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> "Engine":
         report = _steady(progress or (lambda message, fraction: None))
         DraftLength(config.k, config.k_max)
-        options = dict(device=config.device, dtype=config.dtype, n_ctx=config.n_ctx, threads=config.threads,
-                       gpu_layers=config.gpu_layers)  # fmt: skip
+        check_load_options(config, target_backend(config))
+        options = target_load_options(config)
         report("Loading the target model", 0.0)
         target_share = 0.5 if config.draft or config.drafter != "ngram" else 0.8  # the n-gram drafter is instant
         try:
@@ -132,7 +138,7 @@ class Engine:
             drafter = make_drafter(
                 config.drafter, target, draft=config.draft, draft_backend=config.draft_backend,
                 ngram_max=config.ngram_max, heads=config.heads, tree_depth=config.tree_depth,
-                lookahead=tuple(config.lookahead), exit_layer=config.exit_layer, **options,
+                lookahead=tuple(config.lookahead), exit_layer=config.exit_layer, **draft_load_options(config),
                 **({"progress": draft_progress} if draft_progress else {}),
             )  # fmt: skip
             costs = CostModel()
