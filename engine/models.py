@@ -98,11 +98,13 @@ def resolve(spec: str) -> ModelRef:
         if ref is not None:
             return ref
     # A bare Ollama name; "name:tag" reads like a cached repo's file too, and the cache was asked first.
-    ref = _ref_from_ollama(spec, spec, strict=False)
-    if ref is not None:
-        return ref
-    if ollama_roots():
-        tried.append(f"the Ollama model '{spec}' (not pulled)")
+    # A missing file ("~/m/x.gguf", "./x") is not worth an Ollama look-up, nor a line in the message.
+    if not spec.lower().endswith(".gguf") and not spec.startswith(("/", ".", "~", "\\")):
+        ref = _ref_from_ollama(spec, spec, strict=False)
+        if ref is not None:
+            return ref
+        if ollama_roots():
+            tried.append(f"the Ollama model '{spec}' (not pulled)")
     raise ModelNotFoundError(
         f"No model '{spec}' on this machine. Tried {'; '.join(tried)}. "
         "Run `specdeck-cli models` to list the models found here, or pass the path of a "

@@ -110,6 +110,14 @@ def test_a_cached_hugging_face_repo_wins_over_a_bare_ollama_name(ollama, tmp_pat
     assert resolve("ollama:me/mine:q8").source == "ollama"
 
 
+def test_a_missing_path_is_not_looked_for_in_ollama(ollama, tmp_path):
+    with pytest.raises(ModelNotFoundError) as error:
+        resolve(str(tmp_path / "no-such.gguf"))
+    assert "Ollama" not in str(error.value)
+    with pytest.raises(ModelNotFoundError, match=r"the Ollama model 'tiny:7b' \(not pulled\)"):
+        resolve("tiny:7b")
+
+
 def test_broken_or_half_pulled_ollama_models_are_left_out(ollama, tmp_path):
     blob = add_ollama_model(ollama, "gone:1b", write_quant_gguf(tmp_path / "g.gguf", "Q3_K_S"))
     blob.unlink()  # removed by hand, or a pull that never finished
