@@ -63,9 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(gen, drafters)
     gen.add_argument("--k", default="auto", help="draft length: a number from 0 to 32, or auto (default)")
     gen.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=None, help="0 = off (default)")
+    gen.add_argument("--top-p", type=float, default=None, help="1 = off (default)")
+    gen.add_argument("--min-p", type=float, default=None,
+                     help="0 = off (default); keep tokens at least this fraction as likely as the best one")
+    gen.add_argument("--model-sampling", action="store_true",
+                     help="for the sampling options not given, use what the model's files recommend "
+                     "(GGUF general.sampling.*, generation_config.json)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--max-tokens", type=int, default=256)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -122,10 +127,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .sampling import SamplingConfig
     from .session import EngineConfig
 
-    sampling = SamplingConfig(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        max_tokens=args.max_tokens, stop=tuple(args.stop),
-    )  # fmt: skip
+    given = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p", "min_p")}
+    chosen = {name: value for name, value in given.items() if value is not None}
+    if args.model_sampling:
+        from .recommended import describe, recommended_sampling
+
+        recommended = recommended_sampling(args.target)
+        chosen = {**recommended, **chosen}
+        if not args.json:
+            said = describe(recommended) if recommended else "nothing, so the defaults apply (greedy)"
+            print(f"the model recommends {said}", file=sys.stderr)
+    # Temperature, top-k, top-p, then min-p, on p and on q alike (engine/sampling.py).
+    sampling = SamplingConfig(**chosen, seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop))
     config = EngineConfig(
         target=args.target, drafter=_drafter_kind(args), draft=args.draft, heads=args.heads,
         **drafter_settings(args),
@@ -156,7 +169,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     n_ctx = engine.target.n_ctx
     if args.json:
         with cli_interrupt.held():  # never half an object on stdout
-            print(json.dumps(_json_report(result, comparison, n_ctx), ensure_ascii=False), flush=True)
+            report = {**_json_report(result, comparison, n_ctx), "sampling": _sampling_report(sampling)}
+            print(json.dumps(report, ensure_ascii=False), flush=True)
     else:
         _write("\n")
         per_depth = bool(getattr(engine.drafter, "drafts_trees", False))
@@ -239,6 +253,12 @@ def _run_stats(result, n_ctx: int) -> dict:
         head_acceptance=[round(a, 4) for a in s.depth_acceptance], notes=_notes(result, n_ctx),
     )  # fmt: skip
     return stats
+
+
+def _sampling_report(sampling) -> dict:
+    """What the run sampled with (after --model-sampling filled in what was not given)."""
+    return {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "min_p": sampling.min_p, "seed": sampling.seed}  # fmt: skip
 
 
 def _json_report(result, comparison, n_ctx: int) -> dict:

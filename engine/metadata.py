@@ -218,6 +218,24 @@ def quantization(path: str) -> str:
     return ""
 
 
+def gguf_values(path: str, prefix: str) -> dict:
+    """The key-values of a GGUF whose keys start with `prefix` ({} when the file cannot be read)."""
+    found = {}
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            p = _GGUFParser(buf)
+            _, n_kv = _read_preamble(p, path)
+            for _ in range(n_kv):
+                key = p.strings(1)[0]
+                (vtype,) = p.unpack("I")
+                value = p.value(vtype)
+                if key.startswith(prefix):
+                    found[key] = value
+    except (OSError, ValueError, KeyError, struct.error, ModelLoadError):
+        return {}
+    return found
+
+
 def file_type_name(file_type) -> str:
     """llama.cpp's name of a general.file_type value (gguf.LlamaFileType); "" for an unknown one."""
     from gguf import LlamaFileType

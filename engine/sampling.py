@@ -2,8 +2,8 @@
 
 Speculative sampling is lossless only if the target distribution p and the draft
 distribution q go through *the same* processing (temperature, then top-k, then
-top-p) before the rejection rule compares them: the output is then distributed
-exactly as the processed p. Both the verifier and the model drafter call
+top-p, then min-p, in transformers' order) before the rejection rule compares
+them: the output is then distributed exactly as the processed p. Both the verifier and the model drafter call
 `probabilities` with one `SamplingConfig`, so they cannot drift apart.
 
 Temperature 0 means greedy: `probabilities` returns a one-hot distribution on the
@@ -28,6 +28,7 @@ class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off; else keep tokens at least min_p times as likely as the most likely one
     seed: int = 0
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
@@ -43,6 +44,8 @@ class SamplingConfig:
             raise ConfigError(f"top-k must be 0 (off) or a positive number of tokens, got {self.top_k}.")
         if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}; use 1 to turn it off.")
+        if not (math.isfinite(self.min_p) and 0.0 <= self.min_p < 1.0):
+            raise ConfigError(f"min-p must be in [0, 1), got {self.min_p}; use 0 to turn it off (0.05 is typical).")
         if self.max_tokens < 1:
             raise ConfigError(f"max tokens must be at least 1, got {self.max_tokens}.")
         if any(not s for s in self.stop):
@@ -74,6 +77,9 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     probs = torch.softmax(logits, dim=-1)
     if config.top_p < 1.0:
         probs = _nucleus(probs, config.top_p)
+    if config.min_p > 0.0:
+        kept = probs * (probs >= config.min_p * probs.amax(dim=-1, keepdim=True))  # the top token always stays
+        probs = kept / kept.sum(dim=-1, keepdim=True)
     return probs
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import engine.verify as verify
+from engine.errors import ConfigError
 from engine.events import Source
 from engine.sampling import SamplingConfig, make_generator, probabilities
 from tests.stats_helpers import chi_square_pvalue
@@ -48,8 +49,9 @@ def emitted_counts(p: torch.Tensor, q: torch.Tensor | None, draft_token: int | N
         SamplingConfig(temperature=0.7, top_k=12),
         SamplingConfig(temperature=1.3, top_p=0.8),
         SamplingConfig(temperature=0.9, top_k=20, top_p=0.9),
+        SamplingConfig(temperature=1.0, min_p=0.1),
     ],
-    ids=["t1", "t0.7-topk12", "t1.3-topp0.8", "t0.9-topk20-topp0.9"],
+    ids=["t1", "t0.7-topk12", "t1.3-topp0.8", "t0.9-topk20-topp0.9", "t1-minp0.1"],
 )
 def test_rejection_rule_matches_target_distribution(config):
     p = probabilities(random_logits(32, seed=1), config)
@@ -134,3 +136,11 @@ def test_sampling_processing_applies_top_k_and_top_p():
     assert p[0] == 1.0  # the top token alone holds 64% of the mass
     p = probabilities(logits, SamplingConfig(temperature=0.0))
     assert p.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_min_p_keeps_tokens_at_least_that_fraction_as_likely_as_the_best():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    p = probabilities(logits, SamplingConfig(temperature=1.0, min_p=0.25))  # keeps p >= 0.125
+    assert p.tolist() == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0])
+    with pytest.raises(ConfigError, match="min-p must be in"):
+        SamplingConfig(temperature=1.0, min_p=1.0)

@@ -129,6 +129,7 @@ def make_tiny_gguf(
     embedding_type: str = "F16",
     context_length: int = 2048,
     with_chat_template: bool = True,
+    extra: dict[str, float | int | str] | None = None,
 ) -> str:
     """Write a llama-architecture GGUF with random weights and SmolLM2's tokenizer.
 
@@ -138,6 +139,7 @@ def make_tiny_gguf(
     F16 by default: ~6 MB for n_embd=64. `context_length` is the trained context the
     file declares; 2048 is below the backend's default of 4096 on purpose.
     `with_chat_template=False` leaves SmolLM2's chat template out, as in base models.
+    `extra`: more key-values (float as f32, int as u32, str), e.g. general.sampling.temp.
     Same arguments, same file contents.
     """
     for name, qtype in (("tensor_type", tensor_type), ("embedding_type", embedding_type)):
@@ -167,6 +169,13 @@ def make_tiny_gguf(
     writer.add_rope_freq_base(100000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(tokens))
+    for key, value in (extra or {}).items():
+        if isinstance(value, float):
+            writer.add_float32(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_string(key, value)
     _add_tokenizer(writer, tokenizer, with_chat_template)
 
     # Scales keep activations O(1) through the layers and give logits a spread of a
