@@ -312,52 +312,72 @@ class TimeSplitPanel(Panel):
     """Seconds spent drafting, verifying and on everything else, as one stacked bar per run.
 
     The share line above each bar is written in the parts' colours, so it doubles
-    as the legend without covering a bar.
+    as the legend without covering a bar. The y axis counts the view's pixels, so
+    that each run gets a slot of the view's height: its note (wrapped to the
+    view's width, one or two lines) at the top, its bar in what is left below.
     """
+
+    NOTE_GAP = 3  # pixels between a note and its bar, and above a note
+    BAR_MAX = 26  # pixels: a bar no thicker than this, however tall the panel
 
     def __init__(self, parent=None) -> None:
         super().__init__("Where the time goes", "seconds", "", parent)
         self.legend.hide()
         self.bars = {}
         for part, colour in TIME_COLOURS.items():
-            self.bars[part] = pg.BarGraphItem(x0=[], y=[], width=[], height=0.55, brush=colour, pen=pg.mkPen(None))
+            self.bars[part] = pg.BarGraphItem(x0=[], y=[], width=[], height=1, brush=colour, pen=pg.mkPen(None))
             self.plot.addItem(self.bars[part])
         self.notes = {}
         for label in RUN_ORDER:
-            self.notes[label] = pg.TextItem("", anchor=(0, 1))
+            self.notes[label] = pg.TextItem("", anchor=(0, 0))
             self.plot.addItem(self.notes[label])
         self.plot.showGrid(x=True, y=False, alpha=0.15)
         self.plot.getViewBox().setMouseEnabled(y=False)
         self.plot.enableAutoRange(enable=False)
-        # The view box gets its size after the widget's resize event: wrap when it does.
-        self.plot.getViewBox().sigResized.connect(self._wrap_notes)
+        self._labels: list[str] = []
+        # The view box gets its size after the widget's resize event: lay out when it does.
+        self.plot.getViewBox().sigResized.connect(self._lay_out)
 
     def show_series(self, series: dict) -> None:
         split = series["time_split"]
-        labels = [label for label in RUN_ORDER if label in split]
-        rows = {label: float(len(labels) - 1 - i) for i, label in enumerate(labels)}  # first run on top
-        self.plot.getAxis("left").setTicks([[(row, label) for label, row in rows.items()]])
+        self._labels = labels = [label for label in RUN_ORDER if label in split]
         start = np.zeros(len(labels))
         for part, bar in self.bars.items():
             width = np.array([split[label][part] for label in labels])
-            bar.setOpts(x0=start.copy(), y=np.array([rows[label] for label in labels]), width=width)
+            bar.setOpts(x0=start.copy(), width=width)
             start += width
         for label, note in self.notes.items():
             note.setVisible(label in split)
             if label in split:
                 note.setHtml(self._shares(split[label]))
-                note.setPos(0, rows[label] + 0.3)
-        self._wrap_notes()
         longest = max((sum(parts.values()) for parts in split.values()), default=1.0) or 1.0
         self.plot.setXRange(0, longest, padding=0.03)
-        self.plot.setYRange(-0.4, max(len(labels), 1) - 0.35, padding=0.02)
+        self._lay_out()
 
-    def _wrap_notes(self, *_) -> None:
-        # A line longer than the plot would be cut off at its right edge: wrap it
-        # instead (there is room for two lines above each bar).
-        width = max(self.plot.getViewBox().width() - 4, 60)
-        for note in self.notes.values():
-            note.setTextWidth(width)  # TextItem's own: it also moves the text to keep its anchor
+    def _lay_out(self, *_) -> None:
+        box = self.plot.getViewBox()
+        height = box.height() if box.height() > 0 else 120.0  # pixels; a guess until laid out
+        # A line longer than the plot would be cut off at its right edge: wrap it instead.
+        (x0, x1), _ = box.viewRange()
+        left = -x0 / (x1 - x0) * box.width() if x1 > x0 else 0.0  # where x = 0 is, in pixels
+        width = max(box.width() - left - 4, 60)
+        slot = height / max(len(self._labels), 1)
+        rows, bar_heights, ticks = [], [], []
+        for i, label in enumerate(self._labels):  # the first run on top
+            note = self.notes[label]
+            note.setTextWidth(width)
+            top = height - i * slot - self.NOTE_GAP
+            note.setPos(0, top)
+            note_height = note.textItem.boundingRect().height()
+            bar = min(max(slot - note_height - 3 * self.NOTE_GAP, 4.0), self.BAR_MAX)
+            centre = top - note_height - self.NOTE_GAP - bar / 2
+            rows.append(centre)
+            bar_heights.append(bar)
+            ticks.append((centre, label))
+        self.plot.getAxis("left").setTicks([ticks])
+        for bar in self.bars.values():
+            bar.setOpts(y=np.array(rows), height=np.array(bar_heights))
+        self.plot.setYRange(0, height, padding=0)
 
     def _shares(self, parts: dict) -> str:
         total = sum(parts.values()) or 1.0

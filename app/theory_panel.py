@@ -10,8 +10,9 @@ curve never crosses 1 and the panel says so instead of drawing a line.
 
 from __future__ import annotations
 
+import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPointF, QRectF, Qt
 
 from .chart_panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, set_label_anchor
 
@@ -50,7 +51,8 @@ class TheoryPanel(Panel):
         self.plot.getViewBox().setLimits(xMin=-0.05, xMax=1.05, yMin=-0.2)
         self._k = None
         self._legend_entries = None
-        self.plot.getViewBox().sigResized.connect(self._place_break_even_label)
+        self._data_top = 1.0
+        self.plot.getViewBox().sigResized.connect(self._refit)
         self.note = ""  # what the legend says when there is no break-even line; tests read it
 
     def show_series(self, series: dict) -> None:
@@ -74,15 +76,47 @@ class TheoryPanel(Panel):
         self._show_legend(t)
 
         # Headroom keeps the top-left legend above the curves, which start near 1.
-        top = THEORY_HEADROOM * max(k + 1.0, t["max_speedup"] or 0.0, measured[1] if measured else 0.0,
+        self._data_top = max(k + 1.0, t["max_speedup"] or 0.0, measured[1] if measured else 0.0,
                              points[1] if points else 0.0)  # fmt: skip
+        top = self._top()
         if self._k != k or self.plot.getViewBox().viewRange()[1][1] < top:
             self.plot.setYRange(0.0, top, padding=0.02)
             self._k = k
+        self._place_break_even_label()
+
+    def _top(self) -> float:
+        """The y range's top: the data's, raised until the legend (top left, in pixels) clears
+        every curve and point below it; THEORY_HEADROOM times the data's before layout."""
+        box = self.plot.getViewBox()
+        (x0, x1), _ = box.viewRange()
+        width, height = box.width(), box.height()
+        legend = self.legend.boundingRect()
+        if width <= 0 or height <= 0 or legend.height() <= 0:
+            return THEORY_HEADROOM * self._data_top
+        right = x0 + (6 + legend.width() + 6) / width * (x1 - x0)  # the legend's right edge, in a
+        under = [1.0]  # the plain-decoding line
+        for item in (self.expected, self.speedup, self.measured, self.measured_speedup):
+            x, y = item.getData()
+            if x is not None and len(x):
+                below = np.asarray(y)[np.asarray(x) <= right]
+                under.extend(below[np.isfinite(below)])
+        share = (6 + legend.height() + 8) / height  # of the plot's height the legend takes, with margins
+        needed = max(under) / (1.0 - share) if share < 0.8 else 5.0 * max(under)
+        return min(max(1.08 * self._data_top, needed), 3.0 * THEORY_HEADROOM * self._data_top)
+
+    def _refit(self, *_) -> None:
+        """On a resize: the legend's share of the plot changed."""
+        if self._k is not None:
+            self.plot.setYRange(0.0, self._top(), padding=0.02)
+        self._place_break_even_label()
 
     def _place_break_even_label(self, *_) -> None:
-        """The longest wording that fits beside the line, right of it where it fits there, else
-        left: a label past the plot's edge is cut off (a narrow dock, a break-even near 1)."""
+        """The longest wording, beside the line at the highest point where it covers no curve,
+        point, plain-decoding line or legend and stays inside the plot (a label past the
+        plot's edge is cut off: a narrow dock, a break-even near 1); failing that, where it
+        covers the fewest."""
+        if not self.break_even.isVisible():
+            return
         value = self.break_even.value()
         if value < 0.005:
             texts = ["every a pays"]  # verification this cheap pays even when nothing is accepted
@@ -91,19 +125,53 @@ class TheoryPanel(Panel):
         label = self.break_even.label
         box = self.plot.getViewBox()
         (x0, x1), _ = box.viewRange()
-        width = box.width()
-        if width <= 0 or x1 <= x0:  # not laid out yet: the full text, on the roomier side
+        if box.width() <= 0 or x1 <= x0:  # not laid out yet: the full text, on the roomier side
             label.setFormat(texts[0])
             set_label_anchor(self.break_even, (0, 1) if value <= 0.5 else (1, 1))
             return
-        room_right = (x1 - value) / (x1 - x0) * width - 4
-        room_left = (value - x0) / (x1 - x0) * width - 4
-        for text in texts:
+        view = box.sceneBoundingRect()
+        legend = self.legend.sceneBoundingRect() if self.legend.isVisible() else QRectF()
+        points = self._drawn_points()
+        sides = [(0, 1), (1, 1)] if value <= 0.5 else [(1, 1), (0, 1)]
+        best = None
+        for rank, text in enumerate(texts):
             label.setFormat(text)
-            needed = label.textItem.boundingRect().width()
-            if needed <= room_right or needed <= room_left:
-                break
-        set_label_anchor(self.break_even, (0, 1) if needed <= room_right or room_right >= room_left else (1, 1))
+            for position in (0.94, 0.84, 0.74, 0.64, 0.54, 0.44, 0.34, 0.24, 0.14, 0.06):
+                for side in sides:
+                    label.setPosition(position)
+                    set_label_anchor(self.break_even, side)
+                    rect = label.sceneBoundingRect()
+                    hits = sum(rect.contains(point) for point in points)
+                    # Cut off is worse than over the legend, which is worse than over a curve.
+                    hits += 1000 * rect.intersects(legend) + 100_000 * (not view.contains(rect))
+                    if hits == 0:
+                        return
+                    if best is None or (hits, rank) < best[:2]:
+                        best = (hits, rank, position, side)
+        _, rank, position, side = best
+        label.setFormat(texts[rank])
+        label.setPosition(position)
+        set_label_anchor(self.break_even, side)
+
+    def _drawn_points(self) -> list[QPointF]:
+        """What the label must not cover, as scene points: the curves (densely), the line at 1
+        and the measured points (with their symbols' size)."""
+        box = self.plot.getViewBox()
+        (x0, x1), _ = box.viewRange()
+        found = []
+        for item in (self.expected, self.speedup):
+            x, y = item.getData()
+            if x is not None and len(x) > 1:
+                dense = np.linspace(x[0], x[-1], 300)
+                found.extend(zip(dense, np.interp(dense, x, y)))
+        found.extend((x, 1.0) for x in np.linspace(x0, x1, 150))
+        scene = [box.mapViewToScene(QPointF(float(x), float(y))) for x, y in found if np.isfinite(y)]
+        for item in (self.measured, self.measured_speedup):
+            x, y = item.getData()
+            for px, py in zip(x if x is not None else (), y if y is not None else ()):
+                centre = box.mapViewToScene(QPointF(float(px), float(py)))
+                scene.extend(centre + QPointF(dx, dy) for dx in (-6, 0, 6) for dy in (-6, 0, 6))
+        return scene
 
     def clear_data(self) -> None:
         self.measured.setData([], [])

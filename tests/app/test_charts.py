@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from PySide6.QtCore import QPointF, QRectF
 from PySide6.QtGui import QImage
 
 from app.chart_data import COLUMNS, StepBuffer, accepted_histogram, rolling_rate
@@ -286,3 +287,65 @@ def test_real_decode_steps_feed_the_charts(charts, qtbot):
     # Same chain as draft and target, greedy: every draft token is accepted.
     assert series["theory"]["measured"][0] == pytest.approx(1.0)
     assert charts.histogram.bars.opts["height"][-1] == pytest.approx(1.0)
+
+
+def bar_rects(panel) -> list[QRectF]:
+    """Each run's whole stacked bar, where it is drawn (scene coordinates)."""
+    box = panel.plot.getViewBox()
+    opts = panel.bars["verify"].opts
+    totals = sum(np.asarray(bar.opts["width"]) for bar in panel.bars.values())
+    return [box.mapViewToScene(QRectF(0, y - h / 2, total, h)).boundingRect()
+            for y, h, total in zip(opts["y"], np.broadcast_to(opts["height"], len(opts["y"])), totals)]  # fmt: skip
+
+
+@pytest.mark.parametrize("size", [(1000, 700), (560, 620), (420, 900)])
+def test_the_time_split_notes_sit_clear_of_every_bar_and_inside_the_plot(charts, qtbot, size):
+    charts.resize(*size)
+    feed(charts, "vanilla", make_run(PLAIN_STEPS))
+    feed(charts, "speculative", make_run(SPEC_STEPS, draft_s=0.004, other_s=0.004))
+    charts.show()
+    qtbot.waitExposed(charts)
+    charts.redraw()
+    panel = charts.time_split
+    view = panel.plot.getViewBox().sceneBoundingRect()
+    bars = bar_rects(panel)
+    assert len(bars) == 2 and all(rect.height() >= 4 for rect in bars)
+    for note in panel.notes.values():
+        text = note.sceneBoundingRect()
+        assert view.contains(text), (text, view)  # not cut off at the top or the side
+        assert not any(text.intersects(bar) for bar in bars), (text, bars)
+
+
+# Drafting costs a fifth of a forward per token: it pays only from a ≈ 0.84 (the screenshot's case).
+COSTLY = CostModel(verify_s={1: 0.01, 2: 0.0144, 4: 0.018, 8: 0.0288, 16: 0.054, 33: 0.108}, draft_s_per_token=0.004)
+
+
+def curve_points(theory) -> list[QPointF]:
+    """Where the theory panel's curves and the plain-decoding line are drawn (scene coordinates)."""
+    box = theory.plot.getViewBox()
+    found = [(a, 1.0) for a in np.linspace(0, 1, 200)]
+    for curve in (theory.expected, theory.speedup):
+        a, y = drawn(curve)
+        dense = np.linspace(a[0], a[-1], 400)
+        found.extend(zip(dense, np.interp(dense, a, y)))
+    return [box.mapViewToScene(QPointF(float(a), float(y))) for a, y in found]
+
+
+@pytest.mark.parametrize("costs", [CHEAP, COSTLY], ids=["cheap", "costly"])
+@pytest.mark.parametrize("size", [(1000, 700), (700, 1000)])  # three columns, two columns
+def test_the_theory_legend_and_break_even_label_cover_no_curve(charts, qtbot, costs, size):
+    charts.resize(*size)
+    charts.set_cost_model(costs)
+    feed(charts, "speculative", make_run(SPEC_STEPS))
+    charts.show()
+    qtbot.waitExposed(charts)
+    charts.redraw()
+    theory = charts.theory
+    legend = theory.legend.sceneBoundingRect()
+    label = theory.break_even.label.sceneBoundingRect()
+    curves = curve_points(theory)
+    assert theory.break_even.isVisible()
+    assert not label.intersects(legend), (label, legend)
+    assert theory.plot.getViewBox().sceneBoundingRect().contains(label)
+    assert not [p for p in curves if label.contains(p)], ("the break-even label is written over a curve", label)
+    assert not [p for p in curves if legend.contains(p)], "the legend covers a curve"
