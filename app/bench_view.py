@@ -101,8 +101,8 @@ def _short(text: str) -> str:
 class BenchTable(QTableWidget):
     """One row per prompt, then one per kind and one for all prompts; peers as extra speed columns."""
 
-    BASE = ("prompt", "kind", "tokens", "vanilla\ntok/s", "speculative\ntok/s", "speedup", "acceptance",
-            "tokens /\nforward", "predicted\nspeedup", "identical")  # fmt: skip
+    BASE = ("prompt", "kind", "tokens", "vanilla\ntok/s", "speculative\ntok/s", "speedup", "acceptance\n(a)",
+            "drafts\naccepted", "tokens /\nforward", "predicted\nspeedup", "identical")  # fmt: skip
 
     def __init__(self, parent=None) -> None:
         super().__init__(0, len(self.BASE), parent)
@@ -124,14 +124,15 @@ class BenchTable(QTableWidget):
             same = "yes" if p.identical else ("no (rounding)" if (p.divergence or {}).get("explained") else "no")
             speeds = {peer.name: {r.prompt_id: r.tokens_per_s for r in peer.prompts} for peer in peers}
             rows.append(([p.id, p.kind, str(p.tokens), f"{p.vanilla_tps:.1f}", f"{p.speculative_tps:.1f}",
-                          f"{p.speedup:.2f}×", f"{p.acceptance:.2f}", f"{p.tokens_per_forward:.2f}",
+                          f"{p.speedup:.2f}×", f"{p.acceptance:.2f}", f"{p.draft_acceptance:.2f}",
+                          f"{p.tokens_per_forward:.2f}",
                           f"{p.predicted_speedup:.2f}×", same]
                          + [f"{speeds[peer.name].get(p.id, 0.0):.1f}" for peer in peers], False))  # fmt: skip
         for g in (*report.kinds, report.overall):
             name = "all prompts" if g is report.overall else f"all {g.name}"
             rows.append(([name, g.name if g is not report.overall else "", "", f"{g.vanilla_tps:.1f}",
                           f"{g.speculative_tps:.1f}", f"{g.speedup:.2f}×", f"{g.acceptance:.2f}",
-                          f"{g.tokens_per_forward:.2f}", f"{g.predicted_speedup:.2f}×", f"{g.identical}/{g.prompts}"]
+                          f"{g.draft_acceptance:.2f}", f"{g.tokens_per_forward:.2f}", f"{g.predicted_speedup:.2f}×", f"{g.identical}/{g.prompts}"]
                          + [f"{peer.tokens_per_s:.1f}" if g is report.overall else "" for peer in peers], True))  # fmt: skip
         self.setRowCount(len(rows))
         for r, (cells, bold) in enumerate(rows):

@@ -314,7 +314,8 @@ def summary_html(series: dict, text_colour: str) -> str:
             continue
         text = f"<b style='color:{RUN_COLOURS[label]}'>■ {label}</b> {s.tokens_per_s:.1f} tokens/s"
         if s.tested:
-            text += f", a = {s.acceptance_rate:.2f}, {s.tokens_per_step:.2f} tokens/step"
+            text += (f", a = {s.acceptance_rate:.2f} (accepted/tested), drafts accepted {s.draft_acceptance_rate:.0%}, "
+                     f"{s.tokens_per_step:.2f} tokens/step")  # fmt: skip
             measured = series["theory"]["measured"]
             if measured and abs(measured[1] - s.tokens_per_step) >= 0.005:  # some steps did not draft (auto k)
                 text += f" ({measured[1]:.2f} when drafting)"

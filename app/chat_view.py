@@ -43,7 +43,10 @@ def reply_note(finish_reason: str | None, stats: dict | None) -> str:
         if stats.get("time_to_first_token_s"):
             parts.append(f"first token after {stats['time_to_first_token_s']:.2f} s")
         if stats.get("drafted"):
-            parts.append(f"{stats.get('accepted', 0)}/{stats['drafted']} drafts accepted")
+            accepted, drafted = stats.get("accepted", 0), stats["drafted"]
+            parts.append(f"{accepted}/{drafted} drafts accepted ({accepted / drafted:.0%})")
+            if stats.get("steps"):
+                parts.append(f"{stats['tokens'] / stats['steps']:.2f} tokens per forward")
     return " · ".join(parts)
 
 

@@ -244,7 +244,8 @@ def _notes(result, n_ctx: int) -> list[str]:
 
 def _run_stats(result, n_ctx: int) -> dict:
     s = result.stats
-    keys = ("steps", "drafted", "accepted", "acceptance_rate", "tokens_per_step", "tokens_per_s", "wall_s")
+    keys = ("steps", "drafted", "accepted", "acceptance_rate", "draft_acceptance_rate", "mean_acceptance_length",
+            "tokens_per_step", "tokens_per_s", "wall_s")  # fmt: skip
     stats = {key: s.as_dict()[key] for key in keys}
     stats.update(finish_reason=result.finish_reason, predicted_speedup=round(s.predicted_speedup, 4))
     # Per depth d (a chain's position d, Medusa's head d): how often it was reached and accepted.
@@ -277,8 +278,11 @@ def _print_summary(result, comparison, n_ctx: int, per_depth: bool = False) -> N
     s = result.stats
     lines = [
         f"{s.tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), {s.steps} target forwards "
-        f"({s.tokens_per_step:.2f} tokens each); drafted {s.drafted}, accepted {s.accepted} "
-        f"(acceptance {s.acceptance_rate:.0%}); formula predicts {s.predicted_speedup:.2f}x"
+        f"({s.tokens_per_step:.2f} tokens each); drafted {s.drafted}, accepted {s.accepted}; "
+        f"formula predicts {s.predicted_speedup:.2f}x",
+        f"draft acceptance rate {s.draft_acceptance_rate:.0%} (accepted/drafted), mean acceptance length "
+        f"{s.mean_acceptance_length:.2f} (tokens per target forward), per-token acceptance "
+        f"a = {s.acceptance_rate:.2f} (accepted/tested: the formula's a)",
     ]
     if per_depth and s.depth_tested:
         lines.append("acceptance per head: " + ", ".join(

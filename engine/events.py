@@ -70,13 +70,20 @@ class RunStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Per-token acceptance a: accepted / tested (the geometric model's estimate)."""
+        """Per-token acceptance a: accepted / tested (the geometric model's estimate, the formula's a)."""
         return self.accepted / self.tested if self.tested else 0.0
 
     @property
-    def draft_acceptance(self) -> float:
-        """Share of drafted tokens that were accepted (what most tools call acceptance)."""
+    def draft_acceptance_rate(self) -> float:
+        """Accepted / drafted: what vLLM and llama.cpp call the draft acceptance rate. Lower than
+        acceptance_rate, since the drafts after a rejection were never tested."""
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per target forward (vLLM's mean acceptance length): accepted drafts plus the one
+        token every forward gives."""
+        return self.tokens_per_step
 
     @property
     def depth_acceptance(self) -> tuple[float, ...]:
@@ -98,7 +105,8 @@ class RunStats:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": round(self.acceptance_rate, 4),
-            "draft_acceptance": round(self.draft_acceptance, 4),
+            "draft_acceptance_rate": round(self.draft_acceptance_rate, 4),
+            "mean_acceptance_length": round(self.mean_acceptance_length, 4),
             "tokens_per_step": round(self.tokens_per_step, 4),
             "tokens_per_s": round(self.tokens_per_s, 2),
             "wall_s": round(self.wall_s, 4),

@@ -85,8 +85,9 @@ def test_duplicate_ids_empty_files_and_unknown_kinds_are_refused(tmp_path):
 
 
 def record(pid, kind, mode, repeat, tokens, wall_s, *, steps=None, accepted=0, tested=0, predicted=1.0,
-           identical=None, peak=None, divergence=None) -> RunRecord:  # fmt: skip
-    return RunRecord(pid, kind, mode, repeat, tokens, wall_s, 0.01, steps or tokens, tested, accepted, tested,
+           identical=None, peak=None, divergence=None, drafted=None) -> RunRecord:  # fmt: skip
+    drafted = tested if drafted is None else drafted
+    return RunRecord(pid, kind, mode, repeat, tokens, wall_s, 0.01, steps or tokens, drafted, accepted, tested,
                      predicted, "length", peak, identical, divergence)  # fmt: skip
 
 
@@ -307,6 +308,8 @@ def test_a_real_short_run_reports_both_modes_identity_and_peers(one_thread_llama
     data = json.loads(to_json(report))
     assert data["prompts"][0]["identical"] is True and len(data["runs"]) == 4
     assert data["peers"][2]["ok"] is False and data["floor"]["ratio"] > 0
+    # Both rates, by their names: accepted / drafted never exceeds accepted / tested.
+    assert "drafts acc." in text and 0 < data["prompts"][0]["draft_acceptance"] <= data["prompts"][0]["acceptance"]
     assert one_thread_llama.tokenize("still open")  # an engine handed in is the caller's to close
 
 
@@ -343,3 +346,13 @@ def test_the_bench_command_reports_a_bad_prompts_file_in_one_line(tmp_path, caps
     path.write_text('{"id": "a", "kind": "k", "messages": [{"role": "bot", "content": "x"}]}\n')
     assert main(["bench", "--prompts", str(path)]) == 2
     assert "mine.jsonl, line 1: message 1 has the unknown role 'bot'" in capsys.readouterr().err
+
+
+def test_both_acceptance_rates_are_reported_by_their_names():
+    """a = accepted / tested (the formula's); drafts accepted = accepted / drafted (vLLM's, llama.cpp's)."""
+    runs = [record("copy", "reuse", VANILLA, 0, 100, 1.0),
+            record("copy", "reuse", SPECULATIVE, 0, 100, 0.5, steps=40, accepted=60, tested=80, drafted=120)]
+    [copy], [reuse], _ = summarize(runs)
+
+    assert copy.acceptance == pytest.approx(60 / 80) and copy.draft_acceptance == pytest.approx(60 / 120)
+    assert reuse.draft_acceptance == pytest.approx(0.5)

@@ -44,7 +44,8 @@ def format_text(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
-_COLUMNS = ["tokens", "vanilla tok/s", "spec tok/s", "speedup", "accept", "tok/fwd", "predicted", "eff.",
+# a: accepted / tested (the formula's); drafts: accepted / drafted (vLLM's and llama.cpp's rate).
+_COLUMNS = ["tokens", "vanilla tok/s", "spec tok/s", "speedup", "a", "drafts acc.", "tok/fwd", "predicted", "eff.",
             "identical"]  # fmt: skip
 
 
@@ -56,13 +57,14 @@ def _prompt_cells(p: PromptSummary) -> list[str]:
     else:
         same = "NO: unexplained" if p.divergence else "no"
     return [str(p.tokens), f"{p.vanilla_tps:.1f}", f"{p.speculative_tps:.1f}", f"{p.speedup:.2f}x",
-            f"{p.acceptance:.2f}", f"{p.tokens_per_forward:.2f}", f"{p.predicted_speedup:.2f}x",
+            f"{p.acceptance:.2f}", f"{p.draft_acceptance:.2f}", f"{p.tokens_per_forward:.2f}",
+            f"{p.predicted_speedup:.2f}x",
             f"{p.efficiency:.2f}", same]  # fmt: skip
 
 
 def _group_cells(g: GroupSummary) -> list[str]:
     return [f"{g.vanilla_tps:.1f}", f"{g.speculative_tps:.1f}", f"{g.speedup:.2f}x", f"{g.acceptance:.2f}",
-            f"{g.tokens_per_forward:.2f}", f"{g.predicted_speedup:.2f}x", f"{g.efficiency:.2f}",
+            f"{g.draft_acceptance:.2f}", f"{g.tokens_per_forward:.2f}", f"{g.predicted_speedup:.2f}x", f"{g.efficiency:.2f}",
             f"{g.identical}/{g.prompts}"]  # fmt: skip
 
 

@@ -69,6 +69,7 @@ class PromptSummary:
     predicted_speedup: float  # median over repeats
     accepted: int  # totals over the speculative runs, for pooling
     tested: int
+    drafted: int
     spec_tokens: int
     spec_steps: int
     identical: bool  # every repeat's speculative output equals its vanilla output
@@ -78,7 +79,13 @@ class PromptSummary:
 
     @property
     def acceptance(self) -> float:
+        """Accepted / tested: the formula's per-token a."""
         return self.accepted / self.tested if self.tested else 0.0
+
+    @property
+    def draft_acceptance(self) -> float:
+        """Accepted / drafted: vLLM's and llama.cpp's draft acceptance rate."""
+        return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -103,7 +110,8 @@ class GroupSummary:
     speculative_tps: float
     speedup: float  # geometric mean of the prompts' speedups
     predicted_speedup: float  # geometric mean
-    acceptance: float  # pooled
+    acceptance: float  # pooled, accepted / tested
+    draft_acceptance: float  # pooled, accepted / drafted
     tokens_per_forward: float  # pooled
     identical: int  # prompts whose outputs were identical in every repeat
 
@@ -216,7 +224,7 @@ class BenchReport:
 
         return {
             "settings": self.settings,
-            "prompts": [with_derived(p, "acceptance", "tokens_per_forward", "efficiency") for p in self.prompts],
+            "prompts": [with_derived(p, "acceptance", "draft_acceptance", "tokens_per_forward", "efficiency") for p in self.prompts],
             "kinds": [with_derived(k, "efficiency") for k in self.kinds],
             "overall": with_derived(self.overall, "efficiency"),
             "efficiency": {"value": self.overall.efficiency, "limit": EFFICIENCY_LIMIT, "ok": self.efficiency_ok},
@@ -255,6 +263,7 @@ def summarize_prompt(runs: list[RunRecord]) -> PromptSummary:
         predicted_speedup=statistics.median(r.predicted_speedup for r in spec),
         accepted=sum(r.accepted for r in spec),
         tested=sum(r.tested for r in spec),
+        drafted=sum(r.drafted for r in spec),
         spec_tokens=sum(r.tokens for r in spec),
         spec_steps=sum(r.steps for r in spec),
         identical=not differing,
@@ -268,6 +277,7 @@ def summarize_group(name: str, prompts: list[PromptSummary]) -> GroupSummary:
     if not prompts:
         raise ValueError(f"no prompts in group {name!r}")
     tested = sum(p.tested for p in prompts)
+    drafted = sum(p.drafted for p in prompts)
     steps = sum(p.spec_steps for p in prompts)
     return GroupSummary(
         name=name,
@@ -277,6 +287,7 @@ def summarize_group(name: str, prompts: list[PromptSummary]) -> GroupSummary:
         speedup=geometric_mean(p.speedup for p in prompts),
         predicted_speedup=geometric_mean(p.predicted_speedup for p in prompts),
         acceptance=sum(p.accepted for p in prompts) / tested if tested else 0.0,
+        draft_acceptance=sum(p.accepted for p in prompts) / drafted if drafted else 0.0,
         tokens_per_forward=sum(p.spec_tokens for p in prompts) / steps if steps else 0.0,
         identical=sum(1 for p in prompts if p.identical),
     )
