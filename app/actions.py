@@ -26,6 +26,7 @@ class Actions:
     delete: QAction
     export_markdown: QAction
     export_png: QAction
+    export_svg: QAction
     export_csv: QAction
     export_json: QAction
     quit: QAction
@@ -69,6 +70,7 @@ def create_actions(window: MainWindow) -> Actions:
             window.chats.conversation.id)),
         export_markdown=action("&Export chat as Markdown…", lambda: window.export_markdown(), "Ctrl+E"),
         export_png=action("Charts as &PNG…", lambda: export_charts(window, "png")),
+        export_svg=action("Charts as &SVG, one file per panel…", lambda: export_charts(window, "svg")),
         export_csv=action("Charts as &CSV…", lambda: export_charts(window, "csv")),
         export_json=action("Charts as &JSON…", lambda: export_charts(window, "json")),
         quit=action("&Quit", window.close, QKeySequence.StandardKey.Quit),
@@ -106,7 +108,7 @@ def create_actions(window: MainWindow) -> Actions:
     file_menu.addSeparator()
     file_menu.addAction(actions.export_markdown)
     charts_menu = file_menu.addMenu("Export c&harts")
-    charts_menu.addActions([actions.export_png, actions.export_csv, actions.export_json])
+    charts_menu.addActions([actions.export_png, actions.export_svg, actions.export_csv, actions.export_json])
     file_menu.addSeparator()
     file_menu.addAction(actions.quit)
 

@@ -25,8 +25,9 @@ import html
 import json
 import os
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QPalette
+from PySide6.QtCore import QBuffer, QIODevice, QPoint, QRect, Qt, QTimer, Signal
+from PySide6.QtGui import QPainter, QPalette
+from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
 from engine.draft_length import CostModel
@@ -207,6 +208,26 @@ class LiveCharts(QWidget):
         if not self.grab().save(os.fspath(path), "PNG"):
             raise OSError(f"Could not write the image {os.fspath(path)}: check the folder exists and is writable.")
 
+    def export_svg(self, path: str | os.PathLike) -> list[str]:
+        """Each panel on its own, drawn as vectors: `path`'s name plus the panel's title
+        ("charts.svg" -> "charts-tokens-per-second.svg", ...); returns the files written.
+
+        pyqtgraph's SVGExporter cannot read the paths Qt 6.12's SVG generator writes (it
+        raises on every panel), so the panels' scenes are painted into QSvgGenerator directly.
+        """
+        if self._dirty:
+            self.redraw()
+        path = os.fspath(path)
+        stem = path[: -len(".svg")] if path.lower().endswith(".svg") else path
+        written = []
+        for panel in self.visible_panels():
+            for plot in getattr(panel, "plots", (panel,)):  # the drafter panel holds two plots
+                name = f"{stem}-{_slug(plot.plot.titleLabel.text)}.svg"
+                with open(name, "wb") as f:
+                    f.write(panel_svg(plot))
+                written.append(name)
+        return written
+
     def _export_columns(self) -> tuple[str, ...]:
         """COLUMNS, then the drafter's columns that some run has numbers for."""
         filled = {name for run in self._runs.values() for name in run.drafter_columns()}
@@ -300,6 +321,28 @@ def drafter_summary(drafter: dict | None) -> str:
     except (KeyError, TypeError, ValueError):  # a drafter that reports other numbers: say nothing
         return ""
     return ""
+
+
+def panel_svg(panel) -> bytes:
+    """A chart panel as an SVG document of its size, drawn as on screen."""
+    buffer = QBuffer()
+    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+    generator = QSvgGenerator()
+    generator.setResolution(panel.logicalDpiX())  # at its default 72 dpi, text in points comes out too small
+    generator.setOutputDevice(buffer)
+    size = panel.viewport().size()
+    generator.setSize(size)
+    generator.setViewBox(QRect(QPoint(0, 0), size))
+    generator.setTitle(panel.plot.titleLabel.text)
+    painter = QPainter(generator)
+    panel.render(painter)
+    painter.end()
+    return bytes(buffer.data())
+
+
+def _slug(title: str) -> str:
+    words = "".join(c.lower() if c.isalnum() else " " for c in title).split()
+    return "-".join(words) or "panel"
 
 
 def summary_html(series: dict, text_colour: str) -> str:

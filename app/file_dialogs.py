@@ -18,7 +18,8 @@ from app.conversations import Conversation, export_markdown, write_text_atomical
 if TYPE_CHECKING:
     from app.main_window import MainWindow
 
-_CHART_FORMATS = {"png": "PNG image (*.png)", "csv": "CSV table (*.csv)", "json": "JSON document (*.json)"}
+_CHART_FORMATS = {"png": "PNG image (*.png)", "svg": "SVG drawings, one per panel (*.svg)", "csv": "CSV table (*.csv)",
+                  "json": "JSON document (*.json)"}  # fmt: skip
 
 
 def _ask_path(window: MainWindow, caption: str, name: str, file_filter: str) -> Path | None:
@@ -54,8 +55,11 @@ def export_charts(window: MainWindow, kind: str) -> None:
     if path is None:
         return
     try:
-        getattr(window.charts, f"export_{kind}")(path)
+        written = getattr(window.charts, f"export_{kind}")(path)
     except OSError as error:
         window.show_error(f"Could not write {path}: {error.strerror or error}.")
         return
-    window.statusBar().showMessage(f"Charts exported to {path}", 5000)
+    if kind == "svg":  # one file per panel, beside the name chosen
+        window.statusBar().showMessage(f"Charts exported as {len(written)} SVG files in {path.parent}", 5000)
+    else:
+        window.statusBar().showMessage(f"Charts exported to {path}", 5000)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
 import numpy as np
 import pytest
@@ -349,3 +350,57 @@ def test_the_theory_legend_and_break_even_label_cover_no_curve(charts, qtbot, co
     assert theory.plot.getViewBox().sceneBoundingRect().contains(label)
     assert not [p for p in curves if label.contains(p)], ("the break-even label is written over a curve", label)
     assert not [p for p in curves if legend.contains(p)], "the legend covers a curve"
+
+
+def test_svg_export_writes_one_drawing_per_panel(charts, tmp_path, qtbot):
+    import xml.etree.ElementTree as ET
+
+    charts.set_cost_model(CHEAP)
+    feed(charts, "vanilla", make_run(PLAIN_STEPS))
+    feed(charts, "speculative", make_run(SPEC_STEPS))
+    charts.show()
+    qtbot.waitExposed(charts)
+
+    written = charts.export_svg(tmp_path / "charts.svg")
+
+    names = sorted(os.path.basename(name) for name in written)
+    assert "charts-where-the-time-goes.svg" in names and "charts-theory-for-k-4.svg" in names
+    assert len(names) == len(charts.visible_panels()) == len(set(names))
+    for name in written:
+        root = ET.parse(name).getroot()  # well-formed XML
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+        assert int(root.get("width").removesuffix("mm").split(".")[0]) > 0
+        drawn_text = " ".join(t for t in root.itertext() if t.strip())
+        assert drawn_text  # the title and the axis labels are text, not pixels
+    time_split = ET.parse(tmp_path / "charts-where-the-time-goes.svg").getroot()
+    size = charts.time_split.viewport().size()
+    assert time_split.get("viewBox") == f"0 0 {size.width()} {size.height()}"  # the panel as it is on screen
+    text = " ".join(time_split.itertext())
+    assert "Where the time goes" in text and "seconds" in text
+
+
+def test_an_svg_panel_draws_what_the_screen_shows(charts, qtbot):
+    from PySide6.QtGui import QPainter
+    from PySide6.QtSvg import QSvgRenderer
+
+    from app.charts import panel_svg
+
+    charts.set_cost_model(CHEAP)
+    feed(charts, "speculative", make_run(SPEC_STEPS))
+    charts.show()
+    qtbot.waitExposed(charts)
+    charts.redraw()
+    panel = charts.theory
+    screen = panel.grab().toImage().convertToFormat(QImage.Format.Format_RGB32)
+    drawing = QImage(screen.size(), QImage.Format.Format_RGB32)
+    drawing.fill(panel.bg)
+    painter = QPainter(drawing)
+    QSvgRenderer(panel_svg(panel)).render(painter)
+    painter.end()
+
+    # Axes, curves and labels where the screen has them (antialiasing aside): at 72 dpi the
+    # text shrank and the axes no longer lined up with the data.
+    a = np.frombuffer(screen.constBits(), np.uint8).reshape(screen.height(), -1)[:, : screen.width() * 4]
+    b = np.frombuffer(drawing.constBits(), np.uint8).reshape(drawing.height(), -1)[:, : drawing.width() * 4]
+    differing = (np.abs(a.astype(int) - b.astype(int)) > 80).reshape(screen.height(), screen.width(), 4).any(axis=2)
+    assert differing.mean() < 0.03, differing.mean()

@@ -260,12 +260,16 @@ def test_exports_go_where_the_user_chose(qtbot, make_window, data_dir, tmp_path,
     (tmp_path / "exports").mkdir()
     monkeypatch.setattr(QFileDialog, "getSaveFileName", choose)
     for action in (window.actions.export_markdown, window.actions.export_png, window.actions.export_csv,
-                   window.actions.export_json):  # fmt: skip
+                   window.actions.export_json, window.actions.export_svg):  # fmt: skip
         action.trigger()
 
-    assert [p.suffix for p in chosen] == [".md", ".png", ".csv", ".json"]
-    assert all(p.is_file() and p.stat().st_size > 0 for p in chosen)
+    assert [p.suffix for p in chosen] == [".md", ".png", ".csv", ".json", ".svg"]
+    assert all(p.is_file() and p.stat().st_size > 0 for p in chosen[:-1])
     assert chosen[0].read_text().startswith("# Name three colours.")
+    # SVG: one drawing per panel beside the name chosen, as the status bar says.
+    drawings = sorted((tmp_path / "exports").glob("specdeck-charts-*.svg"))
+    assert len(drawings) == len(window.charts.visible_panels()) >= 7
+    assert f"{len(drawings)} SVG files" in window.statusBar().currentMessage()
 
 
 def test_a_failed_export_is_a_message_not_a_crash(qtbot, make_window, tmp_path, monkeypatch):
