@@ -194,17 +194,24 @@ class PairDialog(QDialog):
     def _fill_presets(self, select: str | None = None) -> None:
         self.preset_combo.clear()
         self.preset_combo.addItem("(choose a preset)", None)
+        for name in self.presets.builtin_names():  # first, and not deletable
+            self.preset_combo.addItem(name, name)
+            self.preset_combo.setItemData(self.preset_combo.count() - 1, "Comes with SpecDeck", Qt.ToolTipRole)
         for name in self.presets.names():
             self.preset_combo.addItem(name, name)
         index = self.preset_combo.findData(select) if select else 0
         self.preset_combo.setCurrentIndex(max(index, 0))
-        self.delete_button.setEnabled(self.preset_combo.currentData() is not None)
+        self._enable_delete(self.preset_combo.currentData())
 
     def _on_preset_activated(self, index: int) -> None:
         name = self.preset_combo.itemData(index)
         if name is not None:
             self.load_preset(name)
-        self.delete_button.setEnabled(name is not None)
+        self._enable_delete(name)
+
+    def _enable_delete(self, name: str | None) -> None:
+        """Only a saved preset can be deleted (a built-in one comes back anyway)."""
+        self.delete_button.setEnabled(name is not None and name in self.presets.names())
 
     def _ask_save_preset(self) -> None:
         current = self.preset_combo.currentData() or ""

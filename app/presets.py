@@ -6,6 +6,7 @@ choice in QSettings with typed reads (Frescobaldi's way: `value(key, default,
 type)`, so an ini file never hands back the string "4" for an int). Presets are
 named choices kept as one JSON object under a single key: a name may hold any
 character, even "/" that QSettings would read as a group separator.
+`BUILTIN_PRESETS` come with the app: they are listed first and cannot be deleted.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class PairChoice:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
     seed: int = 0
     max_tokens: int = 512  # as the main window's DEFAULT_SAMPLING
     device: str = "auto"
@@ -95,7 +97,7 @@ class PairChoice:
 
     def sampling_config(self) -> SamplingConfig:
         return SamplingConfig(
-            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed,
             max_tokens=self.max_tokens,
         )  # fmt: skip
 
@@ -116,6 +118,7 @@ class PairChoice:
             "draft_backend": config.draft_backend, "k_auto": config.k == "auto",
             "k": cls.k if config.k == "auto" else config.k, "k_max": config.k_max, "ngram_max": config.ngram_max,
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "min_p": sampling.min_p,
             "seed": sampling.seed, "max_tokens": sampling.max_tokens, "device": config.device,
             "dtype": config.dtype, "threads": config.threads or 0, "gpu_layers": config.gpu_layers,
             "n_ctx": config.n_ctx or 0,
@@ -186,8 +189,19 @@ def save_choice(settings: QSettings, choice: PairChoice) -> None:
         settings.setValue(f"{PREFIX}/{name}", value)
 
 
+# The pair every install has: the embedded model on PyTorch (bf16 where the CPU has it) as the
+# target, drafted by its own Q4_1 GGUF on llama.cpp (same vocabulary; quantized self-drafting).
+# The draft's dtype is the file's own: the target's dtype does not reach a llama.cpp draft.
+SELF_DRAFT_PRESET = "embedded model, drafted by its own Q4_1"
+BUILTIN_PRESETS = {
+    SELF_DRAFT_PRESET: PairChoice(target="default", backend="torch", drafter="model", draft="default",
+                                  draft_backend="llama.cpp", k_auto=True),  # fmt: skip
+}
+
+
 class PresetStore:
-    """Named choices in QSettings."""
+    """Named choices in QSettings (`names`, `get`, `save`, `delete`); the built-in presets are
+    `builtin_names`, and `get` falls back to them when no saved preset has the name."""
 
     def __init__(self, settings: QSettings) -> None:
         self.settings = settings
@@ -195,9 +209,14 @@ class PresetStore:
     def names(self) -> list[str]:
         return sorted(self._all(), key=str.casefold)
 
+    def builtin_names(self) -> list[str]:
+        """Built-in presets that no saved one of the same name replaces."""
+        saved = self._all()
+        return [name for name in BUILTIN_PRESETS if name not in saved]
+
     def get(self, name: str) -> PairChoice | None:
         data = self._all().get(name)
-        return None if data is None else PairChoice.from_dict(data)
+        return BUILTIN_PRESETS.get(name) if data is None else PairChoice.from_dict(data)
 
     def save(self, name: str, choice: PairChoice) -> None:
         name = name.strip()

@@ -245,3 +245,26 @@ def test_damaged_settings_still_open_a_usable_dialog(qtbot, settings):
     assert 1 <= choice.k <= 32 and 0 < choice.top_p <= 1  # the widgets keep values in range
     assert dialog.preset_names() == []
     choice.engine_config(), choice.sampling_config()  # both valid: no ConfigError
+
+
+def test_the_self_drafting_preset_comes_with_the_app(qtbot, dialog, settings):
+    """The one real pair every install has: the embedded model on PyTorch, drafted by its own Q4_1
+    GGUF on llama.cpp. Listed first, chosen like any preset, passes the check, cannot be deleted."""
+    from app.presets import SELF_DRAFT_PRESET
+    from engine.load_options import draft_load_options
+
+    assert dialog.preset_combo.itemText(1) == SELF_DRAFT_PRESET == "embedded model, drafted by its own Q4_1"
+    dialog.preset_combo.setCurrentIndex(1)
+    dialog.preset_combo.activated.emit(1)
+    choice = dialog.choice()
+    assert (choice.target, choice.backend, choice.drafter, choice.draft, choice.draft_backend) == (
+        "default", "torch", "model", "default", "llama.cpp")  # fmt: skip
+    assert choice.k_auto
+    assert not dialog.delete_button.isEnabled()
+    assert run_check(qtbot, dialog)
+    # With a bf16 target the llama.cpp draft still loads in its file's own precision.
+    config = PairChoice.from_dict({**choice.as_dict(), "dtype": "bfloat16"}).engine_config()
+    assert config.dtype == "bfloat16" and draft_load_options(config)["dtype"] == "auto"
+    assert dialog.preset_names() == []  # not among the saved ones: nothing to delete
+    dialog.save_preset(SELF_DRAFT_PRESET)  # a saved preset of the same name replaces it
+    assert dialog.preset_combo.findText(SELF_DRAFT_PRESET) != -1 and dialog.delete_button.isEnabled()
