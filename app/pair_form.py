@@ -12,13 +12,16 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QPushButton,
     QSizePolicy,
     QSpinBox,
     QWidget,
 )
 
 from engine.draft_length import K_LIMIT
+from engine.errors import SpecDeckError
 from engine.models import ModelRef
+from engine.recommended import describe, recommended_sampling
 
 from .heads import HeadsPicker
 from .pair_widgets import AutoNumberField, ModelPicker
@@ -142,15 +145,34 @@ class PairForm(QWidget):
         self.top_p.setRange(0.01, 1.0)
         self.top_p.setSingleStep(0.05)
         self.top_p.setToolTip("1 = off")
+        self.min_p = QDoubleSpinBox(self)
+        self.min_p.setRange(0.0, 0.99)
+        self.min_p.setSingleStep(0.01)
+        self.min_p.setSpecialValueText("off")
+        self.min_p.setToolTip("Keep only tokens at least this fraction as likely as the most likely one")
         self.seed = _spin(0, 2**31 - 1, self)
+        self.order = QLabel("Applied to p and q alike, in order:\ntemperature, top-k, top-p, min-p", self)
+        self.order.setToolTip("The rejection rule compares the target's p and the draft's q after the same "
+                              "processing, so the output is distributed exactly as the processed p.")  # fmt: skip
+        self.recommended = QLabel(self)
+        self.recommended.setWordWrap(True)
+        self.use_recommended = QPushButton("Use these", self)
+        self.use_recommended.setToolTip("Set the sampling the model's files recommend")
+        self.use_recommended.clicked.connect(self.apply_recommended)
+        self._recommended: dict = {}
         self.max_tokens = _spin(1, 131_072, self, step=64)
         sampling_box = QGroupBox("Sampling", self)
         sampling = QFormLayout(sampling_box)
         sampling.addRow("Te&mperature:", self.temperature)
         sampling.addRow("Top-k:", self.top_k)
         sampling.addRow("Top-p:", self.top_p)
+        sampling.addRow("Min-p:", self.min_p)
         sampling.addRow("Seed:", self.seed)
         sampling.addRow("Max tokens:", self.max_tokens)
+        sampling.addRow(self.order)
+        sampling.addRow(self.recommended)
+        sampling.addRow(self.use_recommended)
+        self.order.setMinimumHeight(self.order.sizeHint().height())  # a form squeezes two-line labels
 
         # -- hardware
         self.device = _combo(DEVICES, self)
@@ -195,6 +217,8 @@ class PairForm(QWidget):
         self.target.sig_browsed.connect(self.set_browse_dir)
         self.draft.sig_browsed.connect(self.set_browse_dir)
         self.drafter.currentIndexChanged.connect(self._enable)
+        self.target.sig_chosen.connect(self._update_recommended)
+        self.target.sig_edited.connect(self._update_recommended)
         self.k_auto.toggled.connect(self._enable)
         self.set_choice(PairChoice())
 
@@ -207,7 +231,8 @@ class PairForm(QWidget):
             backend=self.backend.currentData(), draft_backend=self.draft_backend.currentData(),
             k_auto=self.k_auto.isChecked(), k=self.k.value(), k_max=self.k_max.value(),
             ngram_max=self.ngram_max.value(), temperature=round(self.temperature.value(), 4),
-            top_k=self.top_k.value(), top_p=round(self.top_p.value(), 4), seed=self.seed.value(),
+            top_k=self.top_k.value(), top_p=round(self.top_p.value(), 4), min_p=round(self.min_p.value(), 4),
+            seed=self.seed.value(),
             max_tokens=self.max_tokens.value(), device=self.device.currentData(), dtype=self.dtype.currentData(),
             threads=self.threads.value(), gpu_layers=self.gpu_layers.value(), n_ctx=self.n_ctx.value(),
         )  # fmt: skip
@@ -227,12 +252,31 @@ class PairForm(QWidget):
         self.k_auto.setChecked(c.k_auto)
         for spin, value in ((self.k, c.k), (self.k_max, c.k_max), (self.ngram_max, c.ngram_max),
                             (self.temperature, c.temperature), (self.top_k, c.top_k), (self.top_p, c.top_p),
+                            (self.min_p, c.min_p),
                             (self.seed, c.seed), (self.max_tokens, c.max_tokens), (self.threads, c.threads),
                             (self.gpu_layers, c.gpu_layers), (self.n_ctx, c.n_ctx)):  # fmt: skip
             spin.setValue(value)
         self._enable()
+        self._update_recommended()
         # Typed-in specs emit nothing when set in code; say that the selection moved.
         self.sig_key_changed.emit()
+
+    def _update_recommended(self) -> None:
+        """Say what sampling the target's files recommend, if they do (and offer to use it)."""
+        try:
+            self._recommended = recommended_sampling(self.target.spec())
+        except (SpecDeckError, OSError):
+            self._recommended = {}
+        if self._recommended:
+            self.recommended.setText(f"The model recommends {describe(self._recommended)}.")
+        self.recommended.setVisible(bool(self._recommended))
+        self.use_recommended.setVisible(bool(self._recommended))
+
+    def apply_recommended(self) -> None:
+        """Set the recommended values (what the model does not name keeps its default: off)."""
+        values = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, **self._recommended}
+        for name, value in values.items():
+            getattr(self, name).setValue(value)
 
     @staticmethod
     def key_of(c: PairChoice) -> tuple:
