@@ -187,4 +187,6 @@ def describe_sampling(config: SamplingConfig) -> str:
             mode += f", top-k {config.top_k}"
         if config.top_p < 1:
             mode += f", top-p {config.top_p:g}"
+        if config.min_p > 0:
+            mode += f", min-p {config.min_p:g}"
     return f"{mode}, seed {config.seed}, up to {config.max_tokens} tokens"

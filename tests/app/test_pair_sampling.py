@@ -43,3 +43,11 @@ def test_the_models_recommended_sampling_is_offered_and_applied(dialog, tmp_path
 
     dialog.set_choice(PairChoice(target="default"))  # the embedded model recommends nothing
     assert dialog.form.recommended.isHidden() and dialog.form.use_recommended.isHidden()
+
+
+def test_the_sampling_summary_names_min_p():
+    from app.settings import describe_sampling
+    from engine import SamplingConfig
+
+    assert describe_sampling(SamplingConfig(temperature=0.7, min_p=0.05, max_tokens=64)) == (
+        "temperature 0.7, min-p 0.05, seed 0, up to 64 tokens")
