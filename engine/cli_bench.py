@@ -2,14 +2,15 @@
 
     specdeck-cli bench --prompts FILE.jsonl --target M [--draft M | --drafter ngram] [--backend ...]
                        [--dtype ...] [--k N|auto] [--max-tokens N] [--repeat R] [--warmup N]
-                       [--kinds reuse,open] [--threads N] [--peers] [--json OUT]
+                       [--kinds reuse,open] [--threads N] [--peers] [--json OUT] [--autotune]
 
 Progress goes to stderr, the report (tables, the bandwidth floor, memory,
 peers) to stdout, and with --json OUT everything measured to the file OUT.
 `--peers` runs the systems matching the target's backend in this process on the
 same model file: llama-cpp-python's chat completion and its prompt lookup for
 llama.cpp; transformers' generate, with prompt lookup and with the draft model
-as assistant for torch.
+as assistant for torch. `--autotune` measures instead every drafter the target
+allows with a few k (engine/bench/autotune.py) and prints them ranked.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                             "chat completion and prompt lookup (llama.cpp); transformers' generate, prompt lookup "
                             "and assistant model (torch)")  # fmt: skip
     bench.add_argument("--json", type=Path, default=None, metavar="OUT", help="write everything measured to OUT")
+    bench.add_argument("--autotune", action="store_true",
+                       help="instead: try every drafter the target allows with a few k, once each (--max-tokens 48 for "
+                            "a quick run), and print them ranked by speedup over plain decoding")  # fmt: skip
     bench.set_defaults(func=cmd_bench)
     return bench
 
@@ -63,7 +67,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .errors import ConfigError
     from .session import EngineConfig
 
-    if str(args.k) == "0" or (args.drafter == "none" and not args.draft):
+    if not args.autotune and (str(args.k) == "0" or (args.drafter == "none" and not args.draft)):
         raise ConfigError("The benchmark compares plain and speculative decoding: choose a drafter "
                           "(--drafter ngram or --draft MODEL) and a draft length from 1 up, or --k auto.")
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) if args.kinds else None
@@ -81,6 +85,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ConfigError("This engine has no drafter that uses heads: drop --heads.")
         options.update(heads=args.heads, drafter="medusa" if args.drafter == "ngram" else args.drafter)
     config = EngineConfig(**options)
+    if args.autotune:
+        return _autotune(config, prompts, args.max_tokens)
     cancel = threading.Event()
     try:
         report = run_benchmark(config, prompts, settings, progress=_progress(), cancel=cancel,
@@ -99,6 +105,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except OSError as error:
             raise ConfigError(f"Could not write {args.json}: {error.strerror or error}.") from error
         print(f"\nwrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def _autotune(config, prompts, max_tokens: int) -> int:
+    from .bench import AutotuneSettings, format_autotune, run_autotune
+
+    try:
+        result = run_autotune(config, prompts, AutotuneSettings(max_tokens=max_tokens), progress=_progress())
+    finally:
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+    print(format_autotune(result))
     return 0
 
 

@@ -7,16 +7,21 @@
 Modules: `prompts` (the JSONL prompt files), `runner` (our engine, both modes,
 warm-up and repeats), `peers` (llama-cpp-python and transformers on the same
 model), `system` (copy bandwidth, the bandwidth floor, peak memory), `results`
-(frozen result records and the aggregation math), `report` (text and JSON).
+(frozen result records and the aggregation math), `report` (text and JSON),
+`autotune` (the fastest drafter and draft length for a target on these prompts).
 Like the rest of `engine`, nothing here imports Qt.
 """
 
+from .autotune import AutotuneResult, AutotuneSettings, Candidate, format_autotune, run_autotune
 from .prompts import BenchPrompt, PromptFileError, default_prompts_path, load_prompts, parse_prompts
 from .report import format_text, to_json, write_json
 from .results import BenchmarkCancelled, BenchReport, GroupSummary, PeerResult, PromptSummary, RunRecord
 from .runner import BenchSettings, run_benchmark
 
 __all__ = [
+    "AutotuneResult",
+    "AutotuneSettings",
+    "Candidate",
     "BenchPrompt",
     "BenchReport",
     "BenchSettings",
@@ -27,9 +32,11 @@ __all__ = [
     "PromptSummary",
     "RunRecord",
     "default_prompts_path",
+    "format_autotune",
     "format_text",
     "load_prompts",
     "parse_prompts",
+    "run_autotune",
     "run_benchmark",
     "to_json",
     "write_json",

@@ -1,0 +1,279 @@
+"""Auto-tune: which drafter and draft length are fastest for this target on these prompts.
+
+Every drafter the loaded target allows is tried with a few draft lengths k
+(for tree drafters k is the node budget), greedy, on short replies; plain
+decoding (k = 0) is measured once per prompt and is the baseline of every
+candidate. A candidate's score is the median over prompts of its speedup
+(speculative tokens/s over vanilla tokens/s on that prompt), the number the
+benchmark reports per prompt. The target loads once: each candidate's drafter
+is made on that same target (engine/loading.py make_drafter) and closed after,
+so a second copy of the target is never loaded.
+
+    result = run_autotune(EngineConfig(), load_prompts(default_prompts_path()))
+    print(format_autotune(result)); best = result.best_config
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from ..draft_length import CostModel
+from ..errors import ConfigError, SpecDeckError
+from ..loading import TORCH_DRAFTERS, make_drafter
+from ..sampling import SamplingConfig
+from ..session import Engine, EngineConfig
+from ..shipped import default_heads_dir
+from .prompts import BenchPrompt
+from .results import BenchmarkCancelled
+
+Progress = Callable[[str, float], None]
+CHAIN_KS = ("auto", 2, 4, 8)  # draft lengths tried for drafters that draft one chain
+TREE_KS = ("auto", 8, 16)  # node budgets tried for tree drafters
+TREE_DRAFTERS = frozenset({"medusa", "eagle", "lookahead"})
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class AutotuneSettings:
+    max_tokens: int = 48  # short replies: many candidates, each on every prompt
+    warmup: bool = True  # one short generation per candidate on the first prompt, not measured
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ConfigError(f"max tokens must be at least 1, got {self.max_tokens}.")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    drafter: str  # a DRAFTERS name; "model" = the loaded draft model
+    k: int | str  # draft length, or node budget for a tree drafter; "auto" = chosen as it decodes
+
+    @property
+    def label(self) -> str:
+        if self.drafter == "none":
+            return "plain decoding"
+        what = "node budget" if self.drafter in TREE_DRAFTERS else "k"
+        return f"{self.drafter}, {what} {self.k}"
+
+
+PLAIN = Candidate("none", 0)  # the baseline, ranked with the others: it may be the fastest
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    candidate: Candidate
+    speedup: float  # median over prompts of speculative tokens/s / vanilla tokens/s
+    tokens_per_s: float  # median over prompts
+    acceptance: float  # pooled accepted / tested
+    tokens_per_forward: float  # pooled
+    identical: int  # prompts whose output equals plain decoding's
+    prompts: int
+
+
+@dataclass(frozen=True)
+class AutotuneResult:
+    ranked: tuple[CandidateResult, ...]  # fastest first, plain decoding (speedup 1) among them
+    vanilla_tps: float  # median over prompts
+    best_config: EngineConfig  # the loaded config with the fastest candidate's drafter and k
+    prompts: int
+    max_tokens: int
+
+    @property
+    def best(self) -> CandidateResult:
+        return self.ranked[0]
+
+    @property
+    def beats_vanilla(self) -> bool:
+        return self.best.candidate != PLAIN
+
+
+def allowed_drafters(config: EngineConfig, target) -> tuple[str, ...]:
+    """The drafters `target` (a loaded Backend) can serve with what `config` has: n-gram always,
+    the draft model if one is loaded; on PyTorch also lookahead and early exit, and Medusa and
+    EAGLE where there are heads (given, or shipped for this target)."""
+    drafters = ["ngram"]
+    if config.draft:
+        drafters.append("model")
+    if target.info.backend == "torch":
+        drafters += ["lookahead", "early-exit"]
+        for kind in ("medusa", "eagle"):
+            given = config.heads if config.drafter == kind else None
+            if given or default_heads_dir(kind, target.info):
+                drafters.append(kind)
+    return tuple(drafters)
+
+
+def candidates_for(drafters: tuple[str, ...]) -> tuple[Candidate, ...]:
+    return tuple(Candidate(d, k) for d in drafters for k in (TREE_KS if d in TREE_DRAFTERS else CHAIN_KS))
+
+
+def config_for(config: EngineConfig, candidate: Candidate, target_backend: str) -> EngineConfig:
+    """`config` with the candidate's drafter and k; the target's backend pinned when "auto" would
+    pick another one for this drafter (auto loads a GGUF on PyTorch only for torch drafters)."""
+    changes: dict = {"drafter": candidate.drafter, "k": candidate.k}  # "none", 0: plain decoding
+    if candidate.drafter != "model":
+        changes["draft"] = None
+    if config.drafter in TORCH_DRAFTERS and config.draft is None and config.backend == "auto":
+        changes["backend"] = target_backend
+    if candidate.drafter != config.drafter:
+        changes["heads"] = None  # heads given for one kind are not the other kind's
+    return dataclasses.replace(config, **changes)
+
+
+def run_autotune(
+    config: EngineConfig,
+    prompts: tuple[BenchPrompt, ...],
+    settings: AutotuneSettings = AutotuneSettings(),
+    *,
+    engine: Engine | None = None,
+    candidates: tuple[Candidate, ...] | None = None,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+) -> AutotuneResult:
+    """Load `config` (unless an `engine` is given, which stays open), try every candidate (by
+    default all that the target allows), rank them. Raises BenchmarkCancelled when `cancel` is set."""
+    if not prompts:
+        raise ConfigError("Auto-tune needs at least one prompt.")
+    report = progress or (lambda message, fraction: None)
+    cancel = cancel or threading.Event()
+    own_engine = engine is None
+    if own_engine:
+        report("Loading the models", 0.0)
+        engine = Engine.load(config, progress=lambda message, fraction: report(message, 0.1 * fraction))
+    try:
+        if candidates is None:
+            candidates = candidates_for(allowed_drafters(engine.config, engine.target))
+        candidates = tuple(c for c in candidates if c != PLAIN)  # measured anyway, as the baseline
+        if not candidates:
+            raise ConfigError("Auto-tune needs at least one candidate drafter.")
+        return _tune(engine, prompts, settings, candidates, report, cancel)
+    finally:
+        if own_engine:
+            engine.close()
+
+
+def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> AutotuneResult:
+    ids = []
+    for prompt in prompts:
+        try:
+            ids.append(engine.prompt_ids(list(prompt.messages)))
+        except SpecDeckError as error:
+            raise ConfigError(f"Prompt {prompt.id!r}: {error}") from error
+    greedy = SamplingConfig(max_tokens=settings.max_tokens)
+    warm = SamplingConfig(max_tokens=min(WARMUP_TOKENS, settings.max_tokens))
+    total = len(prompts) * (1 + len(candidates))
+    done = 0
+
+    def step(what: str) -> None:
+        _check(cancel)
+        report(what, 0.1 + 0.9 * done / total)
+
+    # ---- the baseline: plain decoding, once per prompt --------------------------------------
+    if settings.warmup:
+        step("Warming up plain decoding")
+        engine.generate(ids[0], warm, speculative=False, cancel=cancel)
+    vanilla = []
+    for prompt, prompt_ids in zip(prompts, ids):
+        step(f"Plain decoding: {prompt.id}")
+        vanilla.append(engine.generate(prompt_ids, greedy, speculative=False, cancel=cancel))
+        done += 1
+
+    # ---- every candidate on every prompt, on the same target ---------------------------------
+    results = []
+    by_drafter = {}
+    for candidate in candidates:
+        by_drafter.setdefault(candidate.drafter, []).append(candidate)
+    for kind, group in by_drafter.items():
+        step(f"Preparing the {kind} drafter")
+        drafter, made = _drafter(engine, kind)
+        try:
+            costs = CostModel(verify_s=dict(engine.costs.verify_s))
+            if engine.config.measure_costs and drafter is not None:
+                costs.draft_s_per_token = drafter.measure_token_cost() or 0.0
+            for candidate in group:
+                tuned = Engine(engine.target, drafter, config_for(engine.config, candidate, engine.target.info.backend),
+                               costs)  # fmt: skip
+                if settings.warmup:
+                    step(f"Warming up {candidate.label}")
+                    tuned.generate(ids[0], warm, cancel=cancel)
+                runs = []
+                for prompt, prompt_ids in zip(prompts, ids):
+                    step(f"{candidate.label}: {prompt.id}")
+                    runs.append(tuned.generate(prompt_ids, greedy, cancel=cancel))
+                    done += 1
+                _check(cancel)
+                results.append(_score(candidate, runs, vanilla))
+        finally:
+            if made and drafter is not None:
+                drafter.close()
+    report("Done", 1.0)
+    baseline = CandidateResult(PLAIN, 1.0, statistics.median(r.stats.tokens_per_s for r in vanilla), 0.0, 1.0,
+                               len(prompts), len(prompts))  # fmt: skip
+    ranked = tuple(sorted([*results, baseline], key=lambda r: r.speedup, reverse=True))
+    best = ranked[0].candidate
+    return AutotuneResult(
+        ranked=ranked,
+        vanilla_tps=baseline.tokens_per_s,
+        best_config=config_for(engine.config, best, engine.target.info.backend),
+        prompts=len(prompts),
+        max_tokens=settings.max_tokens,
+    )
+
+
+def _drafter(engine: Engine, kind: str):
+    """(drafter, made here): the engine's own when it is of this kind, else a new one on its target."""
+    config = engine.config
+    loaded = "model" if config.draft else config.drafter
+    if kind == loaded and engine.drafter is not None:
+        return engine.drafter, False
+    if kind == "model":
+        raise ConfigError("The draft model is not loaded: choose it in the model pair to tune it.")
+    heads = config.heads if kind == config.drafter else None
+    drafter = make_drafter(kind, engine.target, ngram_max=config.ngram_max, heads=heads, tree_depth=config.tree_depth,
+                           lookahead=tuple(config.lookahead), exit_layer=config.exit_layer)  # fmt: skip
+    return drafter, True
+
+
+def _score(candidate: Candidate, runs, vanilla) -> CandidateResult:
+    speedups = [_ratio(s.stats.tokens_per_s, v.stats.tokens_per_s) for s, v in zip(runs, vanilla)]
+    accepted = sum(r.stats.accepted for r in runs)
+    tested = sum(r.stats.tested for r in runs)
+    tokens = sum(r.stats.tokens for r in runs)
+    steps = sum(r.stats.steps for r in runs)
+    return CandidateResult(
+        candidate=candidate,
+        speedup=statistics.median(speedups),
+        tokens_per_s=statistics.median(r.stats.tokens_per_s for r in runs),
+        acceptance=accepted / tested if tested else 0.0,
+        tokens_per_forward=tokens / steps if steps else 0.0,
+        identical=sum(s.tokens == v.tokens for s, v in zip(runs, vanilla)),
+        prompts=len(runs),
+    )
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else 0.0
+
+
+def _check(cancel: threading.Event) -> None:
+    if cancel.is_set():
+        raise BenchmarkCancelled("Auto-tune was cancelled.")
+
+
+def format_autotune(result: AutotuneResult) -> str:
+    """The ranked table as text, fastest first, and the proposal."""
+    lines = [f"Auto-tune: {result.prompts} prompts, {result.max_tokens} tokens a reply, greedy; "
+             f"plain decoding {result.vanilla_tps:.1f} tok/s",
+             f"{'#':>2}  {'drafter':<12} {'k':>5} {'speedup':>8} {'tok/s':>8} {'accept':>7} {'tok/fwd':>8} {'same':>6}"]  # fmt: skip
+    for rank, r in enumerate(result.ranked, start=1):
+        lines.append(f"{rank:>2}  {r.candidate.drafter:<12} {str(r.candidate.k):>5} {r.speedup:>7.2f}× "
+                     f"{r.tokens_per_s:>8.1f} {r.acceptance:>7.2f} {r.tokens_per_forward:>8.2f} "
+                     f"{r.identical:>3}/{r.prompts:<2}")  # fmt: skip
+    best = result.best
+    verdict = "" if result.beats_vanilla else " (no candidate beat plain decoding here)"
+    lines.append(f"Best: {best.candidate.label}, {best.speedup:.2f}× plain decoding{verdict}.")
+    return "\n".join(lines)
