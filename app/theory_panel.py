@@ -24,6 +24,9 @@ class TheoryPanel(Panel):
     def __init__(self, parent=None) -> None:
         super().__init__("Theory", "acceptance rate a", "tokens per step  /  speedup ×", parent)
         self.legend.setOffset((6, 6))  # top left: every curve rises to the right
+        # No box: in a short plot the five rows' box took most of the height and faded the
+        # curves and the break-even label under it; the rows themselves are kept clear of them.
+        self.legend.setBrush(pg.mkBrush(None))
         blue = RUN_COLOURS["speculative"]
         # Unnamed items: the legend is rebuilt by hand, so its entries follow what is drawn.
         self.expected = self.plot.plot([], [], pen=pg.mkPen(blue, width=2), antialias=True)
@@ -90,17 +93,20 @@ class TheoryPanel(Panel):
         box = self.plot.getViewBox()
         (x0, x1), _ = box.viewRange()
         width, height = box.width(), box.height()
-        legend = self.legend.boundingRect()
-        if width <= 0 or height <= 0 or legend.height() <= 0:
+        rows = self._legend_rows()
+        if width <= 0 or height <= 0 or not rows:
             return THEORY_HEADROOM * self._data_top
-        right = x0 + (6 + legend.width() + 6) / width * (x1 - x0)  # the legend's right edge, in a
+        left_px, top_px = box.sceneBoundingRect().left(), box.sceneBoundingRect().top()
+        right_px = max(r.right() for r in rows) - left_px
+        bottom_px = max(r.bottom() for r in rows) - top_px
+        right = x0 + (right_px + 6) / width * (x1 - x0)  # the legend's right edge, in a
         under = [1.0]  # the plain-decoding line
         for item in (self.expected, self.speedup, self.measured, self.measured_speedup):
             x, y = item.getData()
             if x is not None and len(x):
                 below = np.asarray(y)[np.asarray(x) <= right]
                 under.extend(below[np.isfinite(below)])
-        share = (6 + legend.height() + 8) / height  # of the plot's height the legend takes, with margins
+        share = (bottom_px + 6) / height  # of the plot's height the legend's rows take, with a margin
         needed = max(under) / (1.0 - share) if share < 0.8 else 5.0 * max(under)
         return min(max(1.08 * self._data_top, needed), 3.0 * THEORY_HEADROOM * self._data_top)
 
@@ -130,7 +136,7 @@ class TheoryPanel(Panel):
             set_label_anchor(self.break_even, (0, 1) if value <= 0.5 else (1, 1))
             return
         view = box.sceneBoundingRect()
-        legend = self.legend.sceneBoundingRect() if self.legend.isVisible() else QRectF()
+        legend = self._legend_rows()
         points = self._drawn_points()
         sides = [(0, 1), (1, 1)] if value <= 0.5 else [(1, 1), (0, 1)]
         best = None
@@ -143,7 +149,7 @@ class TheoryPanel(Panel):
                     rect = label.sceneBoundingRect()
                     hits = sum(rect.contains(point) for point in points)
                     # Cut off is worse than over the legend, which is worse than over a curve.
-                    hits += 1000 * rect.intersects(legend) + 100_000 * (not view.contains(rect))
+                    hits += 1000 * any(rect.intersects(row) for row in legend) + 100_000 * (not view.contains(rect))
                     if hits == 0:
                         return
                     if best is None or (hits, rank) < best[:2]:
@@ -152,6 +158,17 @@ class TheoryPanel(Panel):
         label.setFormat(texts[rank])
         label.setPosition(position)
         set_label_anchor(self.break_even, side)
+
+    def _legend_rows(self) -> list[QRectF]:
+        """Where the legend's samples and words are drawn (scene coordinates): in a short
+        plot its translucent box takes most of the height, and the label may sit on the box."""
+        if not self.legend.isVisible():
+            return []
+        rows = []
+        for sample, label in self.legend.items:
+            words = label.item.mapRectToScene(label.item.boundingRect())
+            rows += [sample.mapRectToScene(sample.boundingRect()), words]
+        return rows
 
     def _drawn_points(self) -> list[QPointF]:
         """What the label must not cover, as scene points: the curves (densely), the line at 1

@@ -342,14 +342,15 @@ def test_the_theory_legend_and_break_even_label_cover_no_curve(charts, qtbot, co
     qtbot.waitExposed(charts)
     charts.redraw()
     theory = charts.theory
-    legend = theory.legend.sceneBoundingRect()
     label = theory.break_even.label.sceneBoundingRect()
     curves = curve_points(theory)
     assert theory.break_even.isVisible()
-    assert not label.intersects(legend), (label, legend)
+    words = [label_item.item.mapRectToScene(label_item.item.boundingRect()) for _, label_item in theory.legend.items]
+    assert not any(label.intersects(w) for w in words), (label, words)
     assert theory.plot.getViewBox().sceneBoundingRect().contains(label)
     assert not [p for p in curves if label.contains(p)], ("the break-even label is written over a curve", label)
-    assert not [p for p in curves if legend.contains(p)], "the legend covers a curve"
+    rows = words + [sample.mapRectToScene(sample.boundingRect()) for sample, _ in theory.legend.items]
+    assert not [p for p in curves if any(row.contains(p) for row in rows)], "the legend is written over a curve"
 
 
 def test_svg_export_writes_one_drawing_per_panel(charts, tmp_path, qtbot):
