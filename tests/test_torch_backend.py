@@ -374,3 +374,19 @@ def test_embedded_gguf_model_loads_and_answers(smol):
     smol.rollback(0)
     fresh = smol.forward(ids + [reply[0]], all_logits=False)
     torch.testing.assert_close(again[-1], fresh[-1], atol=1e-4, rtol=0)
+
+
+def test_a_gguf_load_reports_the_tensors_as_they_are_dequantized(tmp_path):
+    from tests.factories.gguf_models import make_tiny_gguf
+
+    heard = []
+    backend = TorchBackend(make_tiny_gguf(str(tmp_path / "tiny.gguf")), dtype="float32",
+                           progress=lambda message, fraction: heard.append((message, fraction)))  # fmt: skip
+    backend.close()
+    dequantizing = [fraction for message, fraction in heard if message == "Dequantizing the GGUF weights"]
+    assert len(dequantizing) > 5 and dequantizing == sorted(dequantizing)  # tensor by tensor, not one jump
+    assert dequantizing[-1] > 0.5
+    assert [message for message, _ in heard][-1] == "Building the forward pass"
+    from transformers import modeling_gguf_pytorch_utils
+
+    assert modeling_gguf_pytorch_utils.tqdm.__module__.startswith("tqdm")  # put back after the load

@@ -28,6 +28,7 @@ import inspect
 import logging
 import os
 import re
+from contextlib import contextmanager
 
 import torch
 
@@ -716,7 +717,8 @@ def _load(
         # Safetensors files are preferred whenever both are present.
         # A GGUF file is dequantized tensor by tensor here: most of a 20-30 s load.
         report("Dequantizing the GGUF weights" if gguf_file else "Reading the weights", 0.05)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, weights_only=True, **common, **extra)
+        with _gguf_tensor_progress(lambda done: report("Dequantizing the GGUF weights", 0.05 + 0.6 * done)):
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, weights_only=True, **common, **extra)
         report(f"Moving the weights to {device}", 0.7)
         model = model.to(device).eval()
         report("Reading the tokenizer", 0.8)
@@ -732,6 +734,38 @@ def _load(
             raise refused_pickle_error(pickles[0], error, convert_model_folder(folder)) from error
         raise ModelLoadError(_load_failure_message(where, gguf_file, trust_remote_code, error)) from error
     return model, tokenizer
+
+
+@contextmanager
+def _gguf_tensor_progress(report):
+    """While it is open, transformers' GGUF tensor loop reports the share of tensors done.
+
+    That loop (`Converting and de-quantizing GGUF tensors`) iterates through its module's
+    `tqdm`, the only progress it has; the name is wrapped for the load and put back after.
+    A transformers without it still loads, with the phases only.
+    """
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+
+    def counted(iterable, *args, **kwargs):
+        total = len(iterable) if hasattr(iterable, "__len__") else 0
+        for done, item in enumerate(original(iterable, *args, **kwargs)):
+            if total:
+                report(done / total)
+            yield item
+
+    gguf_utils.tqdm = counted
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
 
 
 def _dense_gguf_options() -> dict:
