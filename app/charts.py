@@ -171,7 +171,7 @@ class LiveCharts(QWidget):
             return None
         c = self._costs
         # dict() copies under the GIL in one step, so a concurrent update cannot tear it.
-        return CostModel(verify_s=dict(c.verify_s), draft_s_per_token=c.draft_s_per_token, smoothing=c.smoothing)
+        return CostModel(verify_s=dict(c.verify_s), draft_s_per_token=c.draft_s_per_token, window=c.window)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)

@@ -33,6 +33,8 @@ the same per-depth sum: the depth-d term is the mass of its depth-d nodes).
 from __future__ import annotations
 
 import bisect
+import collections
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -40,6 +42,7 @@ from .errors import ConfigError
 
 K_LIMIT = 32  # longest draft anyone may ask for
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 33)
+SEED_WEIGHT = 3  # observations a load-time measurement (itself a median) counts as in CostModel
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -67,14 +70,20 @@ class CostModel:
     """Seconds per target forward of n tokens, and per drafted token.
 
     Starts from a curve measured when the model loads and follows the times
-    measured during decoding (exponential moving averages), so it adapts to
-    context length and to whatever else the machine is doing.
+    measured during decoding, so it adapts to context length and to whatever
+    else the machine is doing. Each number is the median of its last `window`
+    observations, the load-time measurement counting as `SEED_WEIGHT` of them:
+    a lasting change wins within a few steps, while one forward slowed by another
+    process (common on a shared 2-core machine) moves nothing. An exponential
+    average moved by such a spike made automatic k stop drafting for dozens of
+    steps, and a size k no longer chose kept its spiked T(k+1) for good.
     """
 
     verify_s: dict[int, float] = field(default_factory=dict)  # n tokens -> seconds
     draft_s_per_token: float = 0.0
-    smoothing: float = 0.2
+    window: int = 7
     _sorted_sizes: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
+    _recent: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # key -> deque
 
     def verify_time(self, n: int) -> float:
         """T(n), interpolated linearly between measured sizes (and extrapolated past them)."""
@@ -106,16 +115,26 @@ class CostModel:
         return self._sorted_sizes
 
     def observe_verify(self, n: int, seconds: float) -> None:
-        old = self.verify_s.get(n)
-        self.verify_s[n] = seconds if old is None else old + self.smoothing * (seconds - old)
+        known = self.verify_time(n) if self.verify_s else None  # a size not yet measured: the curve's guess
+        self.verify_s[n] = self._median_with(n, known, seconds)
 
     def observe_draft(self, tokens: int, seconds: float) -> None:
         """`tokens` drafted in `seconds`, catching up excluded (`Draft.catch_up_s`)."""
         if tokens <= 0:
             return
-        per_token = seconds / tokens
-        old = self.draft_s_per_token
-        self.draft_s_per_token = per_token if old == 0.0 else old + self.smoothing * (per_token - old)
+        known = self.draft_s_per_token if self.draft_s_per_token > 0 else None
+        self.draft_s_per_token = self._median_with("draft", known, seconds / tokens)
+
+    def _median_with(self, key, known: float | None, value: float) -> float:
+        """The median of the last `window` values of `key` after adding `value`; the value known
+        before the first observation (the load-time curve, or its interpolation) seeds the
+        window as SEED_WEIGHT observations."""
+        recent = self._recent.get(key)
+        if recent is None:
+            recent = self._recent[key] = collections.deque([known] * SEED_WEIGHT if known is not None else [],
+                                                           maxlen=self.window)  # fmt: skip
+        recent.append(value)
+        return statistics.median(recent)
 
     def draft_ratio(self) -> float:
         """c_d = d / T(1)."""

@@ -141,3 +141,38 @@ def test_loading_a_draft_model_measures_its_token_cost(tmp_path):
         assert engine.drafter.backend.tokens == []  # the measurement left the draft's cache empty
     finally:
         engine.close()
+
+
+def test_one_slow_draft_step_does_not_stop_drafting(clock):
+    """Another process takes the CPU during one draft step (60 fake seconds, ~500 decodes): the
+    cost model's medians ignore it, where an exponential average made drafting look dearer
+    than verifying and automatic k decoded plainly, probing ever more rarely."""
+    target, drafter = pair(clock)
+    draft_model = drafter.backend
+    forward = draft_model._forward
+    calls = []
+
+    def slowed_once(tokens, all_logits):
+        calls.append(len(tokens))
+        if len(calls) == 8:
+            clock.now += 60.0
+        return forward(tokens, all_logits)
+
+    draft_model._forward = slowed_once
+    costs = flat_costs()
+    costs.draft_s_per_token = DRAFT_CALL_S + DRAFT_TOKEN_S  # as measured at load
+    prompt = [i % VOCAB for i in range(20)]
+    result = collect(list(decode_steps(target, prompt, SamplingConfig(max_tokens=96), drafter=drafter,
+                                       draft_length=DraftLength("auto"), costs=costs)))  # fmt: skip
+    assert result.stats.drafted >= 80 and result.stats.steps <= 24
+    assert costs.draft_s_per_token == pytest.approx(DRAFT_CALL_S + DRAFT_TOKEN_S, rel=0.1)
+
+
+def test_costs_follow_a_lasting_change_but_not_a_spike():
+    costs = flat_costs()
+    t6 = costs.verify_time(6)
+    costs.observe_verify(6, 50 * t6)  # one forward slowed by something else
+    assert costs.verify_time(6) == pytest.approx(t6)
+    for _ in range(4):
+        costs.observe_verify(6, 2 * t6)  # the context grew: every forward is slower now
+    assert costs.verify_time(6) == pytest.approx(2 * t6)
