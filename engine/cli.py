@@ -1,6 +1,8 @@
-"""specdeck-cli: generate (and compare), check a pair, list models.
+"""specdeck-cli: generate (and compare), chat, check a pair, list models.
 
     specdeck-cli generate --target default --drafter ngram --prompt "..." --compare
+    echo "..." | specdeck-cli generate -m default -n 64      (llama.cpp's short forms; the prompt from stdin)
+    specdeck-cli chat -m default                             (cli_chat.py)
     specdeck-cli doctor --target M --draft M [--json]
     specdeck-cli models [--dir D] [--json]
 
@@ -27,6 +29,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from .cli_bench import add_bench_parser  # noqa: E402
+from .cli_chat import add_chat_parser  # noqa: E402
 from .cli_options import add_draft_model_options, add_drafter_settings, draft_model_settings, drafter_settings  # noqa: E402
 from .cli_train import add_train_parser  # noqa: E402
 from .errors import ConfigError, SpecDeckError  # noqa: E402
@@ -61,21 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate a reply, speculatively")
     _model_options(gen, drafters)
-    gen.add_argument("--k", default="auto", help="draft length: a number from 0 to 32, or auto (default)")
-    gen.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
-    gen.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
-    gen.add_argument("--top-k", type=int, default=None, help="0 = off (default)")
-    gen.add_argument("--top-p", type=float, default=None, help="1 = off (default)")
-    gen.add_argument("--min-p", type=float, default=None,
-                     help="0 = off (default); keep tokens at least this fraction as likely as the best one")
-    gen.add_argument("--model-sampling", action="store_true",
-                     help="for the sampling options not given, use what the model's files recommend "
-                     "(GGUF general.sampling.*, generation_config.json)")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--max-tokens", type=int, default=256)
-    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    source = gen.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="a user message (rendered with the chat template)")
+    _decode_options(gen, max_tokens=256)
+    source = gen.add_mutually_exclusive_group()
+    source.add_argument("-p", "--prompt",
+                        help="a user message (rendered with the chat template); '-' or none given with "
+                        "a pipe on standard input: read it from standard input")  # fmt: skip
     source.add_argument("--messages", type=Path, help='JSON file: [{"role": "user", "content": "..."}, ...]; '
                         "roles: system, user, assistant")
     gen.add_argument("--raw", action="store_true", help="feed --prompt as plain text, without the chat template")
@@ -95,14 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true")
     models.set_defaults(func=cmd_models)
     add_bench_parser(sub)
+    add_chat_parser(sub, drafters)
     add_train_parser(sub)
     return parser
 
 
 def _model_options(parser: argparse.ArgumentParser, drafters: list[str]) -> None:
-    parser.add_argument("--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
+    """The model and load options of generate and chat; the short forms are llama.cpp's (-m, -md, -ngl, ...)."""
+    parser.add_argument("-m", "--target", default="default",
+                        help="'default', a GGUF file, a model folder or a repo id")
     drafter = parser.add_mutually_exclusive_group()
-    drafter.add_argument("--draft", help="a draft model (same forms as --target)")
+    drafter.add_argument("-md", "--draft", help="a draft model (same forms as --target)")
     drafter.add_argument(
         "--drafter", choices=drafters, default="ngram", help="drafter without a draft model"
     )
@@ -116,16 +112,33 @@ def _model_options(parser: argparse.ArgumentParser, drafters: list[str]) -> None
     parser.add_argument("--draft-backend", default="auto")
     parser.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
-    parser.add_argument("--n-ctx", type=int, default=None, help="context window in tokens")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (llama.cpp)")
-    parser.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
+    parser.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
+    parser.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (llama.cpp)")
+    parser.add_argument("-ngl", "--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
     add_draft_model_options(parser)
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    messages = _read_messages(args.messages) if args.messages else None  # before torch even imports
+def _decode_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    """Draft length and sampling, for generate and chat."""
+    parser.add_argument("--k", "--draft-max", dest="k", default="auto",
+                        help="draft length: a number from 0 to 32, or auto (default)")  # fmt: skip
+    parser.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
+    parser.add_argument("--temperature", "--temp", type=float, default=None, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=None, help="0 = off (default)")
+    parser.add_argument("--top-p", type=float, default=None, help="1 = off (default)")
+    parser.add_argument("--min-p", type=float, default=None,
+                        help="0 = off (default); keep tokens at least this fraction as likely as the best one")
+    parser.add_argument("--model-sampling", action="store_true",
+                        help="for the sampling options not given, use what the model's files recommend "
+                        "(GGUF general.sampling.*, generation_config.json)")
+    parser.add_argument("-s", "--seed", type=int, default=0)
+    parser.add_argument("-n", "--max-tokens", type=int, default=max_tokens, help=f"default {max_tokens}")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _sampling_config(args: argparse.Namespace, say: bool = True):
+    """SamplingConfig from the options above; with --model-sampling, says on stderr what the model recommends."""
     from .sampling import SamplingConfig
-    from .session import EngineConfig
 
     given = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p", "min_p")}
     chosen = {name: value for name, value in given.items() if value is not None}
@@ -134,22 +147,35 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
         recommended = recommended_sampling(args.target)
         chosen = {**recommended, **chosen}
-        if not args.json:
+        if say:
             said = describe(recommended) if recommended else "nothing, so the defaults apply (greedy)"
             print(f"the model recommends {said}", file=sys.stderr)
     # Temperature, top-k, top-p, then min-p, on p and on q alike (engine/sampling.py).
-    sampling = SamplingConfig(**chosen, seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop))
-    config = EngineConfig(
+    return SamplingConfig(**chosen, seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop))
+
+
+def _engine_config(args: argparse.Namespace):
+    from .session import EngineConfig
+
+    return EngineConfig(
         target=args.target, drafter=_drafter_kind(args), draft=args.draft, heads=args.heads,
         **drafter_settings(args),
         backend=args.backend, draft_backend=args.draft_backend, device=args.device, dtype=args.dtype,
         n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, **draft_model_settings(args),
         k=args.k, k_max=args.k_max,
     )  # fmt: skip
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    # Before torch even imports: a bad messages file or an empty pipe is said at once.
+    messages = _read_messages(args.messages) if args.messages else None
+    prompt_text = _read_prompt(args.prompt) if messages is None else None
+    sampling = _sampling_config(args, say=not args.json)
+    config = _engine_config(args)
     engine = _load_engine(config)
     cancel = threading.Event()
     try:
-        prompt = engine.prompt_ids(messages if messages is not None else args.prompt, chat=not args.raw)
+        prompt = engine.prompt_ids(messages if messages is not None else prompt_text, chat=not args.raw)
         speculative = engine.drafter is not None
         stream = None if args.json else (lambda event: _write(event.text))
         if args.compare:
@@ -193,6 +219,28 @@ def _drafter_kind(args: argparse.Namespace) -> str:
             )
         return "medusa"
     return args.drafter
+
+
+def _read_prompt(prompt: str | None) -> str:
+    """--prompt's text; '-', or no --prompt with a pipe or a file on standard input, reads standard input."""
+    if prompt is not None and prompt != "-":
+        return prompt
+    if prompt is None and _isatty(sys.stdin):
+        raise ConfigError("No prompt: give --prompt TEXT or --messages FILE, or pipe the prompt in "
+                          "(echo \"...\" | specdeck-cli generate).")  # fmt: skip
+    if sys.stdin is None:
+        raise ConfigError("--prompt - reads standard input, but this process has none.")
+    text = sys.stdin.read().strip()
+    if not text:
+        raise ConfigError("The prompt read from standard input is empty.")
+    return text
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (OSError, ValueError):  # closed or replaced streams
+        return False
 
 
 def _read_messages(path: Path) -> list[dict]:
@@ -275,6 +323,11 @@ def _json_report(result, comparison, n_ctx: int) -> dict:
 
 
 def _print_summary(result, comparison, n_ctx: int, per_depth: bool = False) -> None:
+    print("\n".join(_summary_lines(result, comparison, n_ctx, per_depth)), file=sys.stderr)
+
+
+def _summary_lines(result, comparison, n_ctx: int, per_depth: bool = False) -> list[str]:
+    """The run's statistics in sentences, and with a comparison the speedup and the verdict."""
     s = result.stats
     lines = [
         f"{s.tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), {s.steps} target forwards "
@@ -292,19 +345,25 @@ def _print_summary(result, comparison, n_ctx: int, per_depth: bool = False) -> N
     lines.extend(f"note: {note}" for note in notes)
     if comparison is not None:
         lines.extend(f"note (vanilla): {note}" for note in _notes(comparison.vanilla, n_ctx) if note not in notes)
-        v = comparison.vanilla.stats
+        lines.extend(_verdict_lines(comparison))
+    return lines
+
+
+def _verdict_lines(comparison) -> list[str]:
+    """Vanilla's speed, the speedup, whether the outputs are identical, and where they first differ."""
+    v = comparison.vanilla.stats
+    lines = [
+        f"vanilla: {v.tokens} tokens at {v.tokens_per_s:.1f} tok/s -> speedup {comparison.speedup:.2f}x; "
+        + ("outputs identical" if comparison.identical else "outputs differ")
+    ]
+    d = comparison.divergence
+    if d is not None:
+        verdict = "explained" if d.explained else "NOT explained (a bug: please report it)"
         lines.append(
-            f"vanilla: {v.tokens} tokens at {v.tokens_per_s:.1f} tok/s -> speedup {comparison.speedup:.2f}x; "
-            + ("outputs identical" if comparison.identical else "outputs differ")
+            f"first difference at token {d.index}: speculative {d.speculative_token}, "
+            f"vanilla {d.vanilla_token}; {verdict}: {d.reason}"
         )
-        d = comparison.divergence
-        if d is not None:
-            verdict = "explained" if d.explained else "NOT explained (a bug: please report it)"
-            lines.append(
-                f"first difference at token {d.index}: speculative {d.speculative_token}, "
-                f"vanilla {d.vanilla_token}; {verdict}: {d.reason}"
-            )
-    print("\n".join(lines), file=sys.stderr)
+    return lines
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

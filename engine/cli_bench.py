@@ -30,9 +30,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench.add_argument("--prompts", type=Path, default=None,
                        help='JSONL file, one {"id", "kind", "messages"} per line (default: the shipped set)')  # fmt: skip
     bench.add_argument("--kinds", default=None, help="only these kinds of prompt, comma-separated (e.g. reuse)")
-    bench.add_argument("--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
+    bench.add_argument("-m", "--target", default="default",
+                       help="'default', a GGUF file, a model folder or a repo id")
     drafter = bench.add_mutually_exclusive_group()
-    drafter.add_argument("--draft", help="a draft model (same forms as --target)")
+    drafter.add_argument("-md", "--draft", help="a draft model (same forms as --target)")
     drafter.add_argument("--drafter", default="ngram",
                          help="drafter without a draft model: ngram (default) or any other the engine knows")  # fmt: skip
     bench.add_argument("--heads", help="heads folder for a drafter that uses heads (implies --drafter medusa)")
@@ -41,13 +42,14 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench.add_argument("--draft-backend", default="auto")
     bench.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
     bench.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
-    bench.add_argument("--n-ctx", type=int, default=None, help="context window in tokens")
-    bench.add_argument("--threads", type=int, default=None, help="CPU threads (llama.cpp and its peers)")
-    bench.add_argument("--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
+    bench.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
+    bench.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (llama.cpp and its peers)")
+    bench.add_argument("-ngl", "--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
     add_draft_model_options(bench)
-    bench.add_argument("--k", default="auto", help="draft length: a number from 1 to 32, or auto (default)")
+    bench.add_argument("--k", "--draft-max", dest="k", default="auto",
+                       help="draft length: a number from 1 to 32, or auto (default)")  # fmt: skip
     bench.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
-    bench.add_argument("--max-tokens", type=int, default=128, help="tokens per reply (default 128)")
+    bench.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per reply (default 128)")
     bench.add_argument("--repeat", type=int, default=3, help="measured runs of each prompt and mode (default 3)")
     bench.add_argument("--warmup", type=int, default=1, help="warm-up runs per mode before measuring (default 1)")
     bench.add_argument("--peers", action="store_true",

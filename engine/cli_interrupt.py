@@ -13,7 +13,8 @@ What an exit could spoil is output half written, so a command writes its final
 JSON (to stdout or to a file) inside `held()`: an interrupt that arrives there
 waits until the write is done. Text streamed so far is flushed, never lost.
 `train-heads` replaces this handler with its own while it trains (the first
-Ctrl+C saves a checkpoint) and comes back to `exit_cancelled` for the second.
+Ctrl+C saves a checkpoint) and comes back to `exit_cancelled` for the second;
+`chat` does the same while a reply streams (`interrupt_sets`: Ctrl+C stops the reply).
 
 engine.cli installs the handler as its first statement when it is the program,
 before argparse, torch or llama.cpp import. What comes before that, the
@@ -106,3 +107,24 @@ def _isatty(stream) -> bool:
         return stream.isatty()
     except Exception:  # closed or replaced streams
         return False
+
+
+@contextlib.contextmanager
+def interrupt_sets(cancel: threading.Event) -> Iterator[None]:
+    """Inside the block the first Ctrl+C sets `cancel` (the run under way stops after its
+    step) instead of ending the process; a second one ends it as usual. Main thread only:
+    elsewhere Python cannot install a handler, and the block changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_interrupt(signum, frame) -> None:
+        if cancel.is_set():
+            exit_cancelled()
+        cancel.set()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
