@@ -6,7 +6,11 @@ window's engine is never used from two threads, and it stops the window's
 running generation first so that the two do not share the CPU. One run at a
 time; Cancel (or closing the dialog) stops it between two generations. The
 result is a bar chart, a table and the three checks in words; Export saves
-everything measured as JSON, as `--json` does.
+everything measured as JSON, as `--json` does. "Find the best settings" runs
+auto-tune (engine/bench/autotune.py) the same way, on the same prompts with
+replies of at most 64 tokens, and shows the candidates ranked; "Use these
+settings" hands the fastest configuration to `apply_config` (the window's
+`apply_pair`, with its current sampling).
 """
 
 from __future__ import annotations
@@ -19,25 +23,33 @@ from PySide6.QtWidgets import (QCheckBox, QDialog, QFileDialog, QFormLayout, QHB
                                QProgressBar, QPushButton, QSpinBox, QSplitter, QVBoxLayout)  # fmt: skip
 
 from engine import EngineConfig, SpecDeckError
-from engine.bench import (BenchmarkCancelled, BenchReport, BenchSettings, default_prompts_path, load_prompts,
-                          run_benchmark, write_json)  # fmt: skip
+from engine.bench import (AutotuneResult, AutotuneSettings, BenchmarkCancelled, BenchReport, BenchSettings, Candidate,
+                          default_prompts_path, load_prompts, run_autotune, run_benchmark, write_json)  # fmt: skip
+from app.autotune_view import AutotunePanel
 from app.bench_view import BenchChart, BenchTable, checks_html
 from app.worker import GeneratorWorker, TaskRunner
 
 PROMPTS_FILE, REPEAT, MAX_TOKENS, PEERS = "bench/prompts_file", "bench/repeat", "bench/max_tokens", "bench/peers"
+AUTOTUNE_MAX_TOKENS = 64  # auto-tune runs every candidate on every prompt: short replies
 
 
 class BenchDialog(QDialog):
     sig_finished = Signal(object)
     """A run ended: its BenchReport, or None when it failed or was cancelled."""
+    sig_tuned = Signal(object)
+    """An auto-tune ended: its AutotuneResult, or None when it failed or was cancelled."""
 
     def __init__(self, parent=None, config: EngineConfig | None = None,
-                 before_run: Callable[[], None] | None = None) -> None:  # fmt: skip
+                 before_run: Callable[[], None] | None = None,
+                 apply_config: Callable[[EngineConfig], None] | None = None) -> None:  # fmt: skip
         super().__init__(parent)
         self.setWindowTitle("Benchmark: vanilla against speculative decoding")
         self.config = config or EngineConfig()
         self.before_run = before_run
+        self.apply_config = apply_config
+        self.autotune_candidates: tuple[Candidate, ...] | None = None  # None: all the loaded target allows
         self.report: BenchReport | None = None
+        self._job = ""  # "bench" or "autotune": what the running worker does
         self._runner = self._new_runner()
         if parent is not None:  # the window closing must not leave our thread running
             parent.installEventFilter(self)
@@ -56,7 +68,8 @@ class BenchDialog(QDialog):
         self.peers = QCheckBox("also run llama-cpp-python or transformers on the same model file (peers)")
         self.peers.setChecked(settings.value(PEERS, False, type=bool))
         form = QFormLayout()
-        form.addRow("Models:", QLabel(describe_config(self.config)))
+        self.models_label = QLabel(describe_config(self.config))
+        form.addRow("Models:", self.models_label)
         form.addRow("Prompts (JSONL):", files)
         form.addRow("Runs per prompt and mode:", self.repeat)
         form.addRow("Reply length:", self.max_tokens)
@@ -64,6 +77,10 @@ class BenchDialog(QDialog):
 
         self.run_button = QPushButton("Run", clicked=self.run)
         self.run_button.setDefault(True)
+        self.autotune_button = QPushButton("Find the best settings", clicked=self.autotune)
+        self.autotune_button.setToolTip("Try every drafter this pair allows with a few draft lengths, on these "
+                                        f"prompts (replies of up to {AUTOTUNE_MAX_TOKENS} tokens), and rank them "
+                                        "by speedup over plain decoding")  # fmt: skip
         self.cancel_button = QPushButton("Cancel", clicked=self.cancel, enabled=False)
         self.export_button = QPushButton("Export JSON…", clicked=lambda: self.export_json(), enabled=False)
         close = QPushButton("Close", clicked=self.reject)
@@ -72,7 +89,7 @@ class BenchDialog(QDialog):
         self.status = QLabel("Runs every prompt plainly and speculatively, greedy, and compares the speeds.")
         self.status.setWordWrap(True)
         buttons = QHBoxLayout()
-        for widget in (self.run_button, self.cancel_button, self.progress):
+        for widget in (self.run_button, self.autotune_button, self.cancel_button, self.progress):
             buttons.addWidget(widget)
         buttons.addStretch(1)
         buttons.addWidget(self.export_button)
@@ -86,7 +103,11 @@ class BenchDialog(QDialog):
         results = QSplitter(Qt.Orientation.Vertical)
         results.addWidget(self.chart)
         results.addWidget(self.table)
-        results.setSizes([380, 220])
+        self.autotune_panel = AutotunePanel(self)
+        self.autotune_panel.sig_apply.connect(self.use_settings)
+        self.autotune_panel.hide()  # until auto-tune has run
+        results.addWidget(self.autotune_panel)
+        results.setSizes([380, 220, 220])
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addLayout(buttons)
@@ -116,13 +137,10 @@ class BenchDialog(QDialog):
         """Start a benchmark with the form's settings (a bad prompts file is reported, nothing starts)."""
         if self.running:
             return
-        try:
-            path = self.prompts_path()
-            prompts = load_prompts(path)
-        except SpecDeckError as error:
-            self._set_status(str(error), error=True)
+        loaded = self._load_prompts()
+        if loaded is None:
             return
-        self._remember()
+        path, prompts = loaded
         settings = BenchSettings(max_tokens=self.max_tokens.value(), repeat=self.repeat.value(),
                                  peers=self.peers.isChecked())  # fmt: skip
         config = self.config
@@ -131,14 +149,47 @@ class BenchDialog(QDialog):
             return run_benchmark(config, prompts, settings, cancel=cancel, prompts_source=str(path),
                                  progress=lambda message, fraction: report((message, fraction)))  # fmt: skip
 
+        self._start(job, "bench", self._on_report, f"Benchmarking {len(prompts)} prompts from {path.name}…")
+
+    def autotune(self) -> None:
+        """Start auto-tune on the form's prompts; the ranked candidates replace the last ones."""
+        if self.running:
+            return
+        loaded = self._load_prompts()
+        if loaded is None:
+            return
+        path, prompts = loaded
+        settings = AutotuneSettings(max_tokens=min(self.max_tokens.value(), AUTOTUNE_MAX_TOKENS))
+        config, candidates = self.config, self.autotune_candidates
+
+        def job(cancel, report) -> AutotuneResult:
+            return run_autotune(config, prompts, settings, candidates=candidates, cancel=cancel,
+                                progress=lambda message, fraction: report((message, fraction)))  # fmt: skip
+
+        self._start(job, "autotune", self._on_tuned,
+                    f"Finding the best settings on {len(prompts)} prompts from {path.name}…")  # fmt: skip
+
+    def _load_prompts(self) -> tuple[Path, tuple] | None:
+        """The form's prompt file and its prompts, or None with the error in the status line."""
+        try:
+            path = self.prompts_path()
+            prompts = load_prompts(path)
+        except SpecDeckError as error:
+            self._set_status(str(error), error=True)
+            return None
+        self._remember()
+        return path, prompts
+
+    def _start(self, job, name: str, on_returned, status: str) -> None:
         if self.before_run is not None:
             self.before_run()
-        worker = GeneratorWorker(job, name="bench")
+        self._job = name
+        worker = GeneratorWorker(job, name=name)
         worker.sig_yielded.connect(self._on_progress)
-        worker.sig_returned.connect(self._on_report)
+        worker.sig_returned.connect(on_returned)
         worker.sig_errored.connect(self._on_error)
         self.progress.setValue(0)
-        self._set_status(f"Benchmarking {len(prompts)} prompts from {path.name}…")
+        self._set_status(status)
         self._set_running(True)
         self._runner.start(worker)
 
@@ -169,7 +220,26 @@ class BenchDialog(QDialog):
             self._set_status(str(error), error=True)
         else:
             self._set_status(f"Unexpected error ({type(error).__name__}: {error}). Please report it.", error=True)
-        self.sig_finished.emit(None)
+        (self.sig_tuned if self._job == "autotune" else self.sig_finished).emit(None)
+
+    @Slot(object)
+    def _on_tuned(self, result: AutotuneResult) -> None:
+        self.autotune_panel.show_result(result, can_apply=self.apply_config is not None)
+        self.autotune_panel.show()
+        best = result.best
+        fastest = (f"the fastest is {best.candidate.label}, {best.speedup:.2f}× plain decoding" if result.beats_vanilla
+                   else "none beat plain decoding")  # fmt: skip
+        self._set_status(f"Done: {len(result.ranked)} settings measured; {fastest}.")
+        self.sig_tuned.emit(result)
+
+    def use_settings(self, config: EngineConfig) -> None:
+        """Apply auto-tune's proposal to the window; later runs here measure it."""
+        if self.apply_config is None or self.running:
+            return
+        self.apply_config(config)
+        self.config = config
+        self.models_label.setText(describe_config(config))
+        self._set_status(f"Using {self.autotune_panel.result.best.candidate.label}: the window loads it.")
 
     @Slot(object)
     def _on_done(self, worker) -> None:
@@ -204,6 +274,9 @@ class BenchDialog(QDialog):
 
     def _set_running(self, running: bool) -> None:
         self.run_button.setEnabled(not running)
+        self.autotune_button.setEnabled(not running)
+        self.autotune_panel.apply_button.setEnabled(not running and self.apply_config is not None
+                                                    and self.autotune_panel.result is not None)  # fmt: skip
         self.cancel_button.setEnabled(running)
         for widget in (self.prompts_edit, self.repeat, self.max_tokens, self.peers):
             widget.setEnabled(not running)
@@ -265,7 +338,8 @@ def open_bench_dialog(window) -> BenchDialog:
         return existing
     engine = window.controller.engine
     config = engine.config if engine is not None else keys.engine_config()
-    dialog = BenchDialog(window, config=config, before_run=window.controller.stop)
+    dialog = BenchDialog(window, config=config, before_run=window.controller.stop,
+                         apply_config=lambda chosen: window.apply_pair(chosen, window.sampling))  # fmt: skip
     dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     dialog.open()
     return dialog

@@ -1,4 +1,5 @@
-"""BenchDialog: runs a benchmark off the GUI thread, shows bars and a table, exports JSON, cancels."""
+"""BenchDialog: runs a benchmark off the GUI thread, shows bars and a table, exports JSON, cancels;
+finds the best settings and applies them to the window."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from PySide6.QtWidgets import QDialog
 
 from app import settings as keys
 from app.bench_dialog import BenchDialog
+from engine.bench import Candidate
 from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, STRICT_QT_LOG
 
 pytestmark = STRICT_QT_LOG
@@ -65,7 +67,7 @@ def test_a_run_on_the_users_prompts_shows_bars_a_table_and_exports(qtbot, dialog
     table = dialog.table
     assert table.rowCount() == 2 + 2 + 1  # the prompts, each kind, all prompts
     assert table.item(0, 0).text() == "echo" and table.item(4, 0).text() == "all prompts"
-    assert table.item(0, 9).text() in ("yes", "no", "no (rounding)")
+    assert table.item(0, table.BASE.index("identical")).text() in ("yes", "no", "no (rounding)")
     assert "Efficiency" in dialog.checks.text() and "Bandwidth floor" in dialog.checks.text()
     assert dialog.run_button.isEnabled() and not dialog.cancel_button.isEnabled()
 
@@ -122,3 +124,75 @@ def test_the_models_menu_opens_the_benchmark_on_the_windows_pair(qtbot, make_win
     assert len(window.findChildren(BenchDialog)) == 1
     dialog.reject()
     assert dialog.result() == QDialog.DialogCode.Rejected
+
+
+# -- Find the best settings ------------------------------------------------------------------
+
+FEW = (Candidate("ngram", 2), Candidate("ngram", 8))  # two candidates and plain decoding: a short run
+
+
+@pytest.fixture
+def copy_prompts(tmp_path):
+    """Prompts whose replies copy their input, where n-gram lookup drafts well."""
+    path = tmp_path / "copy.jsonl"
+    text = "Copy this list exactly: apples, pears, plums, cherries, grapes, lemons, limes, oranges, melons, figs."
+    path.write_text(json.dumps({"id": "fruit", "kind": "reuse", "messages": [{"role": "user", "content": text}]}))
+    return path
+
+
+def tune_and_wait(qtbot, dialog):
+    with qtbot.waitSignal(dialog.sig_tuned, timeout=RUN_TIMEOUT_MS) as blocker:
+        dialog.autotune_button.click()
+    qtbot.waitUntil(lambda: not dialog.running, timeout=LOAD_TIMEOUT_MS)
+    return blocker.args[0]
+
+
+def test_find_the_best_settings_fills_a_table_ranked_by_speedup(qtbot, dialog, copy_prompts):
+    dialog.prompts_edit.setText(str(copy_prompts))
+    dialog.max_tokens.setValue(16)
+    dialog.autotune_candidates = FEW
+    assert not dialog.autotune_panel.isVisible()
+    result = tune_and_wait(qtbot, dialog)
+
+    assert result is not None, dialog.status.text()
+    table = dialog.autotune_panel.table
+    assert dialog.autotune_panel.isVisible() and table.rowCount() == 3  # two candidates and plain decoding
+    shown = [float(table.item(row, 3).text().rstrip("×")) for row in range(3)]
+    assert shown == sorted(shown, reverse=True)
+    assert [table.item(row, 2).text() for row in range(3)] == [str(r.candidate.k) for r in result.ranked]
+    assert "Fastest" in dialog.autotune_panel.summary.text() or "Nothing beat" in dialog.autotune_panel.summary.text()
+    assert result.max_tokens == 16 and "settings measured" in dialog.status.text()
+    assert not dialog.autotune_panel.apply_button.isEnabled()  # a dialog with no window to apply to
+    assert dialog.run_button.isEnabled() and dialog.autotune_button.isEnabled()
+
+
+def test_cancel_stops_auto_tune(qtbot, dialog, copy_prompts):
+    dialog.prompts_edit.setText(str(copy_prompts))
+    dialog.autotune_candidates = FEW
+    with qtbot.waitSignal(dialog.sig_tuned, timeout=RUN_TIMEOUT_MS) as blocker:
+        dialog.autotune()
+        assert dialog.running and not dialog.autotune_button.isEnabled()
+        dialog.cancel()
+    assert blocker.args[0] is None and "Cancelled" in dialog.status.text()
+    assert not dialog.autotune_panel.isVisible()
+
+
+def test_use_these_settings_loads_the_fastest_config_in_the_window(qtbot, make_window, copy_prompts):
+    window = make_window(config=CONFIG)
+    sampling = window.sampling
+    window.actions.benchmark.trigger()
+    dialog = window.findChild(BenchDialog)
+    dialog.prompts_edit.setText(str(copy_prompts))
+    dialog.max_tokens.setValue(16)
+    dialog.autotune_candidates = FEW
+    result = tune_and_wait(qtbot, dialog)
+    assert result is not None, dialog.status.text()
+    assert result.best_config == dataclasses.replace(CONFIG, drafter=result.best.candidate.drafter,
+                                                     k=result.best.candidate.k)  # fmt: skip
+
+    with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
+        dialog.autotune_panel.apply_button.click()
+    assert window.controller.engine.config == result.best_config
+    assert window.sampling == sampling and keys.engine_config() == result.best_config
+    assert f"k {result.best.candidate.k}" in dialog.models_label.text()
+    dialog.reject()
