@@ -11,7 +11,13 @@ drafts). Plain decoding emits 1 token for T(1). So the predicted speedup is
     S(a, k) = E(a, k) * T(1) / (k * d + T(k+1))
 
 and automatic k picks the k in 0..k_max that maximizes it, k = 0 meaning plain
-decoding. That is the article's failure modes made operational: with low a, or
+decoding. E(a, k) assumes every position is accepted with the same a; a draft
+model drifts from the target the further it runs, so for chains automatic k uses
+the tree's per-depth sum below with alpha_d measured per draft position
+(`DraftLength.chain_expected_tokens`), each leaning on the run's a until its
+position has evidence. d is the draft's decode time only: a draft model catching
+its cache up after plain steps does that in one prefill, timed apart
+(`Draft.catch_up_s`). That is the article's failure modes made operational: with low a, or
 when T(n) grows like n * T(1) (compute-bound verification, as llama.cpp on a
 small CPU model), no k > 0 pays and the engine decodes plainly, drafting a probe
 now and then to notice when acceptance recovers.
@@ -42,6 +48,7 @@ from .errors import ConfigError
 
 K_LIMIT = 32  # longest draft anyone may ask for
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 33)
+DEPTH_PRIOR = 2.0  # tokens' worth of the run's acceptance that each draft position starts from
 SEED_WEIGHT = 3  # observations a load-time measurement (itself a median) counts as in CostModel
 
 
@@ -257,6 +264,13 @@ class DraftLength:
         # tokens) is weak, so a couple of steps of evidence outweigh it.
         self._accepted = 2.0
         self._tested = 3.0
+        # The same counts per draft position (depth d was tested when every earlier token was
+        # accepted). Acceptance falls with depth, as a draft drifts from the target: one
+        # number per run cannot say so, and made automatic k choose long drafts whose last
+        # tokens were mostly rejected. Each depth leans on the run's number (DEPTH_PRIOR
+        # tokens' worth) until it has evidence of its own.
+        self._depth_accepted: list[float] = []
+        self._depth_tested: list[float] = []
         self._plain_steps = 0
         self._probe_interval = probe_every
         self._probing = False
@@ -275,11 +289,24 @@ class DraftLength:
     def acceptance(self) -> float:
         return self._accepted / self._tested
 
+    def chain_expected_tokens(self) -> list[float]:
+        """E(k) for k = 0..k_max from the per-depth estimates: 1 + sum over d <= k of
+        alpha_1 * ... * alpha_d (expected_tokens_tree's sum, for a chain)."""
+        prior, totals, reach = self.acceptance, [1.0], 1.0
+        for d in range(self.k_max):
+            if d < len(self._depth_tested):
+                alpha = (self._depth_accepted[d] + DEPTH_PRIOR * prior) / (self._depth_tested[d] + DEPTH_PRIOR)
+            else:
+                alpha = prior
+            reach *= alpha
+            totals.append(totals[-1] + reach)
+        return totals
+
     def choose(self, costs: CostModel) -> int:
         if self.fixed is not None:
             return self.fixed
         self._costs = costs
-        best_k = self._best_k(costs, self.acceptance)
+        best_k = self._best_k(costs)
         if best_k > 0:
             self._plain_steps = 0
             self._probe_interval = self.probe_every
@@ -296,11 +323,17 @@ class DraftLength:
             self._probing = True
         return max(1, min(self._best_k(costs, 0.9), 4))  # the draft that would pay if drafts did land
 
-    def _best_k(self, costs: CostModel, acceptance: float) -> int:
+    def _best_k(self, costs: CostModel, acceptance: float | None = None) -> int:
+        """The k that maximizes the predicted speedup, from the measured per-depth acceptance
+        (or, given `acceptance`, from that one number at every depth)."""
+        chain = self.chain_expected_tokens() if acceptance is None else None
         best_k, best = 0, 1.0
         for k in range(1, self.k_max + 1):
             tree = self._tree_expected(k) if self._tree_expected is not None else None
-            s = costs.speedup(acceptance, k) if tree is None else costs.speedup_for(tree, k)
+            if tree is None:
+                s = costs.speedup(acceptance, k) if chain is None else costs.speedup_for(chain[k], k)
+            else:
+                s = costs.speedup_for(tree, k)
             if s > best * 1.02:  # ask for a clear gain before adding tokens
                 best_k, best = k, s
         return best_k
@@ -310,7 +343,13 @@ class DraftLength:
             return
         self._accepted = self._accepted * decay + accepted
         self._tested = self._tested * decay + tested
+        grow = max(0, tested - len(self._depth_tested))
+        self._depth_tested += [0.0] * grow
+        self._depth_accepted += [0.0] * grow
+        for d in range(tested):  # depths this step did not reach keep their evidence
+            self._depth_tested[d] = self._depth_tested[d] * decay + 1
+            self._depth_accepted[d] = self._depth_accepted[d] * decay + (d < accepted)
         if self._probing:
             self._probing = False
-            if self._costs is not None and self._best_k(self._costs, self.acceptance) == 0:
+            if self._costs is not None and self._best_k(self._costs) == 0:
                 self._probe_interval = min(self._probe_interval * 2, 512)

@@ -176,3 +176,18 @@ def test_costs_follow_a_lasting_change_but_not_a_spike():
     for _ in range(4):
         costs.observe_verify(6, 2 * t6)  # the context grew: every forward is slower now
     assert costs.verify_time(6) == pytest.approx(2 * t6)
+
+
+def test_auto_k_stops_where_acceptance_falls_off_with_depth():
+    """Drafts land up to position 5 and miss at 6 (a draft drifting from the target). One
+    acceptance number for the run (5/6) makes longer drafts look as good as 5; the per-depth
+    estimates see that nothing past 5 is ever kept, and k settles on 5."""
+    costs = flat_costs()
+    costs.draft_s_per_token = DRAFT_CALL_S + DRAFT_TOKEN_S
+    length = DraftLength("auto", k_max=16)
+    chosen = []
+    for _ in range(40):
+        k = length.choose(costs)
+        chosen.append(k)
+        length.observe(tested=min(k, 6), accepted=min(k, 5))
+    assert chosen[-10:] == [5] * 10
