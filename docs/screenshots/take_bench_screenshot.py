@@ -3,7 +3,9 @@
     QT_QPA_PLATFORM=offscreen python docs/screenshots/take_bench_screenshot.py
 
 Runs the shipped prompt set once (64 tokens a reply, peers on) with the
-n-gram drafter and automatic k (run it on a quiet machine), then grabs the dialog. Uses a temporary settings
+n-gram drafter and automatic k (run it on a quiet machine), then "Find the best
+settings" on the same prompts, then grabs the dialog. `--prompts FILE` takes
+another prompt set (a short one to look at the layout quickly). Uses a temporary settings
 folder, so it never touches yours. The numbers in the picture are whatever
 this machine measured; docs/benchmarks.md holds the ones taken on a quiet one.
 """
@@ -25,8 +27,10 @@ def main() -> int:
     application = make_application()
     from app.bench_dialog import BenchDialog
 
-    dialog = BenchDialog(config=CONFIG)
-    dialog.resize(1280, 900)
+    dialog = BenchDialog(config=CONFIG, apply_config=lambda config: None)  # no window: "Use these settings" does nothing
+    dialog.resize(1280, 1080)
+    if "--prompts" in sys.argv:
+        dialog.prompts_edit.setText(sys.argv[sys.argv.index("--prompts") + 1])
     dialog.repeat.setValue(1)
     dialog.max_tokens.setValue(64)
     dialog.peers.setChecked(True)
@@ -37,12 +41,19 @@ def main() -> int:
     wait(application, lambda: finished and not dialog.running)
     if finished[0] is None:
         raise RuntimeError(f"the benchmark failed: {dialog.status.text()}")
+    tuned = []
+    dialog.sig_tuned.connect(tuned.append)
+    dialog.autotune()
+    wait(application, lambda: tuned and not dialog.running)
+    if tuned[0] is None:
+        raise RuntimeError(f"auto-tune failed: {dialog.status.text()}")
     settle(application)
-    dialog.grab().save(str(HERE / "bench.png"))
+    out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else HERE / "bench.png"
+    dialog.grab().save(str(out))
     dialog.close()
     dialog.deleteLater()  # delete the dialog while the application still exists, not at interpreter exit
     application.processEvents()
-    print("wrote", HERE / "bench.png")
+    print("wrote", out)
     return 0
 
 
