@@ -210,6 +210,8 @@ def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> Auto
         finally:
             if made and drafter is not None:
                 drafter.close()
+            elif hasattr(drafter, "costs"):
+                drafter.costs = engine.costs  # the engine's own drafter: back on the engine's cost model
     report("Done", 1.0)
     baseline = CandidateResult(PLAIN, 1.0, statistics.median(r.stats.tokens_per_s for r in vanilla), 0.0, 1.0,
                                len(prompts), len(prompts))  # fmt: skip
