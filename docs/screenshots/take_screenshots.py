@@ -2,7 +2,8 @@
 
     QT_QPA_PLATFORM=offscreen python docs/screenshots/take_screenshots.py [chat] [side-by-side] [pair-dialog]
 
-Writes chat.png, side-by-side.png and pair-dialog.png beside this file (or only
+Writes chat.png (token colours), chat-markdown.png (the same replies drawn as
+Markdown), side-by-side.png and pair-dialog.png beside this file (or only
 the ones named). The pair dialog is shown with the EAGLE drafter chosen (its
 shipped head for the embedded model), checked. Uses a temporary settings and
 conversation folder, so it never touches yours. Runs under Xvfb as well (unset
@@ -65,8 +66,12 @@ def shoot(application: QApplication, window) -> None:
         runs = len(finished)
         window.send_message(prompt)
         wait(application, lambda: len(finished) > runs)
+    window.actions.markdown.setChecked(False)  # the provenance colours: what SpecDeck is for
     settle(application)
     window.grab().save(str(HERE / "chat.png"))
+    window.actions.markdown.setChecked(True)
+    settle(application)
+    window.grab().save(str(HERE / "chat-markdown.png"))
 
     window.tabs.setCurrentWidget(window.compare_view)
     window.compare_view.prompt.setPlainText(
