@@ -61,7 +61,21 @@ def create_application(argv: list[str] | None = None) -> QApplication:
     QGuiApplication.setDesktopFileName(DESKTOP_ID)
     application.setWindowIcon(app_icon())
     _quit_on_interrupt(application)
+    collect_garbage_on_the_gui_thread(application)
     return application
+
+
+def collect_garbage_on_the_gui_thread(application: QApplication):
+    """Python's cycle collector runs on this thread only, from a timer (pyqtgraph's GarbageCollector).
+
+    Left automatic, it runs in whichever thread crosses its threshold: an engine worker thread
+    decoding JSON would then free a Qt object that sits in a reference cycle, and its destructor,
+    taking Qt's locks off the GUI thread while that thread waits for the GIL, deadlocks the app.
+    """
+    from pyqtgraph.util.garbage_collector import GarbageCollector
+
+    application.garbage_collector = GarbageCollector(interval=0.5)  # kept with the application
+    return application.garbage_collector
 
 
 def _quit_on_interrupt(application: QApplication) -> None:

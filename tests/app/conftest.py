@@ -13,6 +13,8 @@ two busy cores.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from PySide6.QtCore import QCoreApplication, QSettings, QStandardPaths
 
@@ -59,6 +61,19 @@ def fresh_settings_and_data(isolated_settings, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDECK_DATA_DIR", str(data))
     yield data
     QSettings().clear()
+
+
+@pytest.fixture(autouse=True)
+def garbage_collected_on_the_gui_thread(qapp):
+    """As in the app (application.py): cycles are collected on this thread, never in a worker,
+    where freeing a Qt object deadlocks against the GUI thread. The rest of the suite keeps gc on."""
+    from app.application import collect_garbage_on_the_gui_thread
+
+    collector = collect_garbage_on_the_gui_thread(qapp)
+    yield
+    collector.timer.stop()
+    gc.collect()
+    gc.enable()
 
 
 @pytest.fixture
