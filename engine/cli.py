@@ -264,14 +264,27 @@ def _load_engine(config):
 
     summary = load_summary(config)  # a missing model is said alone, before any loading line
     started = time.perf_counter()
-    print(f"loading {summary}…", end="", file=sys.stderr, flush=True)
+    # On a terminal the line shows while loading, and an error or Ctrl+C replaces it; in a pipe or
+    # a log it is written once loaded, so an error (or "cancelled") stays the only line.
+    live = _isatty(sys.stderr)
+    if live:
+        print(f"loading {summary}…", end="", file=sys.stderr, flush=True)
     try:
         engine = Engine.load(config)
     except BaseException:
-        print(file=sys.stderr, flush=True)  # the error gets a line of its own
+        if live:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
         raise
-    print(f" {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    took = f"{time.perf_counter() - started:.1f} s"
+    print(f" {took}" if live else f"loading {summary}… {took}", file=sys.stderr, flush=True)
     return engine
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
 
 
 def _write(text: str) -> None:

@@ -86,7 +86,8 @@ def exit_cancelled() -> None:
         except Exception:  # a closed pipe, or a flush already under way in the interrupted code
             pass
     interactive = any(_isatty(s) for s in (sys.stdout, sys.stderr))
-    message = ("\ncancelled\n" if interactive else "cancelled\n").encode()
+    # On a terminal: clear the line (a "loading…" line, or the reply so far ends above).
+    message = ("\n\r\033[Kcancelled\n" if interactive else "cancelled\n").encode()
     try:
         os.write(_stderr_fd if _stderr_fd is not None else 2, message)
     except OSError:

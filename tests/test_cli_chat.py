@@ -136,7 +136,7 @@ def test_chat_on_a_terminal_colours_tokens():
     leader, follower = pty.openpty()
     env = {**{k: v for k, v in os.environ.items() if k != "NO_COLOR"}, "TERM": "xterm-256color"}
     child = subprocess.Popen(
-        [cli(), "chat", "-m", "default", "-n", "12", "--threads", "1"],
+        [cli(), "chat", "-m", "default", "-n", "12", "--threads", "1", "--draft-max", "4"],  # k fixed: it drafts
         stdin=subprocess.PIPE, stdout=follower, stderr=subprocess.PIPE, env=env,
     )  # fmt: skip
     os.close(follower)
