@@ -197,6 +197,21 @@ def _read_preamble(p: _GGUFParser, path: str) -> tuple[int, int]:
     return p.unpack("QQ")
 
 
+def _key_values(path: str):
+    """(key, value) of a GGUF header's key-values in file order; a generator, so a caller that
+    stops early reads only the pages it needs."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        p = _GGUFParser(buf)
+        _, n_kv = _read_preamble(p, path)
+        for _ in range(n_kv):
+            key = p.strings(1)[0]
+            (vtype,) = p.unpack("I")
+            yield key, p.value(vtype)
+
+
+_UNREADABLE = (OSError, ValueError, KeyError, struct.error, ModelLoadError)
+
+
 def quantization(path: str) -> str:
     """A GGUF's quantization as llama-quantize names it ("Q4_K_M", "Q8_0", "F16"); "" when it does not say.
 
@@ -204,36 +219,20 @@ def quantization(path: str) -> str:
     converters write before the vocabulary, so it costs a few pages of the file.
     """
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            p = _GGUFParser(buf)
-            _, n_kv = _read_preamble(p, path)
-            for _ in range(n_kv):
-                key = p.strings(1)[0]
-                (vtype,) = p.unpack("I")
-                value = p.value(vtype)
-                if key == "general.file_type":
-                    return file_type_name(value)
-    except (OSError, ValueError, KeyError, struct.error, ModelLoadError):
+        for key, value in _key_values(path):
+            if key == "general.file_type":
+                return file_type_name(value)
+    except _UNREADABLE:
         pass  # unreadable or not a GGUF: listing it is someone else's concern
     return ""
 
 
 def gguf_values(path: str, prefix: str) -> dict:
     """The key-values of a GGUF whose keys start with `prefix` ({} when the file cannot be read)."""
-    found = {}
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            p = _GGUFParser(buf)
-            _, n_kv = _read_preamble(p, path)
-            for _ in range(n_kv):
-                key = p.strings(1)[0]
-                (vtype,) = p.unpack("I")
-                value = p.value(vtype)
-                if key.startswith(prefix):
-                    found[key] = value
-    except (OSError, ValueError, KeyError, struct.error, ModelLoadError):
+        return {key: value for key, value in _key_values(path) if key.startswith(prefix)}
+    except _UNREADABLE:
         return {}
-    return found
 
 
 def file_type_name(file_type) -> str:
