@@ -28,6 +28,7 @@ from ..sampling import SamplingConfig
 from ..session import Engine, EngineConfig
 from ..shipped import default_heads_dir
 from .prompts import BenchPrompt
+from .runner import engine_for
 from .results import BenchmarkCancelled
 
 Progress = Callable[[str, float], None]
@@ -140,20 +141,13 @@ def run_autotune(
         raise ConfigError("Auto-tune needs at least one prompt.")
     report = progress or (lambda message, fraction: None)
     cancel = cancel or threading.Event()
-    own_engine = engine is None
-    if own_engine:
-        report("Loading the models", 0.0)
-        engine = Engine.load(config, progress=lambda message, fraction: report(message, 0.1 * fraction))
-    try:
+    with engine_for(config, engine, report) as engine:
         if candidates is None:
             candidates = candidates_for(allowed_drafters(engine.config, engine.target))
         candidates = tuple(c for c in candidates if c != PLAIN)  # measured anyway, as the baseline
         if not candidates:
             raise ConfigError("Auto-tune needs at least one candidate drafter.")
         return _tune(engine, prompts, settings, candidates, report, cancel)
-    finally:
-        if own_engine:
-            engine.close()
 
 
 def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> AutotuneResult:

@@ -12,6 +12,7 @@ system.py). Peers, when asked for, run last, on the same prompt token ids.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 from dataclasses import dataclass
@@ -68,15 +69,23 @@ def run_benchmark(
         raise ConfigError("The benchmark needs at least one prompt.")
     report = progress or (lambda message, fraction: None)
     cancel = cancel or threading.Event()
-    own_engine = engine is None
-    if own_engine:
-        report("Loading the models", 0.0)
-        engine = Engine.load(config, progress=lambda message, fraction: report(message, 0.1 * fraction))
-    try:
+    with engine_for(config, engine, report) as engine:
         return _measure(engine, prompts, settings, peers, report, cancel, prompts_source)
+
+
+@contextlib.contextmanager
+def engine_for(config: EngineConfig, engine: Engine | None, report):
+    """`engine` as it is (it stays open), or one loaded from `config` (the first tenth of the
+    progress) and closed afterwards."""
+    if engine is not None:
+        yield engine
+        return
+    report("Loading the models", 0.0)
+    engine = Engine.load(config, progress=lambda message, fraction: report(message, 0.1 * fraction))
+    try:
+        yield engine
     finally:
-        if own_engine:
-            engine.close()
+        engine.close()
 
 
 def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_source) -> BenchReport:
