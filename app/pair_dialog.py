@@ -144,6 +144,7 @@ class PairDialog(QDialog):
         super().accept()
 
     def done(self, result: int) -> None:
+        self._auto_check.stop()  # a closed dialog checks nothing (it would show a busy cursor over the window)
         self._set_busy(False)
         self._generation += 1  # a check still running reports to nobody
         self.settings.setValue(f"{PREFIX}/geometry", self.saveGeometry())
@@ -263,7 +264,8 @@ class PairDialog(QDialog):
 
     def _invalidate_and_schedule(self) -> None:
         self._invalidate()
-        self._auto_check.start()
+        if self.isVisible():  # a hidden or closed dialog checks only when asked to
+            self._auto_check.start()
 
     def _update_buttons(self) -> None:
         self.load_button.setEnabled(self.can_load() and not self._busy)

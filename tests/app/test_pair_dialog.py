@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication, QDialog
 
-from app.pair_dialog import PairDialog
+from app.pair_dialog import AUTO_CHECK_MS, PairDialog
 from app.presets import PairChoice, PresetStore, load_choice
 from engine.models import default_model_path
 from tests.app.conftest import STRICT_QT_LOG
@@ -154,6 +154,16 @@ def test_a_result_for_a_selection_that_changed_meanwhile_does_not_enable_load(qt
         dialog.form.target.set_spec(str(tmp_path / "other.gguf"))  # changed before the result came back
     assert blocker.args[0] is False
     assert not dialog.load_button.isEnabled()
+    assert QApplication.overrideCursor() is None
+
+
+def test_closing_the_dialog_drops_the_check_a_change_had_scheduled(qtbot, dialog):
+    with qtbot.waitSignal(dialog.sig_check_finished, timeout=CHECK_TIMEOUT_MS):
+        dialog.show()  # checks the restored selection
+    dialog.form.drafter.setCurrentIndex(dialog.form.drafter.findData("model"))  # schedules a check
+    dialog.close()
+    with qtbot.assertNotEmitted(dialog.sig_check_finished, wait=AUTO_CHECK_MS + 300):
+        pass  # a check now would put a busy cursor over the main window, and could leave it there
     assert QApplication.overrideCursor() is None
 
 
