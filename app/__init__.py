@@ -7,6 +7,6 @@ engine on worker threads (see worker.py and engine_controller.py).
 
 __version__ = "0.1.0"
 
-from app import refcount_workaround as _refcount_workaround  # noqa: E402 - before any signal is emitted
+from app.shell import refcount_workaround as _refcount_workaround  # noqa: E402 - before any signal is emitted
 
 _refcount_workaround.apply()

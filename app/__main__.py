@@ -6,7 +6,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from app.qt_platform import check_xcb_libraries
+    from app.shell.qt_platform import check_xcb_libraries
 
     # Before any Qt: without its system libraries Qt aborts with a message that names none.
     problem = check_xcb_libraries()
@@ -15,8 +15,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # Qt and the window are imported here, not at module level, so that the entry
     # point script starts (and fails, if PySide6 is missing) with a plain traceback.
-    from app.application import create_application
-    from app.main_window import MainWindow
+    from app.shell.application import create_application
+    from app.shell.main_window import MainWindow
 
     application = create_application(argv)
     window = MainWindow()

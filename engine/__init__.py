@@ -1,6 +1,6 @@
 """SpecDeck's decoding engine: lossless speculative decoding on local models.
 
-No Qt here: the desktop app (`app/`), the command line (`engine.cli`) and the
+No Qt here: the desktop app (`app/`), the command line (`engine.cli.main`) and the
 tests all drive the same Python API:
 
     from engine import Engine, EngineConfig, SamplingConfig
@@ -12,7 +12,7 @@ tests all drive the same Python API:
 
 from importlib import import_module
 
-from .errors import (
+from engine.errors import (
     ConfigError,
     ContextOverflowError,
     IncompatiblePairError,
@@ -25,9 +25,9 @@ from .errors import (
 # Everything else loads torch; import it on first use so `specdeck-cli models`
 # and `doctor` start quickly.
 _LAZY = {
-    "Divergence": "events", "GenerationResult": "events", "RunStats": "events", "Source": "events",
-    "StepEvent": "events", "TokenInfo": "events", "SamplingConfig": "sampling",
-    "Comparison": "session", "Engine": "session", "EngineConfig": "session",
+    "Divergence": "core.events", "GenerationResult": "core.events", "RunStats": "core.events",
+    "Source": "core.events", "StepEvent": "core.events", "TokenInfo": "core.events",
+    "SamplingConfig": "core.sampling", "Comparison": "api", "Engine": "api", "EngineConfig": "api",
 }  # fmt: skip
 
 

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def default_gguf() -> str:
-    from engine.models import default_model_path
+    from engine.models.locate import default_model_path
 
     return default_model_path()
 
@@ -21,7 +21,7 @@ def default_gguf() -> str:
 @pytest.fixture(scope="session")
 def default_llama(default_gguf):
     """The embedded SmolLM2-135M-Instruct on llama.cpp, shared by every test that only reads it."""
-    from engine.backends.llama_backend import LlamaCppBackend
+    from engine.backends.llama_cpp import LlamaCppBackend
 
     backend = LlamaCppBackend(default_gguf, n_ctx=2048)
     yield backend
@@ -35,7 +35,7 @@ def embedded_hf_dir(default_gguf, tmp_path_factory) -> str:
     transformers takes ~20 s to load the GGUF (it parses the file three times);
     converting once per session lets every torch test load it in about a second.
     """
-    from engine.backends.torch_backend import TorchBackend
+    from engine.backends.hf.backend import TorchBackend
 
     folder = tmp_path_factory.mktemp("smollm2-fp32")
     backend = TorchBackend(default_gguf, dtype="float32")

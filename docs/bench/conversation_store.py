@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.conversations import ConversationStore
-from app.journals import read_journal
+from app.chat.conversations import ConversationStore
+from app.chat.journals import read_journal
 
 
 def write_journals(folder: Path, chats: int, replies: int, tokens: int) -> None:

@@ -15,13 +15,13 @@ validation measures):
 
 import torch
 
-from engine.backends.torch_backend import TorchBackend
+from engine.backends.hf.backend import TorchBackend
 from engine.bench.prompts import default_prompts_path, load_prompts
-from engine.loading import make_drafter
-from engine.models import default_model_path
-from engine.sampling import SamplingConfig
-from engine.session import Engine, EngineConfig
-from engine.draft_length import CostModel
+from engine.models.loading import make_drafter
+from engine.models.locate import default_model_path
+from engine.core.sampling import SamplingConfig
+from engine.api import Engine, EngineConfig
+from engine.core.draft_length import CostModel
 from engine.training.eagle import eagle_losses
 from engine.training.loss import feature_scale, logit_metric
 

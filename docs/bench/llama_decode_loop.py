@@ -1,8 +1,8 @@
 """One-token llama_decode cost: our LlamaCppBackend vs llama-cpp-python's Llama.eval, same file and context size,
 5 alternating runs of 64 decodes after a 100-token prompt (docs/benchmarks.md)."""
 import time, statistics, llama_cpp
-from engine.backends.llama_backend import LlamaCppBackend
-from engine.models import default_model_path
+from engine.backends.llama_cpp import LlamaCppBackend
+from engine.models.locate import default_model_path
 path=str(default_model_path())
 ours=LlamaCppBackend(path, n_ctx=8192)
 peer=llama_cpp.Llama(model_path=path, n_ctx=8192, n_threads=2, n_threads_batch=2, verbose=False)

@@ -22,8 +22,8 @@ import time
 from dataclasses import replace
 
 from engine.bench.prompts import default_prompts_path, load_prompts
-from engine.sampling import SamplingConfig
-from engine.session import Engine, EngineConfig
+from engine.core.sampling import SamplingConfig
+from engine.api import Engine, EngineConfig
 
 MODES = ("vanilla", "auto", "3", "4", "5")
 

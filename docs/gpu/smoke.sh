@@ -24,10 +24,10 @@ PY
 cp "$TOK"/tokenizer.json "$TOK"/tokenizer_config.json "$TOK"/chat_template.jinja "$TINY"/
 small=(--target "$TINY" --data builtin --self-generate 4 --gen-max-tokens 16 --cache-tokens 2048 --steps 5
        --batch-size 4 --seq-len 64 --device "$DEVICE" --dtype bfloat16 --log-every 5 --resume)
-python3 -m engine.cli train-heads --kind eagle --draft-vocab 2048 --out "$WORK/eagle" "${small[@]}"
-python3 -m engine.cli train-heads --kind medusa --heads 3 --out "$WORK/medusa" "${small[@]}"
+python3 -m engine.cli.main train-heads --kind eagle --draft-vocab 2048 --out "$WORK/eagle" "${small[@]}"
+python3 -m engine.cli.main train-heads --kind medusa --heads 3 --out "$WORK/medusa" "${small[@]}"
 for kind in eagle medusa; do
-  python3 -m engine.cli generate --target "$TINY" --drafter "$kind" --heads "$WORK/$kind" --device "$DEVICE" \
+  python3 -m engine.cli.main generate --target "$TINY" --drafter "$kind" --heads "$WORK/$kind" --device "$DEVICE" \
     --dtype float32 --k 8 --prompt "Write a short poem about the sea." --max-tokens 24 --compare --json \
     | python3 -c "import json,sys; r=json.load(sys.stdin); print('$kind', 'identical:', r['identical'], 'drafted:', r['stats']['drafted'], 'tokens per step:', r['stats'].get('tokens_per_step'))"
 done

@@ -32,7 +32,7 @@ mkdir -p "$WORK" "$OUT"
 if [ ! -f "$TARGET/config.json" ]; then
   python3 - "$GGUF" "$TARGET" <<'PY'
 import sys, time
-from engine.backends.torch_backend import TorchBackend
+from engine.backends.hf.backend import TorchBackend
 start = time.time()
 backend = TorchBackend(sys.argv[1], dtype="float32", device="cpu")
 backend._model.save_pretrained(sys.argv[2])
@@ -46,11 +46,11 @@ common=(--target "$TARGET" --data builtin --self-generate "$SELF_GENERATE" --gen
         --objective features --cache-tokens "$CACHE" --steps "$STEPS" --batch-size "$BATCH" --seq-len 256
         --lr 1e-3 --device "$DEVICE" --dtype bfloat16 --checkpoint-every 100 --log-every 100 --resume)
 
-timeout "$LIMIT_EAGLE" python3 -m engine.cli train-heads --kind eagle --draft-vocab 8192 --out "$WORK/eagle" "${common[@]}" \
+timeout "$LIMIT_EAGLE" python3 -m engine.cli.main train-heads --kind eagle --draft-vocab 8192 --out "$WORK/eagle" "${common[@]}" \
   || echo "[eagle] stopped (status $?)"
 mkdir -p "$WORK/medusa/training"
 cp -n "$WORK/eagle/training/replies.jsonl" "$WORK/medusa/training/replies.jsonl" 2>/dev/null || true
-timeout "$LIMIT_MEDUSA" python3 -m engine.cli train-heads --kind medusa --heads 4 --layers 1 --out "$WORK/medusa" "${common[@]}" \
+timeout "$LIMIT_MEDUSA" python3 -m engine.cli.main train-heads --kind medusa --heads 4 --layers 1 --out "$WORK/medusa" "${common[@]}" \
   || echo "[medusa] stopped (status $?)"
 
 for kind in eagle medusa; do

@@ -27,7 +27,7 @@ def application() -> QApplication:
     QSettings.setDefaultFormat(QSettings.Format.IniFormat)
     QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, tempfile.mkdtemp())
     instance = QApplication(sys.argv[:1])
-    from app.application import app_icon
+    from app.shell.application import app_icon
 
     instance.setWindowIcon(app_icon())
     return instance

@@ -25,7 +25,7 @@ CONFIG = EngineConfig()  # the app's default pair: embedded model, n-gram drafte
 
 def main() -> int:
     application = make_application()
-    from app.bench_dialog import BenchDialog
+    from app.bench.dialog import BenchDialog
 
     dialog = BenchDialog(config=CONFIG, apply_config=lambda config: None)  # no window: "Use these settings" does nothing
     dialog.resize(1280, 1080)

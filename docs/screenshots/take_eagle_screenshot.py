@@ -29,7 +29,7 @@ PROMPTS = ("Write a Python function that adds two numbers, then repeat the funct
 
 def main() -> int:
     application = make_application()
-    from app.main_window import MainWindow
+    from app.shell.main_window import MainWindow
 
     window = MainWindow()
     window.resize(*SIZE)

@@ -37,7 +37,7 @@ def main() -> int:
         print(f"unknown screenshot {', '.join(unknown)}: choose from {', '.join(SHOTS)}", file=sys.stderr)
         return 2
     application = make_application()
-    from app.main_window import MainWindow
+    from app.shell.main_window import MainWindow
 
     window = MainWindow()
     window.resize(*SIZE)

@@ -25,7 +25,7 @@ CACHE_TOKENS = 32_768  # target hidden states cached before training (the app's 
 def main() -> int:
     shown_steps = int(sys.argv[1]) if len(sys.argv) > 1 else 60
     application = make_application()
-    from app.train_dialog import TrainDialog
+    from app.training.dialog import TrainDialog
 
     dialog = TrainDialog(target="default")
     dialog.form.set_kind("eagle")

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import ContextOverflowError, CorruptModelError
+from engine.errors import ContextOverflowError, CorruptModelError
 
 
 # What loading one model is doing and the fraction of it done (0 to 1), called as it goes.
@@ -125,6 +125,7 @@ class Backend(abc.ABC):
 
     # -- trees and features (tree-shaped drafters: Medusa, EAGLE, lookahead) ---------
 
+    capabilities: frozenset[type] = frozenset()  # protocols of engine/backends/capabilities.py it implements
     supports_tree: bool = False  # True when forward_tree accepts any tree, not just chains
     supports_features: bool = False  # True when last_features() returns hidden states
     supports_early_exit: bool = False  # True when partial_forward() runs the first layers only
@@ -135,7 +136,7 @@ class Backend(abc.ABC):
         `parents[i]` is the index (into `tokens`) of node i's parent, or -1 for a
         node that follows the cached tokens directly; parents come before their
         children (parents[i] < i). Node i sits at position len(self.tokens) +
-        depth(i) - 1 (engine.tree.depths: 1 for a node without parent) and attends to the cache, its ancestors and itself only. Returns
+        depth(i) - 1 (engine.core.tree.depths: 1 for a node without parent) and attends to the cache, its ancestors and itself only. Returns
         float32 logits (len(tokens), V); row i predicts the token after node i.
 
         Afterwards the cache holds every node (self.tokens lists them in node

@@ -12,11 +12,11 @@ model), `system` (copy bandwidth, the bandwidth floor, peak memory), `results`
 Like the rest of `engine`, nothing here imports Qt.
 """
 
-from .autotune import AutotuneResult, AutotuneSettings, Candidate, format_autotune, run_autotune
-from .prompts import BenchPrompt, PromptFileError, default_prompts_path, load_prompts, parse_prompts
-from .report import format_text, to_json, write_json
-from .results import BenchmarkCancelled, BenchReport, GroupSummary, PeerResult, PromptSummary, RunRecord
-from .runner import BenchSettings, run_benchmark
+from engine.bench.autotune import AutotuneResult, AutotuneSettings, Candidate, format_autotune, run_autotune
+from engine.bench.prompts import BenchPrompt, PromptFileError, default_prompts_path, load_prompts, parse_prompts
+from engine.bench.report import format_text, to_json, write_json
+from engine.bench.results import BenchmarkCancelled, BenchReport, GroupSummary, PeerResult, PromptSummary, RunRecord
+from engine.bench.runner import BenchSettings, run_benchmark
 
 __all__ = [
     "AutotuneResult",

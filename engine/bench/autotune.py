@@ -6,7 +6,7 @@ decoding (k = 0) is measured once per prompt and is the baseline of every
 candidate. A candidate's score is the median over prompts of its speedup
 (speculative tokens/s over vanilla tokens/s on that prompt), the number the
 benchmark reports per prompt. The target loads once: each candidate's drafter
-is made on that same target (engine/loading.py make_drafter) and closed after,
+is made on that same target (engine/models/loading.py make_drafter) and closed after,
 so a second copy of the target is never loaded.
 
     result = run_autotune(EngineConfig(), load_prompts(default_prompts_path()))
@@ -21,15 +21,15 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from ..draft_length import CostModel
-from ..errors import ConfigError, SpecDeckError
-from ..loading import TORCH_DRAFTERS, make_drafter
-from ..sampling import SamplingConfig
-from ..session import Engine, EngineConfig
-from ..shipped import default_heads_dir
-from .prompts import BenchPrompt
-from .runner import engine_for
-from .results import BenchmarkCancelled
+from engine.core.draft_length import CostModel
+from engine.errors import ConfigError, SpecDeckError
+from engine.models.loading import TORCH_DRAFTERS, make_drafter
+from engine.core.sampling import SamplingConfig
+from engine.api import Engine, EngineConfig
+from engine.models.shipped import default_heads_dir
+from engine.bench.prompts import BenchPrompt
+from engine.bench.runner import engine_for
+from engine.bench.results import BenchmarkCancelled
 
 Progress = Callable[[str, float], None]
 CHAIN_KS = ("auto", 2, 4, 8)  # draft lengths tried for drafters that draft one chain

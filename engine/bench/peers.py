@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from .prompts import BenchPrompt
-from .results import SPECULATIVE, VANILLA, BenchmarkCancelled, PeerPromptResult, PeerResult
+from engine.bench.prompts import BenchPrompt
+from engine.bench.results import SPECULATIVE, VANILLA, BenchmarkCancelled, PeerPromptResult, PeerResult
 
 LOOKUP_TOKENS = 10  # prompt lookup's draft length, as both libraries document it
 PEER_WARMUP_TOKENS = 8
@@ -132,7 +132,7 @@ def default_peers(engine) -> list[PeerSpec]:
     """The peers matching the engine's target backend (see the module docstring)."""
     target = engine.target
     if target.info.backend == "llama.cpp":
-        from ..backends.llama_backend import default_threads
+        from engine.backends.llama_cpp import default_threads
 
         path, n_ctx, threads = target.info.path, target.n_ctx, engine.config.threads or default_threads()
         return [
@@ -255,7 +255,7 @@ def _hf_model(backend, dtype: str, device=None):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..device import pick_dtype
+    from engine.backends.hf.device import pick_dtype
 
     path = backend.info.path
     folder, gguf = (os.path.split(path) if path.lower().endswith(".gguf") else (path, None))

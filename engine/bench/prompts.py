@@ -17,10 +17,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..text import MESSAGE_ROLES
+from engine.errors import ConfigError
+from engine.core.text import MESSAGE_ROLES
 
-ROLES = MESSAGE_ROLES  # the roles every front end accepts (engine/text.py)
+ROLES = MESSAGE_ROLES  # the roles every front end accepts (engine/core/text.py)
 _KEYS = ("id", "kind", "messages")
 SHIPPED_FILE = Path("prompts") / "bench.jsonl"
 

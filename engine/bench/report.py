@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from .results import EFFICIENCY_LIMIT, VANILLA, BenchReport, GroupSummary, PeerResult, PromptSummary
+from engine.bench.results import EFFICIENCY_LIMIT, VANILLA, BenchReport, GroupSummary, PeerResult, PromptSummary
 
 
 def to_json(report: BenchReport) -> str:

@@ -18,14 +18,14 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from ..divergence import first_divergence, rounding_bound
-from ..errors import ConfigError, SpecDeckError
-from ..sampling import SamplingConfig
-from ..session import Engine, EngineConfig
-from . import system
-from .peers import PeerSpec, default_peers, run_peers
-from .prompts import BenchPrompt
-from .results import (SPECULATIVE, VANILLA, BenchmarkCancelled, BenchReport, FloorCheck, RunRecord, memory_check,
+from engine.core.divergence import first_divergence, rounding_bound
+from engine.errors import ConfigError, SpecDeckError
+from engine.core.sampling import SamplingConfig
+from engine.api import Engine, EngineConfig
+from engine.bench import system
+from engine.bench.peers import PeerSpec, default_peers, run_peers
+from engine.bench.prompts import BenchPrompt
+from engine.bench.results import (SPECULATIVE, VANILLA, BenchmarkCancelled, BenchReport, FloorCheck, RunRecord, memory_check,
                       summarize)  # fmt: skip
 
 Progress = Callable[[str, float], None]
@@ -198,7 +198,7 @@ def _bandwidth_device(engine) -> tuple[str, int | None]:
     """Where the target's weights are read from, and with how many CPU threads."""
     info = engine.target.info
     if info.backend == "llama.cpp":
-        from ..backends.llama_backend import default_threads
+        from engine.backends.llama_cpp import default_threads
 
         # With GPU layers part of the weights live on the GPU: the CPU floor is then an approximation.
         return "cpu", engine.config.threads or default_threads()
@@ -221,9 +221,9 @@ def draft_memory_bytes(engine) -> int:
         return sum(p.numel() * p.element_size() for module in modules for p in module.parameters())
     weights = backend.info.weight_bytes
     try:
-        from ..doctor import estimate_memory
-        from ..metadata import read_metadata
-        from ..models import resolve
+        from engine.models.doctor import estimate_memory
+        from engine.models.metadata import read_metadata
+        from engine.models.locate import resolve
 
         dtype = backend.info.dtype if backend.info.backend == "torch" else None
         _, cache = estimate_memory(read_metadata(resolve(backend.info.path)), backend.n_ctx, dtype)

@@ -10,7 +10,7 @@ verified as a point mass.
 Tree-shaped drafts (Medusa, EAGLE, lookahead) set `Draft.parents`: node i's
 parent is parents[i] (an earlier node), or -1 when it follows the pending token
 directly. A chain is the tree where parents[i] == i - 1 (and parents=None).
-Tree nodes are verified as point masses (engine/verify_tree.py), so siblings
+Tree nodes are verified as point masses (engine/core/verify_tree.py), so siblings
 must carry distinct tokens and q is not used. A backend that cannot verify trees
 (llama.cpp) verifies one branch instead: `Draft.best_path`, or the first child
 at every level when it is None, so list the most likely child first.
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..sampling import SamplingConfig
+from engine.core.sampling import SamplingConfig
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The head (engine/heads/eagle.py) guesses the target's next feature from the
 current feature and the next token; the target's LM head turns a guess into
-q. Notation as in engine/decode.py: the committed tokens are x_0 .. x_{L-1},
+q. Notation as in engine/core/decode.py: the committed tokens are x_0 .. x_{L-1},
 x_{L-1} is pending (not yet in the target's cache), and the target has final
 features f_0 .. f_{L-2} for the cached ones (`Backend.cached_features`).
 
@@ -26,7 +26,7 @@ features f_0 .. f_{L-2} for the cached ones (`Backend.cached_features`).
    loop's node budget) form the draft tree; a parent always outranks its
    children, so the chosen set is a tree. The head's cache goes back to the
    committed pairs: the tree's rows were scratch. The target verifies the tree
-   (engine/verify_tree.py, candidates as point masses: lossless), and the next
+   (engine/core/verify_tree.py, candidates as point masses: lossless), and the next
    catch-up feeds the head the target's true features of what was accepted.
 
 Automatic k: the sum of exp(value) over a tree's nodes is the draft's
@@ -47,13 +47,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..backends.kv_cache import KVCache
-from ..draft_length import K_LIMIT
-from ..errors import ConfigError
-from ..heads.eagle import EagleHead
-from ..sampling import SamplingConfig
-from ..tree import depths, path_to
-from .base import EMPTY_DRAFT, Draft, Drafter
+from engine.backends.hf.kv_cache import KVCache
+from engine.core.draft_length import K_LIMIT
+from engine.errors import ConfigError
+from engine.heads.eagle import EagleHead
+from engine.core.sampling import SamplingConfig
+from engine.core.tree import depths, path_to
+from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 
 TOP_K = 8  # children per expanded node, and nodes expanded per round
 MAX_DEPTH = 8
@@ -62,7 +62,7 @@ PRIOR_WEIGHT = 4.0  # the estimates' calibration starts as if 4 tokens had match
 
 class EagleDrafter(Drafter):
     name = "eagle"
-    has_distribution = False  # tree nodes are point masses (engine/verify_tree.py)
+    has_distribution = False  # tree nodes are point masses (engine/core/verify_tree.py)
     uses_features = True
     drafts_trees = True
 

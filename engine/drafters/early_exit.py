@@ -30,14 +30,14 @@ time, as vanilla runs them). Rejected drafts' rows are dropped by the usual
 rollback.
 
 q for each draft token is the early-exit head's distribution after the same
-`SamplingConfig` processing as the target's (engine/sampling.py), so the
+`SamplingConfig` processing as the target's (engine/core/sampling.py), so the
 rejection rule min(1, p/q) stays lossless; greedy drafts take the argmax.
 
 Choosing L. Shallow exits are cheap and often wrong, deep ones right and
 expensive. For an exit L with per-token acceptance a_L and a draft token costing
 c_L target forwards (c_L ~ (L + h) / (n + h) for n layers and an LM head worth h
 layers; measured, see below), a draft of k tokens is predicted to give, as in
-engine/draft_length.py,
+engine/core/draft_length.py,
 
     S(L, k) = E(a_L, k) / (k * c_L + T(k+1) / T(1)),  E(a, k) = (1 - a^(k+1)) / (1 - a).
 
@@ -86,10 +86,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..draft_length import CostModel, expected_tokens
-from ..errors import ConfigError
-from ..sampling import SamplingConfig, probabilities, sample, token_probability
-from .base import EMPTY_DRAFT, Draft, Drafter
+from engine.core.draft_length import CostModel, expected_tokens
+from engine.errors import ConfigError
+from engine.core.sampling import SamplingConfig, probabilities, sample, token_probability
+from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 
 EXIT_FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75)  # candidate exits, as fractions of the layers
 EXPLORE_STEPS = 2  # drafting steps each candidate gets before the rule below takes over

@@ -51,7 +51,7 @@ first, interleaved with the Jacobi ones (most recent first). They are merged
 into a prefix trie (siblings distinct) and returned as an ordinary tree `Draft`,
 so the decode loop's tree verification accepts the longest verified candidate:
 greedy follows the argmax down the trie, and sampling uses the recursive
-rejection rule with point masses (engine/verify_tree.py), which is lossless
+rejection rule with point masses (engine/core/verify_tree.py), which is lossless
 whatever the candidates were. The window rides along as the draft's extra rows
 (`Draft.extra_tokens`); nodes and window never see each other, so the window
 cannot change the verdict, and its cache entries are dropped after the step.
@@ -80,10 +80,10 @@ from __future__ import annotations
 
 import torch
 
-from ..draft_length import K_LIMIT, CostModel
-from ..errors import ConfigError
-from ..sampling import SamplingConfig
-from .base import EMPTY_DRAFT, Draft, Drafter
+from engine.core.draft_length import K_LIMIT, CostModel
+from engine.errors import ConfigError
+from engine.core.sampling import SamplingConfig
+from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 
 AUTO = "auto"
 CHEAP_RATIO = 1.5  # rows whose verify ratio T(n) / T(1) stays under this count as cheap
@@ -164,7 +164,7 @@ def _parameter(value, what: str, minimum: int) -> int | None:
 
 class LookaheadDrafter(Drafter):
     name = "lookahead"
-    has_distribution = False  # candidates are point masses (engine/verify_tree.py)
+    has_distribution = False  # candidates are point masses (engine/core/verify_tree.py)
     drafts_trees = True
 
     def __init__(

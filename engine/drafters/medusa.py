@@ -36,11 +36,11 @@ import heapq
 
 import torch
 
-from ..draft_length import K_LIMIT
-from ..heads.medusa import MedusaHeads
-from ..sampling import SamplingConfig
-from ..tree import path_to
-from .base import EMPTY_DRAFT, Draft, Drafter
+from engine.core.draft_length import K_LIMIT
+from engine.heads.medusa import MedusaHeads
+from engine.core.sampling import SamplingConfig
+from engine.core.tree import path_to
+from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 
 TOP_K = 10  # candidates per head
 PRIOR_TOP1 = 0.5  # prior acceptance of head 1's best candidate...
@@ -51,7 +51,7 @@ PRIOR_WEIGHT = 4.0  # the prior counts as this many scored guesses
 
 class MedusaDrafter(Drafter):
     name = "medusa"
-    has_distribution = False  # candidates are point masses (engine/verify_tree.py)
+    has_distribution = False  # candidates are point masses (engine/core/verify_tree.py)
     uses_features = True
     drafts_trees = True
 

@@ -19,11 +19,11 @@ import time
 
 import torch
 
-from ..backends.base import Backend, common_prefix_length
-from ..draft_length import measure_draft_cost
-from ..errors import IncompatiblePairError
-from ..sampling import SamplingConfig, probabilities, sample, token_probability
-from .base import EMPTY_DRAFT, Draft, Drafter
+from engine.backends.base import Backend, common_prefix_length
+from engine.core.draft_length import measure_draft_cost
+from engine.errors import IncompatiblePairError
+from engine.core.sampling import SamplingConfig, probabilities, sample, token_probability
+from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 
 
 STEP_LEFTOVER = 2  # tokens a drafting step leaves for the next one to feed (see the docstring)

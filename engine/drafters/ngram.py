@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..errors import ConfigError
-from ..sampling import SamplingConfig
-from .base import EMPTY_DRAFT, Draft, Drafter
+from engine.errors import ConfigError
+from engine.core.sampling import SamplingConfig
+from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 
 
 class NgramDrafter(Drafter):

@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ModelLoadError
-from .files import read_weights
+from engine.errors import ModelLoadError
+from engine.heads.files import read_weights
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

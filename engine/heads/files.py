@@ -6,9 +6,9 @@ import os
 
 import torch
 
-from ..errors import ModelLoadError
-from ..memory_errors import is_allocation_failure
-from ..pickled_code import convert_state_dict, is_refused_pickle, refused_pickle_error, short_reason
+from engine.errors import ModelLoadError
+from engine.models.memory_errors import is_allocation_failure
+from engine.models.pickled_code import convert_state_dict, is_refused_pickle, refused_pickle_error, short_reason
 
 
 def read_weights(folder: str, safe_name: str, pickle_name: str, what: str) -> dict[str, torch.Tensor]:

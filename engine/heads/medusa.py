@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError
-from .files import read_weights
+from engine.errors import ModelLoadError
+from engine.heads.files import read_weights
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "medusa_lm_head.safetensors"

@@ -9,7 +9,7 @@ corpus, or replies the target writes itself) teaches the heads to predict what
 the target would say a few tokens ahead.
 """
 
-from .checkpoint import CheckpointInfo, checkpoint_info
-from .medusa import TrainProgress, TrainResult, train_heads, train_medusa
+from engine.training.checkpoint import CheckpointInfo, checkpoint_info
+from engine.training.medusa import TrainProgress, TrainResult, train_heads, train_medusa
 
 __all__ = ["CheckpointInfo", "TrainProgress", "TrainResult", "checkpoint_info", "train_heads", "train_medusa"]

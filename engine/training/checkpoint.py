@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
+from engine.errors import ConfigError
 
 TRAINING_DIR = "training"
 STATE_FILE = "training_state.pt"

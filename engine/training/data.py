@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
+from engine.errors import ConfigError
 
 BUILTIN = "builtin"
 TEXT_SUFFIXES = (".txt", ".md", ".markdown")

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..heads.eagle import EagleConfig, EagleHead
-from .loss import TOKEN_ROWS, TOKEN_WEIGHT
+from engine.heads.eagle import EagleConfig, EagleHead
+from engine.training.loss import TOKEN_ROWS, TOKEN_WEIGHT
 
 DEPTHS = 2
 DEPTH_DECAY = 0.5

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import checkpoint as ckpt
+from engine.training import checkpoint as ckpt
 
 FEATURES_FILE = "features.bin"
 LABELS_FILE = "labels.bin"

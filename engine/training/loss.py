@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..heads.medusa import MedusaHeads
+from engine.heads.medusa import MedusaHeads
 
 # Positions per loss chunk (all batch rows together): bounds the (rows, V) tensors held at once. At
 # 128 rows of a 49k vocabulary one is 25 MB, under glibc's largest mmap threshold, so the allocator

@@ -55,11 +55,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
-from ..heads.medusa import MedusaConfig, MedusaHeads
-from . import eagle
-from . import checkpoint as ckpt
-from .data import (
+from engine.errors import ConfigError
+from engine.heads.medusa import MedusaConfig, MedusaHeads
+from engine.training import eagle
+from engine.training import checkpoint as ckpt
+from engine.training.data import (
     BUILTIN,
     DEFAULT_BUILTIN_CHARS,
     Document,
@@ -70,8 +70,8 @@ from .data import (
     read_documents,
     tokenize_documents,
 )
-from .features import FeatureCache, cached_windows
-from .loss import distill, feature_scale, logit_metric, regress
+from engine.training.features import FeatureCache, cached_windows
+from engine.training.loss import distill, feature_scale, logit_metric, regress
 
 KINDS = ("medusa", "eagle")
 OBJECTIVES = ("features", "kl")
@@ -291,7 +291,7 @@ class _Run:
         if tokens is None:
             return self._cancelled_result()
         self.report(TrainProgress("load", 0, self.s.steps, message=f"Loading {self.s.target} for training"))
-        from .target import load_target
+        from engine.training.target import load_target
 
         target = load_target(self.s.target, device=self.s.device, dtype=self.s.dtype)
         try:
@@ -447,7 +447,7 @@ class _Run:
             self.report(TrainProgress("data", 0, self.s.steps, message=f"Reading {source}"))
             documents += builtin_documents(self.s.max_builtin_chars) if source == BUILTIN else read_documents(source)
         if self.s.self_generate > 0:
-            from .self_generate import generate_replies
+            from engine.training.self_generate import generate_replies
 
             prompts = generation_prompts(documents, self.s.self_generate, self.s.seed)
             self.report(TrainProgress("generate", 0, len(prompts), message=f"{self.s.target} writes its replies"))

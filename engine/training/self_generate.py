@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from .data import Document, jsonl_document
+from engine.training.data import Document, jsonl_document
 
 BATCH = 128  # replies per generate() call on a GPU
 
@@ -62,15 +62,15 @@ def generate_replies(
     means batches of BATCH on a CUDA device and the engine, one reply at a time,
     elsewhere; a number forces batches of that size (on any device).
     """
-    from ..sampling import SamplingConfig
-    from ..session import Engine, EngineConfig
+    from engine.core.sampling import SamplingConfig
+    from engine.api import Engine, EngineConfig
 
     done = read_replies(path)
     todo = prompts[len(done) :]
     if not todo or (cancel is not None and cancel.is_set()):
         return done
     if batch_size is None:
-        from ..device import pick_device
+        from engine.backends.hf.device import pick_device
 
         batch_size = BATCH if pick_device(device) == "cuda" else 0
     if batch_size > 0:
@@ -104,7 +104,7 @@ def _generate_batched(target_spec, prompts, done, path, max_tokens, temperature,
     """Batches of replies through transformers' generate (left padding), appended batch by batch."""
     import torch
 
-    from .target import load_target
+    from engine.training.target import load_target
 
     target = load_target(target_spec, device=device, dtype=dtype)
     tokenizer, model = target.tokenizer, target.model

@@ -14,10 +14,10 @@ import os
 import torch
 from torch import nn
 
-from ..device import pick_device, pick_dtype
-from ..errors import ModelLoadError
-from ..memory_errors import is_allocation_failure, out_of_memory, release_frames
-from ..models import resolve
+from engine.backends.hf.device import pick_device, pick_dtype
+from engine.errors import ModelLoadError
+from engine.models.memory_errors import is_allocation_failure, out_of_memory, release_frames
+from engine.models.locate import resolve
 
 
 class FrozenTarget:

@@ -67,7 +67,7 @@ def fresh_settings_and_data(isolated_settings, tmp_path, monkeypatch):
 def garbage_collected_on_the_gui_thread(qapp):
     """As in the app (application.py): cycles are collected on this thread, never in a worker,
     where freeing a Qt object deadlocks against the GUI thread. The rest of the suite keeps gc on."""
-    from app.application import collect_garbage_on_the_gui_thread
+    from app.shell.application import collect_garbage_on_the_gui_thread
 
     collector = collect_garbage_on_the_gui_thread(qapp)
     yield
@@ -84,7 +84,7 @@ def data_dir(fresh_settings_and_data):
 @pytest.fixture
 def make_window(qtbot):
     """make_window(config=FAST_CONFIG, sampling=SHORT_REPLY, load=True) -> a shown MainWindow."""
-    from app.main_window import MainWindow
+    from app.shell.main_window import MainWindow
 
     def make(config: EngineConfig | None = FAST_CONFIG, sampling: SamplingConfig = SHORT_REPLY, load: bool = True):
         window = MainWindow()

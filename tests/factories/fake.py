@@ -11,7 +11,7 @@ import torch
 
 from engine.backends.base import Backend, ModelInfo
 from engine.drafters.base import Draft, Drafter
-from engine.sampling import SamplingConfig, probabilities, sample
+from engine.core.sampling import SamplingConfig, probabilities, sample
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 

@@ -1,0 +1,345 @@
+"""`BenchDialog`: run `specdeck-cli bench` from the app, on the shipped prompts or the user's own.
+
+It benchmarks the model pair the window has loaded (its `EngineConfig`), in a
+copy of its own: the benchmark loads the models on a worker thread, so the
+window's engine is never used from two threads, and it stops the window's
+running generation first so that the two do not share the CPU. One run at a
+time; Cancel (or closing the dialog) stops it between two generations. The
+result is a bar chart, a table and the three checks in words; Export saves
+everything measured as JSON, as `--json` does. "Find the best settings" runs
+auto-tune (engine/bench/autotune.py) the same way, on the same prompts with
+replies of at most 64 tokens, and shows the candidates ranked; "Use these
+settings" hands the fastest configuration to `apply_config` (the window's
+`apply_pair`, with its current sampling).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from PySide6.QtCore import QEvent, QSettings, QStandardPaths, Qt, Signal, Slot
+from PySide6.QtWidgets import (QCheckBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
+                               QProgressBar, QPushButton, QSpinBox, QSplitter, QVBoxLayout)  # fmt: skip
+
+from engine import EngineConfig, SpecDeckError
+from engine.bench import (AutotuneResult, AutotuneSettings, BenchmarkCancelled, BenchReport, BenchSettings, Candidate,
+                          default_prompts_path, load_prompts, run_autotune, run_benchmark, write_json)  # fmt: skip
+from app.bench.autotune_view import AutotunePanel
+from app.bench.view import BenchChart, BenchTable, checks_html
+from app.runtime.worker import GeneratorWorker, TaskRunner
+
+PROMPTS_FILE, REPEAT, MAX_TOKENS, PEERS = "bench/prompts_file", "bench/repeat", "bench/max_tokens", "bench/peers"
+AUTOTUNE_MAX_TOKENS = 64  # auto-tune runs every candidate on every prompt: short replies
+
+
+class BenchDialog(QDialog):
+    sig_finished = Signal(object)
+    """A run ended: its BenchReport, or None when it failed or was cancelled."""
+    sig_tuned = Signal(object)
+    """An auto-tune ended: its AutotuneResult, or None when it failed or was cancelled."""
+
+    def __init__(self, parent=None, config: EngineConfig | None = None,
+                 before_run: Callable[[], None] | None = None,
+                 apply_config: Callable[[EngineConfig], None] | None = None) -> None:  # fmt: skip
+        super().__init__(parent)
+        self.setWindowTitle("Benchmark: vanilla against speculative decoding")
+        self.config = config or EngineConfig()
+        self.before_run = before_run
+        self.apply_config = apply_config
+        self.autotune_candidates: tuple[Candidate, ...] | None = None  # None: all the loaded target allows
+        self.report: BenchReport | None = None
+        self._job = ""  # "bench" or "autotune": what the running worker does
+        self._runner = self._new_runner()
+        if parent is not None:  # the window closing must not leave our thread running
+            parent.installEventFilter(self)
+
+        settings = QSettings()
+        self.prompts_edit = QLineEdit(settings.value(PROMPTS_FILE, "", type=str))
+        self.prompts_edit.setPlaceholderText("the built-in set: 6 prompts that reuse their input, 6 open ones")
+        browse = QPushButton("Choose…", clicked=self.choose_prompts)
+        builtin = QPushButton("Built-in set", clicked=self.prompts_edit.clear)
+        files = QHBoxLayout()
+        files.addWidget(self.prompts_edit, 1)
+        files.addWidget(browse)
+        files.addWidget(builtin)
+        self.repeat = _spin(1, 20, settings.value(REPEAT, 3, type=int), "")
+        self.max_tokens = _spin(4, 4096, settings.value(MAX_TOKENS, 128, type=int), " tokens")
+        self.peers = QCheckBox("also run llama-cpp-python or transformers on the same model file (peers)")
+        self.peers.setChecked(settings.value(PEERS, False, type=bool))
+        form = QFormLayout()
+        self.models_label = QLabel(describe_config(self.config))
+        form.addRow("Models:", self.models_label)
+        form.addRow("Prompts (JSONL):", files)
+        form.addRow("Runs per prompt and mode:", self.repeat)
+        form.addRow("Reply length:", self.max_tokens)
+        form.addRow("", self.peers)
+
+        self.run_button = QPushButton("Run", clicked=self.run)
+        self.run_button.setDefault(True)
+        self.autotune_button = QPushButton("Find the best settings", clicked=self.autotune)
+        self.autotune_button.setToolTip("Try every drafter this pair allows with a few draft lengths, on these "
+                                        f"prompts (replies of up to {AUTOTUNE_MAX_TOKENS} tokens), and rank them "
+                                        "by speedup over plain decoding")  # fmt: skip
+        self.cancel_button = QPushButton("Cancel", clicked=self.cancel, enabled=False)
+        self.export_button = QPushButton("Export JSON…", clicked=lambda: self.export_json(), enabled=False)
+        close = QPushButton("Close", clicked=self.reject)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.status = QLabel("Runs every prompt plainly and speculatively, greedy, and compares the speeds.")
+        self.status.setWordWrap(True)
+        buttons = QHBoxLayout()
+        for widget in (self.run_button, self.autotune_button, self.cancel_button, self.progress):
+            buttons.addWidget(widget)
+        buttons.addStretch(1)
+        buttons.addWidget(self.export_button)
+        buttons.addWidget(close)
+
+        self.chart = BenchChart(self)
+        self.table = BenchTable(self)
+        self.checks = QLabel()
+        self.checks.setWordWrap(True)
+        self.checks.setTextFormat(Qt.TextFormat.RichText)
+        results = QSplitter(Qt.Orientation.Vertical)
+        results.addWidget(self.chart)
+        results.addWidget(self.table)
+        self.autotune_panel = AutotunePanel(self)
+        self.autotune_panel.sig_apply.connect(self.use_settings)
+        self.autotune_panel.hide()  # until auto-tune has run
+        results.addWidget(self.autotune_panel)
+        results.setSizes([380, 220, 220])
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addLayout(buttons)
+        layout.addWidget(self.status)
+        layout.addWidget(results, 1)
+        layout.addWidget(self.checks)
+        self.resize(1100, 820)
+
+    @property
+    def running(self) -> bool:
+        return self._runner.busy
+
+    # -- running -------------------------------------------------------------------------
+
+    def prompts_path(self) -> Path:
+        text = self.prompts_edit.text().strip()
+        return Path(text).expanduser() if text else default_prompts_path()
+
+    def choose_prompts(self) -> None:
+        start = self.prompts_edit.text() or QStandardPaths.writableLocation(
+            QStandardPaths.StandardLocation.DocumentsLocation)  # fmt: skip
+        path, _ = QFileDialog.getOpenFileName(self, "Benchmark prompts", start, "JSON Lines (*.jsonl *.json);;All files (*)")
+        if path:
+            self.prompts_edit.setText(path)
+
+    def run(self) -> None:
+        """Start a benchmark with the form's settings (a bad prompts file is reported, nothing starts)."""
+        if self.running:
+            return
+        loaded = self._load_prompts()
+        if loaded is None:
+            return
+        path, prompts = loaded
+        settings = BenchSettings(max_tokens=self.max_tokens.value(), repeat=self.repeat.value(),
+                                 peers=self.peers.isChecked())  # fmt: skip
+        config = self.config
+
+        def job(cancel, report) -> BenchReport:
+            return run_benchmark(config, prompts, settings, cancel=cancel, prompts_source=str(path),
+                                 progress=lambda message, fraction: report((message, fraction)))  # fmt: skip
+
+        self._start(job, "bench", self._on_report, f"Benchmarking {len(prompts)} prompts from {path.name}…")
+
+    def autotune(self) -> None:
+        """Start auto-tune on the form's prompts; the ranked candidates replace the last ones."""
+        if self.running:
+            return
+        loaded = self._load_prompts()
+        if loaded is None:
+            return
+        path, prompts = loaded
+        settings = AutotuneSettings(max_tokens=min(self.max_tokens.value(), AUTOTUNE_MAX_TOKENS))
+        config, candidates = self.config, self.autotune_candidates
+
+        def job(cancel, report) -> AutotuneResult:
+            return run_autotune(config, prompts, settings, candidates=candidates, cancel=cancel,
+                                progress=lambda message, fraction: report((message, fraction)))  # fmt: skip
+
+        self._start(job, "autotune", self._on_tuned,
+                    f"Finding the best settings on {len(prompts)} prompts from {path.name}…")  # fmt: skip
+
+    def _load_prompts(self) -> tuple[Path, tuple] | None:
+        """The form's prompt file and its prompts, or None with the error in the status line."""
+        try:
+            path = self.prompts_path()
+            prompts = load_prompts(path)
+        except SpecDeckError as error:
+            self._set_status(str(error), error=True)
+            return None
+        self._remember()
+        return path, prompts
+
+    def _start(self, job, name: str, on_returned, status: str) -> None:
+        if self.before_run is not None:
+            self.before_run()
+        self._job = name
+        worker = GeneratorWorker(job, name=name)
+        worker.sig_yielded.connect(self._on_progress)
+        worker.sig_returned.connect(on_returned)
+        worker.sig_errored.connect(self._on_error)
+        self.progress.setValue(0)
+        self._set_status(status)
+        self._set_running(True)
+        self._runner.start(worker)
+
+    def cancel(self) -> None:
+        if self.running:
+            self._set_status("Stopping after the current generation…")
+            self._runner.cancel()
+
+    @Slot(object)
+    def _on_progress(self, value) -> None:
+        message, fraction = value
+        self.progress.setValue(round(fraction * 100))
+        self.status.setText(message)
+
+    @Slot(object)
+    def _on_report(self, report: BenchReport) -> None:
+        self.show_report(report)
+        self._set_status(f"Done: {len(report.prompts)} prompts, speedup {report.overall.speedup:.2f}× overall "
+                         "(geometric mean), outputs identical for "
+                         f"{report.overall.identical} of {report.overall.prompts}.")  # fmt: skip
+        self.sig_finished.emit(report)
+
+    @Slot(object)
+    def _on_error(self, error: BaseException) -> None:
+        if isinstance(error, BenchmarkCancelled):
+            self._set_status("Cancelled: nothing was measured to the end.")
+        elif isinstance(error, SpecDeckError):
+            self._set_status(str(error), error=True)
+        else:
+            self._set_status(f"Unexpected error ({type(error).__name__}: {error}). Please report it.", error=True)
+        (self.sig_tuned if self._job == "autotune" else self.sig_finished).emit(None)
+
+    @Slot(object)
+    def _on_tuned(self, result: AutotuneResult) -> None:
+        self.autotune_panel.show_result(result, can_apply=self.apply_config is not None)
+        self.autotune_panel.show()
+        best = result.best
+        fastest = (f"the fastest is {best.candidate.label}, {best.speedup:.2f}× plain decoding" if result.beats_vanilla
+                   else "none beat plain decoding")  # fmt: skip
+        self._set_status(f"Done: {len(result.ranked)} settings measured; {fastest}.")
+        self.sig_tuned.emit(result)
+
+    def use_settings(self, config: EngineConfig) -> None:
+        """Apply auto-tune's proposal to the window; later runs here measure it."""
+        if self.apply_config is None or self.running:
+            return
+        self.apply_config(config)
+        self.config = config
+        self.models_label.setText(describe_config(config))
+        self._set_status(f"Using {self.autotune_panel.result.best.candidate.label}: the window loads it.")
+
+    @Slot(object)
+    def _on_done(self, worker) -> None:
+        self._set_running(False)
+
+    def show_report(self, report: BenchReport) -> None:
+        self.report = report
+        self.chart.show_report(report)
+        self.table.show_report(report)
+        self.checks.setText(checks_html(report))
+        self.export_button.setEnabled(True)
+
+    def export_json(self, path: str | Path | None = None) -> Path | None:
+        if self.report is None:
+            return None
+        if path is None:
+            folder = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+            chosen, _ = QFileDialog.getSaveFileName(self, "Export the benchmark", str(Path(folder) / "bench.json"),
+                                                    "JSON document (*.json)")  # fmt: skip
+            if not chosen:
+                return None
+            path = chosen
+        try:
+            write_json(self.report, path)
+        except OSError as error:
+            self._set_status(f"Could not write {path}: {error.strerror or error}.", error=True)
+            return None
+        self._set_status(f"Saved to {path}.")
+        return Path(path)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _set_running(self, running: bool) -> None:
+        self.run_button.setEnabled(not running)
+        self.autotune_button.setEnabled(not running)
+        self.autotune_panel.apply_button.setEnabled(not running and self.apply_config is not None
+                                                    and self.autotune_panel.result is not None)  # fmt: skip
+        self.cancel_button.setEnabled(running)
+        for widget in (self.prompts_edit, self.repeat, self.max_tokens, self.peers):
+            widget.setEnabled(not running)
+
+    def _set_status(self, text: str, error: bool = False) -> None:
+        self.status.setStyleSheet("color: #D55E00" if error else "")
+        self.status.setText(text)
+
+    def _remember(self) -> None:
+        settings = QSettings()
+        settings.setValue(PROMPTS_FILE, self.prompts_edit.text().strip())
+        settings.setValue(REPEAT, self.repeat.value())
+        settings.setValue(MAX_TOKENS, self.max_tokens.value())
+        settings.setValue(PEERS, self.peers.isChecked())
+
+    def shutdown(self) -> None:
+        """Cancel a running benchmark and wait for its thread (blocks until the current generation ends)."""
+        self._runner.shutdown()
+        self._runner = self._new_runner()  # a closed runner starts nothing: the dialog may be shown again
+        self._set_running(False)
+
+    def _new_runner(self) -> TaskRunner:
+        runner = TaskRunner(self)
+        runner.sig_done.connect(self._on_done)
+        return runner
+
+    def done(self, result: int) -> None:  # every way of closing a dialog ends here
+        self.shutdown()
+        super().done(result)
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt API
+        if watched is self.parent() and event.type() == QEvent.Type.Close:
+            self.shutdown()
+        return False
+
+
+def _spin(low: int, high: int, value: int, suffix: str) -> QSpinBox:
+    spin = QSpinBox()
+    spin.setRange(low, high)
+    spin.setValue(min(max(value, low), high))
+    spin.setSuffix(suffix)
+    return spin
+
+
+def describe_config(config: EngineConfig) -> str:
+    drafter = f"draft model {config.draft}" if config.draft else f"{config.drafter} drafter"
+    backend = "" if config.backend == "auto" else f", {config.backend}"
+    return f"{config.target}{backend} · {drafter} · k {config.k} (the pair loaded in the window)"
+
+
+def open_bench_dialog(window) -> BenchDialog:
+    """Models ▸ Benchmark…: on the window's loaded pair (or the saved one), window-modal."""
+    from app.shell import settings as keys
+
+    existing = window.findChild(BenchDialog)
+    if existing is not None and existing.isVisible():
+        existing.raise_()
+        existing.activateWindow()
+        return existing
+    engine = window.controller.engine
+    config = engine.config if engine is not None else keys.engine_config()
+    dialog = BenchDialog(window, config=config, before_run=window.controller.stop,
+                         apply_config=lambda chosen: window.apply_pair(chosen, window.sampling))  # fmt: skip
+    dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    dialog.open()
+    return dialog

@@ -1,0 +1,384 @@
+"""`LiveCharts`: six live panels that show how a speculative run is going, and why.
+
+Decoding must never wait for drawing. `add_step` only appends a row to a ring
+buffer and arms a single-shot timer; the redraw runs at most ~25 times a second,
+and not at all while nothing new arrives (an idle app does not wake up 25 times
+a second for nothing). Call everything from the GUI thread: the main window gets
+steps from its worker through a queued signal.
+
+Panels (three columns when wide, two when tall):
+  tokens per second | acceptance rate (rolling)  | tokens accepted per step
+  draft length k    | where the time goes        | theory: E[tokens/step] and speedup vs a
+  acceptance per draft position (per Medusa head, per tree depth), across the last row
+The draft length panel shows a tree drafter's tree size and accepted length
+per step instead. Lookahead and early exit add the drafter panel (two plots:
+the n-gram pool and its hits, or the exit layer and each exit's acceptance)
+beside the last panel, or on a row of its own when only one column is left.
+`set_drafter` says which drafter is loaded; the worker's snapshot of its
+statistics comes with each step (`add_step`'s `drafter_stats`).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import os
+
+from PySide6.QtCore import QBuffer, QIODevice, QPoint, QRect, Qt, QTimer, Signal
+from PySide6.QtGui import QPainter, QPalette
+from PySide6.QtSvg import QSvgGenerator
+from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
+
+from engine.core.draft_length import CostModel
+from engine.core.events import StepEvent
+
+from app.charts.data import COLUMNS, DRAFTER_COLUMNS, Run, chart_series, drafter_view
+from app.charts.panels import (
+    RUN_COLOURS,
+    AcceptancePanel,
+    DepthPanel,
+    DrafterPanel,
+    DraftLengthPanel,
+    HistogramPanel,
+    ThroughputPanel,
+    TimeSplitPanel,
+)
+from app.charts.theory import TheoryPanel
+
+REDRAW_MS = 40  # 25 Hz: smooth to the eye, a few ms of work per frame
+LABELS = ("speculative", "vanilla")
+
+
+class LiveCharts(QWidget):
+    sig_redrawn = Signal()
+    """The panels now show everything added so far (emitted after each redraw)."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self._runs: dict[str, Run] = {}
+        self._costs: CostModel | None = None
+        self._drafter: str | None = None  # EngineConfig.drafter of the loaded engine
+        self._dirty = False
+        self.throughput = ThroughputPanel(self)
+        self.acceptance = AcceptancePanel(self)
+        self.histogram = HistogramPanel(self)
+        self.draft_length = DraftLengthPanel(self)
+        self.time_split = TimeSplitPanel(self)
+        self.theory = TheoryPanel(self)
+        self.depth = DepthPanel(self)
+        self.drafter = DrafterPanel(self)  # hidden unless the drafter has numbers of its own
+        self.panels = (self.throughput, self.acceptance, self.histogram, self.draft_length, self.time_split,
+                       self.theory, self.depth, self.drafter)  # fmt: skip
+        # Steps share their x axis: zooming one zooms the other.
+        self.draft_length.plot.setXLink(self.acceptance.plot)
+        # One line above the panels names the run colours once for all of them and
+        # gives the headline numbers, so the panels need no per-run legends.
+        self.summary = QLabel(self)
+        self.summary.setWordWrap(True)
+        self.summary.setTextFormat(Qt.RichText)
+        self.summary.setContentsMargins(6, 2, 6, 2)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.setSpacing(2)
+        outer.addWidget(self.summary)
+        self._grid = QGridLayout()
+        self._grid.setSpacing(4)
+        outer.addLayout(self._grid, 1)
+        self._columns = 0
+        self._arrange(3)
+
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(REDRAW_MS)
+        self._timer.timeout.connect(self.redraw)
+        self.redraw()  # empty axes and the theory curve before any step
+
+    # -- feeding -------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget every run (a new generation starts)."""
+        self._runs.clear()
+        for panel in self.panels:
+            panel.clear_data()
+        self._schedule()
+
+    def add_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None) -> None:
+        """Record one step of the run `label` ("speculative" or "vanilla"). Cheap: draws nothing.
+
+        `drafter_stats`: the drafter's stats() right after this step, as a snapshot taken on
+        the thread that decodes (never call stats() from here while a worker decodes)."""
+        if label not in LABELS:
+            raise ValueError(f"unknown run label {label!r}: use one of {', '.join(LABELS)}")
+        run = self._runs.get(label)
+        if run is None or (event.index == 0 and len(run.steps)):
+            # Step 0 of a label that already has steps is a new run without a reset():
+            # start that label over rather than join two runs into one curve.
+            run = self._runs[label] = Run()
+        run.add(event, drafter_stats)
+        self._schedule()
+
+    def set_drafter(self, kind: str | None) -> None:
+        """The loaded drafter (EngineConfig.drafter: "eagle", "lookahead", "early-exit",
+        "medusa", "ngram", "model", "none"): names the depth bars, draws trees as trees,
+        and shows the drafter panel where the drafter has one."""
+        self._drafter = kind
+        view = drafter_view(kind)
+        self.depth.set_label(view.depth_label)
+        self.draft_length.set_tree(view.tree)
+        self.drafter.set_kind(view.panel)
+        self._arrange(self._columns, force=True)
+        self._schedule()
+
+    @property
+    def drafter_kind(self) -> str | None:
+        return self._drafter
+
+    def set_depth_label(self, label: str) -> None:
+        """Name the depth bars: "head" (Medusa heads), "depth" (tree drafters) or "position" (chains)."""
+        self.depth.set_label(label)
+        self._schedule()
+
+    def set_cost_model(self, costs: CostModel | None) -> None:
+        """The engine's cost model (it keeps learning while decoding; each redraw reads a snapshot)."""
+        self._costs = costs
+        self._schedule()
+
+    # -- drawing -------------------------------------------------------------------
+
+    def series(self) -> dict:
+        """The data the panels draw (after the next redraw, if steps arrived since the last)."""
+        return chart_series(self._runs, self._cost_snapshot(), drafter=self._drafter)
+
+    def redraw(self) -> None:
+        """Draw everything added so far now (the timer calls this; so does export_png)."""
+        self._timer.stop()
+        self._dirty = False
+        data = self.series()
+        for panel in self.panels:
+            panel.show_series(data)
+        self.summary.setText(summary_html(data, self.palette().color(QPalette.ColorRole.Text).name()))
+        self.sig_redrawn.emit()
+
+    def _schedule(self) -> None:
+        self._dirty = True
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def _cost_snapshot(self) -> CostModel | None:
+        """A private copy of the cost model: the decoding thread updates the original as it goes."""
+        if self._costs is None:
+            return None
+        c = self._costs
+        # dict() copies under the GIL in one step, so a concurrent update cannot tear it.
+        return CostModel(verify_s=dict(c.verify_s), draft_s_per_token=c.draft_s_per_token, window=c.window)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        # Beside a chat pane the charts are often taller than wide: 2 columns then.
+        size = event.size()
+        self._arrange(3 if size.width() >= 1.15 * size.height() else 2)
+
+    def _arrange(self, columns: int, force: bool = False) -> None:
+        if columns == self._columns and not force:
+            return
+        self._columns = columns
+        for panel in self.panels:
+            self._grid.removeWidget(panel)
+        positions = grid_positions(len(self.panels) - 1, columns, self.drafter.active)
+        for row, column, span, panel in positions:
+            self._grid.addWidget(self.panels[panel], row, column, 1, span)
+        self.drafter.setVisible(self.drafter.active)
+        used = 1 + max(row for row, *_ in positions)
+        for r in range(max(self._grid.rowCount(), used)):
+            self._grid.setRowStretch(r, 1 if r < used else 0)
+        for c in range(3):
+            self._grid.setColumnStretch(c, 1 if c < columns else 0)
+
+    def visible_panels(self) -> tuple:
+        """The panels in the layout now (the drafter panel only where the drafter has one)."""
+        return self.panels if self.drafter.active else self.panels[:-1]
+
+    # -- exports -------------------------------------------------------------------
+
+    def export_png(self, path: str | os.PathLike) -> None:
+        """The six panels as they look now (pending steps drawn first)."""
+        if self._dirty:
+            self.redraw()
+        if not self.grab().save(os.fspath(path), "PNG"):
+            raise OSError(f"Could not write the image {os.fspath(path)}: check the folder exists and is writable.")
+
+    def export_svg(self, path: str | os.PathLike) -> list[str]:
+        """Each panel on its own, drawn as vectors: `path`'s name plus the panel's title
+        ("charts.svg" -> "charts-tokens-per-second.svg", ...); returns the files written.
+
+        pyqtgraph's SVGExporter cannot read the paths Qt 6.12's SVG generator writes (it
+        raises on every panel), so the panels' scenes are painted into QSvgGenerator directly.
+        """
+        if self._dirty:
+            self.redraw()
+        path = os.fspath(path)
+        stem = path[: -len(".svg")] if path.lower().endswith(".svg") else path
+        written = []
+        for panel in self.visible_panels():
+            for plot in getattr(panel, "plots", (panel,)):  # the drafter panel holds two plots
+                name = f"{stem}-{_slug(plot.plot.titleLabel.text)}.svg"
+                with open(name, "wb") as f:
+                    f.write(panel_svg(plot))
+                written.append(name)
+        return written
+
+    def _export_columns(self) -> tuple[str, ...]:
+        """COLUMNS, then the drafter's columns that some run has numbers for."""
+        filled = {name for run in self._runs.values() for name in run.drafter_columns()}
+        return COLUMNS + tuple(name for name in DRAFTER_COLUMNS if name in filled)
+
+    def export_csv(self, path: str | os.PathLike) -> None:
+        """One row per step and run: the run label, then chart_data.COLUMNS and the drafter's
+        columns (lookahead: pool_size, pool_jacobi, pool_text, pool_steps, pool_hits; early
+        exit: exit_layer), empty where a run has no such number."""
+        columns = self._export_columns()
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(("run",) + columns)
+            for label, run in self._runs.items():
+                for row in run.rows(columns):
+                    writer.writerow([label] + ["" if row[name] is None else row[name] for name in columns])
+
+    def export_json(self, path: str | os.PathLike) -> None:
+        """The run's numbers: final RunStats, the drafter's last statistics and per-step rows per
+        label, the cost model's view, per-depth acceptance and the theory's numbers."""
+        series = self.series()
+        theory = series["theory"]
+        depth = series["depth"]
+        costs = self._cost_snapshot()
+        columns = self._export_columns()
+        document = {
+            "columns": list(columns),
+            "drafter": self._drafter,
+            "runs": {
+                label: {"stats": run.stats.as_dict(), "finish_reason": run.finish_reason,
+                        "drafter_stats": run.drafter_stats, "steps": run.rows(columns)}
+                for label, run in self._runs.items()
+            },
+            "cost_model": None if costs is None else {
+                "verify_s": {str(n): s for n, s in sorted(costs.verify_s.items())},
+                "draft_s_per_token": costs.draft_s_per_token,
+            },
+            "depth_acceptance": {
+                "label": self.depth.label,
+                "depth": [int(d) for d in depth["depth"]],
+                "tested": [int(t) for t in depth["tested"]],
+                "accepted": [int(a) for a in depth["accepted"]],
+            },
+            "theory": {
+                "k": theory["k"],
+                "break_even_acceptance": theory["break_even"],
+                "measured": theory["measured"],
+                "measured_speedup": theory["measured_speedup"],
+            },
+        }  # fmt: skip
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=2, default=_plain)
+
+
+def _plain(value):
+    """A drafter's number JSON does not know (a numpy or torch scalar): as a plain number or text."""
+    try:
+        return value.item()
+    except (AttributeError, ValueError):
+        return str(value)
+
+
+def grid_positions(n: int, columns: int, drafter: bool) -> list[tuple[int, int, int, int]]:
+    """(row, column, column span, panel index) for n panels in `columns` columns, then, when
+    `drafter`, the drafter panel (index n). The last panel takes what is left of its row;
+    the drafter panel (two plots side by side) goes beside it where two columns or more are
+    left, else on a row of its own across all columns."""
+    out = [[*divmod(i, columns), 1, i] for i in range(n)]
+    row, column = divmod(n - 1, columns)
+    left = columns - column - 1
+    if drafter and left >= 2:
+        out.append([row, column + 1, left, n])
+    else:
+        out[-1][2] = columns - column
+        if drafter:
+            out.append([row + 1, 0, columns, n])
+    return [tuple(p) for p in out]
+
+
+def drafter_summary(drafter: dict | None) -> str:
+    """One line on the tree drafters' own numbers (lookahead and early exit have their panel's titles)."""
+    if not drafter or not drafter.get("stats"):
+        return ""
+    s, kind = drafter["stats"], drafter.get("kind")
+    try:
+        if kind == "eagle":
+            return (f"EAGLE: last tree {s['nodes']} nodes, {s['depth']} deep; draft vocabulary "
+                    f"{s['draft_vocab']:,}; calibration {s['calibration']:.2f}")
+        if kind == "medusa":
+            return f"Medusa: {s['heads']} heads, last tree {s['nodes']} nodes"
+    except (KeyError, TypeError, ValueError):  # a drafter that reports other numbers: say nothing
+        return ""
+    return ""
+
+
+def panel_svg(panel) -> bytes:
+    """A chart panel as an SVG document of its size, drawn as on screen."""
+    buffer = QBuffer()
+    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+    generator = QSvgGenerator()
+    generator.setResolution(panel.logicalDpiX())  # at its default 72 dpi, text in points comes out too small
+    generator.setOutputDevice(buffer)
+    size = panel.viewport().size()
+    generator.setSize(size)
+    generator.setViewBox(QRect(QPoint(0, 0), size))
+    generator.setTitle(panel.plot.titleLabel.text)
+    painter = QPainter(generator)
+    panel.render(painter)
+    painter.end()
+    return bytes(buffer.data())
+
+
+def _slug(title: str) -> str:
+    words = "".join(c.lower() if c.isalnum() else " " for c in title).split()
+    return "-".join(words) or "panel"
+
+
+def summary_html(series: dict, text_colour: str) -> str:
+    """The headline numbers: throughput per run, acceptance, measured vs predicted speedup, break-even."""
+    stats = series["stats"]
+    if not stats:
+        return f"<span style='color:{text_colour}'>No run yet: the charts fill in as tokens are generated.</span>"
+    parts = []
+    for label in LABELS:
+        s = stats.get(label)
+        if s is None:
+            continue
+        text = f"<b style='color:{RUN_COLOURS[label]}'>■ {label}</b> {s.tokens_per_s:.1f} tokens/s"
+        if s.tested:
+            text += (f", a = {s.acceptance_rate:.2f} (accepted/tested), drafts accepted {s.draft_acceptance_rate:.0%}, "
+                     f"{s.tokens_per_step:.2f} tokens/step")  # fmt: skip
+            measured = series["theory"]["measured"]
+            if measured and abs(measured[1] - s.tokens_per_step) >= 0.005:  # some steps did not draft (auto k)
+                text += f" ({measured[1]:.2f} when drafting)"
+        parts.append(text)
+    t = series["theory"]
+    if t["measured_speedup"]:
+        parts.append(f"speedup {t['measured_speedup'][1]:.2f}× measured")
+    if "speculative" in stats and stats["speculative"].tested:
+        parts.append(f"{stats['speculative'].predicted_speedup:.2f}× predicted")
+    line = " &nbsp;·&nbsp; ".join(parts)
+    drafter = drafter_summary(series.get("drafter"))
+    if drafter:
+        line += f"<br>{html.escape(drafter)}"
+    spec = stats.get("speculative")
+    for note in getattr(spec, "notes", ()) if spec is not None else ():  # the engine's own words, as text
+        line += f"<br>{html.escape(note)}"
+    if t["speedup"] is not None and t["break_even"] is None:
+        # The article's failure mode 2, with this machine's numbers.
+        why = f"verifying {t['k'] + 1} tokens costs {t['verify_ratio']:.1f} plain steps"
+        if t["draft_ratio"] >= 0.01:
+            why += f" and drafting one costs {t['draft_ratio']:.2f}"
+        line += f"<br>No break-even at k = {t['k']}: {why}, so no acceptance rate makes drafting pay."
+    return f"<span style='color:{text_colour}'>{line}</span>"

@@ -1,0 +1,226 @@
+"""The theory panel: the article's formula, the measured operating point and the break-even acceptance.
+
+For draft length k and per-token acceptance a, a step emits on average
+E(a, k) = (1 - a^(k+1)) / (1 - a) tokens; with the cost model's measured draft
+and verify times that becomes a predicted speedup over plain decoding. Where the
+speedup curve crosses 1 is the break-even acceptance; when verification costs
+grow like k + 1 plain steps (compute-bound, the article's failure mode 2) the
+curve never crosses 1 and the panel says so instead of drawing a line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QPointF, QRectF, Qt
+
+from app.charts.panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, set_label_anchor
+
+# The legend (up to five rows, top left) needs more room than other panels' two.
+THEORY_HEADROOM = 2.2
+
+
+class TheoryPanel(Panel):
+    def __init__(self, parent=None) -> None:
+        super().__init__("Theory", "acceptance rate a", "tokens per step  /  speedup ×", parent)
+        self.legend.setOffset((6, 6))  # top left: every curve rises to the right
+        # No box: in a short plot the five rows' box took most of the height and faded the
+        # curves and the break-even label under it; the rows themselves are kept clear of them.
+        self.legend.setBrush(pg.mkBrush(None))
+        blue = RUN_COLOURS["speculative"]
+        # Unnamed items: the legend is rebuilt by hand, so its entries follow what is drawn.
+        self.expected = self.plot.plot([], [], pen=pg.mkPen(blue, width=2), antialias=True)
+        self.speedup = self.plot.plot([], [], pen=pg.mkPen(SPEEDUP, width=2), antialias=True)
+        self.plain = pg.InfiniteLine(pos=1.0, angle=0, pen=pg.mkPen(self.muted(160), width=1.5, style=Qt.DotLine))
+        self.plain_sample = pg.PlotDataItem(pen=self.plain.pen)  # its legend entry
+        # Its label sits low on the line: the top left is the legend's, and right
+        # of the break-even point every curve is above 1.
+        self.break_even = pg.InfiniteLine(
+            angle=90, pen=pg.mkPen(BREAK_EVEN, width=1.5, style=Qt.DashLine),
+            label="", labelOpts={"position": 0.06, "color": BREAK_EVEN, "anchors": [(0, 1), (0, 1)]},
+        )  # fmt: skip
+        self.plot.addItem(self.plain)
+        self.plot.addItem(self.break_even)
+        self.measured = pg.ScatterPlotItem(size=11, pen=pg.mkPen(self.fg, width=1.5), brush=blue)
+        self.measured_speedup = pg.ScatterPlotItem(size=11, symbol="d", pen=pg.mkPen(self.fg, width=1.5),
+                                                   brush=SPEEDUP)  # fmt: skip
+        self.plot.addItem(self.measured)
+        self.plot.addItem(self.measured_speedup)
+        # The note goes in the legend: no free corner of the plot is safe for text
+        # (with no break-even, the speedup curve runs along the bottom).
+        self.note_sample = pg.PlotDataItem(pen=None)  # a legend line with text and no sample
+        self.plot.setXRange(-0.02, 1.04, padding=0.0)  # room for the "1.0" tick label at the right edge
+        self.plot.enableAutoRange(enable=False)
+        self.plot.getViewBox().setLimits(xMin=-0.05, xMax=1.05, yMin=-0.2)
+        self._k = None
+        self._legend_entries = None
+        self._data_top = 1.0
+        self.plot.getViewBox().sigResized.connect(self._refit)
+        self.note = ""  # what the legend says when there is no break-even line; tests read it
+
+    def show_series(self, series: dict) -> None:
+        t = series["theory"]
+        k = t["k"]
+        self.set_title(f"Theory for k = {k}")
+        self.expected.setData(t["a"], t["tokens_per_step"], skipFiniteCheck=True)
+        if t["speedup"] is None:
+            self.speedup.setData([], [])
+        else:
+            self.speedup.setData(t["a"], t["speedup"], skipFiniteCheck=True)
+        break_even = t["break_even"]
+        self.break_even.setVisible(break_even is not None)
+        if break_even is not None:
+            self.break_even.setValue(break_even)
+            self._place_break_even_label()
+        measured, points = t["measured"], t["measured_speedup"]
+        self.measured.setData(*([measured[0]], [measured[1]]) if measured else ([], []))
+        self.measured_speedup.setData(*([points[0]], [points[1]]) if points else ([], []))
+        self.note = self._note(t)
+        self._show_legend(t)
+
+        # Headroom keeps the top-left legend above the curves, which start near 1.
+        self._data_top = max(k + 1.0, t["max_speedup"] or 0.0, measured[1] if measured else 0.0,
+                             points[1] if points else 0.0)  # fmt: skip
+        top = self._top()
+        if self._k != k or self.plot.getViewBox().viewRange()[1][1] < top:
+            self.plot.setYRange(0.0, top, padding=0.02)
+            self._k = k
+        self._place_break_even_label()
+
+    def _top(self) -> float:
+        """The y range's top: the data's, raised until the legend (top left, in pixels) clears
+        every curve and point below it; THEORY_HEADROOM times the data's before layout."""
+        box = self.plot.getViewBox()
+        (x0, x1), _ = box.viewRange()
+        width, height = box.width(), box.height()
+        rows = self._legend_rows()
+        if width <= 0 or height <= 0 or not rows:
+            return THEORY_HEADROOM * self._data_top
+        left_px, top_px = box.sceneBoundingRect().left(), box.sceneBoundingRect().top()
+        right_px = max(r.right() for r in rows) - left_px
+        bottom_px = max(r.bottom() for r in rows) - top_px
+        right = x0 + (right_px + 6) / width * (x1 - x0)  # the legend's right edge, in a
+        under = [1.0]  # the plain-decoding line
+        for item in (self.expected, self.speedup, self.measured, self.measured_speedup):
+            x, y = item.getData()
+            if x is not None and len(x):
+                below = np.asarray(y)[np.asarray(x) <= right]
+                under.extend(below[np.isfinite(below)])
+        share = (bottom_px + 6) / height  # of the plot's height the legend's rows take, with a margin
+        needed = max(under) / (1.0 - share) if share < 0.8 else 5.0 * max(under)
+        return min(max(1.08 * self._data_top, needed), 3.0 * THEORY_HEADROOM * self._data_top)
+
+    def _refit(self, *_) -> None:
+        """On a resize: the legend's share of the plot changed."""
+        if self._k is not None:
+            self.plot.setYRange(0.0, self._top(), padding=0.02)
+        self._place_break_even_label()
+
+    def _place_break_even_label(self, *_) -> None:
+        """The longest wording, beside the line at the highest point where it covers no curve,
+        point, plain-decoding line or legend and stays inside the plot (a label past the
+        plot's edge is cut off: a narrow dock, a break-even near 1); failing that, where it
+        covers the fewest."""
+        if not self.break_even.isVisible():
+            return
+        value = self.break_even.value()
+        if value < 0.005:
+            texts = ["every a pays"]  # verification this cheap pays even when nothing is accepted
+        else:
+            texts = [f"break-even a = {value:.2f}", f"break-even {value:.2f}", f"{value:.2f}"]
+        label = self.break_even.label
+        box = self.plot.getViewBox()
+        (x0, x1), _ = box.viewRange()
+        if box.width() <= 0 or x1 <= x0:  # not laid out yet: the full text, on the roomier side
+            label.setFormat(texts[0])
+            set_label_anchor(self.break_even, (0, 1) if value <= 0.5 else (1, 1))
+            return
+        view = box.sceneBoundingRect()
+        legend = self._legend_rows()
+        points = self._drawn_points()
+        sides = [(0, 1), (1, 1)] if value <= 0.5 else [(1, 1), (0, 1)]
+        best = None
+        for rank, text in enumerate(texts):
+            label.setFormat(text)
+            for position in (0.94, 0.84, 0.74, 0.64, 0.54, 0.44, 0.34, 0.24, 0.14, 0.06):
+                for side in sides:
+                    label.setPosition(position)
+                    set_label_anchor(self.break_even, side)
+                    rect = label.sceneBoundingRect()
+                    hits = sum(rect.contains(point) for point in points)
+                    # Cut off is worse than over the legend, which is worse than over a curve.
+                    hits += 1000 * any(rect.intersects(row) for row in legend) + 100_000 * (not view.contains(rect))
+                    if hits == 0:
+                        return
+                    if best is None or (hits, rank) < best[:2]:
+                        best = (hits, rank, position, side)
+        _, rank, position, side = best
+        label.setFormat(texts[rank])
+        label.setPosition(position)
+        set_label_anchor(self.break_even, side)
+
+    def _legend_rows(self) -> list[QRectF]:
+        """Where the legend's samples and words are drawn (scene coordinates): in a short
+        plot its translucent box takes most of the height, and the label may sit on the box."""
+        if not self.legend.isVisible():
+            return []
+        rows = []
+        for sample, label in self.legend.items:
+            words = label.item.mapRectToScene(label.item.boundingRect())
+            rows += [sample.mapRectToScene(sample.boundingRect()), words]
+        return rows
+
+    def _drawn_points(self) -> list[QPointF]:
+        """What the label must not cover, as scene points: the curves (densely), the line at 1
+        and the measured points (with their symbols' size)."""
+        box = self.plot.getViewBox()
+        (x0, x1), _ = box.viewRange()
+        found = []
+        for item in (self.expected, self.speedup):
+            x, y = item.getData()
+            if x is not None and len(x) > 1:
+                dense = np.linspace(x[0], x[-1], 300)
+                found.extend(zip(dense, np.interp(dense, x, y)))
+        found.extend((x, 1.0) for x in np.linspace(x0, x1, 150))
+        scene = [box.mapViewToScene(QPointF(float(x), float(y))) for x, y in found if np.isfinite(y)]
+        for item in (self.measured, self.measured_speedup):
+            x, y = item.getData()
+            for px, py in zip(x if x is not None else (), y if y is not None else ()):
+                centre = box.mapViewToScene(QPointF(float(px), float(py)))
+                scene.extend(centre + QPointF(dx, dy) for dx in (-6, 0, 6) for dy in (-6, 0, 6))
+        return scene
+
+    def clear_data(self) -> None:
+        self.measured.setData([], [])
+        self.measured_speedup.setData([], [])
+
+    def _note(self, t: dict) -> str:
+        if t["speedup"] is None:
+            return "speedup: no cost model yet"
+        if t["break_even"] is None:
+            return f"no break-even at k = {t['k']}: no a pays"
+        return ""
+
+    def _show_legend(self, t: dict) -> None:
+        measured, points = t["measured"], t["measured_speedup"]
+        # Short entries: a wide legend would cover the curves' right ends. The numbers
+        # are in LiveCharts' summary line.
+        fg = self.fg.name()
+        entries = [(self.expected, "E[tokens/step]", fg)]
+        if t["speedup"] is not None:
+            entries.append((self.speedup, "predicted speedup", fg))
+        entries.append((self.plain_sample, "plain decoding (1×)", fg))
+        if measured:
+            entries.append((self.measured, "measured tokens/step", fg))
+        if points:
+            entries.append((self.measured_speedup, "measured speedup", fg))
+        if self.note:
+            colour = BREAK_EVEN if t["speedup"] is not None else self.muted(220).name()
+            entries.append((self.note_sample, self.note, colour))
+        if entries == self._legend_entries:
+            return
+        self._legend_entries = entries
+        self.legend.clear()
+        for item, text, colour in entries:
+            self.legend.addItem(item, text)
+            self.legend.getLabel(item).setText(text, color=colour, size="8pt")

@@ -1,0 +1,298 @@
+"""`PairDialog`: choose a target, a drafter and the settings to run them with, checked before loading.
+
+An incompatible pair must not be loaded by accident, so Load stays disabled
+until a check has passed for exactly what is selected: any change to the models
+or to the settings the check looks at voids it. Checks read metadata only, but
+even half a second is too long to freeze a window, so they run on a worker
+thread and report back through a queued signal; a newer check makes older
+results stale (a generation counter drops them).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QApplication,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+)
+
+from engine.models.doctor import Finding, PairReport
+from engine.models.locate import list_models
+from engine.core.sampling import SamplingConfig
+from engine.api import EngineConfig
+
+from app.shell import settings as keys
+from app.pair.model_drop import DRAFT, TARGET, ModelDrops
+from app.pair.check import CheckResult, check_choice
+from app.pair.form import PairForm
+from app.pair.widgets import FindingsView
+from app.pair.presets import PREFIX, PairChoice, PresetStore, load_choice, save_choice
+
+AUTO_CHECK_MS = 300  # after a settled change; long enough to skip the steps of a spin box held down
+
+
+class PairDialog(QDialog):
+    sig_check_finished = Signal(bool)
+    """A check of the current selection ended; True when it can be loaded."""
+    _sig_result = Signal(int, object)  # from the worker thread: generation, (CheckResult, the key it checked)
+
+    def __init__(self, parent=None, settings: QSettings | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Models and settings")
+        self.settings = settings if settings is not None else QSettings()
+        self.presets = PresetStore(self.settings)
+        self._result: CheckResult | None = None
+        self._checked_key = None  # the selection the last finished check was about
+        self._generation = 0
+        self._busy = False
+        self._shown_once = False
+        self._auto_check = QTimer(self, singleShot=True, interval=AUTO_CHECK_MS, timeout=self.check)
+        self._sig_result.connect(self._on_result, Qt.QueuedConnection)
+
+        self.form = PairForm(list_models(), self, settings=self.settings)
+        self.form.sig_key_edited.connect(self._invalidate)
+        self.form.sig_key_changed.connect(self._invalidate_and_schedule)
+
+        presets_row = self._make_presets_row()
+
+        self.check_button = QPushButton("Check pair", self)
+        self.check_button.setToolTip("Read both models' metadata and say whether they can work together")
+        self.check_button.clicked.connect(self.check)
+        self.findings = FindingsView(self)
+
+        self.buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel, self)
+        self.load_button = self.buttons.button(QDialogButtonBox.Ok)
+        self.load_button.setText("Load")
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+
+        check_row = QHBoxLayout()
+        check_row.addWidget(self.check_button)
+        check_row.addStretch(1)
+        layout = QVBoxLayout(self)
+        layout.addLayout(presets_row)
+        layout.addWidget(self.form)
+        layout.addLayout(check_row)
+        layout.addWidget(self.findings, 1)
+        layout.addWidget(self.buttons)
+
+        self.form.set_choice(load_choice(self.settings))
+        self.form.set_browse_dir(keys.read(self.settings, f"{PREFIX}/browse_dir", ""))
+        self._auto_check.stop()  # the first check runs when the dialog is shown, not while it is built
+        self._invalidate()
+        self.findings.show_message("Not checked yet: press Check pair.")
+        geometry = keys.read(self.settings, f"{PREFIX}/geometry", QByteArray())  # garbage: the default size
+        if geometry.isEmpty() or not self.restoreGeometry(geometry):
+            self.resize(860, 720)
+        # A .gguf file or a model folder dropped on the dialog is the target; on a model field, that field's.
+        self.drops = ModelDrops(self, self.use_model, lambda message: self.findings.show_message(message, "error"))
+        self.drops.watch(self, TARGET)
+        self.drops.watch(self.form.target.combo.lineEdit(), TARGET)
+        self.drops.watch(self.form.draft.combo.lineEdit(), DRAFT)
+
+    # -- the public API ------------------------------------------------------------
+
+    def engine_config(self) -> EngineConfig:
+        return self.form.choice().engine_config()
+
+    def sampling_config(self) -> SamplingConfig:
+        return self.form.choice().sampling_config()
+
+    def choice(self) -> PairChoice:
+        return self.form.choice()
+
+    def set_choice(self, choice: PairChoice) -> None:
+        self.form.set_choice(choice)
+
+    def report(self) -> PairReport | None:
+        """The doctor's report from the last check of a draft model (None for n-gram or before a check)."""
+        return self._result.report if self._result is not None else None
+
+    def findings_list(self) -> tuple[Finding, ...]:
+        return self._result.findings if self._result is not None else ()
+
+    def can_load(self) -> bool:
+        """True when the last check passed and nothing it looked at has changed since."""
+        return self._result is not None and self._result.compatible and self._checked_key == self.form.check_key()
+
+    def check(self) -> None:
+        """Check the current selection on a worker thread; `sig_check_finished` says how it went."""
+        self._auto_check.stop()
+        self._generation += 1
+        generation, choice = self._generation, self.form.choice()
+        self._set_busy(True)
+        self.findings.show_message("Checking…")
+        self._update_buttons()
+        threading.Thread(target=self._run_check, args=(generation, choice), daemon=True, name="pair-check").start()
+
+    def accept(self) -> None:
+        if not self.can_load():
+            # Enter in a field, or a caller, can get here with Load disabled: check instead.
+            self.check()
+            return
+        save_choice(self.settings, self.form.choice())
+        super().accept()
+
+    def done(self, result: int) -> None:
+        self._auto_check.stop()  # a closed dialog checks nothing (it would show a busy cursor over the window)
+        self._set_busy(False)
+        self._generation += 1  # a check still running reports to nobody
+        self.settings.setValue(f"{PREFIX}/geometry", self.saveGeometry())
+        self.settings.setValue(f"{PREFIX}/browse_dir", self.form.browse_dir())
+        super().done(result)
+
+    # -- presets -------------------------------------------------------------------
+
+    def preset_names(self) -> list[str]:
+        return self.presets.names()
+
+    def save_preset(self, name: str) -> None:
+        self.presets.save(name, self.form.choice())
+        self._fill_presets(select=name.strip())
+
+    def load_preset(self, name: str) -> bool:
+        choice = self.presets.get(name)
+        if choice is None:
+            return False
+        self.form.set_choice(choice)
+        self._fill_presets(select=name)
+        return True
+
+    def delete_preset(self, name: str) -> None:
+        self.presets.delete(name)
+        self._fill_presets()
+
+    def _make_presets_row(self) -> QHBoxLayout:
+        self.preset_combo = QComboBox(self)
+        self.preset_combo.setMinimumContentsLength(18)
+        self.preset_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.preset_combo.activated.connect(self._on_preset_activated)
+        save = QPushButton("Save as…", self)
+        save.setToolTip("Keep the current models and settings under a name")
+        save.clicked.connect(self._ask_save_preset)
+        self.delete_button = QPushButton("Delete", self)
+        self.delete_button.clicked.connect(self._ask_delete_preset)
+        for button in (save, self.delete_button):
+            button.setAutoDefault(False)  # Enter belongs to Load
+        row = QHBoxLayout()
+        row.addWidget(QLabel("Preset:", self))
+        row.addWidget(self.preset_combo, 1)
+        row.addWidget(save)
+        row.addWidget(self.delete_button)
+        self._fill_presets()
+        return row
+
+    def _fill_presets(self, select: str | None = None) -> None:
+        self.preset_combo.clear()
+        self.preset_combo.addItem("(choose a preset)", None)
+        for name in self.presets.builtin_names():  # first, and not deletable
+            self.preset_combo.addItem(name, name)
+            self.preset_combo.setItemData(self.preset_combo.count() - 1, "Comes with SpecDeck", Qt.ToolTipRole)
+        for name in self.presets.names():
+            self.preset_combo.addItem(name, name)
+        index = self.preset_combo.findData(select) if select else 0
+        self.preset_combo.setCurrentIndex(max(index, 0))
+        self._enable_delete(self.preset_combo.currentData())
+
+    def _on_preset_activated(self, index: int) -> None:
+        name = self.preset_combo.itemData(index)
+        if name is not None:
+            self.load_preset(name)
+        self._enable_delete(name)
+
+    def _enable_delete(self, name: str | None) -> None:
+        """Only a saved preset can be deleted (a built-in one comes back anyway)."""
+        self.delete_button.setEnabled(name is not None and name in self.presets.names())
+
+    def _ask_save_preset(self) -> None:
+        current = self.preset_combo.currentData() or ""
+        name, ok = QInputDialog.getText(self, "Save preset", "Name of the preset:", text=current)
+        if not ok or not name.strip():
+            return
+        if name.strip() in self.presets.names() and name.strip() != current:
+            answer = QMessageBox.question(self, "Save preset", f"Replace the preset “{name.strip()}”?")
+            if answer != QMessageBox.Yes:
+                return
+        self.save_preset(name)
+
+    def _ask_delete_preset(self) -> None:
+        name = self.preset_combo.currentData()
+        if name is not None and QMessageBox.question(self, "Delete preset", f"Delete the preset “{name}”?") \
+                == QMessageBox.Yes:  # fmt: skip
+            self.delete_preset(name)
+
+    # -- checking ------------------------------------------------------------------
+
+    def _run_check(self, generation: int, choice: PairChoice) -> None:
+        """On the worker thread: never raise, always report."""
+        try:
+            result = check_choice(choice)
+        except Exception as e:  # a bug, not a bad model: still no traceback in the user's face
+            result = CheckResult((Finding("error", "The check failed", f"{type(e).__name__}: {e}"),))
+        try:
+            self._sig_result.emit(generation, (result, self.form.key_of(choice)))
+        except RuntimeError:
+            pass  # the dialog was deleted while the check ran
+
+    def _on_result(self, generation: int, payload) -> None:
+        if generation != self._generation:
+            return  # a newer check is running, or the dialog closed
+        result, key = payload
+        self._set_busy(False)
+        self._result, self._checked_key = result, key
+        if key == self.form.check_key():
+            self.findings.show_result(result)
+        else:  # the selection changed while the check ran
+            self._invalidate()
+        self._update_buttons()
+        self.sig_check_finished.emit(self.can_load())
+
+    def _invalidate(self) -> None:
+        if self._result is not None and self._checked_key != self.form.check_key():
+            self.findings.show_message("The selection changed since the last check: press Check pair.")
+        self._update_buttons()
+
+    def _invalidate_and_schedule(self) -> None:
+        self._invalidate()
+        if self.isVisible():  # a hidden or closed dialog checks only when asked to
+            self._auto_check.start()
+
+    def _update_buttons(self) -> None:
+        self.load_button.setEnabled(self.can_load() and not self._busy)
+        self.load_button.setToolTip("" if self.can_load() else "Check the pair first: Load is enabled when it passes")
+
+    def _set_busy(self, busy: bool) -> None:
+        if busy == self._busy:
+            return
+        self._busy = busy
+        if busy:
+            QApplication.setOverrideCursor(Qt.BusyCursor)
+        else:
+            QApplication.restoreOverrideCursor()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if not self._shown_once:  # check what was restored, so a usual pair is one click away
+            self._shown_once = True
+            self._auto_check.start()
+
+    # -- drops ---------------------------------------------------------------------
+
+    def use_model(self, path: str, role: str = TARGET) -> None:
+        """Make `path` the target, or the draft model (choosing the draft-model drafter); then check."""
+        picker = self.form.target
+        if role == DRAFT:
+            picker = self.form.draft
+            self.form.drafter.setCurrentIndex(self.form.drafter.findData("model"))
+        picker.set_spec(path)
+        picker.sig_chosen.emit()

@@ -1,0 +1,235 @@
+"""Pieces of the pair dialog: a model picker, an "auto or a number" field and the view of the doctor's findings."""
+
+from __future__ import annotations
+
+import html
+import os
+
+from PySide6.QtCore import QRectF, QRegularExpression, Qt, QUrl, Signal
+from PySide6.QtGui import QAction, QColor, QFont, QImage, QPainter, QPalette, QRegularExpressionValidator
+from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QMenu, QPushButton, QTextBrowser, QWidget
+
+from engine.models.doctor import Finding
+from engine.models.locate import ModelRef
+
+from app.pair.check import CheckResult
+from app.pair.presets import AUTO, auto_or_number
+
+SEVERITY_COLOURS = {"ok": "#009E73", "info": "#0072B2", "warning": "#E69F00", "error": "#D55E00"}
+SEVERITY_GLYPHS = {"ok": "✓", "info": "i", "warning": "!", "error": "✕"}
+_SOURCES = {"embedded": "built-in", "file": "GGUF", "folder": "folder", "hf-cache": "Hugging Face cache",
+            "ollama": "Ollama", "llama.cpp-cache": "llama.cpp cache"}  # fmt: skip
+
+
+def format_size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def model_label(ref: ModelRef) -> str:
+    kind = _SOURCES.get(ref.source, ref.source)
+    if ref.source == "folder" and ref.kind == "gguf":
+        kind = "GGUF"
+    facts = [kind, ref.quant, format_size(ref.size_bytes)]  # a GGUF's quantization type beside its name
+    return f"{ref.name}  ({', '.join(f for f in facts if f)})"
+
+
+class ModelPicker(QWidget):
+    """An editable list of the models found on this machine, and a Browse… menu for files and folders.
+
+    What a user types is a model spec (a path or repo id); a listed model shows
+    its name and keeps its spec as item data.
+    """
+
+    sig_edited = Signal()
+    """The text changed by typing: what it names is not settled yet."""
+    sig_chosen = Signal()
+    """A model was picked from the list or a file dialog, or typing finished: worth checking now."""
+    sig_browsed = Signal(str)
+    """The folder a file dialog was left in (the next one starts there)."""
+
+    def __init__(self, models: list[ModelRef], role: str, parent=None) -> None:
+        super().__init__(parent)
+        self.role = role
+        self.combo = QComboBox(self)
+        self.combo.setEditable(True)
+        self.combo.setInsertPolicy(QComboBox.NoInsert)  # a typed path must not join the list
+        self.combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.combo.setMinimumContentsLength(24)
+        for ref in models:
+            self.combo.addItem(model_label(ref), ref.spec)
+            self.combo.setItemData(self.combo.count() - 1, ref.path, Qt.ToolTipRole)
+        self.combo.lineEdit().setPlaceholderText("default, a .gguf file, a model folder or a repo id")
+        self.combo.lineEdit().textEdited.connect(self.sig_edited)
+        self.combo.lineEdit().editingFinished.connect(self.sig_chosen)
+        self.combo.activated.connect(self.sig_chosen)
+
+        self.browse = QPushButton("Browse…", self)
+        self.browse.setAutoDefault(False)  # Enter belongs to the dialog's Load button
+        menu = QMenu(self.browse)
+        menu.addAction(QAction("GGUF file…", menu, triggered=self._browse_file))
+        menu.addAction(QAction("Hugging Face model folder…", menu, triggered=self._browse_folder))
+        self.browse.setMenu(menu)
+        self.start_dir = os.path.expanduser("~")
+
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.combo, 1)
+        layout.addWidget(self.browse)
+
+    def spec(self) -> str:
+        text = self.combo.currentText()
+        index = self.combo.findText(text, Qt.MatchExactly)
+        return self.combo.itemData(index) if index >= 0 else text.strip()
+
+    def set_spec(self, spec: str) -> None:
+        index = self.combo.findData(spec)
+        if index >= 0:
+            self.combo.setCurrentIndex(index)
+        else:
+            self.combo.setEditText(spec)
+        self.combo.lineEdit().setCursorPosition(0)  # show a long name or path from its start
+
+    def _browse_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, f"Choose the {self.role} (GGUF file)", self._browse_start(), "GGUF models (*.gguf);;All files (*)"
+        )
+        self._picked(path)
+
+    def _browse_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, f"Choose the {self.role} (model folder)", self._browse_start())
+        self._picked(path)
+
+    def _browse_start(self) -> str:
+        current = os.path.expanduser(self.spec())
+        if os.path.exists(current):
+            return current if os.path.isdir(current) else os.path.dirname(current)
+        return self.start_dir
+
+    def _picked(self, path: str) -> None:
+        if path:  # empty when the user cancelled
+            self.start_dir = os.path.dirname(path)
+            self.sig_browsed.emit(self.start_dir)
+            self.set_spec(path)
+            self.sig_chosen.emit()
+
+
+class AutoNumberField(QComboBox):
+    """"auto" or a whole number: an editable list with "auto" and a few suggestions.
+
+    Only digits or "auto" can be typed; the value is kept as text (see
+    presets.AUTO_NUMBERS), so a number the engine would refuse (a window of 0)
+    reaches the check, which says why, rather than being silently changed.
+    """
+
+    sig_edited = Signal()
+    """Typing: the value is not settled yet."""
+    sig_chosen = Signal()
+    """A value was picked from the list, or typing finished."""
+
+    def __init__(self, suggestions=(), parent=None, tooltip: str = "") -> None:
+        super().__init__(parent)
+        self.setEditable(True)
+        self.setInsertPolicy(QComboBox.NoInsert)
+        self.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.setMinimumContentsLength(5)
+        for text in (AUTO, *(str(s) for s in suggestions)):
+            self.addItem(text)
+        pattern = QRegularExpression("auto|\\+?[0-9]{1,4}", QRegularExpression.CaseInsensitiveOption)
+        self.setValidator(QRegularExpressionValidator(pattern, self))
+        self.lineEdit().setPlaceholderText(AUTO)
+        if tooltip:
+            self.setToolTip(tooltip)
+        self.lineEdit().textEdited.connect(self.sig_edited)
+        self.lineEdit().editingFinished.connect(self._finished)
+        self.activated.connect(self.sig_chosen)
+
+    def value(self) -> str:
+        """"auto" or the number as text."""
+        return auto_or_number(self.currentText() or AUTO)
+
+    def set_value(self, value) -> None:
+        text = auto_or_number(value)
+        index = self.findText(text, Qt.MatchExactly)
+        if index >= 0:
+            self.setCurrentIndex(index)
+        self.setEditText(text)
+
+    def _finished(self) -> None:
+        if self.currentText() != self.value():  # "" or "AUTO" or "+3": show what it means
+            self.setEditText(self.value())
+        self.sig_chosen.emit()
+
+
+class FindingsView(QTextBrowser):
+    """The doctor's findings in plain words, each with a severity badge, under a one-line verdict."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.setOpenLinks(False)
+        self.setMinimumHeight(150)
+        self._badges = {s: severity_badge(s, self.font()) for s in SEVERITY_COLOURS}
+        self.verdict = ""  # the headline shown; tests and the dialog read it
+
+    def loadResource(self, kind: int, url: QUrl):
+        # The badges are painted, not files: answer their "severity:" URLs here.
+        if url.scheme() == "severity" and url.path() in self._badges:
+            return self._badges[url.path()]
+        return super().loadResource(kind, url)
+
+    def show_message(self, text: str, severity: str | None = None) -> None:
+        self._render(text, severity, ())
+
+    def show_result(self, result: CheckResult) -> None:
+        if not result.compatible:
+            verdict = "Cannot be loaded: fix what is marked below, then check again."
+            severity = "error"
+        elif result.warnings:
+            verdict = f"Can be loaded, with {result.warnings} warning{'s' if result.warnings > 1 else ''}."
+            severity = "warning"
+        else:
+            verdict = "Can be loaded."
+            severity = "ok"
+        # Errors first: they are what stands between the user and the Load button.
+        order = {"error": 0, "warning": 1, "info": 2, "ok": 3}
+        self._render(verdict, severity, sorted(result.findings, key=lambda f: order.get(f.severity, 4)))
+
+    def _render(self, verdict: str, severity: str | None, findings) -> None:
+        self.verdict = verdict
+        text = self.palette().color(QPalette.ColorRole.Text).name()
+        colour = SEVERITY_COLOURS.get(severity, text)
+        rows = [f"<p style='margin:2px 0 6px 0'><b style='color:{colour}'>{html.escape(verdict)}</b></p>"]
+        rows.append("<table cellspacing='0' cellpadding='3' width='100%'>")
+        for f in findings:
+            rows.append(finding_row(f))
+        rows.append("</table>")
+        self.setHtml("".join(rows))
+
+
+def finding_row(f: Finding) -> str:
+    return (
+        f"<tr><td width='22' valign='top'><img src='severity:{f.severity}' width='16' height='16'></td>"
+        f"<td valign='top'><b>{html.escape(f.title)}</b><br>{html.escape(f.detail)}</td></tr>"
+    )
+
+
+def severity_badge(severity: str, font: QFont, size: int = 32) -> QImage:
+    """A round badge in the severity's colour with a glyph; painted, so it looks the same on every platform."""
+    image = QImage(size, size, QImage.Format_ARGB32_Premultiplied)
+    image.fill(Qt.transparent)
+    painter = QPainter(image)
+    painter.setRenderHint(QPainter.Antialiasing)
+    painter.setPen(Qt.NoPen)
+    painter.setBrush(QColor(SEVERITY_COLOURS[severity]))
+    painter.drawEllipse(QRectF(1, 1, size - 2, size - 2))
+    glyph_font = QFont(font)
+    glyph_font.setBold(True)
+    glyph_font.setPixelSize(int(size * 0.62))
+    painter.setFont(glyph_font)
+    painter.setPen(QColor("white"))
+    painter.drawText(QRectF(0, 0, size, size), Qt.AlignCenter, SEVERITY_GLYPHS[severity])
+    painter.end()
+    return image

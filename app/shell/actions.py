@@ -1,0 +1,149 @@
+"""The main window's actions, menus and toolbar, in one place.
+
+Every command exists once, as a QAction with its shortcut, and the menus and the
+toolbar show the same objects, so enabling "Stop" enables it everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QIcon, QKeySequence
+from PySide6.QtWidgets import QMessageBox, QStyle, QToolBar
+
+import app
+
+if TYPE_CHECKING:
+    from app.shell.main_window import MainWindow
+
+
+@dataclass
+class Actions:
+    new_chat: QAction
+    rename: QAction
+    delete: QAction
+    export_markdown: QAction
+    export_png: QAction
+    export_svg: QAction
+    export_csv: QAction
+    export_json: QAction
+    quit: QAction
+    choose_models: QAction
+    stop: QAction
+    colour_tokens: QAction
+    markdown: QAction
+    regenerate: QAction
+    system_prompt: QAction
+    benchmark: QAction
+    train_heads: QAction
+
+
+def create_actions(window: MainWindow) -> Actions:
+    def action(text: str, slot, shortcut=None, icon: QIcon | None = None, tip: str = "") -> QAction:
+        item = QAction(text, window)
+        if shortcut is not None:
+            item.setShortcut(QKeySequence(shortcut))
+        if icon is not None:
+            item.setIcon(icon)
+        if tip:
+            item.setStatusTip(tip)
+            item.setToolTip(f"{tip} ({item.shortcut().toString(QKeySequence.SequenceFormat.NativeText)})"
+                            if shortcut is not None else tip)  # fmt: skip
+        if slot is not None:
+            item.triggered.connect(slot)
+        return item
+
+    def standard(name: str) -> QIcon:
+        return window.style().standardIcon(getattr(QStyle.StandardPixmap, name))
+
+    from app.bench.dialog import open_bench_dialog
+    from app.shell.file_dialogs import export_charts
+    from app.training.dialog import open_train_dialog
+
+    actions = Actions(
+        new_chat=action("&New chat", window.new_chat, QKeySequence.StandardKey.New, standard("SP_FileIcon"),
+                        "Start a new conversation"),
+        rename=action("&Rename chat", window.conversation_panel.edit_current, "F2"),
+        delete=action("&Delete chat…", lambda: window.chats.conversation and window.confirm_delete(
+            window.chats.conversation.id)),
+        export_markdown=action("&Export chat as Markdown…", lambda: window.export_markdown(), "Ctrl+E"),
+        export_png=action("Charts as &PNG…", lambda: export_charts(window, "png")),
+        export_svg=action("Charts as &SVG, one file per panel…", lambda: export_charts(window, "svg")),
+        export_csv=action("Charts as &CSV…", lambda: export_charts(window, "csv")),
+        export_json=action("Charts as &JSON…", lambda: export_charts(window, "json")),
+        quit=action("&Quit", window.close, QKeySequence.StandardKey.Quit),
+        choose_models=action("&Model pair…", window.choose_models, "Ctrl+M", standard("SP_DriveHDIcon"),
+                             "Choose the target and the drafter, and the sampling settings"),
+        stop=action("&Stop", window.controller.stop, "Esc", standard("SP_MediaStop"), "Stop the generation"),
+        colour_tokens=action("&Colour tokens", None, "Ctrl+Shift+C", None,
+                             "Tint each token by where it came from"),
+        markdown=action("Replies as &Markdown", None, "Ctrl+Shift+M", None,
+                        "Draw finished replies as Markdown; off: token by token, in their colours"),
+        regenerate=action("&Regenerate reply", lambda: window.regenerate(), "Ctrl+R", None,
+                          "Write the last reply again"),
+        system_prompt=action("S&ystem prompt…", window.chat_view.edit_system_prompt, None, None,
+                             "This chat's system prompt, and the one new chats start with"),
+        benchmark=action("&Benchmark…", lambda: open_bench_dialog(window), None, None,
+                         "Time vanilla against speculative decoding on a set of prompts"),
+        train_heads=action("&Train heads…", lambda: open_train_dialog(window), None, None,
+                           "Train Medusa heads for a target on its own predictions"),
+    )  # fmt: skip
+    actions.stop.setEnabled(False)
+    # Esc stops a generation only from the chat and comparison panes: elsewhere (a title
+    # being renamed in the list, a menu) it keeps its usual meaning, "cancel".
+    actions.stop.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+    window.centralWidget().addAction(actions.stop)
+    actions.colour_tokens.setCheckable(True)
+    actions.colour_tokens.setChecked(True)
+    actions.markdown.setCheckable(True)
+    actions.markdown.setChecked(True)
+
+    menus = window.menuBar()
+    file_menu = menus.addMenu("&File")
+    file_menu.addActions([actions.new_chat, actions.rename, actions.delete])
+    file_menu.addSeparator()
+    file_menu.addActions([actions.regenerate, actions.system_prompt])
+    file_menu.addSeparator()
+    file_menu.addAction(actions.export_markdown)
+    charts_menu = file_menu.addMenu("Export c&harts")
+    charts_menu.addActions([actions.export_png, actions.export_svg, actions.export_csv, actions.export_json])
+    file_menu.addSeparator()
+    file_menu.addAction(actions.quit)
+
+    models_menu = menus.addMenu("&Models")
+    models_menu.addActions([actions.choose_models, actions.stop])
+    models_menu.addAction(actions.benchmark)
+    models_menu.addAction(actions.train_heads)
+
+    view_menu = menus.addMenu("&View")
+    view_menu.addAction(actions.colour_tokens)
+    view_menu.addAction(actions.markdown)
+    view_menu.addSeparator()
+    view_menu.addAction(window.conversations_dock.toggleViewAction())
+    view_menu.addAction(window.charts_dock.toggleViewAction())
+
+    help_menu = menus.addMenu("&Help")
+    help_menu.addAction("&About SpecDeck", lambda: _about(window))
+
+    toolbar = QToolBar("Main toolbar", window)
+    toolbar.setObjectName("main_toolbar")
+    toolbar.setMovable(False)
+    toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+    toolbar.addActions([actions.new_chat, actions.choose_models, actions.stop])
+    toolbar.addSeparator()
+    toolbar.addAction(actions.colour_tokens)
+    window.addToolBar(toolbar)
+    return actions
+
+
+def _about(window: MainWindow) -> None:
+    QMessageBox.about(
+        window,
+        "About SpecDeck",
+        f"<b>SpecDeck {app.__version__}</b><p>Speculative decoding of local language models: a drafter "
+        "proposes tokens, the target checks them in one pass, and the output is exactly what the target "
+        "alone would write, only sooner.</p><p>Token colours: green accepted draft, orange resampled, "
+        "blue bonus, uncoloured plain target token.</p>",
+    )

@@ -1,0 +1,421 @@
+"""The main window: the views, the engine controller, and what connects them.
+
+Layout: a banner for messages, then tabs (Chat, Side by side); the saved
+conversations in a dock on the left and the live charts in a dock on the right;
+the loaded models and loading progress in the status bar.
+
+The window loads the engine, runs comparisons, feeds every step to the charts,
+and remembers its settings; the chat's bookkeeping (which conversation, what
+is saved when) is ChatSession's. Every error reaches the user through
+`show_error`: a banner that leaves the window usable.
+
+The window always starts: an unusable conversation folder gives a store that
+keeps nothing (and says so), and unreadable settings fall back to their defaults
+(and the banner names them).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtGui import QCloseEvent, QShowEvent
+from PySide6.QtWidgets import (QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QTabWidget,
+                               QVBoxLayout, QWidget)  # fmt: skip
+
+from engine import EngineConfig, SamplingConfig
+from engine.core.events import StepEvent
+from app.shell import settings as keys
+from app.shell.actions import create_actions
+from app.shell.banner import Banner
+from app.charts.live import LiveCharts
+from app.chat.view import ChatView
+from app.chat.session import ChatSession
+from app.chat.compare_view import CompareView
+from app.chat.conversation_panel import ConversationPanel
+from app.chat.conversations import ConversationStore, StoreError, default_data_dir, is_valid_id
+from app.runtime.engine_controller import COMPARE, EngineController
+from app.pair.heads import engine_notes
+from app.pair.model_drop import ModelDrops
+
+log = logging.getLogger(__name__)
+
+
+def describe_engine(config: EngineConfig, engine) -> str:
+    """The status bar's summary of what is loaded."""
+    info = engine.target.info
+    names = {"ngram": "n-gram drafter", "none": "no drafter", "medusa": "Medusa heads", "eagle": "EAGLE head",
+             "lookahead": "lookahead decoding", "early-exit": "early exit"}  # fmt: skip
+    drafter = names.get(config.drafter, "draft model")
+    if engine.drafter is not None and config.drafter == "model" and config.draft:
+        drafter = f"draft {config.draft}"
+    return f"{info.name} ({info.dtype}, {info.backend}) · {drafter} · k {config.k}"
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, store: ConversationStore | None = None) -> None:
+        super().__init__()
+        problems = []  # said in the banner once the window is built
+        if store is None:
+            try:
+                store = ConversationStore(default_data_dir())
+            except StoreError as error:
+                store = ConversationStore.in_memory()
+                problems.append(f"Conversations are kept only until SpecDeck closes. {error}")
+        self.store = store
+        self.controller = EngineController(self)
+        self._resets: list[str] = []  # settings keys that were unreadable and fell back to their defaults
+        keys.engine_config(resets=self._resets)  # read only to check it; start() loads it
+        self._sampling = keys.sampling_config(resets=self._resets)
+        self._run_kind: str | None = None
+        self._compare_sampling = self._sampling  # what the running comparison was started with
+        self._shut_down = False
+        self._save_failure = ""  # the banner's text while it shows a failed save
+        self.pair_dialog = None  # the model pair dialog while it is open
+
+        self.banner = Banner()
+        self.chat_view = ChatView()
+        self.compare_view = CompareView()
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.tabs.addTab(self.chat_view, "Chat")
+        self.tabs.addTab(self.compare_view, "Side by side")
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(4, 4, 4, 0)
+        layout.addWidget(self.banner)
+        layout.addWidget(self.tabs, 1)
+        self.setCentralWidget(central)
+
+        self.conversation_panel = ConversationPanel()
+        self.chats = ChatSession(self.store, self.controller, self.chat_view, self.conversation_panel, self)
+        self.charts = LiveCharts()
+        left, right = Qt.DockWidgetArea.LeftDockWidgetArea, Qt.DockWidgetArea.RightDockWidgetArea
+        self.conversations_dock = self._dock("Conversations", self.conversation_panel, left)
+        self.charts_dock = self._dock("Live charts", self.charts, right)
+
+        self.engine_label = QLabel("No model loaded")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.progress.setMaximumWidth(160)
+        self.progress.hide()
+        self.statusBar().addPermanentWidget(self.progress)
+        self.statusBar().addPermanentWidget(self.engine_label)
+
+        self.actions = create_actions(self)
+        self._connect()
+        self._restore_settings()
+        self.sampling = self._sampling  # shows the summary
+        self._set_ready(False, "Loading the model…")
+        self._show_start_problems(problems)
+        self._keep_banner = bool(self.banner.text())  # until the user or a later load replaces it
+        self.drops = ModelDrops(self, self.open_with_model, lambda message: self.statusBar().showMessage(message, 8000))
+        self.drops.watch(self)  # a read-only view (the transcript) passes its drops up to here
+        for composer in (self.chat_view.composer, self.compare_view.prompt):  # these take other files as text
+            self.drops.watch(composer.viewport(), only_models=True)  # a scroll area gets drops on its viewport
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The sampling settings chat replies and comparisons use (from the model pair dialog)."""
+        return self._sampling
+
+    @sampling.setter
+    def sampling(self, sampling: SamplingConfig) -> None:
+        self._sampling = sampling
+        summary = f"Both runs: {keys.describe_sampling(sampling)}; same models, settings and seed."
+        self.compare_view.set_settings_summary(summary)
+
+    # -- start-up and settings -----------------------------------------------------------
+
+    def start(self, config: EngineConfig | None = None) -> None:
+        """Load the model pair from the settings (on a first start: the embedded model)."""
+        self.load_engine(config or keys.engine_config())
+
+    def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(title.lower().replace(" ", "_"))  # saveState() needs names
+        dock.setWidget(widget)
+        self.addDockWidget(area, dock)
+        return dock
+
+    def _restore_settings(self) -> None:
+        settings, resets = QSettings(), self._resets
+        geometry = keys.read(settings, keys.GEOMETRY, QByteArray(), resets)
+        if geometry.isEmpty() or not self.restoreGeometry(geometry):
+            if not geometry.isEmpty():  # bytes, but not a geometry Qt wrote
+                keys.reset(keys.GEOMETRY, resets)
+            self._default_geometry()
+        # Dock sizes only take once the window has its size: see showEvent.
+        state = keys.read(settings, keys.WINDOW_STATE, QByteArray(), resets)
+        self._first_show = state.isEmpty() or not self.restoreState(state)
+        if self._first_show and not state.isEmpty():
+            keys.reset(keys.WINDOW_STATE, resets)
+        tab = keys.read(settings, keys.CURRENT_TAB, 0, resets)
+        if not 0 <= tab < self.tabs.count():
+            tab = 0
+            keys.reset(keys.CURRENT_TAB, resets)
+        self.tabs.setCurrentIndex(tab)
+        self.actions.colour_tokens.setChecked(keys.read(settings, keys.COLOUR_TOKENS, True, resets))
+        self.actions.markdown.setChecked(keys.read(settings, keys.MARKDOWN, True, resets))
+        self._set_markdown(self.actions.markdown.isChecked())
+        self.chats.default_system_prompt = keys.read(settings, keys.DEFAULT_SYSTEM_PROMPT, "", resets)
+        current = keys.read(settings, keys.CURRENT_CONVERSATION, "", resets)
+        if current and not is_valid_id(current):  # e.g. a path: never handed to the store
+            current = ""
+            keys.reset(keys.CURRENT_CONVERSATION, resets)
+        for key in resets:  # said once: the next start reads the defaults (or what this session saves)
+            settings.remove(key)
+        self.chats.open(current or None)
+
+    def _show_start_problems(self, problems: list[str]) -> None:
+        """The banner at start: what could not be used, what was reset, what opening the store found."""
+        if self._resets:
+            problems.append(keys.describe_resets(self._resets))
+        opened = self.banner.text()  # what opening the restored conversation found (damaged records)
+        notes = problems + list(self.store.notices) + ([opened] if opened else [])
+        if notes:
+            self.banner.show_message(" ".join(notes), "error" if problems else "info")
+
+    def _default_geometry(self) -> None:
+        screen = self.screen().availableGeometry()
+        self.resize(min(1440, int(screen.width() * 0.9)), min(900, int(screen.height() * 0.9)))
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt API
+        super().showEvent(event)
+        if self._first_show:
+            self._first_show = False
+            self._default_dock_sizes()
+
+    def _default_dock_sizes(self) -> None:
+        # The six chart panels need room (two columns of three); the chat list needs little.
+        width = self.width()
+        self.resizeDocks([self.conversations_dock, self.charts_dock], [max(170, width // 8), int(width * 0.4)],
+                         Qt.Orientation.Horizontal)  # fmt: skip
+
+    def _save_settings(self) -> None:
+        settings = QSettings()
+        settings.setValue(keys.GEOMETRY, self.saveGeometry())
+        settings.setValue(keys.WINDOW_STATE, self.saveState())
+        settings.setValue(keys.CURRENT_TAB, self.tabs.currentIndex())
+        settings.setValue(keys.COLOUR_TOKENS, self.actions.colour_tokens.isChecked())
+        settings.setValue(keys.MARKDOWN, self.actions.markdown.isChecked())
+        conversation = self.chats.conversation
+        settings.setValue(keys.CURRENT_CONVERSATION, conversation.id if conversation else "")
+        settings.sync()
+
+    def _connect(self) -> None:
+        c = self.controller
+        c.sig_load_progress.connect(self._on_load_progress)
+        c.sig_loaded.connect(self._on_loaded)
+        c.sig_load_failed.connect(self._on_load_failed)
+        c.sig_run_started.connect(self._on_run_started)
+        c.sig_step_stats.connect(self._on_step)  # sig_step with the drafter's statistics
+        c.sig_run_finished.connect(self._on_run_finished)
+        c.sig_busy_changed.connect(self._on_busy_changed)
+        c.sig_error.connect(self.show_error)
+        self.chats.sig_save_failed.connect(self._on_save_failed)
+        self.chats.sig_save_recovered.connect(self._on_save_recovered)
+        self.chats.sig_notice.connect(self._show_info)
+        self.chat_view.sig_send_requested.connect(self.send_message)
+        self.chat_view.sig_stop_requested.connect(self.controller.stop)
+        self.compare_view.sig_run_requested.connect(self.run_comparison)
+        self.compare_view.sig_stop_requested.connect(self.controller.stop)
+        self.chats.sig_title_changed.connect(self.setWindowTitle)
+        self.conversation_panel.sig_delete_requested.connect(self.confirm_delete)
+        self.conversation_panel.sig_export_requested.connect(self.export_markdown)
+        self.chat_view.legend.toggle.toggled.connect(self.actions.colour_tokens.setChecked)
+        self.actions.colour_tokens.toggled.connect(self._set_colours)
+        self.chat_view.markdown.toggled.connect(self.actions.markdown.setChecked)
+        self.actions.markdown.toggled.connect(self._set_markdown)
+        self.chat_view.sig_regenerate_requested.connect(self.regenerate)
+        self.chat_view.sig_edit_submitted.connect(self.edit_and_resend)
+        self.chat_view.sig_system_prompt_edited.connect(self.set_system_prompt)
+
+    # -- the engine --------------------------------------------------------------------
+
+    def load_engine(self, config: EngineConfig) -> None:
+        if not self._keep_banner:  # a new load clears the old one's messages, not what start-up found
+            self.banner.hide()
+        self._keep_banner = False
+        self._set_ready(False, "Loading the model…")
+        self.engine_label.setText("Loading…")
+        self.progress.setValue(0)
+        self.progress.show()
+        self.controller.load(config)
+
+    def choose_models(self) -> None:
+        """Open the model pair dialog; on OK, reload with its models and use its sampling settings."""
+        from app.pair.dialog import PairDialog  # imported on first use: it reads model metadata
+
+        if self.pair_dialog is not None:  # already open: bring it forward rather than open a second
+            self.pair_dialog.raise_()
+            self.pair_dialog.activateWindow()
+            return
+        dialog = self.pair_dialog = PairDialog(self, settings=QSettings())
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self.apply_pair(dialog.engine_config(), dialog.sampling_config()))
+        dialog.finished.connect(self._forget_pair_dialog)
+        dialog.open()  # window-modal: the rest of the app (other windows, the tray) stays usable
+
+    def _forget_pair_dialog(self) -> None:
+        self.pair_dialog = None
+
+    def open_with_model(self, path: str, role: str = "target") -> None:
+        """A model dropped on the window: the pair dialog opens with it as the target (Shift: the draft)."""
+        self.choose_models()
+        self.pair_dialog.use_model(path, role)
+
+    def apply_pair(self, config: EngineConfig, sampling: SamplingConfig) -> None:
+        keys.set_engine_config(config)
+        keys.set_sampling_config(sampling)
+        self.sampling = sampling
+        engine = self.controller.engine
+        if engine is None or engine.config != config:
+            self.load_engine(config)
+
+    def _on_load_progress(self, message: str, fraction: float) -> None:
+        self.progress.setValue(round(fraction * 100))
+        self.statusBar().showMessage(f"{message}…" if fraction < 1 else message)
+
+    def _on_loaded(self, config: EngineConfig) -> None:
+        self.progress.hide()
+        self.engine_label.setText(describe_engine(config, self.controller.engine))
+        self.statusBar().showMessage("Model loaded.", 5000)
+        self.charts.set_cost_model(self.controller.engine.costs)
+        # A draft model given by name makes the drafter "model", whatever config.drafter says.
+        self.charts.set_drafter("model" if config.draft else config.drafter)
+        notes = engine_notes(self.controller.engine)  # e.g. a Medusa tree cut to one branch on llama.cpp
+        if notes:
+            self.banner.show_message(" ".join(notes), "info")
+        self._set_ready(True)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.progress.hide()
+        self.engine_label.setText("No model loaded")
+        self.statusBar().showMessage("The model did not load.", 5000)
+        self._set_ready(False, "No model loaded: choose a model pair (Models ▸ Model pair…, Ctrl+M).")
+        actions = [("Choose models…", self.choose_models)]
+        if keys.engine_config() != keys.DEFAULT_ENGINE_CONFIG:
+            actions.append(("Use the built-in model", self._use_default_models))
+        self.show_error(f"The model did not load. {message}", actions)
+
+    def _use_default_models(self) -> None:
+        keys.set_engine_config(keys.DEFAULT_ENGINE_CONFIG)
+        self.load_engine(keys.DEFAULT_ENGINE_CONFIG)
+
+    def show_error(self, message: str, actions=()) -> None:
+        """The one place errors reach the user: the banner, plus a line in the status bar."""
+        log.warning("%s", message)  # and the terminal, for whoever started the app from one
+        self.banner.show_message(message, "error", list(actions))
+        self.statusBar().showMessage(message.split(". ")[0], 8000)
+
+    def _show_info(self, message: str) -> None:
+        self.banner.show_message(message, "info")
+
+    def _on_save_failed(self, message: str) -> None:
+        self.show_error(message)
+        self._save_failure = message
+
+    def _on_save_recovered(self) -> None:
+        if self._save_failure and self.banner.text() == self._save_failure:  # still up: replace it
+            self._show_info("Saving works again: everything shown is saved.")
+        self._save_failure = ""
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def send_message(self, text: str) -> None:
+        self.chats.send(text, self.sampling)
+
+    def regenerate(self) -> None:
+        self.chats.regenerate(self.sampling)
+
+    def edit_and_resend(self, position: int, text: str) -> None:
+        self.chats.edit_and_resend(position, text, self.sampling)
+
+    def set_system_prompt(self, text: str, as_default: bool = False) -> None:
+        """This chat's system prompt; with `as_default`, also the one new chats start with."""
+        if as_default:
+            QSettings().setValue(keys.DEFAULT_SYSTEM_PROMPT, text)
+            self.chats.default_system_prompt = text
+        self.chats.set_system_prompt(text)
+
+    def run_comparison(self, prompt: str) -> None:
+        self._compare_sampling = self.sampling
+        self.controller.compare([{"role": "user", "content": prompt}], self.sampling)
+
+    def _on_run_started(self, kind: str) -> None:
+        self.charts.reset()
+        if kind == COMPARE:
+            self.compare_view.begin()
+        self._run_kind = kind
+
+    def _on_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None) -> None:
+        # drafter_stats: copied on the worker thread after this step (EngineController).
+        self.charts.add_step(label, event, drafter_stats)
+        if self._run_kind == COMPARE:
+            self.compare_view.add_step(label, event)
+
+    def _on_run_finished(self, kind: str, result) -> None:
+        self._run_kind = None
+        if kind != COMPARE:
+            return
+        if result is None:
+            self.compare_view.show_failure("See the message above.")
+        else:
+            self.compare_view.show_comparison(result, self._compare_sampling.greedy)
+
+    def _on_busy_changed(self, busy: bool) -> None:
+        # Read the state rather than trust the argument: another listener may already
+        # have started the next run while this signal was still being delivered.
+        generating = self.controller.busy and not self.controller.loading
+        self.chat_view.set_busy(generating)
+        self.compare_view.set_busy(generating)
+        self.actions.stop.setEnabled(generating)
+
+    def _set_ready(self, ready: bool, reason: str = "") -> None:
+        self.chat_view.set_ready(ready, reason)
+        self.actions.regenerate.setEnabled(ready)
+        self.compare_view.set_ready(ready)
+
+    # -- conversations ---------------------------------------------------------------------
+
+    def new_chat(self) -> None:
+        """An empty chat pane; the conversation is saved once its first message is sent."""
+        self.chats.open(None)
+        self.tabs.setCurrentWidget(self.chat_view)
+        self.chat_view.composer.setFocus()
+
+    def confirm_delete(self, conversation_id: str) -> None:
+        conversation = self.chats.find(conversation_id)
+        if conversation is None:
+            return
+        question = f"Delete “{conversation.title}”? This cannot be undone."
+        if QMessageBox.question(self, "Delete conversation", question) == QMessageBox.StandardButton.Yes:
+            self.chats.delete(conversation_id)
+
+    def export_markdown(self, conversation_id: str | None = None) -> None:
+        from app.shell.file_dialogs import export_conversation
+
+        conversation = self.chats.find(conversation_id) if conversation_id else self.chats.conversation
+        if conversation is not None:
+            export_conversation(self, conversation)
+
+    def _set_markdown(self, enabled: bool) -> None:
+        self.chat_view.set_markdown(enabled)  # the chat only: comparisons show tokens, to mark divergences
+
+    def _set_colours(self, enabled: bool) -> None:
+        self.chat_view.set_colours_enabled(enabled)
+        for pane in self.compare_view.panes.values():
+            pane.view.set_colours_enabled(enabled)
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt API
+        if not self._shut_down:
+            self._save_settings()
+            self.statusBar().showMessage("Stopping…")
+            self.controller.shutdown()  # cancels the run and joins the worker thread
+            self.chats.close()
+            self.store.close()  # a clean close checkpoints the WAL into the database file
+            self._shut_down = True
+        event.accept()

@@ -1,0 +1,290 @@
+"""`TrainDialog`: train Medusa heads or an EAGLE head for a target, watching the loss and
+each head's (EAGLE: each depth's) agreement.
+
+The training is the engine's (engine.training.train_heads); this dialog picks
+its settings, runs it on a worker thread (app/runtime/worker.py), and draws every step.
+Cancel stops after the current step and saves a checkpoint, so Start on the
+same folder can resume exactly; closing the dialog while training does the
+same, then closes. When a run finishes, its folder becomes the pair dialog's
+heads of that kind (Models ▸ Model pair…), and "Use in model pair…" opens that
+dialog with the new heads selected. A saved run of another kind (or other
+settings) is not resumed: the engine's message says so and the run is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from PySide6.QtCore import QCoreApplication, QSettings, Qt, Signal
+from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QMessageBox, QProgressBar, QPushButton, QVBoxLayout
+
+from app.shell import settings as keys
+from engine.errors import SpecDeckError
+from engine.models.locate import resolve
+
+from app.pair.heads import CHOICE_FIELDS, remember_trained
+from app.training.charts import TrainingCharts
+from app.training.form import TrainForm, command_line
+from app.runtime.worker import GeneratorWorker, TaskRunner
+
+TITLES = {"medusa": "Train Medusa heads", "eagle": "Train an EAGLE head"}
+
+
+class TrainDialog(QDialog):
+    sig_finished = Signal(object)
+    """A run ended: its TrainResult (finished or cancelled), or None when it failed."""
+
+    def __init__(self, parent=None, target: str | None = None, settings: QSettings | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle(TITLES["medusa"])
+        self.settings = settings if settings is not None else QSettings()
+        self.runner = TaskRunner(self)
+        self.runner.sig_done.connect(self._on_worker_done)
+        self.result = None  # the last run's TrainResult
+        self._run_kind = "medusa"  # the kind of heads the last run started trains
+        self._close_when_done = False
+
+        self.form = TrainForm(target or keys.engine_config().target, self)
+
+        self.progress = QProgressBar(self)
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.progress.setFormat("%v / %m steps")
+        self.status = QLabel("Choose a target and data, then press Start.", self)
+        self.status.setWordWrap(True)
+        self.status.setTextFormat(Qt.TextFormat.PlainText)  # engine messages are text, never markup
+        self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.charts = TrainingCharts(self)
+        self.charts.setMinimumHeight(220)
+        self.form.sig_kind_changed.connect(self._kind_changed)
+
+        self.start_button = QPushButton("Start", self)
+        self.start_button.setDefault(True)
+        self.cancel_button = QPushButton("Cancel training", self)
+        self.cancel_button.setToolTip("Stop after the current step; a checkpoint is saved and Start resumes it")
+        self.use_button = QPushButton("Use in model pair…", self)
+        self.close_button = QPushButton("Close", self)
+        for button in (self.cancel_button, self.use_button, self.close_button):
+            button.setAutoDefault(False)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.start_button)
+        buttons.addWidget(self.cancel_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.use_button)
+        buttons.addWidget(self.close_button)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.form)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addWidget(self.charts, 1)
+        layout.addLayout(buttons)
+
+        self.start_button.clicked.connect(self.start)
+        self.cancel_button.clicked.connect(self.cancel_training)
+        self.use_button.clicked.connect(self.use_in_pair)
+        self.close_button.clicked.connect(self.reject)
+        app = QCoreApplication.instance()
+        if app is not None:  # quitting mid-step: stop, save the checkpoint, then let the app go
+            app.aboutToQuit.connect(self.shutdown)
+
+        self._set_running(False)
+        self.use_button.setEnabled(False)
+        self.resize(920, 720)
+
+    # -- running -----------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self.runner.busy
+
+    def start(self) -> None:
+        if self.running:
+            return
+        from engine.training import checkpoint_info
+        from engine.training.checkpoint import load_state
+
+        try:
+            options = self.form.options()
+        except SpecDeckError as error:
+            self._show_status(str(error), error=True)
+            return
+        saved = checkpoint_info(options["out_dir"])
+        resume = False
+        if saved is not None:
+            answer = self.ask_resume(saved)
+            if answer is None:
+                return
+            resume = answer == "resume"
+        self.charts.set_kind(options["kind"], options["objective"])
+        self.charts.reset()
+        if resume:
+            try:
+                history = load_state(options["out_dir"])["history"]
+                self.charts.load_history(history["loss"], history["head_accuracy"])
+            except (SpecDeckError, KeyError, TypeError):
+                pass  # the run resumes anyway; only its earlier curve is missing
+        self.result = None
+        self.use_button.setEnabled(False)
+        self.progress.setRange(0, options["steps"])
+        self.progress.setValue(saved.step if resume and saved is not None else 0)
+        self._run_kind = options["kind"]
+        command = command_line(options)
+        worker = GeneratorWorker(lambda cancel, report: _train(options, resume, command, report, cancel), "train-heads")
+        worker.sig_yielded.connect(self._on_progress)
+        worker.sig_returned.connect(self._on_result)
+        worker.sig_errored.connect(self._on_error)
+        self._set_running(True)
+        self._show_status("Resuming…" if resume else "Starting…")
+        self.runner.start(worker)
+
+    def ask_resume(self, saved) -> str | None:
+        """"resume", "restart" or None (cancel) for a folder that holds a saved run."""
+        box = QMessageBox(QMessageBox.Icon.Question, self.windowTitle(),
+                          f"This folder holds a training run at step {saved.step} of {saved.steps}.", parent=self)
+        box.setInformativeText("Resume it, or start over (the heads trained so far are replaced)?")
+        resume = box.addButton("Resume", QMessageBox.ButtonRole.AcceptRole)
+        restart = box.addButton("Start over", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setDefaultButton(resume)
+        box.exec()
+        return {resume: "resume", restart: "restart"}.get(box.clickedButton())
+
+    def cancel_training(self) -> None:
+        if self.running:
+            self.runner.cancel()
+            self.cancel_button.setEnabled(False)
+            self._show_status("Stopping after the current step; a checkpoint is being saved…")
+
+    def shutdown(self) -> None:
+        """Cancel and wait for the worker (the app is quitting)."""
+        self.runner.shutdown()
+
+    # -- reports from the worker ---------------------------------------------------------
+
+    def _on_progress(self, event) -> None:
+        if event.phase == "train":
+            self.progress.setRange(0, event.steps)
+            self.progress.setValue(event.step)
+            self.charts.add(event.step, event.loss, event.head_accuracy)
+            heads = " ".join(f"{a:.0%}" for a in event.head_accuracy)
+            eta = _duration(event.eta_s) if event.eta_s else "—"
+            self._show_status(f"Step {event.step} of {event.steps} · loss {event.loss:.3f} · top-1 per "
+                              f"{self.charts.unit} {heads} · {event.tokens_per_s:.0f} tokens/s · about {eta} left")
+        elif event.phase == "generate":
+            self.progress.setRange(0, max(event.steps, 1))
+            self.progress.setFormat("%v / %m replies")
+            self.progress.setValue(event.step)
+            self._show_status(event.message)
+        elif event.message:
+            self.progress.setFormat("%v / %m steps")
+            self._show_status(event.message + ("…" if event.phase in ("data", "load", "validate") else ""))
+
+    def _on_result(self, result) -> None:
+        self.result = result
+        if result.cancelled:
+            self._show_status(f"Cancelled at step {result.step} of {result.steps}. A checkpoint is saved in "
+                              f"{result.out_dir}: press Start to resume.")  # fmt: skip
+        else:
+            kind = self._run_kind
+            remember_trained(result.out_dir, self.settings, kind)
+            unit = self.charts.unit
+            accuracy = ", ".join(f"{unit} {k} {a:.0%}" for k, a in enumerate(result.head_accuracy, 1))
+            what, drafter = ("EAGLE head", "EAGLE head") if kind == "eagle" else ("heads", "Medusa heads")
+            self._show_status(f"Done: {result.step} steps, {what} saved in {result.out_dir}. Held-out top-1 "
+                              f"agreement with the target: {accuracy}. Choose {'it' if kind == 'eagle' else 'them'} "
+                              f"in Models ▸ Model pair… (drafter: {drafter}).")  # fmt: skip
+            self.use_button.setEnabled(True)
+        self.sig_finished.emit(result)
+
+    def _on_error(self, error: BaseException) -> None:
+        if isinstance(error, SpecDeckError):
+            message = str(error)
+        else:  # a bug, not a bad setting: still a message, not a traceback
+            message = f"Training failed: {type(error).__name__}: {error}"
+        self._show_status(message, error=True)
+        self.sig_finished.emit(None)
+
+    def _on_worker_done(self, _worker) -> None:
+        self._set_running(False)
+        if self._close_when_done:
+            self._close_when_done = False
+            super().reject()
+
+    # -- the rest of the window ------------------------------------------------------------
+
+    def use_in_pair(self) -> None:
+        """Open the main window's pair dialog with these heads chosen (nothing loads until Load)."""
+        window = self.parent()
+        if self.result is None or not hasattr(window, "choose_models"):
+            return
+        window.choose_models()
+        pair = getattr(window, "pair_dialog", None)
+        if pair is None:
+            return
+        choice = pair.choice()
+        target = self.form.target.spec()
+        backend = choice.backend
+        if backend == "llama.cpp" or (backend == "auto" and _is_gguf(target)):
+            backend = "torch"  # heads read hidden states: PyTorch only
+        kind = self._run_kind
+        pair.set_choice(replace(choice, target=target, drafter=kind, backend=backend,
+                                **{CHOICE_FIELDS[kind]: self.result.out_dir}))  # fmt: skip
+
+    def reject(self) -> None:
+        if self.running:  # stop first (the checkpoint is saved), then close
+            self._close_when_done = True
+            self.cancel_training()
+            return
+        super().reject()
+
+    def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
+        if self.running:
+            event.ignore()
+            self.reject()
+            return
+        super().closeEvent(event)
+
+    def _kind_changed(self, kind: str) -> None:
+        self.setWindowTitle(TITLES[kind])  # the charts follow at Start: until then they show the last run
+
+    def _set_running(self, running: bool) -> None:
+        self.form.set_running(running)
+        self.start_button.setEnabled(not running)
+        self.cancel_button.setEnabled(running)
+
+    def _show_status(self, text: str, error: bool = False) -> None:
+        self.status.setStyleSheet("color: #D55E00;" if error else "")
+        self.status.setText(text)
+
+
+def _train(options: dict, resume: bool, command: str, report, cancel):
+    """On the worker thread."""
+    from engine.training import train_heads
+
+    return train_heads(**options, resume=resume, command=command, progress=report, cancel=cancel)
+
+
+def _is_gguf(spec: str) -> bool:
+    try:
+        return resolve(spec).kind == "gguf"
+    except SpecDeckError:
+        return False
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    if minutes < 1:
+        return f"{max(1, round(seconds))} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+def open_train_dialog(window) -> TrainDialog:
+    """Show the window's train dialog, making it on first use; it stays while training runs."""
+    dialog = getattr(window, "train_dialog", None)
+    if dialog is None:
+        dialog = window.train_dialog = TrainDialog(window)
+    dialog.show()
+    dialog.raise_()
+    dialog.activateWindow()
+    return dialog

@@ -1,0 +1,268 @@
+"""`Engine`: a loaded target, an optional drafter and their measured costs.
+
+This is what the CLI and the desktop app hold. Layers, as in mlx-lm:
+`decode.decode_steps` yields steps -> `Engine.stream` adds the engine's drafter,
+draft length and cost model -> `Engine.generate` collects a result ->
+`Engine.compare` runs vanilla and speculative decoding on the same input.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from engine.backends.base import Backend
+from engine.core.decode import decode_steps, run_notes
+from engine.core.divergence import first_divergence, rounding_bound
+from engine.core.draft_length import CostModel, DraftLength, measure_verify_curve
+from engine.drafters.base import Drafter
+from engine.errors import ConfigError, SpecDeckError
+from engine.core.events import Divergence, GenerationResult, StepEvent
+from engine.models.load_options import check_load_options, draft_load_options, target_load_options
+from engine.models.loading import TORCH_DRAFTERS, load_backend, make_drafter
+from engine.models.memory_errors import model_out_of_memory, out_of_memory, unexplained_allocation_failure
+from engine.models.locate import resolve
+from engine.core.sampling import SamplingConfig
+from engine.core.text import check_messages
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    target: str = "default"
+    drafter: str = "ngram"  # "none" | "ngram" | "model" | "medusa" | "eagle" | "lookahead" | "early-exit"
+    draft: str | None = None  # draft model spec (implies drafter "model")
+    heads: str | None = None  # Medusa / EAGLE heads folder; None = the ones shipped, if any
+    backend: str = "auto"
+    draft_backend: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    n_ctx: int | None = None
+    threads: int | None = None
+    gpu_layers: int = 0
+    # The draft model's own load options; None follows the target's where it applies (load_options.py).
+    draft_device: str | None = None
+    draft_dtype: str | None = None  # PyTorch drafts only: llama.cpp runs a GGUF in its saved precision
+    draft_threads: int | None = None
+    draft_gpu_layers: int | None = None
+    k: int | str = "auto"
+    k_max: int = 16
+    ngram_max: int = 3
+    tree_depth: int | None = None  # EAGLE's deepest tree level (None = its default)
+    lookahead: tuple = ("auto", "auto", "auto")  # lookahead's window W, n-gram size N, candidates G
+    exit_layer: int | str = "auto"  # the early-exit drafter's L
+    measure_costs: bool = True  # time the target's verify-cost curve (and the drafter's token cost) at load
+
+
+@dataclass(frozen=True)
+class Comparison:
+    vanilla: GenerationResult
+    speculative: GenerationResult
+    divergence: Divergence | None  # greedy runs only; None when identical
+
+    @property
+    def identical(self) -> bool:
+        return self.vanilla.tokens == self.speculative.tokens
+
+    @property
+    def speedup(self) -> float:
+        v, s = self.vanilla.stats.tokens_per_s, self.speculative.stats.tokens_per_s
+        return s / v if v > 0 else 0.0
+
+
+Progress = Callable[[str, float], None]  # (what is happening, fraction done)
+
+
+def _steady(report: Progress) -> Progress:
+    """`report`, called only when the message changes or the fraction grows by a percent,
+    and never with a smaller fraction than before (a reload restarts a backend's count)."""
+    last = ["", -1.0]
+
+    def steady(message: str, fraction: float) -> None:
+        fraction = max(fraction, last[1], 0.0)
+        if message == last[0] and fraction < min(last[1] + 0.01, 1.0):
+            return
+        last[:] = [message, fraction]
+        report(message, fraction)
+
+    return steady
+
+
+def _part(report: Progress, whose: str, start: float, end: float) -> Progress:
+    """A backend's own progress (0 to 1) as the stretch `start`..`end` of the whole load."""
+    return lambda message, fraction: report(f"{whose}: {message[:1].lower()}{message[1:]}",
+                                            start + (end - start) * fraction)  # fmt: skip
+
+
+def target_backend(config: EngineConfig) -> str:
+    """The backend for the target: as asked, except that "auto" means PyTorch for drafters
+    that need it (hidden states, tree masks, the target's own layers); a GGUF target then
+    loads through transformers, dequantized."""
+    if config.backend == "auto" and config.drafter in TORCH_DRAFTERS and config.draft is None:
+        return "torch"
+    return config.backend
+
+
+class Engine:
+    def __init__(self, target: Backend, drafter: Drafter | None, config: EngineConfig, costs: CostModel) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.config = config
+        self.costs = costs
+        if drafter is not None and hasattr(drafter, "costs"):
+            drafter.costs = costs  # drafters that size themselves from the verify-cost curve
+        DraftLength(config.k, config.k_max)  # validate k early, before any generation
+
+    @classmethod
+    def load(cls, config: EngineConfig, progress: Progress | None = None) -> "Engine":
+        report = _steady(progress or (lambda message, fraction: None))
+        DraftLength(config.k, config.k_max)
+        check_load_options(config, target_backend(config))
+        options = target_load_options(config)
+        report("Loading the target model", 0.0)
+        target_share = 0.5 if config.draft or config.drafter != "ngram" else 0.8  # the n-gram drafter is instant
+        try:
+            target = load_backend(config.target, backend=target_backend(config), **options,
+                                  progress=_part(report, "Target", 0.0, target_share))  # fmt: skip
+        except Exception as error:
+            if not unexplained_allocation_failure(error):
+                raise
+            raise out_of_memory(
+                f"load {config.target}", path=config.target, backend=_chosen_backend(config),
+                dtype=None if config.dtype == "auto" else config.dtype,
+                device="this machine" if config.device == "auto" else config.device, n_ctx=config.n_ctx,
+            ) from error
+        try:
+            report("Loading the drafter", target_share)
+            draft_progress = _part(report, "Draft", target_share, 0.8) if config.draft else None
+            drafter = make_drafter(
+                config.drafter, target, draft=config.draft, draft_backend=config.draft_backend,
+                ngram_max=config.ngram_max, heads=config.heads, tree_depth=config.tree_depth,
+                lookahead=tuple(config.lookahead), exit_layer=config.exit_layer, **draft_load_options(config),
+                **({"progress": draft_progress} if draft_progress else {}),
+            )  # fmt: skip
+            costs = CostModel()
+            if config.measure_costs:
+                report("Measuring the target's verify costs", 0.8)
+                costs.verify_s.update(measure_verify_curve(target))
+                if drafter is not None:
+                    costs.draft_s_per_token = drafter.measure_token_cost() or 0.0
+        except BaseException as error:
+            target.close()
+            if unexplained_allocation_failure(error):
+                doing = f"prepare the {config.drafter} drafter for {target.info.name}"
+                raise model_out_of_memory(doing, target.info, target.n_ctx) from error
+            raise
+        report("Ready", 1.0)
+        return cls(target, drafter, config, costs)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Sentences for the UI about this target/drafter pair (each run's RunStats.notes too),
+        e.g. that a tree drafter's trees are cut to one branch on a chain-only backend."""
+        return run_notes(self.target, self.drafter)
+
+    def prompt_ids(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
+        """Token ids for a plain string (as a user message when `chat`) or a list of chat messages."""
+        if isinstance(prompt, str):
+            if not chat:
+                return self.target.tokenize(prompt)
+            prompt = [{"role": "user", "content": prompt}]
+        return self.target.apply_chat_template(check_messages(prompt))
+
+    def stream(
+        self,
+        prompt: list[int],
+        sampling: SamplingConfig,
+        *,
+        speculative: bool = True,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[StepEvent]:
+        drafter = self.drafter if speculative else None
+        if speculative and drafter is None:
+            raise ConfigError("No drafter is loaded: choose n-gram lookup or a draft model to decode speculatively.")
+        draft_length = DraftLength(self.config.k, self.config.k_max) if drafter else None
+        steps = decode_steps(
+            self.target, prompt, sampling, drafter=drafter, draft_length=draft_length, costs=self.costs,
+            cancel=cancel,
+        )  # fmt: skip
+        return _out_of_memory_said(steps, self.target)
+
+    def generate(
+        self,
+        prompt: list[int],
+        sampling: SamplingConfig,
+        *,
+        speculative: bool = True,
+        cancel: threading.Event | None = None,
+        on_event: Callable[[StepEvent], None] | None = None,
+    ) -> GenerationResult:
+        events = []
+        for event in self.stream(prompt, sampling, speculative=speculative, cancel=cancel):
+            events.append(event)
+            if on_event is not None:
+                on_event(event)
+        return collect(events)
+
+    def compare(
+        self,
+        prompt: list[int],
+        sampling: SamplingConfig,
+        *,
+        cancel: threading.Event | None = None,
+        on_event: Callable[[str, StepEvent], None] | None = None,
+    ) -> Comparison:
+        """Vanilla, then speculative decoding, with the same sampling settings and seed."""
+        runs = {}
+        for label, speculative in (("vanilla", False), ("speculative", True)):
+            callback = (lambda event, label=label: on_event(label, event)) if on_event else None
+            runs[label] = self.generate(prompt, sampling, speculative=speculative, cancel=cancel, on_event=callback)
+        divergence = None
+        if sampling.greedy and runs["vanilla"].tokens != runs["speculative"].tokens:
+            divergence = first_divergence(runs["speculative"], runs["vanilla"], rounding_bound(self.target.info))
+        return Comparison(runs["vanilla"], runs["speculative"], divergence)
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+        self.target.close()
+
+
+def load_summary(config: EngineConfig) -> str:
+    """What `Engine.load(config)` is about to load, for a status line: "SmolLM2-135M-Instruct (llama.cpp)".
+    Raises the load's own error for a target that cannot be found."""
+    name = resolve(config.target).name
+    draft = f" with draft {config.draft}" if config.draft else ""
+    return f"{name} ({_chosen_backend(config)}){draft}"
+
+
+def _chosen_backend(config: EngineConfig) -> str:
+    """The backend load_backend picks for the target ("auto": llama.cpp for a GGUF file)."""
+    backend = target_backend(config)
+    if backend != "auto":
+        return backend
+    try:
+        return "llama.cpp" if resolve(config.target).kind == "gguf" else "torch"
+    except SpecDeckError:
+        return "torch"
+
+
+def _out_of_memory_said(steps: Iterator[StepEvent], target: Backend) -> Iterator[StepEvent]:
+    """`steps`, with a failed allocation anywhere in the loop (a drafter, sampling) said as
+    OutOfMemoryError; the backends already say so for their own forwards."""
+    try:
+        yield from steps
+    except Exception as error:
+        if not unexplained_allocation_failure(error):
+            raise
+        doing = f"generate with {target.info.name}"
+        raise model_out_of_memory(doing, target.info, target.n_ctx, "a shorter prompt") from error
+
+
+def collect(events: list[StepEvent]) -> GenerationResult:
+    if not events:
+        raise SpecDeckError("The generation produced no steps.")
+    tokens = tuple(info.id for event in events for info in event.tokens)
+    text = "".join(event.text for event in events)
+    last = events[-1]
+    return GenerationResult(text, tokens, last.stats, last.finish_reason or "length", tuple(events))

@@ -1,0 +1,452 @@
+"""A GGUF model run by llama.cpp (through llama-cpp-python).
+
+`llama_cpp.Llama` loads the model and owns the context, vocabulary and metadata,
+but its `eval` can only ask for logits on every token or on the last one, and
+copies them into a preallocated numpy array. Speculative decoding needs both
+kinds of call in its hot loop, so decoding here goes through the low-level API
+with our own `llama_batch`, whose arrays are numpy buffers allocated once
+(nothing to free, nothing to build per call), and logits are `memmove`d straight
+from llama.cpp's output buffer into a fresh torch tensor.
+
+KV cache rules this relies on (llama.cpp, checked on 0.3.36):
+- a batch must start at the position right after the last cached one, so a
+  rollback removes exactly positions >= length and the next decode starts there;
+- logits buffers are overwritten by the next decode, hence the copy;
+- re-decoding after a rollback reproduces the first pass bit for bit.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+from itertools import compress, repeat
+
+import llama_cpp
+import numpy as np
+import torch
+
+from engine.errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
+from engine.models.memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory, release_frames
+from engine.backends.base import Backend, LoadProgress, ModelInfo
+
+DEFAULT_CONTEXT = 4096  # enough for a chat, small enough that the KV cache of a 7B model fits in RAM
+MIN_CONTEXT = 16
+BATCH_SIZE = 512  # tokens per llama_decode call; longer inputs are split
+MAX_DEFAULT_THREADS = 8  # CPU decoding is memory-bound: more threads stop helping
+
+# -- logging ---------------------------------------------------------------------------
+# llama.cpp logs hundreds of lines per load to stderr. We drop them but keep the
+# last few errors, which name the cause of a failed load ("unknown model
+# architecture", "failed to read header"...) and go into our error messages.
+
+_GGML_LOG_ERROR = 4
+_GGML_LOG_CONT = 5  # continuation of the previous message
+_recent_errors: collections.deque[str] = collections.deque(maxlen=8)
+_last_level = 0
+
+
+def _on_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    global _last_level
+    if level != _GGML_LOG_CONT:
+        _last_level = level
+    if _last_level >= _GGML_LOG_ERROR and text:
+        _recent_errors.append(text.decode("utf-8", errors="replace").strip())
+
+
+# Module-level on purpose: llama.cpp keeps only a C pointer to this ctypes callback;
+# if Python collected it, the next log line would jump into freed memory (segfault).
+_LOG_CALLBACK = llama_cpp.llama_log_callback(_on_log)
+llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+
+
+class _ProgressLlama(llama_cpp.Llama):
+    """`llama_cpp.Llama` with llama.cpp's load progress callback, which its constructor
+    does not take: the callback goes into the model parameters as the constructor
+    assigns them, before it loads the model."""
+
+    def __init__(self, progress: LoadProgress | None, **kwargs) -> None:
+        self._on_progress = progress
+        # Kept on the object: llama.cpp holds only a C pointer to it while it loads.
+        self._progress_callback = llama_cpp.llama_progress_callback(self._report)
+        super().__init__(**kwargs)
+
+    @property
+    def model_params(self):
+        return self.__dict__["model_params"]
+
+    @model_params.setter
+    def model_params(self, params) -> None:
+        if self._on_progress is not None:
+            params.progress_callback = self._progress_callback
+        self.__dict__["model_params"] = params
+
+    def _report(self, fraction: float, _user_data: ctypes.c_void_p) -> bool:
+        # Called from C: an exception here could not propagate, and False would abort the load.
+        try:
+            self._on_progress("Reading the weights", min(max(float(fraction), 0.0), 1.0))
+        except Exception:  # noqa: BLE001 - a progress display must never stop a load
+            pass
+        return True
+
+
+def _llama_said() -> str:
+    """The first error llama.cpp logged since the last clear, as a clause for a message."""
+    return f" (llama.cpp: {_recent_errors[0]})" if _recent_errors else ""
+
+
+# -- small helpers -----------------------------------------------------------------------
+
+
+def default_threads() -> int:
+    """CPUs this process may use (respects taskset/containers), capped at MAX_DEFAULT_THREADS."""
+    try:
+        available = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        available = os.cpu_count() or 1
+    return max(1, min(available, MAX_DEFAULT_THREADS))
+
+
+def _file_type_name(ftype: int) -> str:
+    """llama_ftype -> "Q4_1", "F16", "Q4_K_M"... from the LLAMA_FTYPE_* constants."""
+    ftype &= ~llama_cpp.LLAMA_FTYPE_GUESSED
+    for attr, value in vars(llama_cpp).items():
+        if attr.startswith("LLAMA_FTYPE_") and attr != "LLAMA_FTYPE_GUESSED" and value == ftype:
+            return attr.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_")
+    return f"ftype {ftype}"
+
+
+def _check_gguf_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise ModelNotFoundError(f"No model file at {path}. Check the path, or download the model first.")
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path} is a folder; the llama.cpp backend needs a single .gguf file.")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"Cannot read {path}: {e.strerror}. Check the file's permissions.") from e
+    if magic != b"GGUF":
+        raise ModelLoadError(
+            f"{path} is not a GGUF file (it does not start with the GGUF signature). "
+            "Pick a .gguf model file, or re-download it if the download saved an error page."
+        )
+
+
+class LlamaCppBackend(Backend):
+    """One GGUF model and one sequence's KV cache in llama.cpp."""
+
+    name = "llama.cpp"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        n_gpu_layers: int = 0,
+        name: str | None = None,
+        progress: LoadProgress | None = None,
+    ) -> None:
+        """Load `path`.
+
+        n_ctx: tokens the cache holds; default min(trained context, 4096). A larger
+            value is clamped to the trained context, past which the model's output
+            degrades into noise.
+        n_threads: CPU threads for decoding; default `default_threads()`.
+        n_gpu_layers: layers to offload (-1 = all); ignored by a CPU-only build.
+        name: display name; default the file name.
+        progress: called with (what is happening, fraction of this load done), from
+            llama.cpp's own progress callback while the weights are read.
+        """
+        super().__init__()
+        self._llm: llama_cpp.Llama | None = None
+        path = os.fspath(path)
+        if n_ctx is not None and n_ctx < MIN_CONTEXT:
+            raise ConfigError(f"The context size must be at least {MIN_CONTEXT} tokens, got {n_ctx}.")
+        if n_threads is not None and n_threads < 1:
+            raise ConfigError(f"The number of threads must be at least 1, got {n_threads}.")
+        if n_gpu_layers < -1:
+            raise ConfigError(f"GPU layers must be -1 (all), 0 (none) or a positive count, got {n_gpu_layers}.")
+        _check_gguf_file(path)
+
+        self._path = path
+        self._display_name = name or os.path.basename(path)
+        self._n_threads = n_threads or default_threads()
+        self._n_gpu_layers = n_gpu_layers
+        self._progress = progress
+
+        wanted = n_ctx or DEFAULT_CONTEXT
+        llm = self._load(wanted)
+        trained = llama_cpp.llama_model_n_ctx_train(llm._model.model)
+        if 0 < trained < wanted:
+            # Rare (old 2K-context models, or a user asking for more than the model
+            # knows): reloading is simpler than pre-reading the header, and cheap.
+            llm.close()
+            wanted = trained
+            llm = self._load(wanted)
+        self._llm = llm
+        self._model = llm._model.model
+        self._vocab = llm._model.vocab
+        self._ctx = llm._ctx.ctx
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):
+            self.close()
+            raise ModelLoadError(
+                f"{self._display_name} is a recurrent (state-space) model: its cache cannot be rolled back "
+                "token by token, which speculative decoding needs. Pick a transformer model."
+            )
+
+        # llama.cpp may round the context up; we promise only what was asked for.
+        self._n_ctx = min(wanted, llama_cpp.llama_n_ctx(self._ctx))
+        self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._row_bytes = self._n_vocab * ctypes.sizeof(ctypes.c_float)
+        self._bos = llama_cpp.llama_vocab_bos(self._vocab)
+        self._eos = llama_cpp.llama_vocab_eos(self._vocab)
+        self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        # Every id once (~20 ms for 49k ids): llama.cpp's EOG set also includes
+        # tokens it recognises by their text (<|im_end|>, <|eot_id|>, FIM tokens...).
+        is_eog = map(llama_cpp.llama_vocab_is_eog, repeat(self._vocab), range(self._n_vocab))
+        self._eos_ids = frozenset(compress(range(self._n_vocab), is_eog))
+        self._chat_formatter = None
+        self._build_batch(llm.n_batch)
+        self._info = self._make_info()
+
+    def _load(self, n_ctx: int) -> llama_cpp.Llama:
+        _recent_errors.clear()
+        try:
+            llm = _ProgressLlama(
+                self._progress,
+                model_path=self._path,
+                n_ctx=n_ctx,
+                n_batch=BATCH_SIZE,
+                n_ubatch=BATCH_SIZE,
+                n_threads=self._n_threads,  # one-token decodes (drafting)
+                n_threads_batch=self._n_threads,  # multi-token decodes (prefill, verification)
+                n_gpu_layers=self._n_gpu_layers,
+                logits_all=False,  # we set per-token logits flags ourselves
+                verbose=False,
+            )
+        except (ValueError, RuntimeError, OSError, MemoryError) as e:
+            failure = e
+        else:
+            _recent_errors.clear()  # what a later failed decode logs is then its own
+            return llm
+        said = _llama_said()
+        if "Failed to create llama_context" in str(failure) or is_allocation_failure(failure, " ".join(_recent_errors)):
+            release_frames(failure)  # the half-loaded model, before the estimate reads the file
+            device = "cpu" if self._n_gpu_layers == 0 else "cpu and GPU"
+            raise out_of_memory(
+                f"load {self._path} with a {n_ctx}-token context", path=self._path, backend="llama.cpp",
+                dtype=None, device=device, n_ctx=n_ctx, said=_recent_errors[0] if _recent_errors else "",
+            ) from failure
+        raise ModelLoadError(
+            f"Could not load {self._path}: the file is corrupt or incomplete, or not a model this "
+            f"llama.cpp ({llama_cpp.__version__}) can run{said}. Re-download it, or pick another .gguf file."
+        ) from failure
+
+    def _build_batch(self, n_batch: int) -> None:
+        """A llama_batch whose arrays are numpy buffers we own, filled in place per call."""
+        self._n_batch = n_batch
+        self._batch_tokens = np.zeros(n_batch, dtype=np.int32)
+        self._batch_pos = np.zeros(n_batch, dtype=np.int32)
+        self._batch_flags = np.zeros(n_batch, dtype=np.int8)  # 1 = return logits for this token
+        self._batch_n_seq = np.ones(n_batch, dtype=np.int32)  # each token is in one sequence...
+        self._seq_zero = np.zeros(1, dtype=np.int32)  # ...sequence 0, shared by all
+        self._arange = np.arange(n_batch, dtype=np.int32)
+        seq_ptr = self._seq_zero.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_seq_id))
+        self._seq_ptrs = (ctypes.POINTER(llama_cpp.llama_seq_id) * n_batch)(*([seq_ptr] * n_batch))
+
+        batch = llama_cpp.llama_batch()
+        batch.token = self._batch_tokens.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
+        batch.embd = None
+        batch.pos = self._batch_pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
+        batch.n_seq_id = self._batch_n_seq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        batch.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(ctypes.POINTER(llama_cpp.llama_seq_id)))
+        batch.logits = self._batch_flags.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self._batch = batch
+
+    def _make_info(self) -> ModelInfo:
+        metadata = self._llm.metadata
+        n_layers = llama_cpp.llama_model_n_layer(self._model)
+        if self._n_gpu_layers == 0 or not llama_cpp.llama_supports_gpu_offload():
+            device = "cpu"
+        else:
+            on_gpu = n_layers if self._n_gpu_layers < 0 else min(self._n_gpu_layers, n_layers)
+            device = f"cpu+{on_gpu} gpu layers"
+        return ModelInfo(
+            name=self._display_name,
+            path=self._path,
+            backend=self.name,
+            architecture=metadata.get("general.architecture", "unknown"),
+            n_params=llama_cpp.llama_model_n_params(self._model),
+            weight_bytes=llama_cpp.llama_model_size(self._model),
+            vocab_size=self._n_vocab,
+            n_layers=n_layers,
+            context_length=llama_cpp.llama_model_n_ctx_train(self._model),
+            dtype=_file_type_name(llama_cpp.llama_model_ftype(self._model)),
+            device=device,
+        )
+
+    # -- model facts ---------------------------------------------------------------
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def vocab_size(self) -> int:
+        return self._n_vocab
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self._eos_ids
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._llm.metadata.get("tokenizer.chat_template") if self._llm else None
+
+    # -- the cache (hot loop) ------------------------------------------------------------
+
+    def _forward(self, tokens: list[int], all_logits: bool) -> torch.Tensor:
+        ctx = self._ctx
+        self._check_open()
+        n = len(tokens)
+        start = len(self.tokens)
+        out = torch.empty((n if all_logits else 1, self._n_vocab), dtype=torch.float32)
+        for offset in range(0, n, self._n_batch):
+            m = min(self._n_batch, n - offset)
+            self._batch_tokens[:m] = tokens if m == n else tokens[offset : offset + m]
+            np.add(self._arange[:m], start + offset, out=self._batch_pos[:m])
+            if all_logits:
+                self._batch_flags[:m] = 1
+            else:  # a prefill: only the very last token's logits are wanted
+                self._batch_flags[:m] = 0
+                self._batch_flags[m - 1] = offset + m == n
+            self._batch.n_tokens = m
+            rc = llama_cpp.llama_decode(ctx, self._batch)
+            if rc != 0:
+                self._decode_failed(rc, start, tokens)
+            if all_logits:  # rows of this chunk, contiguous and in batch order
+                ctypes.memmove(out.data_ptr() + offset * self._row_bytes, llama_cpp.llama_get_logits(ctx), m * self._row_bytes)
+        if not all_logits:
+            last = llama_cpp.llama_get_logits_ith(ctx, -1)
+            if not last:  # NULL: copying from it would crash the process
+                raise RuntimeError("llama.cpp returned no logits for the last token.")
+            ctypes.memmove(out.data_ptr(), last, self._row_bytes)
+        return out
+
+    def _decode_failed(self, rc: int, start: int, tokens: list[int]) -> None:
+        # Earlier chunks of this call (and after an abort, part of this one) stay in
+        # the cache; drop them so the cache matches self.tokens again.
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
+        if rc == 1:
+            raise ContextOverflowError(
+                f"llama.cpp found no room in the {self._n_ctx}-token context of {self._display_name} for "
+                f"{len(tokens)} more tokens after {start}. Start a new chat, shorten the prompt, "
+                "or load the model with a larger context."
+            )
+        bad = [t for t in tokens if not 0 <= t < self._n_vocab]
+        if rc == -1 and bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary of {self._display_name} (0..{self._n_vocab - 1})")
+        if rc == -2 or is_allocation_failure(None, " ".join(_recent_errors)):  # -2: compute buffers failed to allocate
+            said = _recent_errors[0] if _recent_errors else f"llama_decode returned {rc}"
+            raise model_out_of_memory(
+                f"run {self._display_name} on {start + len(tokens)} tokens", self._info, self._n_ctx,
+                "a shorter prompt", said=said,
+            )
+        raise RuntimeError(f"llama_decode failed with code {rc}{_llama_said()} after {start} cached tokens.")
+
+    def _truncate(self, length: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, length, -1):
+            raise RuntimeError(f"llama.cpp could not cut the cache of {self._display_name} back to {length} tokens.")
+
+    # -- text ----------------------------------------------------------------------
+
+    def tokenize(self, text: str, special: bool = False) -> list[int]:
+        """Ids of `text`, never with a BOS (apply_chat_template adds one if the model wants it)."""
+        self._check_open()
+        return self._llm.tokenize(text.encode("utf-8", errors="replace"), add_bos=False, special=special)
+
+    def detokenize(self, ids: list[int]) -> str:
+        # llama_detokenize, not Llama.detokenize: the latter decodes into a 32-byte
+        # buffer per token and garbles longer pieces.
+        if not ids:
+            return ""
+        self._check_ids(ids)
+        arr = (llama_cpp.llama_token * len(ids))(*ids)
+        size = 8 * len(ids) + 16
+        for _ in range(2):  # a negative return is the size actually needed
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_detokenize(self._vocab, arr, len(ids), buf, size, False, False)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = -n
+        raise RuntimeError("llama_detokenize kept asking for a larger buffer")
+
+    def token_text(self, token_id: int) -> str:
+        self._check_ids([token_id])
+        size = 64
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token_id, buf, size, 0, True)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = -n
+        raise RuntimeError("llama_token_to_piece kept asking for a larger buffer")
+
+    def _check_open(self) -> None:
+        if self._llm is None:  # the C pointers we hold are freed: using them would crash
+            raise RuntimeError(f"The llama.cpp backend of {self._display_name} was closed; load the model again.")
+
+    def _check_ids(self, ids: list[int]) -> None:
+        self._check_open()
+        # llama.cpp looks ids up with std::vector::at: an unknown id would abort the process.
+        bad = [t for t in ids if not 0 <= t < self._n_vocab]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary of {self._display_name} (0..{self._n_vocab - 1})")
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        """Ids of `messages` rendered with the model's Jinja chat template, ready for the reply.
+
+        A model without a template gets a plain rendering, one "role: content" line per
+        message and a final "assistant:", which base models continue reasonably.
+        A BOS is added only when the model asks for one and the template did not.
+        """
+        template = self.chat_template
+        if template is None:
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+            ids = self.tokenize(text, special=False)
+        else:
+            prompt = self._render(template, messages)
+            ids = self.tokenize(prompt, special=True)  # the template's control tokens become single ids
+        if self._add_bos and self._bos >= 0 and (not ids or ids[0] != self._bos):
+            ids.insert(0, self._bos)
+        return ids
+
+    def _render(self, template: str, messages: list[dict]) -> str:
+        import jinja2  # a dependency of llama-cpp-python
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        try:
+            if self._chat_formatter is None:  # compiling the template takes a few ms: once
+                self._chat_formatter = Jinja2ChatFormatter(
+                    template=template,
+                    eos_token=self.token_text(self._eos) if self._eos >= 0 else "",
+                    bos_token=self.token_text(self._bos) if self._bos >= 0 else "",
+                    add_generation_prompt=True,
+                )
+            return self._chat_formatter(messages=messages).prompt
+        except (jinja2.TemplateError, ValueError, TypeError, KeyError) as e:
+            # ValueError is what templates raise via raise_exception(), e.g. "roles must alternate".
+            raise ConfigError(f"The chat template of {self._display_name} could not render this conversation: {e}") from e
+
+    def close(self) -> None:
+        llm, self._llm = self._llm, None
+        self._ctx = self._mem = None
+        if llm is not None:
+            llm.close()

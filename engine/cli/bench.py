@@ -1,0 +1,141 @@
+"""specdeck-cli bench: vanilla against speculative decoding over a prompt set.
+
+    specdeck-cli bench --prompts FILE.jsonl --target M [--draft M | --drafter ngram] [--backend ...]
+                       [--dtype ...] [--k N|auto] [--max-tokens N] [--repeat R] [--warmup N]
+                       [--kinds reuse,open] [--threads N] [--peers] [--json OUT] [--autotune]
+
+Progress goes to stderr, the report (tables, the bandwidth floor, memory,
+peers) to stdout, and with --json OUT everything measured to the file OUT.
+`--peers` runs the systems matching the target's backend in this process on the
+same model file: llama-cpp-python's chat completion and its prompt lookup for
+llama.cpp; transformers' generate, with prompt lookup and with the draft model
+as assistant for torch. `--autotune` measures instead every drafter the target
+allows with a few k (engine/bench/autotune.py) and prints them ranked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import threading
+from pathlib import Path
+
+from engine.cli import interrupt as cli_interrupt
+from engine.cli.options import add_draft_model_options, add_drafter_settings, draft_model_settings, drafter_settings
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    bench = subparsers.add_parser("bench", help="benchmark vanilla against speculative decoding on a prompt set")
+    bench.add_argument("--prompts", type=Path, default=None,
+                       help='JSONL file, one {"id", "kind", "messages"} per line (default: the shipped set)')  # fmt: skip
+    bench.add_argument("--kinds", default=None, help="only these kinds of prompt, comma-separated (e.g. reuse)")
+    bench.add_argument("-m", "--target", default="default",
+                       help="'default', a GGUF file, a model folder or a repo id")
+    drafter = bench.add_mutually_exclusive_group()
+    drafter.add_argument("-md", "--draft", help="a draft model (same forms as --target)")
+    drafter.add_argument("--drafter", default="ngram",
+                         help="drafter without a draft model: ngram (default) or any other the engine knows")  # fmt: skip
+    bench.add_argument("--heads", help="heads folder for a drafter that uses heads (implies --drafter medusa)")
+    add_drafter_settings(bench)
+    bench.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
+    bench.add_argument("--draft-backend", default="auto")
+    bench.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
+    bench.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
+    bench.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
+    bench.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (llama.cpp and its peers)")
+    bench.add_argument("-ngl", "--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
+    add_draft_model_options(bench)
+    bench.add_argument("--k", "--draft-max", dest="k", default="auto",
+                       help="draft length: a number from 1 to 32, or auto (default)")  # fmt: skip
+    bench.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
+    bench.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per reply (default 128)")
+    bench.add_argument("--repeat", type=int, default=3, help="measured runs of each prompt and mode (default 3)")
+    bench.add_argument("--warmup", type=int, default=1, help="warm-up runs per mode before measuring (default 1)")
+    bench.add_argument("--peers", action="store_true",
+                       help="also run, on the same model file, what the target's backend offers: llama-cpp-python's "
+                            "chat completion and prompt lookup (llama.cpp); transformers' generate, prompt lookup "
+                            "and assistant model (torch)")  # fmt: skip
+    bench.add_argument("--json", type=Path, default=None, metavar="OUT", help="write everything measured to OUT")
+    bench.add_argument("--autotune", action="store_true",
+                       help="instead: try every drafter the target allows with a few k, once each (--max-tokens 48 for "
+                            "a quick run), and print them ranked by speedup over plain decoding")  # fmt: skip
+    bench.set_defaults(func=cmd_bench)
+    return bench
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from engine.bench import BenchSettings, default_prompts_path, format_text, load_prompts, run_benchmark, write_json
+    from engine.errors import ConfigError
+    from engine.api import EngineConfig
+
+    if not args.autotune and (str(args.k) == "0" or (args.drafter == "none" and not args.draft)):
+        raise ConfigError("The benchmark compares plain and speculative decoding: choose a drafter "
+                          "(--drafter ngram or --draft MODEL) and a draft length from 1 up, or --k auto.")
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) if args.kinds else None
+    path = args.prompts or default_prompts_path()
+    prompts = load_prompts(path, kinds)
+    settings = BenchSettings(max_tokens=args.max_tokens, repeat=args.repeat, warmup=args.warmup, peers=args.peers)
+    options = dict(
+        target=args.target, drafter="model" if args.draft else args.drafter, draft=args.draft,
+        backend=args.backend, draft_backend=args.draft_backend, device=args.device, dtype=args.dtype,
+        n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k, k_max=args.k_max,
+        **drafter_settings(args), **draft_model_settings(args),
+    )  # fmt: skip
+    if args.heads:
+        if "heads" not in {f.name for f in dataclasses.fields(EngineConfig)}:
+            raise ConfigError("This engine has no drafter that uses heads: drop --heads.")
+        options.update(heads=args.heads, drafter="medusa" if args.drafter == "ngram" else args.drafter)
+    config = EngineConfig(**options)
+    if args.autotune:
+        return _autotune(config, prompts, args.max_tokens)
+    cancel = threading.Event()
+    try:
+        report = run_benchmark(config, prompts, settings, progress=_progress(), cancel=cancel,
+                               prompts_source=str(path))  # fmt: skip
+    except KeyboardInterrupt:
+        cancel.set()
+        raise
+    finally:
+        if sys.stderr.isatty():
+            print(file=sys.stderr)  # end the progress line
+    print(format_text(report))
+    if args.json is not None:
+        try:
+            with cli_interrupt.held():  # Ctrl+C waits for the file to be whole
+                write_json(report, args.json)
+        except OSError as error:
+            raise ConfigError(f"Could not write {args.json}: {error.strerror or error}.") from error
+        print(f"\nwrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def _autotune(config, prompts, max_tokens: int) -> int:
+    from engine.bench import AutotuneSettings, format_autotune, run_autotune
+
+    try:
+        result = run_autotune(config, prompts, AutotuneSettings(max_tokens=max_tokens), progress=_progress())
+    finally:
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+    print(format_autotune(result))
+    return 0
+
+
+def _progress():
+    """One status line on stderr, rewritten in place on a terminal, one line per step otherwise."""
+    tty = sys.stderr.isatty()
+    last = [""]
+
+    def report(message: str, fraction: float) -> None:
+        if message == last[0]:
+            return
+        last[0] = message
+        line = f"[{fraction:4.0%}] {message}"
+        if tty:
+            sys.stderr.write("\r\033[K" + line[:120])
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    return report

@@ -1,0 +1,404 @@
+"""specdeck-cli: generate (and compare), chat, check a pair, list models.
+
+    specdeck-cli generate --target default --drafter ngram --prompt "..." --compare
+    echo "..." | specdeck-cli generate -m default -n 64      (llama.cpp's short forms; the prompt from stdin)
+    specdeck-cli chat -m default                             (cli_chat.py)
+    specdeck-cli doctor --target M --draft M [--json]
+    specdeck-cli models [--dir D] [--json]
+
+Text streams to stdout as it is produced; statistics go to stderr, so stdout
+holds exactly the reply. With --json, stdout holds one JSON object instead.
+Errors print one line that says what to do, and exit with status 2. Ctrl+C exits
+with status 130 and the line "cancelled", whatever is under way (see
+cli_interrupt.py); the handler goes in before this module imports anything else,
+and torch, transformers and llama.cpp are imported only inside the commands.
+"""
+
+from __future__ import annotations
+
+from engine.cli import interrupt as cli_interrupt
+
+if cli_interrupt.started_as_program():  # as early as it can be: before even argparse imports
+    cli_interrupt.exit_on_interrupt()
+
+import argparse  # noqa: E402 (after the handler)
+import json  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from engine.cli.bench import add_bench_parser  # noqa: E402
+from engine.cli.chat import add_chat_parser  # noqa: E402
+from engine.cli.options import add_draft_model_options, add_drafter_settings, draft_model_settings, drafter_settings  # noqa: E402
+from engine.cli.train import add_train_parser  # noqa: E402
+from engine.errors import ConfigError, SpecDeckError  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The program (argv None), or the same commands called from Python with their arguments;
+    then the caller's Ctrl+C handler comes back afterwards."""
+    restore = cli_interrupt.exit_on_interrupt()  # first, before anything imports torch (a no-op if in place)
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        try:
+            return args.func(args)
+        except SpecDeckError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # only where the handler could not be installed (another thread)
+            print("\ncancelled", file=sys.stderr)
+            return cli_interrupt.EXIT_CANCELLED
+    finally:
+        if argv is not None:  # as a program, the handler stays for the interpreter's shutdown too
+            restore()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from engine.models.loading import DRAFTERS
+
+    drafters = [d for d in DRAFTERS if d != "model"]  # a draft model comes with --draft
+    parser = argparse.ArgumentParser(prog="specdeck-cli", description="Speculative decoding on local models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate a reply, speculatively")
+    _model_options(gen, drafters)
+    _decode_options(gen, max_tokens=256)
+    source = gen.add_mutually_exclusive_group()
+    source.add_argument("-p", "--prompt",
+                        help="a user message (rendered with the chat template); '-' or none given with "
+                        "a pipe on standard input: read it from standard input")  # fmt: skip
+    source.add_argument("--messages", type=Path, help='JSON file: [{"role": "user", "content": "..."}, ...]; '
+                        "roles: system, user, assistant")
+    gen.add_argument("--raw", action="store_true", help="feed --prompt as plain text, without the chat template")
+    gen.add_argument("--compare", action="store_true", help="also run vanilla decoding and report the speedup")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    gen.set_defaults(func=cmd_generate)
+
+    doc = sub.add_parser("doctor", help="check whether a draft/target pair can work, before loading it")
+    doc.add_argument("--target", required=True)
+    doc.add_argument("--draft", required=True)
+    doc.add_argument("--n-ctx", type=int, default=4096)
+    doc.add_argument("--json", action="store_true")
+    doc.set_defaults(func=cmd_doctor)
+
+    models = sub.add_parser("models", help="list the models found on this machine")
+    models.add_argument("--dir", action="append", default=[], help="also search this folder (repeatable)")
+    models.add_argument("--json", action="store_true")
+    models.set_defaults(func=cmd_models)
+    add_bench_parser(sub)
+    add_chat_parser(sub, drafters)
+    add_train_parser(sub)
+    return parser
+
+
+def _model_options(parser: argparse.ArgumentParser, drafters: list[str]) -> None:
+    """The model and load options of generate and chat; the short forms are llama.cpp's (-m, -md, -ngl, ...)."""
+    parser.add_argument("-m", "--target", default="default",
+                        help="'default', a GGUF file, a model folder or a repo id")
+    drafter = parser.add_mutually_exclusive_group()
+    drafter.add_argument("-md", "--draft", help="a draft model (same forms as --target)")
+    drafter.add_argument(
+        "--drafter", choices=drafters, default="ngram", help="drafter without a draft model"
+    )
+    parser.add_argument(
+        "--heads",
+        help="Medusa heads or EAGLE head folder (implies --drafter medusa unless --drafter eagle; "
+        "default: the ones shipped for the target)",
+    )
+    add_drafter_settings(parser)
+    parser.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
+    parser.add_argument("--draft-backend", default="auto")
+    parser.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
+    parser.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
+    parser.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (llama.cpp)")
+    parser.add_argument("-ngl", "--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
+    add_draft_model_options(parser)
+
+
+def _decode_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    """Draft length and sampling, for generate and chat."""
+    parser.add_argument("--k", "--draft-max", dest="k", default="auto",
+                        help="draft length: a number from 0 to 32, or auto (default)")  # fmt: skip
+    parser.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
+    parser.add_argument("--temperature", "--temp", type=float, default=None, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=None, help="0 = off (default)")
+    parser.add_argument("--top-p", type=float, default=None, help="1 = off (default)")
+    parser.add_argument("--min-p", type=float, default=None,
+                        help="0 = off (default); keep tokens at least this fraction as likely as the best one")
+    parser.add_argument("--model-sampling", action="store_true",
+                        help="for the sampling options not given, use what the model's files recommend "
+                        "(GGUF general.sampling.*, generation_config.json)")
+    parser.add_argument("-s", "--seed", type=int, default=0)
+    parser.add_argument("-n", "--max-tokens", type=int, default=max_tokens, help=f"default {max_tokens}")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _sampling_config(args: argparse.Namespace, say: bool = True):
+    """SamplingConfig from the options above; with --model-sampling, says on stderr what the model recommends."""
+    from engine.core.sampling import SamplingConfig
+
+    given = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p", "min_p")}
+    chosen = {name: value for name, value in given.items() if value is not None}
+    if args.model_sampling:
+        from engine.models.recommended import describe, recommended_sampling
+
+        recommended = recommended_sampling(args.target)
+        chosen = {**recommended, **chosen}
+        if say:
+            said = describe(recommended) if recommended else "nothing, so the defaults apply (greedy)"
+            print(f"the model recommends {said}", file=sys.stderr)
+    # Temperature, top-k, top-p, then min-p, on p and on q alike (engine/core/sampling.py).
+    return SamplingConfig(**chosen, seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop))
+
+
+def _engine_config(args: argparse.Namespace):
+    from engine.api import EngineConfig
+
+    return EngineConfig(
+        target=args.target, drafter=_drafter_kind(args), draft=args.draft, heads=args.heads,
+        **drafter_settings(args),
+        backend=args.backend, draft_backend=args.draft_backend, device=args.device, dtype=args.dtype,
+        n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, **draft_model_settings(args),
+        k=args.k, k_max=args.k_max,
+    )  # fmt: skip
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    # Before torch even imports: a bad messages file or an empty pipe is said at once.
+    messages = _read_messages(args.messages) if args.messages else None
+    prompt_text = _read_prompt(args.prompt) if messages is None else None
+    sampling = _sampling_config(args, say=not args.json)
+    config = _engine_config(args)
+    engine = _load_engine(config)
+    cancel = threading.Event()
+    try:
+        prompt = engine.prompt_ids(messages if messages is not None else prompt_text, chat=not args.raw)
+        speculative = engine.drafter is not None
+        stream = None if args.json else (lambda event: _write(event.text))
+        if args.compare:
+            comparison = engine.compare(
+                prompt, sampling, cancel=cancel,
+                on_event=(lambda label, event: stream(event) if label == "speculative" else None) if stream else None,
+            )  # fmt: skip
+            result = comparison.speculative
+        else:
+            result = engine.generate(prompt, sampling, speculative=speculative, cancel=cancel, on_event=stream)
+            comparison = None
+    except KeyboardInterrupt:
+        cancel.set()
+        raise
+    finally:
+        engine.close()
+    n_ctx = engine.target.n_ctx
+    if args.json:
+        with cli_interrupt.held():  # never half an object on stdout
+            report = {**_json_report(result, comparison, n_ctx), "sampling": _sampling_report(sampling)}
+            print(json.dumps(report, ensure_ascii=False), flush=True)
+    else:
+        _write("\n")
+        per_depth = bool(getattr(engine.drafter, "drafts_trees", False))
+        _print_summary(result, comparison, n_ctx, per_depth=per_depth)
+    return 0
+
+
+def _drafter_kind(args: argparse.Namespace) -> str:
+    """--draft means a draft model; --heads means Medusa (over the default n-gram drafter) or EAGLE."""
+    from engine.models.loading import HEAD_DRAFTERS
+
+    if args.draft:
+        return "model"
+    if getattr(args, "heads", None) and args.drafter not in HEAD_DRAFTERS:
+        if args.drafter == "none":
+            raise ConfigError("--heads gives Medusa or EAGLE heads, but --drafter none drafts nothing: drop one of them.")
+        if args.drafter != "ngram":
+            raise ConfigError(
+                f"--heads gives Medusa or EAGLE heads, but --drafter {args.drafter} uses none: drop one of them."
+            )
+        return "medusa"
+    return args.drafter
+
+
+def _read_prompt(prompt: str | None) -> str:
+    """--prompt's text; '-', or no --prompt with a pipe or a file on standard input, reads standard input."""
+    if prompt is not None and prompt != "-":
+        return prompt
+    if prompt is None and _isatty(sys.stdin):
+        raise ConfigError("No prompt: give --prompt TEXT or --messages FILE, or pipe the prompt in "
+                          "(echo \"...\" | specdeck-cli generate).")  # fmt: skip
+    if sys.stdin is None:
+        raise ConfigError("--prompt - reads standard input, but this process has none.")
+    text = sys.stdin.read().strip()
+    if not text:
+        raise ConfigError("The prompt read from standard input is empty.")
+    return text
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (OSError, ValueError):  # closed or replaced streams
+        return False
+
+
+def _read_messages(path: Path) -> list[dict]:
+    """The messages of a --messages file, checked before any model loads (that takes seconds)."""
+    from engine.core.text import check_messages
+
+    try:
+        messages = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"No messages file at {path}.")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path} is not a JSON messages file ({error}).")
+    if isinstance(messages, dict) and "messages" in messages:
+        messages = messages["messages"]
+    return check_messages(messages, source=str(path))
+
+
+def _load_engine(config):
+    """Engine.load with one line on stderr, "loading NAME (BACKEND)… 0.8 s": stdout stays the reply's."""
+    from engine.api import Engine, load_summary
+
+    summary = load_summary(config)  # a missing model is said alone, before any loading line
+    started = time.perf_counter()
+    # On a terminal the line shows while loading, and an error or Ctrl+C replaces it; in a pipe or
+    # a log it is written once loaded, so an error (or "cancelled") stays the only line.
+    live = _isatty(sys.stderr)
+    if live:
+        print(f"loading {summary}…", end="", file=sys.stderr, flush=True)
+    try:
+        engine = Engine.load(config)
+    except BaseException:
+        if live:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+        raise
+    took = f"{time.perf_counter() - started:.1f} s"
+    print(f" {took}" if live else f"loading {summary}… {took}", file=sys.stderr, flush=True)
+    return engine
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _notes(result, n_ctx: int) -> list[str]:
+    """The run's notes, and why it stopped when that was the context window (either mode)."""
+    notes = list(result.stats.notes)
+    if result.finish_reason == "context":
+        notes.append(
+            f"the reply was cut: the context window ({n_ctx} tokens for the prompt and the reply) is full. "
+            "Load the model with a larger --n-ctx, or shorten the prompt."
+        )
+    return notes
+
+
+def _run_stats(result, n_ctx: int) -> dict:
+    s = result.stats
+    keys = ("steps", "drafted", "accepted", "acceptance_rate", "draft_acceptance_rate", "mean_acceptance_length",
+            "tokens_per_step", "tokens_per_s", "wall_s")  # fmt: skip
+    stats = {key: s.as_dict()[key] for key in keys}
+    stats.update(finish_reason=result.finish_reason, predicted_speedup=round(s.predicted_speedup, 4))
+    # Per depth d (a chain's position d, Medusa's head d): how often it was reached and accepted.
+    stats.update(
+        depth_tested=list(s.depth_tested), depth_accepted=list(s.depth_accepted),
+        head_acceptance=[round(a, 4) for a in s.depth_acceptance], notes=_notes(result, n_ctx),
+    )  # fmt: skip
+    return stats
+
+
+def _sampling_report(sampling) -> dict:
+    """What the run sampled with (after --model-sampling filled in what was not given)."""
+    return {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "min_p": sampling.min_p, "seed": sampling.seed}  # fmt: skip
+
+
+def _json_report(result, comparison, n_ctx: int) -> dict:
+    report = {"text": result.text, "tokens": list(result.tokens), "stats": _run_stats(result, n_ctx)}
+    if comparison is not None:
+        vanilla = comparison.vanilla
+        report["vanilla"] = {"text": vanilla.text, "tokens": list(vanilla.tokens), "stats": _run_stats(vanilla, n_ctx)}
+        report["speedup"] = round(comparison.speedup, 4)
+        report["identical"] = comparison.identical
+        if comparison.divergence is not None:
+            report["first_divergence"] = comparison.divergence.as_dict()
+    return report
+
+
+def _print_summary(result, comparison, n_ctx: int, per_depth: bool = False) -> None:
+    print("\n".join(_summary_lines(result, comparison, n_ctx, per_depth)), file=sys.stderr)
+
+
+def _summary_lines(result, comparison, n_ctx: int, per_depth: bool = False) -> list[str]:
+    """The run's statistics in sentences, and with a comparison the speedup and the verdict."""
+    s = result.stats
+    lines = [
+        f"{s.tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), {s.steps} target forwards "
+        f"({s.tokens_per_step:.2f} tokens each); drafted {s.drafted}, accepted {s.accepted}; "
+        f"formula predicts {s.predicted_speedup:.2f}x",
+        f"draft acceptance rate {s.draft_acceptance_rate:.0%} (accepted/drafted), mean acceptance length "
+        f"{s.mean_acceptance_length:.2f} (tokens per target forward), per-token acceptance "
+        f"a = {s.acceptance_rate:.2f} (accepted/tested: the formula's a)",
+    ]
+    if per_depth and s.depth_tested:
+        lines.append("acceptance per head: " + ", ".join(
+            f"{d}: {a:.0%} of {t}" for d, (a, t) in enumerate(zip(s.depth_acceptance, s.depth_tested), start=1)
+        ))  # fmt: skip
+    notes = _notes(result, n_ctx)
+    lines.extend(f"note: {note}" for note in notes)
+    if comparison is not None:
+        lines.extend(f"note (vanilla): {note}" for note in _notes(comparison.vanilla, n_ctx) if note not in notes)
+        lines.extend(_verdict_lines(comparison))
+    return lines
+
+
+def _verdict_lines(comparison) -> list[str]:
+    """Vanilla's speed, the speedup, whether the outputs are identical, and where they first differ."""
+    v = comparison.vanilla.stats
+    lines = [
+        f"vanilla: {v.tokens} tokens at {v.tokens_per_s:.1f} tok/s -> speedup {comparison.speedup:.2f}x; "
+        + ("outputs identical" if comparison.identical else "outputs differ")
+    ]
+    d = comparison.divergence
+    if d is not None:
+        verdict = "explained" if d.explained else "NOT explained (a bug: please report it)"
+        lines.append(
+            f"first difference at token {d.index}: speculative {d.speculative_token}, "
+            f"vanilla {d.vanilla_token}; {verdict}: {d.reason}"
+        )
+    return lines
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from engine.models.doctor import check_pair
+
+    report = check_pair(args.target, args.draft, n_ctx=args.n_ctx)
+    print(json.dumps(report.as_dict(), indent=2) if args.json else str(report))
+    return 0 if report.compatible else 1
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from engine.models.locate import list_models
+
+    refs = list_models(extra_dirs=tuple(args.dir))
+    if args.json:
+        print(json.dumps([ref.__dict__ for ref in refs], indent=2, default=str))
+    else:
+        for ref in refs:
+            kind = f"{ref.kind} {ref.quant}".strip()  # "gguf Q4_K_M"; a HF folder has no quantization type
+            print(f"{ref.name:40s} {kind:12s} {ref.source:15s} {ref.size_bytes / 2**20:9.1f} MiB  {ref.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,355 @@
+"""How many tokens to draft: the article's formula, fed with measured costs.
+
+With per-token acceptance a and draft length k, a step emits on average
+
+    E(a, k) = (1 - a^(k+1)) / (1 - a)          tokens per target forward,
+
+and costs  k * d + T(k+1)  seconds, where d is the drafter's time per token and
+T(n) the target's time to run n tokens in one forward (the pending token plus k
+drafts). Plain decoding emits 1 token for T(1). So the predicted speedup is
+
+    S(a, k) = E(a, k) * T(1) / (k * d + T(k+1))
+
+and automatic k picks the k in 0..k_max that maximizes it, k = 0 meaning plain
+decoding. E(a, k) assumes every position is accepted with the same a; a draft
+model drifts from the target the further it runs, so for chains automatic k uses
+the tree's per-depth sum below with alpha_d measured per draft position
+(`DraftLength.chain_expected_tokens`), each leaning on the run's a until its
+position has evidence. d is the draft's decode time only: a draft model catching
+its cache up after plain steps does that in one prefill, timed apart
+(`Draft.catch_up_s`). That is the article's failure modes made operational: with low a, or
+when T(n) grows like n * T(1) (compute-bound verification, as llama.cpp on a
+small CPU model), no k > 0 pays and the engine decodes plainly, drafting a probe
+now and then to notice when acceptance recovers.
+
+Trees (Medusa, EAGLE). For a tree drafter k is the number of nodes, verified in
+one forward of k + 1 rows, so the cost is still k * d + T(k+1). The expected
+tokens are no longer E(a, k): a step emits 1 + (accepted depth), and
+
+    E_tree = 1 + sum over depths d of  alpha_1 * ... * alpha_d
+
+where alpha_j is the acceptance at depth j given depth j - 1 was accepted (the
+per-depth counts RunStats keeps: depth_accepted / depth_tested). Acceptance at
+each depth grows with the nodes spent there, which only the drafter can model,
+so automatic k asks the drafter for E(k) (`Drafter.tree_expected_tokens`; for
+Medusa, 1 + the sum of its k best nodes' estimated path probabilities, which is
+the same per-depth sum: the depth-d term is the mass of its depth-d nodes).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from engine.errors import ConfigError
+
+K_LIMIT = 32  # longest draft anyone may ask for
+CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 33)
+DEPTH_PRIOR = 2.0  # tokens' worth of the run's acceptance that each draft position starts from
+SEED_WEIGHT = 3  # observations a load-time measurement (itself a median) counts as in CostModel
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """E[tokens per step] = (1 - a^(k+1)) / (1 - a); k + 1 when a = 1."""
+    if k <= 0:
+        return 1.0
+    a = min(max(a, 0.0), 1.0)
+    if a >= 1.0 - 1e-12:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def expected_tokens_tree(depth_rates: list[float] | tuple[float, ...], depth: int) -> float:
+    """E_tree = 1 + sum_{d=1..depth} prod_{j<=d} alpha_j, alpha_j the acceptance at depth j
+    given depth j - 1 was accepted (depths without a measurement count as 0)."""
+    total, reach = 1.0, 1.0
+    for d in range(min(depth, len(depth_rates))):
+        reach *= min(max(depth_rates[d], 0.0), 1.0)
+        total += reach
+    return total
+
+
+@dataclass
+class CostModel:
+    """Seconds per target forward of n tokens, and per drafted token.
+
+    Starts from a curve measured when the model loads and follows the times
+    measured during decoding, so it adapts to context length and to whatever
+    else the machine is doing. Each number is the median of its last `window`
+    observations, the load-time measurement counting as `SEED_WEIGHT` of them:
+    a lasting change wins within a few steps, while one forward slowed by another
+    process (common on a shared 2-core machine) moves nothing. An exponential
+    average moved by such a spike made automatic k stop drafting for dozens of
+    steps, and a size k no longer chose kept its spiked T(k+1) for good.
+    """
+
+    verify_s: dict[int, float] = field(default_factory=dict)  # n tokens -> seconds
+    draft_s_per_token: float = 0.0
+    window: int = 7
+    _sorted_sizes: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
+    _recent: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # key -> deque
+
+    def verify_time(self, n: int) -> float:
+        """T(n), interpolated linearly between measured sizes (and extrapolated past them)."""
+        times = self.verify_s
+        if not times:
+            return float(n)  # unmeasured: assume no parallelism at all (the pessimistic case)
+        if n in times:
+            return times[n]
+        sizes = self._sizes()
+        i = bisect.bisect_left(sizes, n)  # sizes[i - 1] < n < sizes[i]
+        if i == 0:
+            return times[sizes[0]] * n / sizes[0]
+        lower = sizes[i - 1]
+        if i == len(sizes):  # beyond the curve: continue the last segment's slope
+            if i == 1:
+                return times[lower] * n / lower
+            prev = sizes[i - 2]
+            slope = (times[lower] - times[prev]) / (lower - prev)
+            return times[lower] + max(slope, 0.0) * (n - lower)
+        upper = sizes[i]
+        t = (n - lower) / (upper - lower)
+        return times[lower] * (1 - t) + times[upper] * t
+
+    def _sizes(self) -> list[int]:
+        # Called for every candidate k on every step: keep the sorted sizes until a new one
+        # is measured (sizes are only ever added).
+        if len(self._sorted_sizes) != len(self.verify_s):
+            self._sorted_sizes = sorted(self.verify_s)
+        return self._sorted_sizes
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        known = self.verify_time(n) if self.verify_s else None  # a size not yet measured: the curve's guess
+        self.verify_s[n] = self._median_with(n, known, seconds)
+
+    def observe_draft(self, tokens: int, seconds: float) -> None:
+        """`tokens` drafted in `seconds`, catching up excluded (`Draft.catch_up_s`)."""
+        if tokens <= 0:
+            return
+        known = self.draft_s_per_token if self.draft_s_per_token > 0 else None
+        self.draft_s_per_token = self._median_with("draft", known, seconds / tokens)
+
+    def _median_with(self, key, known: float | None, value: float) -> float:
+        """The median of the last `window` values of `key` after adding `value`; the value known
+        before the first observation (the load-time curve, or its interpolation) seeds the
+        window as SEED_WEIGHT observations."""
+        recent = self._recent.get(key)
+        if recent is None:
+            recent = self._recent[key] = collections.deque([known] * SEED_WEIGHT if known is not None else [],
+                                                           maxlen=self.window)  # fmt: skip
+        recent.append(value)
+        return statistics.median(recent)
+
+    def draft_ratio(self) -> float:
+        """c_d = d / T(1)."""
+        return self.draft_s_per_token / self.verify_time(1)
+
+    def verify_ratio(self, n: int) -> float:
+        """T(n) / T(1)."""
+        return self.verify_time(n) / self.verify_time(1)
+
+    def speedup(self, a: float, k: int) -> float:
+        """S(a, k) = E(a, k) / (k * c_d + T(k+1) / T(1))."""
+        if k <= 0:
+            return 1.0
+        return self.speedup_for(expected_tokens(a, k), k)
+
+    def speedup_for(self, expected: float, k: int) -> float:
+        """expected tokens per step / (k * c_d + T(k+1) / T(1)): any drafter, chain or tree."""
+        if k <= 0:
+            return 1.0
+        return expected / (k * self.draft_ratio() + self.verify_ratio(k + 1))
+
+
+def break_even_acceptance(costs: CostModel, k: int) -> float | None:
+    """Smallest a at which drafting k tokens beats plain decoding; None if no a <= 1 does."""
+    if k <= 0 or costs.speedup(1.0, k) <= 1.0:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if costs.speedup(mid, k) > 1.0:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def measure_verify_curve(
+    backend, sizes=CURVE_SIZES, repeats: int = 3, context: int = 64, budget_s: float = 3.0
+) -> dict[int, float]:
+    """Time one forward of n tokens for each n (median of `repeats`), at a short context.
+
+    Stops early once `budget_s` is spent (a big model on a CPU); `CostModel`
+    extrapolates past the last size measured. A small context window shrinks the
+    measurement to fit (half the window of context, the sizes that fit behind it),
+    so any n_ctx the backend accepts loads. Runs on the backend's own cache and
+    leaves it as it found it.
+    """
+    context = max(1, min(context, backend.n_ctx // 2))
+    if context + 1 > backend.n_ctx:  # no room for even one token after the context
+        return {}
+    saved = list(backend.tokens)
+    filler = _filler_tokens(backend, context + max(sizes))
+    curve: dict[int, float] = {}
+    deadline = time.perf_counter() + budget_s
+    try:
+        backend.prefill(filler[:context])
+        backend.forward(filler[context : context + 1])  # warm-up
+        backend.rollback(context)
+        for n in sizes:
+            if context + n > backend.n_ctx or (len(curve) >= 2 and time.perf_counter() > deadline):
+                break
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                backend.forward(filler[context : context + n])
+                times.append(time.perf_counter() - start)
+                backend.rollback(context)
+            curve[n] = sorted(times)[len(times) // 2]
+    finally:
+        backend.prefill(saved) if saved else backend.rollback(0)
+    return curve
+
+
+def measure_draft_cost(backend, repeats: int = 5, context: int = 64) -> float:
+    """Seconds for one one-token decode of a draft model (the median of `repeats`), at a
+    short context: `CostModel.draft_s_per_token` before the loop has timed any drafting.
+    Leaves the backend's cache as it found it."""
+    context = max(1, min(context, backend.n_ctx - 1))
+    saved = list(backend.tokens)
+    filler = _filler_tokens(backend, context + 1)
+    try:
+        backend.prefill(filler[:context])
+        times = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            start = time.perf_counter()
+            backend.forward(filler[context:])
+            times.append(time.perf_counter() - start)
+            backend.rollback(context)
+    finally:
+        backend.prefill(saved) if saved else backend.rollback(0)
+    times = sorted(times[1:])
+    return times[len(times) // 2]
+
+
+def _filler_tokens(backend, n: int) -> list[int]:
+    text = "The quick brown fox jumps over the lazy dog while the cat watches. " * (n // 8 + 2)
+    ids = backend.tokenize(text)
+    return (ids * (n // max(len(ids), 1) + 1))[:n]
+
+
+class DraftLength:
+    """Fixed k, or automatic k from the running acceptance estimate and the cost model."""
+
+    def __init__(self, k: int | str = "auto", k_max: int = 16, probe_every: int = 16) -> None:
+        if k == "auto":
+            self.fixed: int | None = None
+        else:
+            try:
+                k = int(k)
+            except (TypeError, ValueError):
+                raise ConfigError(f"draft length must be a number from 0 to {K_LIMIT} or 'auto', got {k!r}.")
+            if not 0 <= k <= K_LIMIT:
+                raise ConfigError(f"draft length k must be between 0 and {K_LIMIT} (or 'auto'), got {k}.")
+            self.fixed = k
+        if not 1 <= k_max <= K_LIMIT:
+            raise ConfigError(f"the largest automatic draft length must be between 1 and {K_LIMIT}, got {k_max}.")
+        self.k_max = k_max
+        self.probe_every = probe_every
+        # Decayed counts of accepted and tested draft tokens; the prior (a ~ 0.67 from 3
+        # tokens) is weak, so a couple of steps of evidence outweigh it.
+        self._accepted = 2.0
+        self._tested = 3.0
+        # The same counts per draft position (depth d was tested when every earlier token was
+        # accepted). Acceptance falls with depth, as a draft drifts from the target: one
+        # number per run cannot say so, and made automatic k choose long drafts whose last
+        # tokens were mostly rejected. Each depth leans on the run's number (DEPTH_PRIOR
+        # tokens' worth) until it has evidence of its own.
+        self._depth_accepted: list[float] = []
+        self._depth_tested: list[float] = []
+        self._plain_steps = 0
+        self._probe_interval = probe_every
+        self._probing = False
+        self._costs: CostModel | None = None
+        self._tree_expected = None  # nodes -> expected tokens, for tree drafters (see use_tree_estimate)
+
+    def use_tree_estimate(self, expected) -> None:
+        """Choose k as a tree's node budget, with `expected(k)` tokens per step (None = chain formula)."""
+        self._tree_expected = expected
+
+    @property
+    def auto(self) -> bool:
+        return self.fixed is None
+
+    @property
+    def acceptance(self) -> float:
+        return self._accepted / self._tested
+
+    def chain_expected_tokens(self) -> list[float]:
+        """E(k) for k = 0..k_max from the per-depth estimates: 1 + sum over d <= k of
+        alpha_1 * ... * alpha_d (expected_tokens_tree's sum, for a chain)."""
+        prior, totals, reach = self.acceptance, [1.0], 1.0
+        for d in range(self.k_max):
+            if d < len(self._depth_tested):
+                alpha = (self._depth_accepted[d] + DEPTH_PRIOR * prior) / (self._depth_tested[d] + DEPTH_PRIOR)
+            else:
+                alpha = prior
+            reach *= alpha
+            totals.append(totals[-1] + reach)
+        return totals
+
+    def choose(self, costs: CostModel) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        self._costs = costs
+        best_k = self._best_k(costs)
+        if best_k > 0:
+            self._plain_steps = 0
+            self._probe_interval = self.probe_every
+            return best_k
+        # Plain decoding. Look again now and then, since acceptance may recover (the reply
+        # starts quoting its input, say). A probe stays open until the drafter actually
+        # drafts (an n-gram drafter with no match costs nothing), and each probe that
+        # finds nothing doubles the wait, so where drafting never pays probes cost ~0.
+        if not self._probing:
+            self._plain_steps += 1
+            if self._plain_steps < self._probe_interval:
+                return 0
+            self._plain_steps = 0
+            self._probing = True
+        return max(1, min(self._best_k(costs, 0.9), 4))  # the draft that would pay if drafts did land
+
+    def _best_k(self, costs: CostModel, acceptance: float | None = None) -> int:
+        """The k that maximizes the predicted speedup, from the measured per-depth acceptance
+        (or, given `acceptance`, from that one number at every depth)."""
+        chain = self.chain_expected_tokens() if acceptance is None else None
+        best_k, best = 0, 1.0
+        for k in range(1, self.k_max + 1):
+            tree = self._tree_expected(k) if self._tree_expected is not None else None
+            if tree is None:
+                s = costs.speedup(acceptance, k) if chain is None else costs.speedup_for(chain[k], k)
+            else:
+                s = costs.speedup_for(tree, k)
+            if s > best * 1.02:  # ask for a clear gain before adding tokens
+                best_k, best = k, s
+        return best_k
+
+    def observe(self, tested: int, accepted: int, decay: float = 0.85) -> None:
+        if tested <= 0:
+            return
+        self._accepted = self._accepted * decay + accepted
+        self._tested = self._tested * decay + tested
+        grow = max(0, tested - len(self._depth_tested))
+        self._depth_tested += [0.0] * grow
+        self._depth_accepted += [0.0] * grow
+        for d in range(tested):  # depths this step did not reach keep their evidence
+            self._depth_tested[d] = self._depth_tested[d] * decay + 1
+            self._depth_accepted[d] = self._depth_accepted[d] * decay + (d < accepted)
+        if self._probing:
+            self._probing = False
+            if self._costs is not None and self._best_k(self._costs) == 0:
+                self._probe_interval = min(self._probe_interval * 2, 512)

@@ -1,0 +1,219 @@
+"""The pair dialog's EAGLE, lookahead and early-exit drafters: their fields, configs, checks and storage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QSettings, Qt
+
+from app.shell import settings as keys
+from app.pair.heads import heads_root, known_heads, remember_trained
+from app.pair.check import check_choice
+from app.pair.dialog import PairDialog
+from app.pair.presets import PairChoice, PresetStore, load_choice, save_choice
+from engine.api import EngineConfig
+from engine.models.shipped import resources_dir
+from tests.app.conftest import STRICT_QT_LOG
+from tests.app.pair.test_pair_dialog import run_check, severities
+
+pytestmark = STRICT_QT_LOG
+
+NEW_DRAFTERS = ("eagle", "lookahead", "early-exit")
+TORCH_NAMES = {"eagle": "EAGLE", "lookahead": "Lookahead decoding", "early-exit": "Early exit",
+               "medusa": "Medusa"}  # fmt: skip
+EVERYTHING = PairChoice(drafter="eagle", eagle_heads="/heads/eagle-x", heads="/heads/medusa-x", tree_depth="6",
+                        lookahead_window="7", lookahead_ngram="auto", lookahead_candidates="5", exit_layer="12",
+                        backend="torch", k_auto=False, k=5)  # fmt: skip
+
+
+@pytest.fixture
+def settings(tmp_path) -> QSettings:
+    return QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat)
+
+
+@pytest.fixture
+def dialog(qtbot, settings):
+    d = PairDialog(settings=settings)
+    qtbot.addWidget(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    from tests.factories.hf_models import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", seed=0)
+
+
+def choose(form, drafter: str) -> None:
+    form.drafter.setCurrentIndex(form.drafter.findData(drafter))
+
+
+def test_the_drafter_list_offers_the_new_drafters_by_name(dialog):
+    combo = dialog.form.drafter
+    names = {combo.itemData(i): combo.itemText(i) for i in range(combo.count())}
+    assert names["eagle"] == "EAGLE head"
+    assert names["lookahead"] == "Lookahead decoding (no model)"
+    assert names["early-exit"] == "Early exit: the target's first layers"
+
+
+def test_the_app_knows_which_drafters_need_pytorch_as_the_engine_does():
+    from app.pair.presets import DRAFTERS, TORCH_DRAFTERS
+    from engine.models import loading
+    assert set(TORCH_DRAFTERS) == set(loading.TORCH_DRAFTERS) and set(DRAFTERS) == set(loading.DRAFTERS)
+
+
+def test_only_the_chosen_drafters_settings_are_shown(dialog):
+    form = dialog.form
+    own = {"model": {form.draft, form.draft_backend}, "ngram": {form.ngram_max}, "medusa": {form.heads},
+           "eagle": {form.eagle_heads, form.tree_depth}, "none": set(),
+           "lookahead": {form.lookahead_window, form.lookahead_ngram, form.lookahead_candidates},
+           "early-exit": {form.exit_layer}}  # fmt: skip
+    every = set().union(*own.values())
+    for drafter, widgets in own.items():
+        choose(form, drafter)
+        shown = {w for w in every if w.isVisibleTo(form) and w.isEnabled()}
+        assert shown == widgets, drafter
+        label = form._models_form.labelForField(form.tree_depth)
+        assert label.isVisibleTo(form) == (drafter == "eagle")  # the row's label goes with it
+
+
+def test_the_config_carries_what_the_form_shows(qtbot, dialog):
+    form = dialog.form
+    choose(form, "eagle")
+    form.eagle_heads.set_folder("/somewhere/eagle-head")
+    form.tree_depth.set_value("6")
+    config = dialog.engine_config()
+    assert (config.drafter, config.heads, config.tree_depth) == ("eagle", "/somewhere/eagle-head", 6)
+    form.tree_depth.set_value("auto")
+    assert dialog.engine_config().tree_depth is None
+
+    choose(form, "lookahead")
+    form.lookahead_window.lineEdit().clear()
+    qtbot.keyClicks(form.lookahead_window.lineEdit(), "7x")  # the letter is refused as it is typed
+    form.lookahead_candidates.set_value("5")
+    config = dialog.engine_config()
+    assert (config.drafter, config.lookahead, config.heads, config.tree_depth) == ("lookahead", (7, "auto", 5),
+                                                                                    None, None)  # fmt: skip
+    choose(form, "early-exit")
+    form.exit_layer.set_value("12")
+    config = dialog.engine_config()
+    assert (config.drafter, config.exit_layer, config.lookahead) == ("early-exit", 12, ("auto",) * 3)
+    form.exit_layer.set_value("auto")
+    assert dialog.engine_config().exit_layer == "auto"
+
+
+def test_a_window_of_zero_is_refused_with_the_engines_reason(qtbot, dialog):
+    dialog.set_choice(PairChoice(drafter="lookahead", lookahead_window="0"))
+    assert run_check(qtbot, dialog) is False
+    assert severities(dialog)["Lookahead W is out of range"] == "error"
+    text = dialog.findings.toPlainText()
+    assert "window W" in text and "from 1 to 64 or 'auto', got 0" in text
+    assert not dialog.load_button.isEnabled()
+    dialog.form.lookahead_window.set_value("5")  # a settled edit voids the failed check...
+    dialog.form.lookahead_window.sig_chosen.emit()
+    assert "changed" in dialog.findings.verdict
+    assert run_check(qtbot, dialog) is True  # ...and the next one passes
+    assert "W tokens ahead" in dialog.findings.toPlainText()  # what W, N and G are, in words
+
+
+@pytest.mark.parametrize("drafter", NEW_DRAFTERS + ("medusa",))
+def test_pytorch_is_used_with_backend_auto_and_llama_cpp_is_refused(drafter):
+    auto = check_choice(PairChoice(target="default", drafter=drafter, backend="auto"))
+    titles = {f.title: f.severity for f in auto.findings}
+    assert titles["The target runs on PyTorch"] == "info" and auto.compatible, auto.findings
+    assert not any("needs the PyTorch backend" in t for t in titles)
+
+    refused = check_choice(PairChoice(target="default", drafter=drafter, backend="llama.cpp"))
+    assert not refused.compatible
+    assert {f.title: f.severity for f in refused.findings}[f"{TORCH_NAMES[drafter]} needs the PyTorch backend"] \
+        == "error"  # fmt: skip
+
+
+def test_the_dialog_refuses_early_exit_on_llama_cpp_before_loading(qtbot, dialog):
+    dialog.set_choice(PairChoice(target="default", drafter="early-exit", backend="llama.cpp"))
+    assert run_check(qtbot, dialog) is False
+    assert not dialog.load_button.isEnabled()
+    assert "Early exit needs the PyTorch backend" in dialog.findings.toPlainText()
+
+
+def test_early_exit_warns_that_acceptance_is_usually_low_and_checks_the_layer():
+    result = check_choice(PairChoice(target="default", drafter="early-exit"))
+    low = next(f for f in result.findings if f.title == "Acceptance is usually low")
+    assert low.severity == "warning" and "LayerSkip" in low.detail and result.compatible
+    too_deep = check_choice(PairChoice(target="default", drafter="early-exit", exit_layer="30"))
+    detail = {f.title: f.detail for f in too_deep.findings}["The exit layer is out of range"]
+    assert not too_deep.compatible and "from 1 to 29" in detail
+
+
+def test_eagle_without_a_shipped_head_says_to_train_one(tiny):
+    result = check_choice(PairChoice(target=tiny, drafter="eagle"))
+    (missing,) = [f for f in result.findings if f.severity == "error"]
+    assert missing.title.startswith("No EAGLE head ships for")
+    assert "Models ▸ Train heads…" in missing.detail and "folder" in missing.detail
+    medusa = str(resources_dir() / "heads" / "medusa-smollm2-135m")
+    wrong = check_choice(PairChoice(target="default", drafter="eagle", eagle_heads=medusa))
+    assert not wrong.compatible and "Medusa heads, not an EAGLE head" in str(wrong.findings)
+    shallow = check_choice(PairChoice(target="default", drafter="eagle", tree_depth="0"))
+    assert not shallow.compatible and "The tree depth must be 1 or more" in str(shallow.findings)
+
+
+def test_new_fields_round_trip_through_settings_presets_and_configs(qtbot, settings):
+    save_choice(settings, EVERYTHING)
+    assert load_choice(settings) == EVERYTHING  # typed back: nothing lost
+
+    first = PairDialog(settings=settings)
+    qtbot.addWidget(first)
+    assert first.choice() == EVERYTHING  # the dialog restores every field
+    for drafter in NEW_DRAFTERS:
+        first.set_choice(PairChoice(**{**EVERYTHING.as_dict(), "drafter": drafter}))
+        first.save_preset(drafter)
+    second = PairDialog(settings=settings)
+    qtbot.addWidget(second)
+    for drafter in NEW_DRAFTERS:
+        assert second.load_preset(drafter)
+        assert second.choice() == PresetStore(settings).get(drafter) and second.choice().drafter == drafter
+        config = second.engine_config()
+        again = PairChoice.from_configs(config, second.sampling_config())
+        assert again.engine_config() == config
+
+    # The main window keeps the engine config as JSON: the lookahead tuple must come back a tuple.
+    config = PairChoice(drafter="lookahead", lookahead_window="9", lookahead_candidates="4").engine_config()
+    keys.set_engine_config(config, settings)
+    assert keys.engine_config(settings) == config
+    keys.set_engine_config(EngineConfig(), settings)
+    assert keys.engine_config(settings) == keys.DEFAULT_ENGINE_CONFIG
+
+
+def test_damaged_values_of_the_new_fields_fall_back_to_auto(qtbot, settings):
+    settings.setValue("pair_dialog/drafter", "early-exit")
+    settings.setValue("pair_dialog/exit_layer", "deep")
+    settings.setValue("pair_dialog/lookahead_window", "-3")
+    damaged = PairDialog(settings=settings)
+    qtbot.addWidget(damaged)
+    choice = damaged.choice()
+    assert (choice.drafter, choice.exit_layer, choice.lookahead_window) == ("early-exit", "auto", "auto")
+
+
+def test_the_eagle_picker_offers_eagle_heads_and_remembers_a_trained_one(qtbot, settings):
+    eagle = Path(heads_root()) / "eagle-mine"
+    eagle.mkdir(parents=True)
+    (eagle / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4,
+                                                   "intermediate_size": 128}))  # fmt: skip
+    (eagle / "model.safetensors").write_bytes(b"")
+    medusa = Path(heads_root()) / "medusa-mine"
+    medusa.mkdir()
+    (medusa / "config.json").write_text(json.dumps({"medusa_num_heads": 2}))
+    (medusa / "medusa_lm_head.safetensors").write_bytes(b"")
+    assert known_heads(settings, "eagle") == [str(eagle)] and known_heads(settings, "medusa") == [str(medusa)]
+
+    remember_trained(str(eagle), settings, kind="eagle")
+    picker_dialog = PairDialog(settings=settings)
+    qtbot.addWidget(picker_dialog)
+    form = picker_dialog.form
+    assert str(eagle) in form.eagle_heads.choices() and str(eagle) not in form.heads.choices()
+    assert form.eagle_heads.folder() == str(eagle) and form.heads.folder() == ""
+    assert form.eagle_heads.combo.itemText(0) == "Shipped EAGLE head for the target"
+    assert "EAGLE head" in form.eagle_heads.combo.itemData(1, Qt.ToolTipRole)

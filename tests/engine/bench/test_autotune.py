@@ -1,0 +1,126 @@
+"""Auto-tune: candidates from what the target allows, ranked by measured speedup, on one loaded target."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from engine import EngineConfig, SamplingConfig
+from engine.bench import AutotuneSettings, BenchmarkCancelled, Candidate, format_autotune, run_autotune
+from engine.bench.autotune import PLAIN, allowed_drafters, candidates_for, config_for
+from engine.bench.prompts import BenchPrompt
+from engine.cli.main import main
+from engine.api import Engine
+
+# One llama.cpp thread: on a busy 2-core machine two threads spin waiting for each other.
+CONFIG = EngineConfig(measure_costs=False, threads=1)
+SHORT = AutotuneSettings(max_tokens=48)
+# Replies that copy their input: n-gram lookup drafts them almost whole, so it must beat plain decoding.
+COPY_PROMPTS = (
+    BenchPrompt("copy-river", "reuse", ({"role": "user", "content": (
+        "Copy this paragraph exactly, word for word: The river runs past the old mill, under the stone "
+        "bridge, and into the quiet valley where the farmers keep their sheep.")},)),
+    BenchPrompt("copy-fruit", "reuse", ({"role": "user", "content": (
+        "Repeat this list exactly: apples, pears, plums, cherries, grapes, lemons, limes, oranges, melons, figs.")},)),
+)  # fmt: skip
+NGRAM = (Candidate("ngram", 2), Candidate("ngram", 8))
+
+
+def target(backend: str, name: str = "SmolLM2-135M-Instruct"):
+    info = SimpleNamespace(name=name, path=f"/models/{name}", backend=backend, architecture="llama",
+                           vocab_size=49152, n_layers=30)  # fmt: skip
+    return SimpleNamespace(info=info)
+
+
+def test_a_llama_cpp_target_allows_ngram_and_a_loaded_draft_model_only():
+    assert allowed_drafters(CONFIG, target("llama.cpp")) == ("ngram",)
+    with_draft = dataclasses.replace(CONFIG, drafter="model", draft="draft.gguf")
+    assert allowed_drafters(with_draft, target("llama.cpp")) == ("ngram", "model")
+
+
+def test_a_torch_target_also_allows_its_own_drafters_and_heads_where_they_exist():
+    # The embedded model ships Medusa and EAGLE heads; another model has none unless given.
+    assert allowed_drafters(CONFIG, target("torch")) == ("ngram", "lookahead", "early-exit", "medusa", "eagle")
+    other = SimpleNamespace(info=SimpleNamespace(**{**vars(target("torch", "Qwen2-0.5B").info), "n_layers": 24}))
+    assert allowed_drafters(CONFIG, other) == ("ngram", "lookahead", "early-exit")
+    given = dataclasses.replace(CONFIG, drafter="medusa", heads="/my/heads")
+    assert allowed_drafters(given, other) == ("ngram", "lookahead", "early-exit", "medusa")
+
+
+def test_tree_drafters_are_tried_with_node_budgets_and_chains_with_draft_lengths():
+    found = candidates_for(("ngram", "medusa"))
+    assert [c.k for c in found if c.drafter == "ngram"] == ["auto", 2, 4, 8]
+    assert [c.k for c in found if c.drafter == "medusa"] == ["auto", 8, 16]
+
+
+def test_a_candidates_config_keeps_the_loaded_target_and_its_backend():
+    medusa_on_gguf = dataclasses.replace(CONFIG, drafter="medusa", heads="/my/heads")
+    chosen = config_for(medusa_on_gguf, Candidate("ngram", 4), "torch")
+    # "auto" would load the GGUF on llama.cpp for n-gram: the speed measured was PyTorch's.
+    assert (chosen.drafter, chosen.k, chosen.backend, chosen.heads) == ("ngram", 4, "torch", None)
+    with_draft = dataclasses.replace(CONFIG, drafter="model", draft="draft.gguf")
+    assert config_for(with_draft, Candidate("ngram", 2), "llama.cpp").draft is None
+    assert config_for(with_draft, Candidate("model", 8), "llama.cpp").draft == "draft.gguf"
+
+
+def test_ngram_wins_on_prompts_that_copy_their_input_and_the_ranking_is_by_speedup():
+    progress = []
+    result = run_autotune(CONFIG, COPY_PROMPTS, SHORT, candidates=NGRAM,
+                          progress=lambda message, fraction: progress.append(fraction))  # fmt: skip
+
+    speedups = [r.speedup for r in result.ranked]
+    assert speedups == sorted(speedups, reverse=True)
+    assert {r.candidate for r in result.ranked} == {*NGRAM, PLAIN}
+    assert next(r for r in result.ranked if r.candidate == PLAIN).speedup == 1.0
+    assert result.best.candidate.drafter == "ngram" and result.best.speedup > 1.0 and result.beats_vanilla
+    assert all(r.identical == 2 for r in result.ranked)  # greedy speculative decoding is lossless
+    assert result.best_config == dataclasses.replace(CONFIG, k=result.best.candidate.k)
+    assert progress == sorted(progress) and progress[-1] == 1.0
+    text = format_autotune(result)
+    assert f"Best: ngram, k {result.best.candidate.k}, {result.best.speedup:.2f}×" in text
+    Engine.load(result.best_config).close()  # the proposal is a config that loads
+
+
+def test_candidates_run_on_the_engines_own_target_which_is_never_loaded_again(monkeypatch):
+    engine = Engine.load(dataclasses.replace(CONFIG, drafter="none", k=0))
+    try:
+        import engine.models.loading as loading
+
+        def no_second_target(*args, **kwargs):
+            raise AssertionError("a second copy of the target was loaded")
+
+        monkeypatch.setattr(loading, "load_backend", no_second_target)
+        monkeypatch.setattr("engine.api.load_backend", no_second_target)
+        result = run_autotune(engine.config, COPY_PROMPTS[:1], AutotuneSettings(max_tokens=16, warmup=False),
+                              engine=engine, candidates=(Candidate("ngram", 4),))  # fmt: skip
+        assert result.best_config.drafter in ("ngram", "none")
+        assert engine.generate(engine.prompt_ids("Hi"), SamplingConfig(max_tokens=4), speculative=False).tokens  # still open
+    finally:
+        engine.close()
+
+
+def test_cancel_stops_auto_tune_between_two_generations():
+    cancel = threading.Event()
+    seen = []
+
+    def progress(message, fraction):
+        seen.append(message)
+        if message.startswith("ngram"):
+            cancel.set()
+
+    with pytest.raises(BenchmarkCancelled):
+        run_autotune(CONFIG, COPY_PROMPTS, SHORT, candidates=NGRAM, progress=progress, cancel=cancel)
+    assert not any(message.startswith("ngram, k 8") for message in seen)
+
+
+def test_the_cli_prints_the_ranked_table(tmp_path, capsys):
+    prompts = tmp_path / "copy.jsonl"
+    prompts.write_text(json.dumps({"id": "copy", "kind": "reuse", "messages": list(COPY_PROMPTS[1].messages)}))
+    assert main(["bench", "--autotune", "--prompts", str(prompts), "--max-tokens", "16", "--threads", "1"
+                 ]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "Auto-tune: 1 prompts" in out and "ngram" in out and "Best:" in out

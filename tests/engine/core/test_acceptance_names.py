@@ -1,0 +1,37 @@
+"""Acceptance named as everyone names it: vLLM's and llama.cpp's draft acceptance rate and mean
+acceptance length beside SpecDeck's per-token a, in the CLI (JSON and summary) and the chat footer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.chat.view import reply_note
+from engine.cli.main import main
+
+COPY = ("Copy this sentence exactly: the quick brown fox jumps over the lazy dog, "
+        "the quick brown fox jumps over the lazy dog.")  # fmt: skip
+
+
+def test_the_cli_json_and_summary_give_both_rates_and_the_mean_acceptance_length(capsys):
+    common = ["generate", "--target", "default", "--drafter", "ngram", "--k", "4", "--threads", "1",
+              "--max-tokens", "24", "--prompt", COPY]  # fmt: skip
+    assert main(common + ["--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+
+    assert stats["drafted"] > 0
+    assert stats["draft_acceptance_rate"] == pytest.approx(stats["accepted"] / stats["drafted"], abs=1e-4)
+    assert stats["mean_acceptance_length"] == stats["tokens_per_step"] > 1.0
+    assert stats["draft_acceptance_rate"] <= stats["acceptance_rate"]  # tested <= drafted
+
+    assert main(common) == 0
+    err = capsys.readouterr().err
+    assert "draft acceptance rate" in err and "(accepted/drafted)" in err
+    assert "mean acceptance length" in err and "(accepted/tested: the formula's a)" in err
+
+
+def test_the_chat_footer_says_drafts_accepted_with_their_share_and_tokens_per_forward():
+    note = reply_note("stop", {"tokens": 30, "tokens_per_s": 40.0, "drafted": 20, "accepted": 15, "steps": 12})
+
+    assert note == "30 tokens at 40.0 tok/s · 15/20 drafts accepted (75%) · 2.50 tokens per forward"
