@@ -8,6 +8,11 @@ tests all drive the same Python API:
     prompt = engine.prompt_ids("Summarize: ...")
     for step in engine.stream(prompt, SamplingConfig(max_tokens=128)):
         print(step.text, end="")
+
+What this module exports is the engine's public API: `app/` imports from `engine` only
+(tests/test_boundary.py). Everything is imported on first use, so `import engine` loads
+no torch (the CLI's `models` and `doctor` start fast, the app reads the drafter registry
+and the config on its GUI thread); names from modules that load torch load it when used.
 """
 
 from importlib import import_module
@@ -22,37 +27,57 @@ from engine.errors import (
     SpecDeckError,
 )
 
-# Everything else loads torch; import it on first use so `specdeck-cli models`
-# and `doctor` start quickly.
+# name -> (module under engine, attribute there; None = the same name)
 _LAZY = {
-    "Divergence": "core.events", "GenerationResult": "core.events", "RunStats": "core.events",
-    "Source": "core.events", "StepEvent": "core.events", "TokenInfo": "core.events",
-    "SamplingConfig": "core.sampling", "Comparison": "api", "Engine": "api", "EngineConfig": "api",
+    # the configuration and the drafter registry (light)
+    "EngineConfig": ("config", None), "CONFIG_VERSION": ("config", None), "BACKENDS": ("config", None),
+    "DEVICES": ("config", None), "DTYPES": ("config", None), "target_backend": ("config", None),
+    "config_from_legacy": ("config", "from_legacy"), "options_from_dict": ("config", None),
+    "DrafterSpec": ("drafters.registry", None), "DrafterStats": ("drafters.registry", None),
+    "Setting": ("drafters.registry", None), "Stat": ("drafters.registry", None),
+    "all_drafters": ("drafters.registry", None), "drafter_spec": ("drafters.registry", None),
+    "drafter_names": ("drafters.registry", None), "option_settings": ("drafters.registry", None),
+    "stat_fields": ("drafters.registry", None),
+    # checking before loading (light)
+    "preflight": ("preflight", None), "Preflight": ("preflight", None),
+    "Finding": ("models.doctor", None), "PairReport": ("models.doctor", None),
+    "check_pair": ("models.doctor", None), "check_model": ("models.doctor", None),
+    "format_finding": ("models.doctor", None), "format_bytes": ("models.doctor", None),
+    "ModelRef": ("models.locate", None), "resolve": ("models.locate", None), "list_models": ("models.locate", None),
+    "read_metadata": ("models.metadata", None), "ModelMeta": ("models.metadata", None),
+    "recommended_sampling": ("models.recommended", None), "describe_recommended": ("models.recommended", "describe"),
+    # the engine and what it reports
+    "Engine": ("api", None), "Comparison": ("api", None), "collect": ("api", None), "load_summary": ("api", None),
+    "SamplingConfig": ("core.sampling", None),
+    "Divergence": ("core.events", None), "GenerationResult": ("core.events", None), "RunStats": ("core.events", None),
+    "Source": ("core.events", None), "StepEvent": ("core.events", None), "TokenInfo": ("core.events", None),
+    "CostModel": ("core.draft_length", None), "K_LIMIT": ("core.draft_length", None),
+    "break_even_acceptance": ("core.draft_length", None), "expected_tokens": ("core.draft_length", None),
+    # trained heads and training
+    "read_medusa_config": ("heads.medusa", "read_config"), "read_eagle_config": ("heads.eagle", "read_config"),
+    "default_heads_dir": ("models.shipped", None),
+    "train_heads": ("training", None), "checkpoint_info": ("training", None),
+    "load_checkpoint_state": ("training.checkpoint", "load_state"),
+    # benchmarks
+    "AutotuneResult": ("bench", None), "AutotuneSettings": ("bench", None), "BenchmarkCancelled": ("bench", None),
+    "BenchReport": ("bench", None), "BenchSettings": ("bench", None), "Candidate": ("bench", None),
+    "default_prompts_path": ("bench", None), "load_prompts": ("bench", None), "run_autotune": ("bench", None),
+    "run_benchmark": ("bench", None), "write_json": ("bench", None), "format_autotune": ("bench", None),
+    "EFFICIENCY_LIMIT": ("bench.results", None), "SPECULATIVE": ("bench.results", None),
+    "VANILLA": ("bench.results", None),
 }  # fmt: skip
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        module, attribute = _LAZY[name]
+        value = getattr(import_module(f".{module}", __name__), attribute or name)
+        globals()[name] = value  # once imported, an ordinary attribute
+        return value
     raise AttributeError(f"module 'engine' has no attribute {name!r}")
 
 
-__all__ = [
-    "Comparison",
-    "ConfigError",
-    "ContextOverflowError",
-    "Divergence",
-    "Engine",
-    "EngineConfig",
-    "GenerationResult",
-    "IncompatiblePairError",
-    "ModelLoadError",
-    "ModelNotFoundError",
-    "OutOfMemoryError",
-    "RunStats",
-    "SamplingConfig",
-    "Source",
-    "SpecDeckError",
-    "StepEvent",
-    "TokenInfo",
-]
+__all__ = sorted(
+    ["ConfigError", "ContextOverflowError", "IncompatiblePairError", "ModelLoadError", "ModelNotFoundError",
+     "OutOfMemoryError", "SpecDeckError", *_LAZY]
+)  # fmt: skip

@@ -19,39 +19,14 @@ from engine.core.draft_length import CostModel, DraftLength, measure_verify_curv
 from engine.drafters.base import Drafter
 from engine.errors import ConfigError, SpecDeckError
 from engine.core.events import Divergence, GenerationResult, StepEvent
-from engine.models.load_options import check_load_options, draft_load_options, target_load_options
-from engine.models.loading import TORCH_DRAFTERS, load_backend, make_drafter
+from engine.config import EngineConfig, target_backend
+from engine.drafters.registry import drafter_spec, make_drafter
+from engine.models.load_options import check_load_options, target_load_options
+from engine.models.loading import load_backend
 from engine.models.memory_errors import model_out_of_memory, out_of_memory, unexplained_allocation_failure
 from engine.models.locate import resolve
 from engine.core.sampling import SamplingConfig
 from engine.core.text import check_messages
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    target: str = "default"
-    drafter: str = "ngram"  # "none" | "ngram" | "model" | "medusa" | "eagle" | "lookahead" | "early-exit"
-    draft: str | None = None  # draft model spec (implies drafter "model")
-    heads: str | None = None  # Medusa / EAGLE heads folder; None = the ones shipped, if any
-    backend: str = "auto"
-    draft_backend: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    n_ctx: int | None = None
-    threads: int | None = None
-    gpu_layers: int = 0
-    # The draft model's own load options; None follows the target's where it applies (load_options.py).
-    draft_device: str | None = None
-    draft_dtype: str | None = None  # PyTorch drafts only: llama.cpp runs a GGUF in its saved precision
-    draft_threads: int | None = None
-    draft_gpu_layers: int | None = None
-    k: int | str = "auto"
-    k_max: int = 16
-    ngram_max: int = 3
-    tree_depth: int | None = None  # EAGLE's deepest tree level (None = its default)
-    lookahead: tuple = ("auto", "auto", "auto")  # lookahead's window W, n-gram size N, candidates G
-    exit_layer: int | str = "auto"  # the early-exit drafter's L
-    measure_costs: bool = True  # time the target's verify-cost curve (and the drafter's token cost) at load
 
 
 @dataclass(frozen=True)
@@ -94,15 +69,6 @@ def _part(report: Progress, whose: str, start: float, end: float) -> Progress:
                                             start + (end - start) * fraction)  # fmt: skip
 
 
-def target_backend(config: EngineConfig) -> str:
-    """The backend for the target: as asked, except that "auto" means PyTorch for drafters
-    that need it (hidden states, tree masks, the target's own layers); a GGUF target then
-    loads through transformers, dequantized."""
-    if config.backend == "auto" and config.drafter in TORCH_DRAFTERS and config.draft is None:
-        return "torch"
-    return config.backend
-
-
 class Engine:
     def __init__(self, target: Backend, drafter: Drafter | None, config: EngineConfig, costs: CostModel) -> None:
         self.target = target
@@ -117,10 +83,11 @@ class Engine:
     def load(cls, config: EngineConfig, progress: Progress | None = None) -> "Engine":
         report = _steady(progress or (lambda message, fraction: None))
         DraftLength(config.k, config.k_max)
+        spec = drafter_spec(config.drafter)  # an unknown drafter, or options of another one: said before loading
         check_load_options(config, target_backend(config))
         options = target_load_options(config)
         report("Loading the target model", 0.0)
-        target_share = 0.5 if config.draft or config.drafter != "ngram" else 0.8  # the n-gram drafter is instant
+        target_share = 0.5 if config.drafter != "ngram" else 0.8  # the n-gram drafter is instant
         try:
             target = load_backend(config.target, backend=target_backend(config), **options,
                                   progress=_part(report, "Target", 0.0, target_share))  # fmt: skip
@@ -134,13 +101,8 @@ class Engine:
             ) from error
         try:
             report("Loading the drafter", target_share)
-            draft_progress = _part(report, "Draft", target_share, 0.8) if config.draft else None
-            drafter = make_drafter(
-                config.drafter, target, draft=config.draft, draft_backend=config.draft_backend,
-                ngram_max=config.ngram_max, heads=config.heads, tree_depth=config.tree_depth,
-                lookahead=tuple(config.lookahead), exit_layer=config.exit_layer, **draft_load_options(config),
-                **({"progress": draft_progress} if draft_progress else {}),
-            )  # fmt: skip
+            draft_progress = _part(report, "Draft", target_share, 0.8) if spec.loads_model else None
+            drafter = make_drafter(target, config, draft_progress)
             costs = CostModel()
             if config.measure_costs:
                 report("Measuring the target's verify costs", 0.8)

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import torch
-
 from engine.errors import ConfigError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the drafter registry imports this module without torch
+    import torch
+
     from engine.backends.base import Backend
 
 

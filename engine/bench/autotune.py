@@ -6,7 +6,7 @@ decoding (k = 0) is measured once per prompt and is the baseline of every
 candidate. A candidate's score is the median over prompts of its speedup
 (speculative tokens/s over vanilla tokens/s on that prompt), the number the
 benchmark reports per prompt. The target loads once: each candidate's drafter
-is made on that same target (engine/models/loading.py make_drafter) and closed after,
+is made on that same target (engine/drafters/registry.py make_drafter) and closed after,
 so a second copy of the target is never loaded.
 
     result = run_autotune(EngineConfig(), load_prompts(default_prompts_path()))
@@ -23,7 +23,7 @@ from typing import Callable
 
 from engine.core.draft_length import CostModel
 from engine.errors import ConfigError, SpecDeckError
-from engine.models.loading import TORCH_DRAFTERS, make_drafter
+from engine.drafters.registry import drafter_spec, make_drafter
 from engine.core.sampling import SamplingConfig
 from engine.api import Engine, EngineConfig
 from engine.models.shipped import default_heads_dir
@@ -50,7 +50,7 @@ class AutotuneSettings:
 
 @dataclass(frozen=True)
 class Candidate:
-    drafter: str  # a DRAFTERS name; "model" = the loaded draft model
+    drafter: str  # a registry name; "model" = the loaded draft model
     k: int | str  # draft length, or node budget for a tree drafter; "auto" = chosen as it decodes
 
     @property
@@ -102,7 +102,7 @@ def allowed_drafters(config: EngineConfig, target) -> tuple[str, ...]:
     if target.info.backend == "torch":
         drafters += ["lookahead", "early-exit"]
         for kind in ("medusa", "eagle"):
-            given = config.heads if config.drafter == kind else None
+            given = getattr(config.drafter_options(), "heads", None) if config.drafter == kind else None
             if given or default_heads_dir(kind, target.info):
                 drafters.append(kind)
     return tuple(drafters)
@@ -115,14 +115,12 @@ def candidates_for(drafters: tuple[str, ...]) -> tuple[Candidate, ...]:
 def config_for(config: EngineConfig, candidate: Candidate, target_backend: str) -> EngineConfig:
     """`config` with the candidate's drafter and k; the target's backend pinned when "auto" would
     pick another one for this drafter (auto loads a GGUF on PyTorch only for torch drafters)."""
-    changes: dict = {"drafter": candidate.drafter, "k": candidate.k}  # "none", 0: plain decoding
-    if candidate.drafter != "model":
-        changes["draft"] = None
-    if config.drafter in TORCH_DRAFTERS and config.draft is None and config.backend == "auto":
+    changes: dict = {"k": candidate.k}  # "none", 0: plain decoding
+    if drafter_spec(config.drafter).needs_torch and config.backend == "auto":
         changes["backend"] = target_backend
-    if candidate.drafter != config.drafter:
-        changes["heads"] = None  # heads given for one kind are not the other kind's
-    return dataclasses.replace(config, **changes)
+    # The candidate's own options when it is the loaded drafter, else its defaults (heads given
+    # for one kind are not the other kind's; a draft model belongs to the model drafter only).
+    return dataclasses.replace(config.with_drafter(candidate.drafter), **changes)
 
 
 def run_autotune(
@@ -223,15 +221,11 @@ def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> Auto
 def _drafter(engine: Engine, kind: str):
     """(drafter, made here): the engine's own when it is of this kind, else a new one on its target."""
     config = engine.config
-    loaded = "model" if config.draft else config.drafter
-    if kind == loaded and engine.drafter is not None:
+    if kind == config.drafter and engine.drafter is not None:
         return engine.drafter, False
     if kind == "model":
         raise ConfigError("The draft model is not loaded: choose it in the model pair to tune it.")
-    heads = config.heads if kind == config.drafter else None
-    drafter = make_drafter(kind, engine.target, ngram_max=config.ngram_max, heads=heads, tree_depth=config.tree_depth,
-                           lookahead=tuple(config.lookahead), exit_layer=config.exit_layer)  # fmt: skip
-    return drafter, True
+    return make_drafter(engine.target, config.with_drafter(kind)), True
 
 
 def _score(candidate: Candidate, runs, vanilla) -> CandidateResult:

@@ -16,13 +16,12 @@ allows with a few k (engine/bench/autotune.py) and prints them ranked.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import threading
 from pathlib import Path
 
 from engine.cli import interrupt as cli_interrupt
-from engine.cli.options import add_draft_model_options, add_drafter_settings, draft_model_settings, drafter_settings
+from engine.cli.options import add_drafter_options, drafter_choice
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -32,20 +31,13 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench.add_argument("--kinds", default=None, help="only these kinds of prompt, comma-separated (e.g. reuse)")
     bench.add_argument("-m", "--target", default="default",
                        help="'default', a GGUF file, a model folder or a repo id")
-    drafter = bench.add_mutually_exclusive_group()
-    drafter.add_argument("-md", "--draft", help="a draft model (same forms as --target)")
-    drafter.add_argument("--drafter", default="ngram",
-                         help="drafter without a draft model: ngram (default) or any other the engine knows")  # fmt: skip
-    bench.add_argument("--heads", help="heads folder for a drafter that uses heads (implies --drafter medusa)")
-    add_drafter_settings(bench)
+    add_drafter_options(bench)
     bench.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
-    bench.add_argument("--draft-backend", default="auto")
     bench.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
     bench.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
     bench.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
     bench.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (llama.cpp and its peers)")
     bench.add_argument("-ngl", "--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
-    add_draft_model_options(bench)
     bench.add_argument("--k", "--draft-max", dest="k", default="auto",
                        help="draft length: a number from 1 to 32, or auto (default)")  # fmt: skip
     bench.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
@@ -67,7 +59,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
 def cmd_bench(args: argparse.Namespace) -> int:
     from engine.bench import BenchSettings, default_prompts_path, format_text, load_prompts, run_benchmark, write_json
     from engine.errors import ConfigError
-    from engine.api import EngineConfig
+    from engine.config import EngineConfig
 
     if not args.autotune and (str(args.k) == "0" or (args.drafter == "none" and not args.draft)):
         raise ConfigError("The benchmark compares plain and speculative decoding: choose a drafter "
@@ -76,17 +68,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     path = args.prompts or default_prompts_path()
     prompts = load_prompts(path, kinds)
     settings = BenchSettings(max_tokens=args.max_tokens, repeat=args.repeat, warmup=args.warmup, peers=args.peers)
-    options = dict(
-        target=args.target, drafter="model" if args.draft else args.drafter, draft=args.draft,
-        backend=args.backend, draft_backend=args.draft_backend, device=args.device, dtype=args.dtype,
-        n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k, k_max=args.k_max,
-        **drafter_settings(args), **draft_model_settings(args),
+    drafter, options = drafter_choice(args)
+    config = EngineConfig(
+        target=args.target, drafter=drafter, options=options, backend=args.backend, device=args.device,
+        dtype=args.dtype, n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k,
+        k_max=args.k_max,
     )  # fmt: skip
-    if args.heads:
-        if "heads" not in {f.name for f in dataclasses.fields(EngineConfig)}:
-            raise ConfigError("This engine has no drafter that uses heads: drop --heads.")
-        options.update(heads=args.heads, drafter="medusa" if args.drafter == "ngram" else args.drafter)
-    config = EngineConfig(**options)
     if args.autotune:
         return _autotune(config, prompts, args.max_tokens)
     cancel = threading.Event()

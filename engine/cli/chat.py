@@ -46,11 +46,11 @@ HELP = """commands:
   /quit     leave (so does Ctrl+D); Ctrl+C stops a reply as it streams"""
 
 
-def add_chat_parser(subparsers, drafters: list[str]) -> argparse.ArgumentParser:
+def add_chat_parser(subparsers) -> argparse.ArgumentParser:
     from engine.cli.main import _decode_options, _model_options  # here: engine.cli.main imports this module while it loads
 
     chat = subparsers.add_parser("chat", help="chat in the terminal, each token coloured by where it came from")
-    _model_options(chat, drafters)
+    _model_options(chat)
     _decode_options(chat, max_tokens=512)
     chat.add_argument("-sys", "--system", default="", help="the system prompt (default: none)")
     chat.add_argument("--color", "--colour", dest="color", choices=("auto", "always", "never"), default="auto",

@@ -30,7 +30,7 @@ from pathlib import Path  # noqa: E402
 
 from engine.cli.bench import add_bench_parser  # noqa: E402
 from engine.cli.chat import add_chat_parser  # noqa: E402
-from engine.cli.options import add_draft_model_options, add_drafter_settings, draft_model_settings, drafter_settings  # noqa: E402
+from engine.cli.options import add_drafter_options, drafter_choice  # noqa: E402
 from engine.cli.train import add_train_parser  # noqa: E402
 from engine.errors import ConfigError, SpecDeckError  # noqa: E402
 
@@ -56,14 +56,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.models.loading import DRAFTERS
-
-    drafters = [d for d in DRAFTERS if d != "model"]  # a draft model comes with --draft
     parser = argparse.ArgumentParser(prog="specdeck-cli", description="Speculative decoding on local models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate a reply, speculatively")
-    _model_options(gen, drafters)
+    _model_options(gen)
     _decode_options(gen, max_tokens=256)
     source = gen.add_mutually_exclusive_group()
     source.add_argument("-p", "--prompt",
@@ -88,34 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true")
     models.set_defaults(func=cmd_models)
     add_bench_parser(sub)
-    add_chat_parser(sub, drafters)
+    add_chat_parser(sub)
     add_train_parser(sub)
     return parser
 
 
-def _model_options(parser: argparse.ArgumentParser, drafters: list[str]) -> None:
-    """The model and load options of generate and chat; the short forms are llama.cpp's (-m, -md, -ngl, ...)."""
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    """The model and load options of generate and chat; the short forms are llama.cpp's (-m, -md, -ngl, ...).
+    The drafter and its options come from the drafter registry (cli/options.py)."""
     parser.add_argument("-m", "--target", default="default",
                         help="'default', a GGUF file, a model folder or a repo id")
-    drafter = parser.add_mutually_exclusive_group()
-    drafter.add_argument("-md", "--draft", help="a draft model (same forms as --target)")
-    drafter.add_argument(
-        "--drafter", choices=drafters, default="ngram", help="drafter without a draft model"
-    )
-    parser.add_argument(
-        "--heads",
-        help="Medusa heads or EAGLE head folder (implies --drafter medusa unless --drafter eagle; "
-        "default: the ones shipped for the target)",
-    )
-    add_drafter_settings(parser)
+    add_drafter_options(parser)
     parser.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
-    parser.add_argument("--draft-backend", default="auto")
     parser.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
     parser.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
     parser.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (llama.cpp)")
     parser.add_argument("-ngl", "--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
-    add_draft_model_options(parser)
 
 
 def _decode_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -155,14 +141,13 @@ def _sampling_config(args: argparse.Namespace, say: bool = True):
 
 
 def _engine_config(args: argparse.Namespace):
-    from engine.api import EngineConfig
+    from engine.config import EngineConfig
 
+    drafter, options = drafter_choice(args)
     return EngineConfig(
-        target=args.target, drafter=_drafter_kind(args), draft=args.draft, heads=args.heads,
-        **drafter_settings(args),
-        backend=args.backend, draft_backend=args.draft_backend, device=args.device, dtype=args.dtype,
-        n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, **draft_model_settings(args),
-        k=args.k, k_max=args.k_max,
+        target=args.target, drafter=drafter, options=options, backend=args.backend, device=args.device,
+        dtype=args.dtype, n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k,
+        k_max=args.k_max,
     )  # fmt: skip
 
 
@@ -202,23 +187,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         per_depth = bool(getattr(engine.drafter, "drafts_trees", False))
         _print_summary(result, comparison, n_ctx, per_depth=per_depth)
     return 0
-
-
-def _drafter_kind(args: argparse.Namespace) -> str:
-    """--draft means a draft model; --heads means Medusa (over the default n-gram drafter) or EAGLE."""
-    from engine.models.loading import HEAD_DRAFTERS
-
-    if args.draft:
-        return "model"
-    if getattr(args, "heads", None) and args.drafter not in HEAD_DRAFTERS:
-        if args.drafter == "none":
-            raise ConfigError("--heads gives Medusa or EAGLE heads, but --drafter none drafts nothing: drop one of them.")
-        if args.drafter != "ngram":
-            raise ConfigError(
-                f"--heads gives Medusa or EAGLE heads, but --drafter {args.drafter} uses none: drop one of them."
-            )
-        return "medusa"
-    return args.drafter
 
 
 def _read_prompt(prompt: str | None) -> str:

@@ -1,38 +1,96 @@
-"""Command-line options shared by `generate` and `bench`: the settings of particular drafters,
-and the draft model's own load options (engine/models/load_options.py)."""
+"""The drafter options of `generate`, `chat` and `bench`, generated from the drafter registry.
+
+`--drafter` offers every registered drafter, and every drafter option becomes a flag
+(its `setting`'s `cli` flags, else --<name-with-dashes>) with its default and help, so
+a new drafter module adds its flags here without an edit. A flag several drafters share
+(--heads: Medusa's heads, EAGLE's head) is one argument. Two rules stay as users know them:
+--draft (-md) implies --drafter model, and --heads implies --drafter medusa over the default
+n-gram drafter.
+"""
 
 from __future__ import annotations
 
 import argparse
+import typing
+
+from engine.drafters.registry import AUTO, Setting, all_drafters, option_settings
+from engine.errors import ConfigError
+
+DEFAULT_DRAFTER = "ngram"
 
 
-def add_drafter_settings(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tree-depth", type=int, default=None, help="eagle: deepest level of the draft tree")
-    parser.add_argument("--window", default="auto", help="lookahead: Jacobi window W (default auto)")
-    parser.add_argument("--ngram", default="auto", help="lookahead: n-gram size N (default auto)")
-    parser.add_argument("--candidates", default="auto", help="lookahead: n-grams verified per step G (default auto)")
-    parser.add_argument("--exit-layer", default="auto", help="early-exit: draft with the first L layers (default auto)")
+def add_drafter_options(parser: argparse.ArgumentParser) -> None:
+    names = [spec.name for spec in all_drafters()]
+    parser.add_argument("--drafter", choices=names, default=None,
+                        help=f"the drafter (default {DEFAULT_DRAFTER}; --draft implies model, --heads medusa)")
+    seen: set[str] = set()
+    for spec in all_drafters():
+        hints = typing.get_type_hints(spec.options)
+        for s in option_settings(spec):
+            if s.dest in seen:
+                continue  # a flag another drafter declared first (--heads)
+            seen.add(s.dest)
+            parser.add_argument(*s.flags, dest=s.dest, default=s.default, type=_parser(s, hints[s.name]),
+                                choices=s.choices, help=s.help)  # fmt: skip
 
 
-def drafter_settings(args: argparse.Namespace) -> dict:
-    """EngineConfig fields from the options above."""
-    return dict(tree_depth=args.tree_depth, lookahead=(args.window, args.ngram, args.candidates),
-                exit_layer=args.exit_layer)  # fmt: skip
+def drafter_choice(args: argparse.Namespace):
+    """(drafter name, its options) from the flags above; a ConfigError for a flag the chosen
+    drafter has no use for."""
+    from engine.drafters.registry import drafter_spec
+
+    name = _drafter_name(args)
+    spec = drafter_spec(name)
+    own = {s.dest for s in option_settings(spec)}
+    for other in all_drafters():
+        for s in option_settings(other):
+            if s.dest not in own and getattr(args, s.dest, s.default) != s.default:
+                raise ConfigError(_foreign(s, other, name))
+    values = {s.name: _value(getattr(args, s.dest)) if s.auto else getattr(args, s.dest)
+              for s in option_settings(spec)}  # fmt: skip
+    return name, spec.options(**values)
 
 
-def add_draft_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--draft-device", default=None,
-                        help="the draft model's device (PyTorch draft; default: the target's --device)")
-    parser.add_argument("--draft-dtype", default=None,
-                        help="the draft model's dtype (PyTorch draft; default: the target's --dtype; "
-                             "a llama.cpp draft runs in its GGUF file's precision)")
-    parser.add_argument("--draft-threads", type=int, default=None,
-                        help="CPU threads of a llama.cpp draft model (default: --threads)")
-    parser.add_argument("--draft-gpu-layers", type=int, default=None,
-                        help="layers of a llama.cpp draft model offloaded to the GPU (default: --gpu-layers)")  # fmt: skip
+def _drafter_name(args: argparse.Namespace) -> str:
+    """--draft means a draft model; --heads means Medusa (over the default n-gram drafter)."""
+    asked = args.drafter
+    if getattr(args, "draft", None):
+        if asked not in (None, "model"):
+            raise ConfigError(f"--draft gives a draft model, but --drafter {asked} drafts without one: "
+                              "drop one of them.")  # fmt: skip
+        return "model"
+    if getattr(args, "heads", None) and asked in (None, DEFAULT_DRAFTER):
+        return "medusa"
+    return asked or DEFAULT_DRAFTER
 
 
-def draft_model_settings(args: argparse.Namespace) -> dict:
-    """EngineConfig fields from the options above."""
-    return dict(draft_device=args.draft_device, draft_dtype=args.draft_dtype, draft_threads=args.draft_threads,
-                draft_gpu_layers=args.draft_gpu_layers)  # fmt: skip
+def _foreign(s: Setting, owner, drafter: str) -> str:
+    flag = s.flags[-1]
+    if owner.name == "model":
+        return f"{flag} sets up a draft model, but none is loaded: give one with --draft, or drop {flag}."
+    users = [spec.name for spec in all_drafters() if s.dest in {o.dest for o in option_settings(spec)}]
+    return (f"{flag} is an option of --drafter {' or '.join(users)}, but --drafter {drafter} has no use for it: "
+            "drop one of them.")  # fmt: skip
+
+
+def _parser(s: Setting, hint):
+    """argparse's type for a setting: text for "auto"-or-number ones (what was typed reaches the
+    drafter's own message), int or float for numbers, text otherwise."""
+    if s.auto:
+        return str
+    kinds = typing.get_args(hint) or (hint,)
+    if int in kinds:
+        return int
+    if float in kinds:
+        return float
+    return str
+
+
+def _value(text):
+    """An "auto"-or-number flag: "auto", the int it spells, or the text as typed (refused later)."""
+    if not isinstance(text, str):
+        return text
+    word = text.strip().lower()
+    if word == AUTO:
+        return AUTO
+    return int(word) if word.lstrip("+-").isdigit() else text

@@ -1,6 +1,7 @@
 """The drafter interface: propose up to k tokens, then learn how many were kept.
 
-A drafter is a small strategy object (as in transformers' candidate generators):
+A drafter is a small strategy object (as in transformers' candidate generators),
+registered by its spec module (engine/drafters/registry.py):
 `propose` looks at the committed context and returns a `Draft`; `observe` is told
 how many of its tokens the target accepted. A drafter with a distribution returns
 q for each token (processed with the same `SamplingConfig` as the target, so the
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.core.sampling import SamplingConfig
+from engine.drafters.registry import DrafterStats, NoStats
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,6 @@ EMPTY_DRAFT = Draft(tokens=[])
 
 class Drafter(abc.ABC):
     name: str = "drafter"
-    has_distribution: bool = False  # True when propose() returns q
     uses_features: bool = False  # True when it needs observe_features() after every step
     drafts_trees: bool = False  # True when propose() returns trees; k is then a node budget
 
@@ -112,9 +113,10 @@ class Drafter(abc.ABC):
     def reset(self) -> None:
         """Forget per-conversation state (called at the start of each generation)."""
 
-    def stats(self) -> dict:
-        """Drafter-specific numbers for the UI (pool size, hits...)."""
-        return {}
+    def stats(self) -> DrafterStats:
+        """Drafter-specific numbers for the UI (pool size, hits...): the frozen dataclass its
+        registry spec names as `stats` (engine/drafters/registry.py), fields labelled for the charts."""
+        return NoStats()
 
     def close(self) -> None:
         """Free what the drafter holds (a draft model, say)."""

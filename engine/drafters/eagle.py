@@ -54,15 +54,14 @@ from engine.heads.eagle import EagleHead
 from engine.core.sampling import SamplingConfig
 from engine.core.tree import depths, path_to
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.eagle_spec import MAX_DEPTH, EagleStats
 
 TOP_K = 8  # children per expanded node, and nodes expanded per round
-MAX_DEPTH = 8
 PRIOR_WEIGHT = 4.0  # the estimates' calibration starts as if 4 tokens had matched them
 
 
 class EagleDrafter(Drafter):
     name = "eagle"
-    has_distribution = False  # tree nodes are point masses (engine/core/verify_tree.py)
     uses_features = True
     drafts_trees = True
 
@@ -127,15 +126,15 @@ class EagleDrafter(Drafter):
         scale = self._matched / self._predicted if self._predicted > 0 else 1.0
         return 1.0 + scale * sum(self._values[:nodes])
 
-    def stats(self) -> dict:
-        return {
-            "nodes": self.nodes,
-            "depth": self.depth,
-            "rounds": self.rounds,
-            "top_k": self.top_k,
-            "draft_vocab": int(self.vocab.numel()) if self.vocab is not None else self.target.vocab_size,
-            "calibration": round(self._matched / self._predicted, 4) if self._predicted > 0 else 1.0,
-        }
+    def stats(self) -> EagleStats:
+        return EagleStats(
+            nodes=self.nodes,
+            depth=self.depth,
+            rounds=self.rounds,
+            top_k=self.top_k,
+            draft_vocab=int(self.vocab.numel()) if self.vocab is not None else self.target.vocab_size,
+            calibration=round(self._matched / self._predicted, 4) if self._predicted > 0 else 1.0,
+        )
 
     # -- 1. catching up with the committed context --------------------------------------------
 

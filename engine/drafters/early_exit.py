@@ -90,6 +90,7 @@ from engine.core.draft_length import CostModel, expected_tokens
 from engine.errors import ConfigError
 from engine.core.sampling import SamplingConfig, probabilities, sample, token_probability
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.early_exit_spec import EarlyExitStats, ExitCandidate
 
 EXIT_FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75)  # candidate exits, as fractions of the layers
 EXPLORE_STEPS = 2  # drafting steps each candidate gets before the rule below takes over
@@ -218,7 +219,6 @@ class EarlyExitDrafter(Drafter):
     """Drafts a chain with the target's first L layers, its final norm and its LM head."""
 
     name = "early exit"
-    has_distribution = True
 
     def __init__(self, target_backend, layers: int | str = "auto", *, costs: CostModel | None = None) -> None:
         """`layers`: "auto" (chosen by measured acceptance and cost) or a fixed exit 1..n_layers-1.
@@ -334,27 +334,27 @@ class EarlyExitDrafter(Drafter):
         k = max(self._last_k, 1)
         return self.chooser.choose(k, *self._costs(k))
 
-    def stats(self) -> dict:
+    def stats(self) -> EarlyExitStats:
         k = max(self._last_k, 1)
         verify_ratio, t1 = self._costs(k)
         candidates = []
         for layer, e in sorted(self.chooser.exits.items()):
             seconds = self.chooser.seconds(layer) if e.seconds is not None else None
-            candidates.append({
-                "layer": layer,
-                "acceptance": e.accepted / e.tested if e.tested > 0 else None,  # measured; None: not yet
-                "tested": round(e.tested, 2),
-                "steps": e.steps,
-                "ms_per_token": None if seconds is None else 1000.0 * seconds,
-                "cost_ratio": self.chooser.cost_ratio(layer, t1),
-                "predicted_speedup": self.chooser.speedup(layer, k, verify_ratio, t1),
-            })  # fmt: skip
-        return {
-            "exit_layer": self.exit_layer,
-            "n_layers": self.n_layers,
-            "layers": "auto" if self.fixed is None else self.fixed,
-            "candidates": candidates,
-        }
+            candidates.append(ExitCandidate(
+                layer=layer,
+                acceptance=e.accepted / e.tested if e.tested > 0 else None,  # measured; None: not yet
+                tested=round(e.tested, 2),
+                steps=e.steps,
+                ms_per_token=None if seconds is None else 1000.0 * seconds,
+                cost_ratio=self.chooser.cost_ratio(layer, t1),
+                predicted_speedup=self.chooser.speedup(layer, k, verify_ratio, t1),
+            ))  # fmt: skip
+        return EarlyExitStats(
+            exit_layer=self.exit_layer,
+            n_layers=self.n_layers,
+            layers="auto" if self.fixed is None else self.fixed,
+            candidates=tuple(candidates),
+        )
 
     # -- helpers -----------------------------------------------------------------------
 

@@ -84,12 +84,12 @@ from engine.core.draft_length import K_LIMIT, CostModel
 from engine.errors import ConfigError
 from engine.core.sampling import SamplingConfig
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.lookahead_spec import LIMITS, LookaheadStats, check_parameters  # noqa: F401 (LIMITS: tests)
 
 AUTO = "auto"
 CHEAP_RATIO = 1.5  # rows whose verify ratio T(n) / T(1) stays under this count as cheap
 DEFAULT_ROWS = 16  # the row budget without a measured cost curve
 MAX_ROWS = 64  # the largest automatic row budget
-LIMITS = {"window": 64, "ngram": 16, "candidates": 64}
 SUFFIX_MATCH = 3  # text candidates are ranked by up to this many matching tokens before them
 DECAY = 0.9  # weight of the past in the acceptance estimate, per step
 PRIOR_STEPS = 2.0  # the prior counts as this many steps...
@@ -139,32 +139,8 @@ def window_layout(window: int, ngram: int) -> tuple[tuple[int, ...], torch.Tenso
     return offsets, mask
 
 
-def check_parameters(window, ngram, candidates) -> tuple[int | None, int | None, int | None]:
-    """W, N and G as given (each "auto" or a whole number): ints, None for "auto"; a
-    ConfigError saying which is out of range otherwise. The app checks a pair with it."""
-    return _parameter(window, "window", 1), _parameter(ngram, "ngram", 2), _parameter(candidates, "candidates", 1)
-
-
-def _parameter(value, what: str, minimum: int) -> int | None:
-    """An explicit parameter as an int, None for "auto"; ConfigError otherwise."""
-    if isinstance(value, str) and value.strip().lower() == AUTO:
-        return None
-    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
-        value = int(value)
-    limit = LIMITS[what]
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= limit:
-        names = {"window": "window W (future positions guessed per step)", "ngram": "n-gram size N",
-                 "candidates": "number of candidates G (n-grams verified per step)"}  # fmt: skip
-        raise ConfigError(
-            f"The lookahead {names[what]} must be a whole number from {minimum} to {limit} or 'auto', "
-            f"got {value!r}. Use 'auto' to fit it to this machine's verify costs."
-        )
-    return value
-
-
 class LookaheadDrafter(Drafter):
     name = "lookahead"
-    has_distribution = False  # candidates are point masses (engine/core/verify_tree.py)
     drafts_trees = True
 
     def __init__(
@@ -282,23 +258,18 @@ class LookaheadDrafter(Drafter):
             expected *= (draft + charged) / (draft + real)
         return expected
 
-    def stats(self) -> dict:
+    def stats(self) -> LookaheadStats:
         jacobi = sum(len(v) for v in self._jacobi.values())
         text = sum(len(v) for v in self._text.values())
-        return {
-            "window": self.window,
-            "ngram": self.ngram,
-            "max_candidates": self.max_candidates,
-            "extra_rows": self.extra_rows,
-            "pool_size": jacobi + text,  # n-grams: from the window...
-            "pool_jacobi": jacobi,
-            "pool_text": text,  # ...and from the prompt and reply
-            "steps": self.steps,  # steps that ran the window
-            "pool_hits": self.hits,  # steps where a candidate had at least one token accepted
-            "accepted": self.accepted,
-            "candidates": self.candidates,  # candidates in this step's tree
-            "nodes": self.nodes,
-        }
+        return LookaheadStats(
+            window=self.window, ngram=self.ngram, max_candidates=self.max_candidates, extra_rows=self.extra_rows,
+            pool_size=jacobi + text, pool_jacobi=jacobi, pool_text=text,  # n-grams: from the window and the text
+            steps=self.steps,  # steps that ran the window
+            pool_hits=self.hits,  # steps where a candidate had at least one token accepted
+            accepted=self.accepted,
+            candidates=self.candidates,  # candidates in this step's tree
+            nodes=self.nodes,
+        )
 
     # -- the window -------------------------------------------------------------------------
 

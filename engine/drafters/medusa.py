@@ -41,6 +41,7 @@ from engine.heads.medusa import MedusaHeads
 from engine.core.sampling import SamplingConfig
 from engine.core.tree import path_to
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.medusa_spec import MedusaStats
 
 TOP_K = 10  # candidates per head
 PRIOR_TOP1 = 0.5  # prior acceptance of head 1's best candidate...
@@ -51,7 +52,6 @@ PRIOR_WEIGHT = 4.0  # the prior counts as this many scored guesses
 
 class MedusaDrafter(Drafter):
     name = "medusa"
-    has_distribution = False  # candidates are point masses (engine/core/verify_tree.py)
     uses_features = True
     drafts_trees = True
 
@@ -157,14 +157,14 @@ class MedusaDrafter(Drafter):
         if changed:
             self._plan = None
 
-    def stats(self) -> dict:
+    def stats(self) -> MedusaStats:
         scored = self._scored.clamp_min(1)
-        return {
-            "heads": self.num_heads,
-            "candidates_per_head": self.top_k,
-            "nodes": self.nodes,
+        return MedusaStats(
+            heads=self.num_heads,
+            candidates_per_head=self.top_k,
+            nodes=self.nodes,
             # Per head: how often its best candidate, and any of its candidates, was right.
-            "head_top1": [round(v, 4) for v in (self._hits[:, 0] / scored).tolist()],
-            "head_top_k": [round(v, 4) for v in (self._hits.sum(dim=1) / scored).tolist()],
-            "scored": [int(v) for v in self._scored.tolist()],
-        }
+            head_top1=tuple(round(v, 4) for v in (self._hits[:, 0] / scored).tolist()),
+            head_top_k=tuple(round(v, 4) for v in (self._hits.sum(dim=1) / scored).tolist()),
+            scored=tuple(int(v) for v in self._scored.tolist()),
+        )

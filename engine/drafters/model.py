@@ -31,7 +31,6 @@ STEP_LEFTOVER = 2  # tokens a drafting step leaves for the next one to feed (see
 
 class ModelDrafter(Drafter):
     name = "draft model"
-    has_distribution = True
 
     def __init__(self, backend: Backend, target_vocab_size: int) -> None:
         self.backend = backend

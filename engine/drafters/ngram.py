@@ -18,11 +18,11 @@ from numpy.lib.stride_tricks import sliding_window_view
 from engine.errors import ConfigError
 from engine.core.sampling import SamplingConfig
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.ngram_spec import NgramStats
 
 
 class NgramDrafter(Drafter):
     name = "ngram"
-    has_distribution = False
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram <= 16:
@@ -55,5 +55,5 @@ class NgramDrafter(Drafter):
         self.lookups = 0
         self.hits = 0
 
-    def stats(self) -> dict:
-        return {"lookups": self.lookups, "hits": self.hits}
+    def stats(self) -> NgramStats:
+        return NgramStats(lookups=self.lookups, hits=self.hits)

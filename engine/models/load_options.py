@@ -39,15 +39,16 @@ def target_load_options(config) -> dict:
                 gpu_layers=config.gpu_layers)  # fmt: skip
 
 
-def draft_load_options(config) -> dict:
-    """load_backend's options for the draft model: its own, else the target's where they apply."""
-    on_llama = chosen_backend(config.draft, config.draft_backend) == LLAMA_CPP if config.draft else False
+def draft_load_options(options, target: dict) -> dict:
+    """load_backend's options for the draft model (the model drafter's `options`): its own, else
+    the target's (`target_load_options`) where they apply."""
+    on_llama = chosen_backend(options.draft, options.backend) == LLAMA_CPP if options.draft else False
     return dict(
-        device=_either(config.draft_device, config.device),
-        dtype=_either(config.draft_dtype, "auto" if on_llama else config.dtype),
-        n_ctx=config.n_ctx,
-        threads=_either(config.draft_threads, config.threads),
-        gpu_layers=_either(config.draft_gpu_layers, config.gpu_layers),
+        device=_either(options.device, target["device"]),
+        dtype=_either(options.dtype, "auto" if on_llama else target["dtype"]),
+        n_ctx=target["n_ctx"],
+        threads=_either(options.threads, target["threads"]),
+        gpu_layers=_either(options.gpu_layers, target["gpu_layers"]),
     )
 
 
@@ -56,27 +57,30 @@ def check_load_options(config, target_backend: str) -> None:
     target_on = chosen_backend(config.target, target_backend)
     _check_dtype("--dtype", config.dtype, target_on, "the target", "--backend")
     _check_threads("--threads", config.threads)
-    if config.draft is None:
-        given = [name for name, value in _draft_options(config) if value is not None]
+    options = config.drafter_options()  # a draft option without the model drafter is refused here
+    if config.drafter != "model":
+        return
+    if not options.draft:
+        given = [name for name, value in _draft_options(options) if value is not None]
         if given:
             raise ConfigError(
                 f"{given[0]} sets up a draft model, but none is loaded: give one with --draft, or drop {given[0]}."
             )
         return
-    draft_on = chosen_backend(config.draft, config.draft_backend)
-    if config.draft_dtype is not None:
-        _check_dtype("--draft-dtype", config.draft_dtype, draft_on, "the draft model", "--draft-backend")
-    _check_threads("--draft-threads", config.draft_threads)
-    if config.draft_device is not None and draft_on != LLAMA_CPP:
+    draft_on = chosen_backend(options.draft, options.backend)
+    if options.dtype is not None:
+        _check_dtype("--draft-dtype", options.dtype, draft_on, "the draft model", "--draft-backend")
+    _check_threads("--draft-threads", options.threads)
+    if options.device is not None and draft_on != LLAMA_CPP:
         try:
-            pick_device(config.draft_device)
+            pick_device(options.device)
         except ConfigError as error:
-            raise ConfigError(f"--draft-device {config.draft_device}: {error}") from None
+            raise ConfigError(f"--draft-device {options.device}: {error}") from None
 
 
-def _draft_options(config) -> list[tuple[str, object]]:
-    return [("--draft-device", config.draft_device), ("--draft-dtype", config.draft_dtype),
-            ("--draft-threads", config.draft_threads), ("--draft-gpu-layers", config.draft_gpu_layers)]  # fmt: skip
+def _draft_options(options) -> list[tuple[str, object]]:
+    return [("--draft-device", options.device), ("--draft-dtype", options.dtype),
+            ("--draft-threads", options.threads), ("--draft-gpu-layers", options.gpu_layers)]  # fmt: skip
 
 
 def _check_dtype(option: str, value: str, backend: str, model: str, backend_option: str) -> None:

@@ -1,0 +1,244 @@
+"""The one list of drafters: what each is called, needs, takes as options, checks and reports.
+
+A drafter is one module and one entry here. Each spec module on this package's
+path (`engine/drafters/<name>_spec.py`) defines a module-level
+
+    DRAFTER = DrafterSpec(name="eagle", label="EAGLE head", summary="...", options=EagleOptions,
+                          needs=(HiddenFeatures, TreeForward, ModelParts), make=make, preflight=preflight,
+                          stats=EagleStats)
+
+and the registry finds it by scanning the package (pkgutil over `engine.drafters.__path__`):
+a new `*_spec.py` module placed there registers itself, and the CLI's flags, the pair
+dialog's fields, the preflight text and the charts' drafter panel follow from it.
+Spec modules are light (no torch at import: the CLI's `models` and `doctor` start fast,
+and the app reads the registry on its GUI thread); the algorithm lives beside the spec
+(eagle_spec.py beside eagle.py) and is imported inside `make`.
+
+Options are one frozen dataclass per drafter, each field made with `setting(...)`, whose
+metadata (label, help, range, "auto" allowed, choices, CLI flag, kind of value) is what
+the CLI and the pair dialog build their inputs from (`option_settings`). Statistics are
+one frozen dataclass per drafter too (`DrafterStats`), fields made with `stat(...)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    from engine.backends.base import Backend
+    from engine.config import EngineConfig
+    from engine.drafters.base import Drafter
+    from engine.models.doctor import Finding
+    from engine.preflight import PreflightContext
+
+# Today's order of the built-in drafters; a drafter from another module comes after them.
+BUILTIN_ORDER = ("none", "ngram", "model", "medusa", "eagle", "lookahead", "early-exit")
+SPEC_SUFFIX = "_spec"  # engine/drafters/<name>_spec.py: a module that defines DRAFTER
+AUTO = "auto"
+
+
+# -- options and statistics: field metadata ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One drafter option as the CLI and the app see it (`option_settings` fills in name and default)."""
+
+    label: str
+    help: str
+    minimum: int | float | None = None
+    maximum: int | float | None = None
+    auto: bool = False  # "auto" is allowed besides a number
+    choices: tuple | None = None
+    cli: tuple[str, ...] = ()  # the flags, e.g. ("-md", "--draft"); () = "--" + the name with dashes
+    kind: str | None = None  # what the value is, for the app's input: "path", "model", "backend", "device", "dtype"
+    name: str = ""
+    default: Any = None
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return self.cli or ("--" + self.name.replace("_", "-"),)
+
+    @property
+    def dest(self) -> str:
+        """The argparse destination: the long flag without dashes (shared by drafters with one flag)."""
+        return self.flags[-1].lstrip("-").replace("-", "_")
+
+
+def setting(default, *, label: str, help: str, minimum=None, maximum=None, auto: bool = False, choices=None,
+            cli: str | tuple[str, ...] | None = None, kind: str | None = None):  # fmt: skip
+    """A dataclass field for a drafter option, carrying its `Setting`."""
+    flags = (cli,) if isinstance(cli, str) else tuple(cli or ())
+    meta = Setting(label, help, minimum, maximum, auto, tuple(choices) if choices else None, flags, kind)
+    return field(default=default, metadata={"setting": meta})
+
+
+@dataclass(frozen=True)
+class Stat:
+    """One drafter statistic: how the app labels and charts it."""
+
+    label: str
+    unit: str | None = None
+    chart: bool = True  # drawn over the run (a number per step); False: shown as text only
+    name: str = ""
+
+
+def stat(*, label: str, unit: str | None = None, chart: bool = True, default=dataclasses.MISSING):
+    """A dataclass field for a drafter statistic, carrying its `Stat`."""
+    return field(default=default, metadata={"stat": Stat(label, unit, chart)})
+
+
+@dataclass(frozen=True)
+class DrafterStats:
+    """Base of every drafter's statistics. `as_dict()` is plain JSON-able data; `keys()` and
+    `[name]` read it as the dict `Drafter.stats()` used to return (`dict(stats)` works)."""
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def keys(self):
+        return [f.name for f in dataclasses.fields(self)]
+
+    def __getitem__(self, name: str):
+        return self.as_dict()[name]
+
+    def get(self, name: str, default=None):
+        return self.as_dict().get(name, default)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.keys()
+
+
+@dataclass(frozen=True)
+class NoStats(DrafterStats):
+    """A drafter with nothing of its own to report."""
+
+
+def stat_fields(stats: type | DrafterStats) -> tuple[Stat, ...]:
+    """The statistics a stats type (or value) carries, with their names, in field order."""
+    return tuple(dataclasses.replace(f.metadata["stat"], name=f.name) for f in dataclasses.fields(stats)
+                 if "stat" in f.metadata)  # fmt: skip
+
+
+# -- the spec ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    """What `make` gets besides the target and the options: the target's load options (a draft
+    model follows them where its own are unset) and the progress of a draft model's load."""
+
+    target_options: dict
+    progress: Callable[[str, float], None] | None = None
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    name: str  # the CLI's and the config's value: "eagle"
+    label: str  # for people: "EAGLE head"
+    summary: str  # one sentence, for the pair dialog
+    options: type  # a frozen dataclass of `setting` fields; its defaults are the drafter's defaults
+    make: Callable[[Backend, Any, Load], Drafter | None]
+    needs: tuple[type, ...] = ()  # capability protocols of engine/backends/capabilities.py
+    preflight: Callable[[PreflightContext, Any], list[Finding]] | None = None  # metadata-only checks
+    stats: type = NoStats  # the DrafterStats subclass its Drafter.stats() returns
+    loads_model: bool = False  # loads a model of its own (the draft model): a share of the load's progress
+    torch_reason: str = ""  # why the target must run on PyTorch, one sentence (a spec with `needs`)
+
+    @property
+    def needs_torch(self) -> bool:
+        """Whether the target must run on the PyTorch backend (only it has any capability)."""
+        return bool(self.needs)
+
+
+_registry: dict[str, DrafterSpec] | None = None
+
+
+def all_drafters() -> tuple[DrafterSpec, ...]:
+    """Every registered drafter: the built-ins in BUILTIN_ORDER, then others by name."""
+    return tuple(_specs().values())
+
+
+def drafter_names() -> tuple[str, ...]:
+    return tuple(_specs())
+
+
+def drafter_spec(name: str) -> DrafterSpec:
+    spec = _specs().get(name)
+    if spec is None:
+        raise ConfigError(f"Unknown drafter {name!r}: choose one of {', '.join(_specs())}.")
+    return spec
+
+
+def option_settings(spec: DrafterSpec | str) -> tuple[Setting, ...]:
+    """The drafter's options with their metadata, names and defaults, in field order."""
+    spec = drafter_spec(spec) if isinstance(spec, str) else spec
+    return tuple(
+        dataclasses.replace(f.metadata["setting"], name=f.name, default=f.default)
+        for f in dataclasses.fields(spec.options)
+        if "setting" in f.metadata
+    )
+
+
+def rescan() -> None:
+    """Forget the list, so that the next call scans the package again (a module added at run time)."""
+    global _registry
+    _registry = None
+
+
+def _specs() -> dict[str, DrafterSpec]:
+    global _registry
+    if _registry is None:
+        import engine.drafters as package
+
+        found: dict[str, DrafterSpec] = {}
+        for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+            if module.ispkg or not module.name.endswith(SPEC_SUFFIX):
+                continue
+            spec = getattr(importlib.import_module(f"{package.__name__}.{module.name}"), "DRAFTER", None)
+            if isinstance(spec, DrafterSpec):
+                if spec.name in found:
+                    raise ConfigError(f"Two drafter modules register the name {spec.name!r}.")
+                found[spec.name] = spec
+        order = {name: i for i, name in enumerate(BUILTIN_ORDER)}
+        _registry = dict(sorted(found.items(), key=lambda item: (order.get(item[0], len(order)), item[0])))
+    return _registry
+
+
+# -- making one ------------------------------------------------------------------------------------
+
+
+def make_drafter(target: Backend, config: EngineConfig, progress: Callable[[str, float], None] | None = None
+                 ) -> Drafter | None:  # fmt: skip
+    """The drafter `config` asks for, on the loaded `target`: its options checked, every need of
+    the spec checked once (`capabilities.require`, one message per capability), then made."""
+    from engine.backends.capabilities import require
+    from engine.models.load_options import target_load_options
+
+    spec = drafter_spec(config.drafter)
+    options = config.drafter_options()
+    for capability in spec.needs:
+        require(target, capability, spec.label)
+    return spec.make(target, options, Load(target_load_options(config), progress))
+
+
+# -- helpers for spec modules ------------------------------------------------------------------------
+
+
+def auto_or_int(value, label: str, minimum: int, maximum: int | None, advice: str) -> int | None:
+    """An "auto"-or-whole-number option as an int, None for "auto"; a ConfigError naming `label`
+    and the range otherwise. A string of digits (what a user typed) counts as its number."""
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return None
+    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
+        value = int(value)
+    top = "" if maximum is None else f" to {maximum}"
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        raise ConfigError(f"{label} must be 'auto' or a whole number from {minimum}{top}, got {value!r}. {advice}")
+    return value
