@@ -26,17 +26,17 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from engine.models.doctor import Finding, PairReport
-from engine.models.locate import list_models
-from engine.core.sampling import SamplingConfig
-from engine.api import EngineConfig
+from engine import preflight  # TEMP: before Preflight, until engine/__init__ fixes the module/function clash
+from engine import EngineConfig, Finding, PairReport, Preflight, SamplingConfig, list_models
 
 from app.shell import settings as keys
 from app.pair.model_drop import DRAFT, TARGET, ModelDrops
-from app.pair.check import CheckResult, check_choice
 from app.pair.form import PairForm
-from app.pair.widgets import FindingsView
-from app.pair.presets import PREFIX, PairChoice, PresetStore, load_choice, save_choice
+from app.pair.widgets import SEVERITY_COLOURS, FindingsView
+from app.pair.presets import PresetStore
+
+# The dialog's own state (geometry, the last folder browsed); the pair itself is keys.ENGINE_CONFIG.
+PREFIX = "pair_dialog"
 
 AUTO_CHECK_MS = 300  # after a settled change; long enough to skip the steps of a spin box held down
 
@@ -44,14 +44,14 @@ AUTO_CHECK_MS = 300  # after a settled change; long enough to skip the steps of 
 class PairDialog(QDialog):
     sig_check_finished = Signal(bool)
     """A check of the current selection ended; True when it can be loaded."""
-    _sig_result = Signal(int, object)  # from the worker thread: generation, (CheckResult, the key it checked)
+    _sig_result = Signal(int, object)  # from the worker thread: generation, (Preflight, the key it checked)
 
     def __init__(self, parent=None, settings: QSettings | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Models and settings")
         self.settings = settings if settings is not None else QSettings()
         self.presets = PresetStore(self.settings)
-        self._result: CheckResult | None = None
+        self._result: Preflight | None = None
         self._checked_key = None  # the selection the last finished check was about
         self._generation = 0
         self._busy = False
@@ -79,14 +79,23 @@ class PairDialog(QDialog):
         check_row = QHBoxLayout()
         check_row.addWidget(self.check_button)
         check_row.addStretch(1)
+        # Said when the saved pair could not be read (damaged, or from a newer SpecDeck): the defaults show.
+        self.notice = QLabel(self)
+        self.notice.setWordWrap(True)
+        self.notice.setTextFormat(Qt.TextFormat.PlainText)
+        self.notice.setStyleSheet(f"color: {SEVERITY_COLOURS['error']}")
+        self.notice.hide()
         layout = QVBoxLayout(self)
+        layout.addWidget(self.notice)
         layout.addLayout(presets_row)
         layout.addWidget(self.form)
         layout.addLayout(check_row)
         layout.addWidget(self.findings, 1)
         layout.addWidget(self.buttons)
 
-        self.form.set_choice(load_choice(self.settings))
+        resets: list[str] = []
+        self.form.set_config(keys.engine_config(self.settings, resets), keys.sampling_config(self.settings, resets))
+        self._show_notice(keys.describe_resets(resets) if resets else "")
         self.form.set_browse_dir(keys.read(self.settings, f"{PREFIX}/browse_dir", ""))
         self._auto_check.stop()  # the first check runs when the dialog is shown, not while it is built
         self._invalidate()
@@ -98,21 +107,21 @@ class PairDialog(QDialog):
         self.drops = ModelDrops(self, self.use_model, lambda message: self.findings.show_message(message, "error"))
         self.drops.watch(self, TARGET)
         self.drops.watch(self.form.target.combo.lineEdit(), TARGET)
-        self.drops.watch(self.form.draft.combo.lineEdit(), DRAFT)
+        draft = self.form.model_option()
+        if draft is not None:
+            self.drops.watch(self.form.field(*draft).combo.lineEdit(), DRAFT)
 
     # -- the public API ------------------------------------------------------------
 
     def engine_config(self) -> EngineConfig:
-        return self.form.choice().engine_config()
+        return self.form.config()
 
     def sampling_config(self) -> SamplingConfig:
-        return self.form.choice().sampling_config()
+        return self.form.sampling()
 
-    def choice(self) -> PairChoice:
-        return self.form.choice()
-
-    def set_choice(self, choice: PairChoice) -> None:
-        self.form.set_choice(choice)
+    def set_config(self, config: EngineConfig, sampling: SamplingConfig | None = None) -> None:
+        """Show `config` (and `sampling`, when given); nothing loads until Load."""
+        self.form.set_config(config, sampling)
 
     def report(self) -> PairReport | None:
         """The doctor's report from the last check of a draft model (None for n-gram or before a check)."""
@@ -129,18 +138,19 @@ class PairDialog(QDialog):
         """Check the current selection on a worker thread; `sig_check_finished` says how it went."""
         self._auto_check.stop()
         self._generation += 1
-        generation, choice = self._generation, self.form.choice()
+        generation, config = self._generation, self.form.config()
         self._set_busy(True)
         self.findings.show_message("Checking…")
         self._update_buttons()
-        threading.Thread(target=self._run_check, args=(generation, choice), daemon=True, name="pair-check").start()
+        threading.Thread(target=self._run_check, args=(generation, config), daemon=True, name="pair-check").start()
 
     def accept(self) -> None:
         if not self.can_load():
             # Enter in a field, or a caller, can get here with Load disabled: check instead.
             self.check()
             return
-        save_choice(self.settings, self.form.choice())
+        keys.set_engine_config(self.form.config(), self.settings)  # the one pair the window loads, too
+        keys.set_sampling_config(self.form.sampling(), self.settings)
         super().accept()
 
     def done(self, result: int) -> None:
@@ -157,14 +167,16 @@ class PairDialog(QDialog):
         return self.presets.names()
 
     def save_preset(self, name: str) -> None:
-        self.presets.save(name, self.form.choice())
+        self.presets.save(name, self.form.config(), self.form.sampling())
         self._fill_presets(select=name.strip())
 
     def load_preset(self, name: str) -> bool:
-        choice = self.presets.get(name)
-        if choice is None:
+        pair = self.presets.get(name)
+        if pair is None:
+            if name in self.presets.names():  # saved, but unreadable (a hand edit, a newer SpecDeck)
+                self.findings.show_message(f"The preset “{name}” could not be read: it is left as it is.", "error")
             return False
-        self.form.set_choice(choice)
+        self.form.set_config(*pair)
         self._fill_presets(select=name)
         return True
 
@@ -233,14 +245,14 @@ class PairDialog(QDialog):
 
     # -- checking ------------------------------------------------------------------
 
-    def _run_check(self, generation: int, choice: PairChoice) -> None:
+    def _run_check(self, generation: int, config: EngineConfig) -> None:
         """On the worker thread: never raise, always report."""
         try:
-            result = check_choice(choice)
+            result = preflight(config)
         except Exception as e:  # a bug, not a bad model: still no traceback in the user's face
-            result = CheckResult((Finding("error", "The check failed", f"{type(e).__name__}: {e}"),))
+            result = Preflight((Finding("error", "The check failed", f"{type(e).__name__}: {e}"),))
         try:
-            self._sig_result.emit(generation, (result, self.form.key_of(choice)))
+            self._sig_result.emit(generation, (result, self.form.key_of(config)))
         except RuntimeError:
             pass  # the dialog was deleted while the check ran
 
@@ -289,10 +301,16 @@ class PairDialog(QDialog):
     # -- drops ---------------------------------------------------------------------
 
     def use_model(self, path: str, role: str = TARGET) -> None:
-        """Make `path` the target, or the draft model (choosing the draft-model drafter); then check."""
+        """Make `path` the target, or the draft model (choosing the drafter that loads one); then check."""
         picker = self.form.target
-        if role == DRAFT:
-            picker = self.form.draft
-            self.form.drafter.setCurrentIndex(self.form.drafter.findData("model"))
+        draft = self.form.model_option()
+        if role == DRAFT and draft is not None:
+            drafter, option = draft
+            picker = self.form.field(drafter, option)
+            self.form.drafter.setCurrentIndex(self.form.drafter.findData(drafter))
         picker.set_spec(path)
         picker.sig_chosen.emit()
+
+    def _show_notice(self, text: str) -> None:
+        self.notice.setText(text)
+        self.notice.setVisible(bool(text))

@@ -1,6 +1,14 @@
-"""The settings half of the pair dialog: models, draft length, sampling and hardware, as a `PairChoice`."""
+"""The settings half of the pair dialog: models, the drafter and its options, draft length, sampling and
+hardware, as the engine's own `EngineConfig` and `SamplingConfig`.
+
+The drafter list and each drafter's fields come from the engine's registry
+(`all_drafters`, `option_settings`; the widgets in app/pair/options.py), so a new
+drafter appears here with its options and no drafter is named in this file.
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -10,33 +18,46 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGridLayout,
     QGroupBox,
-    QHBoxLayout,
     QLabel,
     QPushButton,
-    QSizePolicy,
     QSpinBox,
     QWidget,
 )
 
-from engine.core.draft_length import K_LIMIT
-from engine.errors import SpecDeckError
-from engine.models.locate import ModelRef
-from engine.models.recommended import describe, recommended_sampling
+from engine import (
+    BACKENDS,
+    DEVICES,
+    DTYPES,
+    K_LIMIT,
+    EngineConfig,
+    ModelRef,
+    SamplingConfig,
+    SpecDeckError,
+    all_drafters,
+    describe_recommended,
+    option_settings,
+    recommended_sampling,
+)
 
-from app.pair.heads import HeadsPicker
-from app.pair.widgets import AutoNumberField, ModelPicker
-from app.pair.presets import BACKENDS, DEVICES, DTYPES, PairChoice
+from app.pair.options import OptionField, make_field
+from app.pair.widgets import ModelPicker
 
-DRAFTERS = (("Draft model", "model"), ("N-gram lookup (no draft model)", "ngram"),
-            ("Medusa heads (on the target's hidden states)", "medusa"), ("EAGLE head", "eagle"),
-            ("Lookahead decoding (no model)", "lookahead"), ("Early exit: the target's first layers", "early-exit"),
-            ("None: plain decoding", "none"))  # fmt: skip
-DRAFTER_TIPS = {
-    "medusa": "Medusa heads guess the next few tokens from the target's last hidden state (PyTorch only)",
-    "eagle": "A one-layer EAGLE head runs in the target's feature space and drafts a tree (PyTorch only)",
-    "lookahead": "The target guesses ahead itself (a Jacobi window) and verifies n-grams it has seen (PyTorch only)",
-    "early-exit": "The target's own first layers draft, its full depth verifies (PyTorch only)",
-}
+
+def dialog_order(specs) -> list:
+    """The registry's drafters in the order the dialog lists them: a drafter that loads a draft model
+    first (the classic pair), plain decoding (nothing to set, nothing to report) last, the rest between."""
+
+    def rank(spec) -> int:
+        if spec.loads_model:
+            return 0
+        plain = not option_settings(spec) and not dataclasses.fields(spec.stats) and not spec.needs
+        return 2 if plain else 1
+
+    return sorted(specs, key=rank)
+
+
+def _choice_label(spec) -> str:
+    return getattr(spec, "choice_label", "") or spec.label  # TEMP until the registry has choice_label
 
 
 def _combo(items, parent) -> QComboBox:
@@ -68,67 +89,31 @@ class PairForm(QWidget):
         self.backend = _combo(BACKENDS, self)
         self.backend.setToolTip("auto: GGUF files run on llama.cpp, Hugging Face folders on PyTorch")
         self.target = ModelPicker(models, "target", self)
-        self.drafter = _combo(DRAFTERS, self)
-        for data, tip in DRAFTER_TIPS.items():
-            self.drafter.setItemData(self.drafter.findData(data), tip, Qt.ToolTipRole)
-        self.draft = ModelPicker(models, "draft model", self)
-        self.draft_backend = _combo(BACKENDS, self)
-        self.heads = HeadsPicker(self, settings)
-        self.heads.setToolTip("Trained Medusa heads for this target (Models ▸ Train heads… makes some)")
-        self.eagle_heads = HeadsPicker(self, settings, kind="eagle")
-        self.eagle_heads.setToolTip("A trained EAGLE head for this target (Models ▸ Train heads…, Kind EAGLE, "
-                                    "makes one)")  # fmt: skip
-        self.tree_depth = AutoNumberField((4, 6, 8, 10), self, "Deepest level of the draft tree; auto = 8. "
-                                          "Deeper trees can accept more tokens per step and cost more to draft")
-        self.ngram_max = _spin(1, 8, self)
-        self.ngram_max.setToolTip("Longest run of recent tokens looked up in the earlier text")
-        self.lookahead_window = AutoNumberField((5, 7, 10, 15), self, "W: how many future positions the target "
-                                                "guesses each step (the Jacobi window); 1 to 64, auto fits it to "
-                                                "this machine")  # fmt: skip
-        self.lookahead_ngram = AutoNumberField((3, 4, 5), self, "N: tokens in each n-gram collected from the "
-                                               "window and verified as a continuation; 2 to 16")  # fmt: skip
-        self.lookahead_candidates = AutoNumberField((3, 7, 10, 15), self, "G: at most this many n-grams are "
-                                                    "verified per step; 1 to 64")  # fmt: skip
-        self.exit_layer = AutoNumberField((4, 8, 12, 16), self, "The draft runs the target's first L layers, then "
-                                          "its LM head; auto measures a few exits and keeps the best")  # fmt: skip
-        for widget in (self.ngram_max, self.tree_depth, self.exit_layer, self.lookahead_window,
-                       self.lookahead_ngram, self.lookahead_candidates):  # fmt: skip
-            widget.setSizePolicy(QSizePolicy.Fixed, QSizePolicy.Fixed)  # a number, not a path: keep it short
-        lookahead = QWidget(self)
-        row = QHBoxLayout(lookahead)
-        row.setContentsMargins(0, 0, 0, 0)
-        for text, field in (("&Window W", self.lookahead_window), ("N-gram size N", self.lookahead_ngram),
-                            ("Candidates G", self.lookahead_candidates)):  # fmt: skip
-            label = QLabel(text, lookahead)
-            label.setBuddy(field)
-            row.addWidget(label)
-            row.addWidget(field)
-            row.addSpacing(12)
-        row.addStretch(1)
+        self.specs = {spec.name: spec for spec in dialog_order(all_drafters())}
+        self.drafter = _combo([(_choice_label(spec), spec.name) for spec in self.specs.values()], self)
+        for i, spec in enumerate(self.specs.values()):
+            self.drafter.setItemData(i, spec.summary, Qt.ToolTipRole)
         models_box = QGroupBox("Models", self)
         form = self._models_form = QFormLayout(models_box)
         form.addRow("&Backend:", self.backend)
         form.addRow("&Target:", self.target)
         form.addRow("D&rafter:", self.drafter)
-        form.addRow("&Draft model:", self.draft)
-        form.addRow("Draft backend:", self.draft_backend)
-        form.addRow("Medusa &heads:", self.heads)
-        form.addRow("EA&GLE head:", self.eagle_heads)
-        form.addRow("Tree depth:", self.tree_depth)
-        form.addRow("N-gram length:", self.ngram_max)
-        form.addRow("Lookahead:", lookahead)
-        form.addRow("E&xit layer:", self.exit_layer)
-        # The rows only one drafter uses: shown while it is chosen.
-        self._drafter_rows = {
-            self.draft: "model", self.draft_backend: "model", self.heads: "medusa", self.eagle_heads: "eagle",
-            self.tree_depth: "eagle", self.ngram_max: "ngram", lookahead: "lookahead", self.exit_layer: "early-exit",
-        }  # fmt: skip
+        # Each drafter's options, from its settings; their rows show while it is chosen.
+        self.options: dict[str, dict[str, OptionField]] = {}
+        self._drafter_rows: dict[QWidget, str] = {}
+        for spec in self.specs.values():
+            fields = [make_field(spec, setting, self, models, settings) for setting in option_settings(spec)]
+            self.options[spec.name] = {field.name: field for field in fields}
+            for row_label, widget in _rows(fields, self):
+                form.addRow(row_label, widget)
+                self._drafter_rows[widget] = spec.name
 
         # -- draft length
         self.k_auto = QCheckBox("&Automatic", self)
         self.k_auto.setToolTip("Pick k each step from the measured acceptance and costs (0 when drafting does not pay)")
         self.k_max = _spin(1, K_LIMIT, self)
         self.k = _spin(1, K_LIMIT, self)
+        self.k.setValue(4)  # fixed k's usual start, until a config sets one
         length_box = QGroupBox("Draft length k", self)
         length = QFormLayout(length_box)
         length.addRow(self.k_auto)
@@ -203,63 +188,83 @@ class PairForm(QWidget):
         grid.addWidget(hardware_box, 1, 2)
 
         self.target.sig_edited.connect(self.sig_key_edited)
-        self.draft.sig_edited.connect(self.sig_key_edited)
         self.target.sig_chosen.connect(self.sig_key_changed)
-        self.draft.sig_chosen.connect(self.sig_key_changed)
-        self.heads.sig_chosen.connect(self.sig_key_changed)
-        self.eagle_heads.sig_chosen.connect(self.sig_key_changed)
-        for field in self._auto_fields():
-            field.sig_edited.connect(self.sig_key_edited)
-            field.sig_chosen.connect(self.sig_key_changed)
-        for combo in (self.backend, self.drafter, self.draft_backend, self.dtype):
+        for field in self._fields():
+            field.edited.connect(self.sig_key_edited)
+            field.chosen.connect(self.sig_key_changed)
+            if isinstance(field.widget, ModelPicker):
+                field.widget.sig_browsed.connect(self.set_browse_dir)
+        for combo in (self.backend, self.drafter, self.dtype):
             combo.currentIndexChanged.connect(self.sig_key_changed)
         self.n_ctx.valueChanged.connect(self.sig_key_changed)
         self.target.sig_browsed.connect(self.set_browse_dir)
-        self.draft.sig_browsed.connect(self.set_browse_dir)
         self.drafter.currentIndexChanged.connect(self._enable)
         self.target.sig_chosen.connect(self._update_recommended)
         self.target.sig_edited.connect(self._update_recommended)
         self.k_auto.toggled.connect(self._enable)
-        self.set_choice(PairChoice())
+        self._config, self._sampling = EngineConfig(), SamplingConfig()
+        self.set_config(self._config, self._sampling)
 
-    def choice(self) -> PairChoice:
-        return PairChoice(
-            target=self.target.spec(), drafter=self.drafter.currentData() or "ngram", draft=self.draft.spec(),
-            heads=self.heads.folder(), eagle_heads=self.eagle_heads.folder(), tree_depth=self.tree_depth.value(),
-            lookahead_window=self.lookahead_window.value(), lookahead_ngram=self.lookahead_ngram.value(),
-            lookahead_candidates=self.lookahead_candidates.value(), exit_layer=self.exit_layer.value(),
-            backend=self.backend.currentData(), draft_backend=self.draft_backend.currentData(),
-            k_auto=self.k_auto.isChecked(), k=self.k.value(), k_max=self.k_max.value(),
-            ngram_max=self.ngram_max.value(), temperature=round(self.temperature.value(), 4),
-            top_k=self.top_k.value(), top_p=round(self.top_p.value(), 4), min_p=round(self.min_p.value(), 4),
-            seed=self.seed.value(),
-            max_tokens=self.max_tokens.value(), device=self.device.currentData(), dtype=self.dtype.currentData(),
-            threads=self.threads.value(), gpu_layers=self.gpu_layers.value(), n_ctx=self.n_ctx.value(),
+    def config(self) -> EngineConfig:
+        """The pair as the engine takes it: what the widgets show, over the config last set
+        (so that a field the form does not show, such as measure_costs, is kept)."""
+        spec = self.specs.get(self.drafter.currentData()) or next(iter(self.specs.values()))
+        values = {name: field.value() for name, field in self.options[spec.name].items()}
+        return dataclasses.replace(
+            self._config, target=self.target.spec(), drafter=spec.name, options=spec.options(**values),
+            backend=self.backend.currentData(), device=self.device.currentData(), dtype=self.dtype.currentData(),
+            n_ctx=self.n_ctx.value() or None, threads=self.threads.value() or None,
+            gpu_layers=self.gpu_layers.value(), k="auto" if self.k_auto.isChecked() else self.k.value(),
+            k_max=self.k_max.value(),
         )  # fmt: skip
 
-    def set_choice(self, c: PairChoice) -> None:
-        self.target.set_spec(c.target)
-        self.draft.set_spec(c.draft)
-        self.heads.set_folder(c.heads)
-        self.eagle_heads.set_folder(c.eagle_heads)
-        for field, value in zip(self._auto_fields(), (c.tree_depth, c.lookahead_window, c.lookahead_ngram,
-                                                      c.lookahead_candidates, c.exit_layer), strict=True):  # fmt: skip
-            field.set_value(value)
-        combos = ((self.backend, c.backend), (self.drafter, c.drafter), (self.draft_backend, c.draft_backend),
-                  (self.device, c.device), (self.dtype, c.dtype))  # fmt: skip
+    def sampling(self) -> SamplingConfig:
+        return dataclasses.replace(
+            self._sampling, temperature=round(self.temperature.value(), 4), top_k=self.top_k.value(),
+            top_p=round(self.top_p.value(), 4), min_p=round(self.min_p.value(), 4), seed=self.seed.value(),
+            max_tokens=self.max_tokens.value(),
+        )  # fmt: skip
+
+    def set_config(self, config: EngineConfig, sampling: SamplingConfig | None = None) -> None:
+        """Show `config` (and `sampling`, when given). The other drafters' fields show their defaults."""
+        self._config = config
+        self.target.set_spec(config.target)
+        chosen = config.drafter_options()
+        for name, fields in self.options.items():
+            for field in fields.values():
+                field.set_value(getattr(chosen, field.name) if name == config.drafter else field.unset)
+        combos = ((self.backend, config.backend), (self.drafter, config.drafter), (self.device, config.device),
+                  (self.dtype, config.dtype))  # fmt: skip
         for combo, value in combos:
             combo.setCurrentIndex(max(combo.findData(value), 0))
-        self.k_auto.setChecked(c.k_auto)
-        for spin, value in ((self.k, c.k), (self.k_max, c.k_max), (self.ngram_max, c.ngram_max),
-                            (self.temperature, c.temperature), (self.top_k, c.top_k), (self.top_p, c.top_p),
-                            (self.min_p, c.min_p),
-                            (self.seed, c.seed), (self.max_tokens, c.max_tokens), (self.threads, c.threads),
-                            (self.gpu_layers, c.gpu_layers), (self.n_ctx, c.n_ctx)):  # fmt: skip
+        self.k_auto.setChecked(config.k == "auto")
+        numbers = [(self.k_max, config.k_max), (self.threads, config.threads or 0),
+                   (self.gpu_layers, config.gpu_layers), (self.n_ctx, config.n_ctx or 0)]  # fmt: skip
+        if config.k != "auto":
+            numbers.append((self.k, config.k))
+        if sampling is not None:
+            self._sampling = sampling
+            numbers += [(self.temperature, sampling.temperature), (self.top_k, sampling.top_k),
+                        (self.top_p, sampling.top_p), (self.min_p, sampling.min_p), (self.seed, sampling.seed),
+                        (self.max_tokens, sampling.max_tokens)]  # fmt: skip
+        for spin, value in numbers:
             spin.setValue(value)
         self._enable()
         self._update_recommended()
         # Typed-in specs emit nothing when set in code; say that the selection moved.
         self.sig_key_changed.emit()
+
+    def field(self, drafter: str, option: str) -> QWidget:
+        """The widget of one drafter option (for the dialog and tests)."""
+        return self.options[drafter][option].widget
+
+    def model_option(self) -> tuple[str, str] | None:
+        """(drafter, option) of the first drafter option that names a draft model, if any drafter has one."""
+        for name, fields in self.options.items():
+            for field in fields.values():
+                if field.setting.kind == "model":
+                    return name, field.name
+        return None
 
     def _update_recommended(self) -> None:
         """Say what sampling the target's files recommend, if they do (and offer to use it)."""
@@ -268,7 +273,7 @@ class PairForm(QWidget):
         except (SpecDeckError, OSError):
             self._recommended = {}
         if self._recommended:
-            self.recommended.setText(f"The model recommends {describe(self._recommended)}.")
+            self.recommended.setText(f"The model recommends {describe_recommended(self._recommended)}.")
         self.recommended.setVisible(bool(self._recommended))
         self.use_recommended.setVisible(bool(self._recommended))
 
@@ -279,27 +284,27 @@ class PairForm(QWidget):
             getattr(self, name).setValue(value)
 
     @staticmethod
-    def key_of(c: PairChoice) -> tuple:
-        """What a check depends on: when this changes, the last check says nothing about the selection."""
-        model = c.drafter == "model"
-        own = {"eagle": (c.tree_depth,), "lookahead": (c.lookahead_window, c.lookahead_ngram, c.lookahead_candidates),
-               "early-exit": (c.exit_layer,)}.get(c.drafter, ())  # fmt: skip
-        return (c.target.strip(), c.drafter, c.draft.strip() if model else None, c.backend,
-                c.draft_backend if model else None, c.dtype, c.n_ctx, c.heads_folder(), own)  # fmt: skip
+    def key_of(config: EngineConfig) -> EngineConfig:
+        """What a check depends on: when this changes, the last check says nothing about the selection.
+        The draft length and the threads or GPU layers a backend runs with change nothing it checks."""
+        default = _DEFAULT
+        return dataclasses.replace(config, k=default.k, k_max=default.k_max, threads=default.threads,
+                                   gpu_layers=default.gpu_layers, device=default.device,
+                                   measure_costs=default.measure_costs)  # fmt: skip
 
-    def check_key(self) -> tuple:
-        return self.key_of(self.choice())
+    def check_key(self) -> EngineConfig:
+        return self.key_of(self.config())
 
     def browse_dir(self) -> str:
         return self.target.start_dir
 
     def set_browse_dir(self, folder: str) -> None:
         if folder:
-            self.target.start_dir = self.draft.start_dir = folder
+            for picker in [self.target] + [f.widget for f in self._fields() if isinstance(f.widget, ModelPicker)]:
+                picker.start_dir = folder
 
-    def _auto_fields(self) -> tuple[AutoNumberField, ...]:
-        return (self.tree_depth, self.lookahead_window, self.lookahead_ngram, self.lookahead_candidates,
-                self.exit_layer)  # fmt: skip
+    def _fields(self) -> list[OptionField]:
+        return [field for fields in self.options.values() for field in fields.values()]
 
     def _enable(self) -> None:
         drafter = self.drafter.currentData()
@@ -308,3 +313,31 @@ class PairForm(QWidget):
             self._models_form.setRowVisible(widget, kind == drafter)
         self.k_max.setEnabled(self.k_auto.isChecked())
         self.k.setEnabled(not self.k_auto.isChecked())
+
+
+_DEFAULT = EngineConfig()
+SHORT_PER_LINE = 3  # a drafter's numbers and choices side by side, this many to a line
+
+
+def _rows(fields: list[OptionField], parent: QWidget) -> list[tuple[str, QWidget]]:
+    """A drafter's form rows: each model or folder on its own row (paths are long); its numbers and
+    choices on the row of its one such option, or together, a few to a line."""
+    rows = [(f"{field.setting.label}:", field.widget) for field in fields if field.wide]
+    short = [field for field in fields if not field.wide]
+    if len(short) == 1:
+        rows.append((f"{short[0].setting.label}:", short[0].widget))
+    elif short:
+        box = QWidget(parent)
+        grid = QGridLayout(box)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.setHorizontalSpacing(6)
+        for i, field in enumerate(short):
+            line, column = divmod(i, SHORT_PER_LINE)
+            label = QLabel(field.setting.label, box)
+            label.setBuddy(field.widget)
+            label.setToolTip(field.setting.help)
+            grid.addWidget(label, line, 2 * column, Qt.AlignRight)
+            grid.addWidget(field.widget, line, 2 * column + 1)
+        grid.setColumnStretch(2 * SHORT_PER_LINE, 1)
+        rows.append(("Options:", box))
+    return rows

@@ -23,7 +23,6 @@ from PySide6.QtCore import QSettings, QStandardPaths, Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, QWidget
 
 from app.chat.conversations import DATA_DIR_ENV
-from app.pair.presets import PREFIX
 
 TRAINED_KEY = "medusa/trained"  # JSON list of folders trained in the app (either kind), newest first
 LAST_TRAINED_KEY = "medusa/last_trained"
@@ -32,8 +31,6 @@ KINDS = ("medusa", "eagle")
 SHIPPED_LABEL = "Shipped heads for the target"
 SHIPPED_LABELS = {"medusa": SHIPPED_LABEL, "eagle": "Shipped EAGLE head for the target"}
 KIND_NAMES = {"medusa": "Medusa heads", "eagle": "EAGLE head"}
-# The pair dialog's setting each kind's trained folder becomes (PairChoice.heads / .eagle_heads).
-CHOICE_FIELDS = {"medusa": "heads", "eagle": "eagle_heads"}
 _EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
@@ -75,13 +72,17 @@ def is_heads_folder(folder: str | os.PathLike, kind: str | None = None) -> bool:
 
 
 def remember_trained(folder: str, settings: QSettings | None = None, kind: str = "medusa") -> None:
-    """Put `folder` first in the list the pair dialog offers, and make it the pair dialog's heads of
-    its kind (chosen once the user picks that drafter; the drafter itself is left as it is)."""
+    """Put `folder` first in the list the pair dialog offers; its picker of that kind then starts
+    on it (`newest_trained`) unless the saved pair names other heads (the drafter is left as it is)."""
     settings = settings if settings is not None else QSettings()
     folders = [folder] + [f for f in trained_folders(settings) if f != folder]
     settings.setValue(TRAINED_KEY, json.dumps(folders[:MAX_REMEMBERED]))
     settings.setValue(LAST_TRAINED_KEY, folder)
-    settings.setValue(f"{PREFIX}/{CHOICE_FIELDS[kind]}", folder)
+
+
+def newest_trained(kind: str, settings: QSettings | None = None) -> str:
+    """The heads of `kind` trained last in the app (still there), or "" (the shipped ones)."""
+    return next((f for f in trained_folders(settings) if is_heads_folder(f, kind)), "")
 
 
 def trained_folders(settings: QSettings | None = None) -> list[str]:
@@ -113,18 +114,14 @@ def known_heads(settings: QSettings | None = None, kind: str | None = None) -> l
 
 def describe_heads(folder: str) -> str:
     """One line about a heads folder: how many heads (or an EAGLE head), for which model, how well they did."""
-    from engine.errors import SpecDeckError
+    from engine import SpecDeckError, read_eagle_config, read_medusa_config
 
     try:
         if heads_kind(folder) == "eagle":
-            from engine.heads.eagle import read_config as read_eagle
-
-            config = read_eagle(folder)
+            config = read_eagle_config(folder)
             text, unit = "EAGLE head", "depth"
         else:
-            from engine.heads.medusa import read_config
-
-            config = read_config(folder)
+            config = read_medusa_config(folder)
             text, unit = f"{config.num_heads} heads", None
     except SpecDeckError as error:
         return str(error)

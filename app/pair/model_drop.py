@@ -16,8 +16,7 @@ from pathlib import Path
 from PySide6.QtCore import QEvent, QMimeData, QObject, Qt
 from PySide6.QtWidgets import QWidget
 
-from engine.errors import SpecDeckError
-from engine.models.locate import resolve
+from engine import SpecDeckError, resolve
 
 TARGET, DRAFT = "target", "draft"
 

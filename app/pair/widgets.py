@@ -7,13 +7,20 @@ import os
 
 from PySide6.QtCore import QRectF, QRegularExpression, Qt, QUrl, Signal
 from PySide6.QtGui import QAction, QColor, QFont, QImage, QPainter, QPalette, QRegularExpressionValidator
-from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QMenu, QPushButton, QTextBrowser, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLineEdit,
+    QMenu,
+    QPushButton,
+    QTextBrowser,
+    QWidget,
+)
 
-from engine.models.doctor import Finding
-from engine.models.locate import ModelRef
+from engine import Finding, ModelRef
 
-from app.pair.check import CheckResult
-from app.pair.presets import AUTO, auto_or_number
+AUTO = "auto"
 
 SEVERITY_COLOURS = {"ok": "#009E73", "info": "#0072B2", "warning": "#E69F00", "error": "#D55E00"}
 SEVERITY_GLYPHS = {"ok": "✓", "info": "i", "warning": "!", "error": "✕"}
@@ -117,12 +124,52 @@ class ModelPicker(QWidget):
             self.sig_chosen.emit()
 
 
+def auto_or_number(text) -> str:
+    """"auto" or the digits of a whole number ("0" too: the check explains why it will not do);
+    anything else (a hand-edited file) becomes "auto"."""
+    text = str(text).strip().lower().removeprefix("+")
+    return str(int(text)) if text.isdigit() and text.isascii() else AUTO
+
+
+class PathPicker(QWidget):
+    """A folder typed or chosen with Browse… (a drafter's folder option the app has no list of)."""
+
+    sig_chosen = Signal()
+    """A folder was chosen in the file dialog, or typing finished."""
+
+    def __init__(self, label: str, parent=None) -> None:
+        super().__init__(parent)
+        self.label = label
+        self.edit = QLineEdit(self)
+        self.edit.editingFinished.connect(self.sig_chosen)
+        self.browse = QPushButton("Browse…", self)
+        self.browse.setAutoDefault(False)  # Enter belongs to the dialog's Load button
+        self.browse.clicked.connect(self._browse)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.edit, 1)
+        layout.addWidget(self.browse)
+
+    def folder(self) -> str:
+        return self.edit.text().strip()
+
+    def set_path(self, path: str) -> None:
+        self.edit.setText(path)
+        self.edit.setCursorPosition(0)
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, f"Choose the {self.label.lower()}", self.folder())
+        if folder:
+            self.set_path(folder)
+            self.sig_chosen.emit()
+
+
 class AutoNumberField(QComboBox):
     """"auto" or a whole number: an editable list with "auto" and a few suggestions.
 
-    Only digits or "auto" can be typed; the value is kept as text (see
-    presets.AUTO_NUMBERS), so a number the engine would refuse (a window of 0)
-    reaches the check, which says why, rather than being silently changed.
+    Only digits or "auto" can be typed; the value is kept as typed, so a number
+    the engine would refuse (a window of 0) reaches the check, which says why,
+    rather than being silently changed.
     """
 
     sig_edited = Signal()
@@ -183,7 +230,8 @@ class FindingsView(QTextBrowser):
     def show_message(self, text: str, severity: str | None = None) -> None:
         self._render(text, severity, ())
 
-    def show_result(self, result: CheckResult) -> None:
+    def show_result(self, result) -> None:
+        """`result`: the engine's `Preflight` (findings, compatible, warnings)."""
         if not result.compatible:
             verdict = "Cannot be loaded: fix what is marked below, then check again."
             severity = "error"

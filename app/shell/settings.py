@@ -4,9 +4,16 @@ The organization and application names are set once (application.py), so every
 `QSettings()` here opens the same store, and tests point it at a temporary
 folder. Reads are typed (`value(key, default, type)`), as in Frescobaldi.
 
-The model pair and sampling settings are frozen dataclasses; they are stored as
-JSON of their fields, and anything unreadable (an older version's keys, a hand
-edit) falls back to the defaults rather than stopping the app from starting.
+The model pair is ONE key, `engine/config`: the engine's own versioned JSON
+(`EngineConfig.to_dict()`), which the window loads, the pair dialog edits and
+the presets keep. Sampling is `engine/sampling`. Anything unreadable (a hand
+edit, a newer version's config) falls back to the defaults rather than
+stopping the app from starting.
+
+The store itself has a version (`settings/version`). Older stores are brought
+up to date once, before the first read, by `migrate`: one small function per
+version step, each reading the old keys, writing the new ones and removing
+the old ones.
 
 Every read goes through `read` (or `_read` for the dataclasses), which checks
 the stored value's type itself instead of trusting Qt's conversion: PySide6
@@ -25,10 +32,12 @@ from typing import TypeVar
 
 from PySide6.QtCore import QByteArray, QSettings
 
-from engine import ConfigError, EngineConfig, SamplingConfig
+from engine import ConfigError, EngineConfig, SamplingConfig, config_from_legacy
 
-ENGINE_CONFIG = "engine/config"
+VERSION = "settings/version"  # which of MIGRATIONS this store has been through
+ENGINE_CONFIG = "engine/config"  # the model pair: EngineConfig.to_dict(), versioned by the engine
 SAMPLING_CONFIG = "engine/sampling"
+PRESETS = "pair/presets"  # named pairs: {name: {"config": ..., "sampling": ...}}
 GEOMETRY = "window/geometry"
 WINDOW_STATE = "window/state"
 CURRENT_TAB = "window/tab"
@@ -41,6 +50,7 @@ EXPORT_FOLDER = "files/export_folder"
 # How the window's banner names a setting it had to reset.
 LABELS = {
     ENGINE_CONFIG: "model pair",
+    PRESETS: "model pair presets",
     SAMPLING_CONFIG: "sampling settings",
     GEOMETRY: "window size and position",
     WINDOW_STATE: "panel layout",
@@ -123,19 +133,12 @@ def _read(settings: QSettings, key: str, cls: type[T], default: T, resets: list[
     raw = read(settings, key, "", resets)
     if not raw:
         return default
-    try:
-        fields = json.loads(raw)
-        hints = typing.get_type_hints(cls)
-        values = {name: value for name, value in fields.items() if name in hints}
-        for name in ("stop", "lookahead"):  # JSON has no tuples
-            if isinstance(values.get(name), list):
-                values[name] = tuple(values[name])
-        if all(_fits(value, hints[name]) for name, value in values.items()):
-            return cls(**values)
-    except (ValueError, TypeError, AttributeError, ConfigError):
-        pass
-    reset(key, resets)
-    return default
+    fields = _json_object(raw)
+    value = _from_fields(cls, fields) if fields is not None else None
+    if value is None:
+        reset(key, resets)
+        return default
+    return value
 
 
 def _fits(value, hint) -> bool:
@@ -145,13 +148,8 @@ def _fits(value, hint) -> bool:
         return any(_fits(value, option) for option in typing.get_args(hint))
     if hint is type(None):
         return value is None
-    if origin is tuple or hint is tuple:
-        args = typing.get_args(hint)
-        if not isinstance(value, tuple):
-            return False
-        if len(args) == 2 and args[1] is Ellipsis:
-            return all(_fits(item, args[0]) for item in value)
-        return all(isinstance(item, (str, int, float)) and not isinstance(item, bool) for item in value)
+    if origin is tuple:  # tuple[str, ...], as SamplingConfig.stop
+        return isinstance(value, tuple) and all(_fits(item, typing.get_args(hint)[0]) for item in value)
     if hint is bool:
         return isinstance(value, bool)
     if hint is float:
@@ -162,19 +160,229 @@ def _fits(value, hint) -> bool:
 
 
 def engine_config(settings: QSettings | None = None, resets: list[str] | None = None) -> EngineConfig:
-    return _read(settings or QSettings(), ENGINE_CONFIG, EngineConfig, DEFAULT_ENGINE_CONFIG, resets)
+    """The saved model pair; the default pair when there is none, or it cannot be read (then `resets` says so)."""
+    settings = settings or QSettings()
+    migrate(settings)
+    raw = read(settings, ENGINE_CONFIG, "", resets)
+    if not raw:
+        return DEFAULT_ENGINE_CONFIG
+    config = config_from_json(raw)
+    if config is None:
+        reset(ENGINE_CONFIG, resets)
+        return DEFAULT_ENGINE_CONFIG
+    return config
 
 
 def set_engine_config(config: EngineConfig, settings: QSettings | None = None) -> None:
-    _write(settings or QSettings(), ENGINE_CONFIG, config)
+    settings = settings or QSettings()
+    migrate(settings)
+    settings.setValue(ENGINE_CONFIG, json.dumps(config.to_dict()))
+
+
+def config_from_json(raw) -> EngineConfig | None:
+    """An `EngineConfig` from its saved JSON (text or already parsed); None for a damaged value or a
+    newer version's (the engine's `from_dict` refuses those with a message; the app falls back)."""
+    try:
+        return EngineConfig.from_dict(json.loads(raw) if isinstance(raw, str) else raw)
+    except (ValueError, TypeError, AttributeError, KeyError, ConfigError):
+        return None
 
 
 def sampling_config(settings: QSettings | None = None, resets: list[str] | None = None) -> SamplingConfig:
-    return _read(settings or QSettings(), SAMPLING_CONFIG, SamplingConfig, DEFAULT_SAMPLING, resets)
+    settings = settings or QSettings()
+    migrate(settings)
+    return _read(settings, SAMPLING_CONFIG, SamplingConfig, DEFAULT_SAMPLING, resets)
 
 
 def set_sampling_config(config: SamplingConfig, settings: QSettings | None = None) -> None:
-    _write(settings or QSettings(), SAMPLING_CONFIG, config)
+    settings = settings or QSettings()
+    migrate(settings)
+    _write(settings, SAMPLING_CONFIG, config)
+
+
+def sampling_from_dict(data) -> SamplingConfig | None:
+    """A `SamplingConfig` from its saved fields (a preset's), or None when they do not make one."""
+    if not isinstance(data, dict):
+        return None
+    return _from_fields(SamplingConfig, data)
+
+
+def _from_fields(cls: type[T], fields: dict) -> T | None:
+    """`cls(**fields)` when every known field has its annotated type, else None (unknown fields are ignored)."""
+    try:
+        hints = typing.get_type_hints(cls)
+        values = {name: value for name, value in fields.items() if name in hints}
+        for name in ("stop",):  # JSON has no tuples
+            if isinstance(values.get(name), list):
+                values[name] = tuple(values[name])
+        if all(_fits(value, hints[name]) for name, value in values.items()):
+            return cls(**values)
+    except (ValueError, TypeError, AttributeError, ConfigError):
+        pass
+    return None
+
+
+# -- presets: named pairs, each the engine config and its sampling ------------------------------------
+
+
+def presets(settings: QSettings | None = None) -> dict[str, dict]:
+    """The saved presets as stored: {name: {"config": EngineConfig.to_dict(), "sampling": {...}}}.
+
+    One JSON object under one key: a name may hold any character, even "/" that QSettings
+    would read as a group separator. A damaged value reads as no presets.
+    """
+    settings = settings or QSettings()
+    migrate(settings)
+    try:
+        data = json.loads(read(settings, PRESETS, ""))
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(name): value for name, value in data.items() if isinstance(value, dict)}
+
+
+def set_presets(presets: dict[str, dict], settings: QSettings | None = None) -> None:
+    settings = settings or QSettings()
+    migrate(settings)
+    settings.setValue(PRESETS, json.dumps(presets, sort_keys=True))
+
+
+def preset_value(config: EngineConfig, sampling: SamplingConfig) -> dict:
+    return {"config": config.to_dict(), "sampling": dataclasses.asdict(sampling)}
+
+
+# -- migrations: one function per version step -------------------------------------------------------
+
+
+def migrate(settings: QSettings) -> None:
+    """Bring a store written by an older SpecDeck up to SETTINGS_VERSION, once.
+
+    A store from a newer SpecDeck is left as it is: its values are read where they
+    can be, and what cannot be falls back to the defaults (the readers say so).
+    """
+    version = read(settings, VERSION, 0)
+    if version >= SETTINGS_VERSION:
+        return
+    for step in MIGRATIONS[max(version, 0):]:
+        step(settings)
+    settings.setValue(VERSION, SETTINGS_VERSION)
+
+
+# The pair dialog's own keys before version 1 (pair_dialog/<field>, written by its save_choice), with
+# the default each had: an INI file gives back text, so the default's type says how to read it.
+_V0_PAIR_FIELDS = {
+    "target": "default", "drafter": "ngram", "draft": "default", "heads": "", "eagle_heads": "",
+    "tree_depth": "auto", "lookahead_window": "auto", "lookahead_ngram": "auto", "lookahead_candidates": "auto",
+    "exit_layer": "auto", "backend": "auto", "draft_backend": "auto", "k_auto": True, "k": 4, "k_max": 16,
+    "ngram_max": 3, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0, "max_tokens": 512,
+    "device": "auto", "dtype": "auto", "threads": 0, "gpu_layers": 0, "n_ctx": 0,
+}  # fmt: skip
+_V0_PREFIX = "pair_dialog"
+_V0_PRESETS = "pair_dialog/presets"
+_V0_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens")
+
+
+def _v0_to_v1(settings: QSettings) -> None:
+    """Issue 13: one model pair under one key. Before, the window kept `engine/config` (the flat
+    EngineConfig of that time, unversioned) and the pair dialog its own `pair_dialog/<field>` keys,
+    so after "Use the built-in model" the dialog still showed the pair that had failed.
+
+    The window's key wins: it is what loaded last. The dialog's keys count only where the window
+    saved nothing. Presets (PairChoice dicts under pair_dialog/presets) become config + sampling.
+    A value that cannot be converted is left for the reader, which falls back and says so.
+    """
+    dialog = {name: settings.value(f"{_V0_PREFIX}/{name}") for name in _V0_PAIR_FIELDS
+              if settings.contains(f"{_V0_PREFIX}/{name}")}  # fmt: skip
+    raw = settings.value(ENGINE_CONFIG)
+    if isinstance(raw, str) and raw:
+        flat = _json_object(raw)
+        if flat is not None and "version" not in flat:
+            converted = _v0_engine_dict(flat)
+            if converted is not None:
+                settings.setValue(ENGINE_CONFIG, json.dumps(converted))
+    elif dialog:
+        converted = _v0_engine_dict(_v0_choice_to_flat(_v0_choice(dialog)))
+        if converted is not None:
+            settings.setValue(ENGINE_CONFIG, json.dumps(converted))
+    if dialog and not settings.contains(SAMPLING_CONFIG):
+        settings.setValue(SAMPLING_CONFIG, json.dumps(_v0_choice_sampling(_v0_choice(dialog))))
+    old_presets = _json_object(settings.value(_V0_PRESETS) if settings.contains(_V0_PRESETS) else "")
+    if old_presets:
+        new = {}
+        for name, value in old_presets.items():
+            if isinstance(value, dict):
+                choice = _v0_choice(value)
+                engine = _v0_engine_dict(_v0_choice_to_flat(choice))
+                if engine is not None:
+                    new[str(name)] = {"config": engine, "sampling": _v0_choice_sampling(choice)}
+        if new:
+            settings.setValue(PRESETS, json.dumps(new, sort_keys=True))
+    for name in (*_V0_PAIR_FIELDS, "presets"):
+        settings.remove(f"{_V0_PREFIX}/{name}")
+
+
+MIGRATIONS = (_v0_to_v1,)  # MIGRATIONS[v] takes a store from version v to v + 1
+SETTINGS_VERSION = len(MIGRATIONS)
+
+
+def _json_object(raw) -> dict | None:
+    try:
+        data = json.loads(raw) if isinstance(raw, str) and raw else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _v0_choice(values: dict) -> dict:
+    """A version-0 PairChoice from stored values: each as its default's type, or the default."""
+    choice = {}
+    for name, default in _V0_PAIR_FIELDS.items():
+        value = values.get(name, default)
+        try:
+            if isinstance(default, bool):
+                value = value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes")
+            else:
+                value = type(default)(value)
+        except (TypeError, ValueError):
+            value = default
+        choice[name] = value
+    return choice
+
+
+def _v0_auto(text, auto):
+    """A version-0 "auto or a whole number" text as the config's value: `auto`, or the int."""
+    text = str(text).strip().lower().removeprefix("+")
+    return int(text) if text.isdigit() and text.isascii() else auto
+
+
+def _v0_choice_to_flat(c: dict) -> dict:
+    """What version 0's PairChoice.engine_config made of a choice: the flat EngineConfig fields of that time."""
+    drafter = c["drafter"]
+    return {
+        "target": c["target"].strip(), "drafter": drafter,
+        "draft": c["draft"].strip() if drafter == "model" else None,
+        "heads": {"medusa": c["heads"], "eagle": c["eagle_heads"]}.get(drafter, "").strip() or None,
+        "backend": c["backend"], "draft_backend": c["draft_backend"], "device": c["device"], "dtype": c["dtype"],
+        "n_ctx": c["n_ctx"] or None, "threads": c["threads"] or None, "gpu_layers": c["gpu_layers"],
+        "k": "auto" if c["k_auto"] else c["k"], "k_max": c["k_max"], "ngram_max": c["ngram_max"],
+        "tree_depth": _v0_auto(c["tree_depth"], None) if drafter == "eagle" else None,
+        "lookahead": [_v0_auto(c[f"lookahead_{x}"], "auto") for x in ("window", "ngram", "candidates")],
+        "exit_layer": _v0_auto(c["exit_layer"], "auto") if drafter == "early-exit" else "auto",
+    }  # fmt: skip
+
+
+def _v0_choice_sampling(c: dict) -> dict:
+    return {name: c[name] for name in _V0_SAMPLING} | {"stop": []}
+
+
+def _v0_engine_dict(flat: dict) -> dict | None:
+    """Version 0's flat EngineConfig fields as today's versioned config dict (the engine's own
+    conversion: each drafter's fields become its options); None when they make no config."""
+    try:
+        return config_from_legacy(flat).to_dict()
+    except (ValueError, TypeError, AttributeError, KeyError, ConfigError):
+        return None
 
 
 def describe_sampling(config: SamplingConfig) -> str:

@@ -22,7 +22,7 @@ from app.shell import settings as keys
 from engine.errors import SpecDeckError
 from engine.models.locate import resolve
 
-from app.pair.heads import CHOICE_FIELDS, remember_trained
+from app.pair.heads import remember_trained
 from app.training.charts import TrainingCharts
 from app.training.form import TrainForm, command_line
 from app.runtime.worker import GeneratorWorker, TaskRunner
@@ -222,14 +222,13 @@ class TrainDialog(QDialog):
         pair = getattr(window, "pair_dialog", None)
         if pair is None:
             return
-        choice = pair.choice()
+        config = pair.engine_config()
         target = self.form.target.spec()
-        backend = choice.backend
+        backend = config.backend
         if backend == "llama.cpp" or (backend == "auto" and _is_gguf(target)):
             backend = "torch"  # heads read hidden states: PyTorch only
-        kind = self._run_kind
-        pair.set_choice(replace(choice, target=target, drafter=kind, backend=backend,
-                                **{CHOICE_FIELDS[kind]: self.result.out_dir}))  # fmt: skip
+        config = replace(config, target=target, backend=backend)
+        pair.set_config(config.with_drafter(self._run_kind, heads=self.result.out_dir))
 
     def reject(self) -> None:
         if self.running:  # stop first (the checkpoint is saved), then close

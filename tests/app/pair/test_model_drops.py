@@ -65,7 +65,7 @@ def labels(picker) -> dict[str, str]:
 
 
 def test_model_lists_show_ollama_and_llama_cpp_models_with_their_quantization(dialog):
-    for picker in (dialog.form.target, dialog.form.draft):
+    for picker in (dialog.form.target, dialog.form.field("model", "draft")):
         shown = labels(picker)
         assert shown["ollama:tiny:1b"].startswith("tiny:1b  (Ollama, Q4_K_M, ")
         cached = next(text for spec, text in shown.items() if spec.endswith("org_Small-GGUF_s.gguf"))
@@ -97,9 +97,9 @@ def test_a_drop_on_the_draft_field_or_with_shift_sets_the_draft_model(dialog, tm
     second = write_quant_gguf(tmp_path / "draft-2.gguf", "Q4_1")
     target = dialog.form.target.spec()
     drop(dialog, drag(first), Qt.KeyboardModifier.ShiftModifier)  # the draft field is hidden: n-gram is chosen
-    assert (dialog.form.draft.spec(), dialog.form.drafter.currentData()) == (first, "model")
-    drop(dialog.form.draft.combo.lineEdit(), drag(second))  # now it shows, and takes drops
-    assert dialog.form.draft.spec() == second
+    assert (dialog.form.field("model", "draft").spec(), dialog.form.drafter.currentData()) == (first, "model")
+    drop(dialog.form.field("model", "draft").combo.lineEdit(), drag(second))  # now it shows, and takes drops
+    assert dialog.form.field("model", "draft").spec() == second
     assert dialog.form.target.spec() == target
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,7 +10,9 @@ from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication, QDialog
 
 from app.pair.dialog import AUTO_CHECK_MS, PairDialog
-from app.pair.presets import PairChoice, PresetStore, load_choice
+from app.pair.presets import PresetStore
+from app.shell import settings as keys
+from engine import EngineConfig, SamplingConfig
 from engine.models.locate import default_model_path
 from tests.app.conftest import STRICT_QT_LOG
 
@@ -80,7 +83,7 @@ def test_load_is_disabled_until_a_check_passes(dialog):
 
 
 def test_incompatible_pair_shows_the_error_and_cannot_be_loaded(qtbot, dialog, settings, swapped_draft):
-    dialog.set_choice(PairChoice(target="default", drafter="model", draft=swapped_draft))
+    dialog.set_config(EngineConfig(target="default").with_drafter("model", draft=swapped_draft))
     assert run_check(qtbot, dialog) is False
     assert severities(dialog)["Different vocabularies"] == "error"
     assert not dialog.report().compatible
@@ -92,12 +95,12 @@ def test_incompatible_pair_shows_the_error_and_cannot_be_loaded(qtbot, dialog, s
     with qtbot.waitSignal(dialog.sig_check_finished, timeout=CHECK_TIMEOUT_MS):
         dialog.accept()  # refused: it checks again instead
     assert dialog.result() != QDialog.Accepted
-    assert settings.value("pair_dialog/draft", None) is None  # nothing saved for a refused pair
+    assert settings.value(keys.ENGINE_CONFIG, None) is None  # nothing saved for a refused pair
 
 
 def test_compatible_pair_can_be_loaded_and_configs_follow_the_widgets(qtbot, dialog):
     form = dialog.form
-    dialog.set_choice(PairChoice(target="default", drafter="model", draft="default"))
+    dialog.set_config(EngineConfig(target="default").with_drafter("model", draft="default"))
     form.k_auto.setChecked(False)
     form.k.setValue(6)
     form.temperature.setValue(0.7)
@@ -125,8 +128,8 @@ def test_compatible_pair_can_be_loaded_and_configs_follow_the_widgets(qtbot, dia
 
 
 def test_ngram_drafter_needs_no_draft_model(qtbot, dialog):
-    dialog.set_choice(PairChoice(target="default", drafter="ngram", draft="/not/used"))
-    assert not dialog.form.draft.isEnabled()
+    dialog.set_config(EngineConfig(target="default", drafter="ngram"))
+    assert not dialog.form.field("model", "draft").isEnabled()
     assert run_check(qtbot, dialog) is True
     assert "N-gram lookup needs no draft model" in severities(dialog)
     assert dialog.report() is None
@@ -135,7 +138,7 @@ def test_ngram_drafter_needs_no_draft_model(qtbot, dialog):
 
 
 def test_changing_the_models_voids_the_last_check(qtbot, dialog):
-    dialog.set_choice(PairChoice(target="default", drafter="ngram"))
+    dialog.set_config(EngineConfig(target="default", drafter="ngram"))
     assert run_check(qtbot, dialog) is True
     assert dialog.load_button.isEnabled()
     qtbot.keyClicks(dialog.form.target.combo.lineEdit(), "x")  # typing in the target field
@@ -147,7 +150,7 @@ def test_changing_the_models_voids_the_last_check(qtbot, dialog):
 
 
 def test_a_result_for_a_selection_that_changed_meanwhile_does_not_enable_load(qtbot, dialog, tmp_path):
-    dialog.set_choice(PairChoice(target="default", drafter="ngram"))
+    dialog.set_config(EngineConfig(target="default", drafter="ngram"))
     with qtbot.waitSignal(dialog.sig_check_finished, timeout=CHECK_TIMEOUT_MS) as blocker:
         dialog.check()
         assert QApplication.overrideCursor() is not None  # busy while the worker reads metadata
@@ -175,7 +178,7 @@ def test_showing_the_dialog_checks_the_restored_selection(qtbot, dialog):
 
 
 def test_sampling_changes_keep_the_check(qtbot, dialog):
-    dialog.set_choice(PairChoice(target="default", drafter="ngram"))
+    dialog.set_config(EngineConfig(target="default", drafter="ngram"))
     assert run_check(qtbot, dialog) is True
     dialog.form.temperature.setValue(1.0)
     assert dialog.load_button.isEnabled()
@@ -183,7 +186,7 @@ def test_sampling_changes_keep_the_check(qtbot, dialog):
 
 def test_a_missing_model_shows_the_engines_message_not_a_traceback(qtbot, dialog, tmp_path):
     missing = str(tmp_path / "nowhere" / "model.gguf")
-    dialog.set_choice(PairChoice(target=missing, drafter="model", draft="default"))
+    dialog.set_config(EngineConfig(target=missing).with_drafter("model", draft="default"))
     assert run_check(qtbot, dialog) is False
     (finding,) = dialog.findings_list()
     assert finding.severity == "error" and finding.title == "Cannot use the target"
@@ -192,7 +195,7 @@ def test_a_missing_model_shows_the_engines_message_not_a_traceback(qtbot, dialog
 
 
 def test_llama_cpp_cannot_load_a_hugging_face_folder(qtbot, dialog, swapped_draft):
-    dialog.set_choice(PairChoice(target=swapped_draft, backend="llama.cpp", drafter="ngram"))
+    dialog.set_config(EngineConfig(target=swapped_draft, backend="llama.cpp", drafter="ngram"))
     assert run_check(qtbot, dialog) is False
     assert severities(dialog)["llama.cpp cannot load this target"] == "error"
 
@@ -200,9 +203,10 @@ def test_llama_cpp_cannot_load_a_hugging_face_folder(qtbot, dialog, swapped_draf
 def test_settings_persist_across_dialogs(qtbot, settings):
     first = PairDialog(settings=settings)
     qtbot.addWidget(first)
-    chosen = PairChoice(target=default_model_path(), drafter="ngram", ngram_max=5, k_auto=False, k=7,
-                        temperature=0.35, top_p=0.8, seed=9, max_tokens=100, gpu_layers=-1, threads=2)  # fmt: skip
-    first.set_choice(chosen)
+    config = EngineConfig(target=default_model_path(), k=7, gpu_layers=-1, threads=2)
+    chosen = (config.with_drafter("ngram", max_ngram=5),
+              SamplingConfig(temperature=0.35, top_p=0.8, seed=9, max_tokens=100))  # fmt: skip
+    first.set_config(*chosen)
     first.resize(720, 700)  # within the offscreen screen (800 x 800): restoreGeometry clamps to the screen
     assert run_check(qtbot, first) is True
     first.accept()
@@ -210,22 +214,24 @@ def test_settings_persist_across_dialogs(qtbot, settings):
 
     second = PairDialog(settings=settings)
     qtbot.addWidget(second)
-    assert second.choice() == chosen
+    assert (second.engine_config(), second.sampling_config()) == chosen
     assert (second.size().width(), second.size().height()) == (720, 700)
-    assert load_choice(settings) == chosen  # stored typed: an int comes back as an int
+    # stored typed: an int comes back as an int
+    assert (keys.engine_config(settings), keys.sampling_config(settings)) == chosen
 
 
 def test_presets_save_load_and_delete(dialog, settings):
-    fast = PairChoice(target="default", drafter="ngram", k_auto=False, k=3, temperature=0.0)
-    careful = PairChoice(target="default", drafter="model", draft="default", k_max=8, temperature=0.9, top_k=50)
-    dialog.set_choice(fast)
+    fast = (EngineConfig(target="default", drafter="ngram", k=3), SamplingConfig(temperature=0.0))
+    careful = (EngineConfig(target="default", k_max=8).with_drafter("model", draft="default"),
+               SamplingConfig(temperature=0.9, top_k=50))
+    dialog.set_config(*fast)
     dialog.save_preset("fast / greedy")  # a slash must not become a settings group
-    dialog.set_choice(careful)
+    dialog.set_config(*careful)
     dialog.save_preset("careful")
     assert dialog.preset_names() == ["careful", "fast / greedy"]
 
     assert dialog.load_preset("fast / greedy")
-    assert dialog.choice() == fast
+    assert (dialog.engine_config(), dialog.sampling_config()) == fast
     assert dialog.preset_combo.currentText() == "fast / greedy"
     assert not dialog.load_preset("nonexistent")
 
@@ -234,13 +240,13 @@ def test_presets_save_load_and_delete(dialog, settings):
     assert PresetStore(settings).get("careful") == careful  # what another dialog would read
 
 
-def test_a_choice_round_trips_through_the_engine_configs():
-    choice = PairChoice(target="a.gguf", drafter="model", draft="b.gguf", backend="llama.cpp", k_auto=False,
-                        k=5, temperature=0.5, top_k=20, seed=3, max_tokens=64, threads=8, n_ctx=2048,
-                        gpu_layers=-1)  # fmt: skip
-    again = PairChoice.from_configs(choice.engine_config(), choice.sampling_config())
-    assert again.engine_config() == choice.engine_config()
-    assert again.sampling_config() == choice.sampling_config()
+def test_a_choice_round_trips_through_the_engine_configs(dialog):
+    config = EngineConfig(target="a.gguf", backend="llama.cpp", k=5, threads=8, n_ctx=2048,
+                          gpu_layers=-1).with_drafter("model", draft="b.gguf")  # fmt: skip
+    sampling = SamplingConfig(temperature=0.5, top_k=20, seed=3, max_tokens=64)
+    dialog.set_config(config, sampling)  # what the dialog shows is what it gives back
+    assert dialog.engine_config() == config
+    assert dialog.sampling_config() == sampling
 
 
 def test_damaged_settings_still_open_a_usable_dialog(qtbot, settings):
@@ -250,31 +256,32 @@ def test_damaged_settings_still_open_a_usable_dialog(qtbot, settings):
     settings.setValue("pair_dialog/presets", "{not json")
     dialog = PairDialog(settings=settings)
     qtbot.addWidget(dialog)
-    choice = dialog.choice()
-    assert choice.backend == "auto"
-    assert 1 <= choice.k <= 32 and 0 < choice.top_p <= 1  # the widgets keep values in range
+    config, sampling = dialog.engine_config(), dialog.sampling_config()
+    assert config.backend == "auto"
+    assert 1 <= dialog.form.k.value() <= 32 and 0 < sampling.top_p <= 1  # the widgets keep values in range
     assert dialog.preset_names() == []
-    choice.engine_config(), choice.sampling_config()  # both valid: no ConfigError
+    config.drafter_options(), sampling  # both valid: no ConfigError
 
 
 def test_the_self_drafting_preset_comes_with_the_app(qtbot, dialog, settings):
     """The one real pair every install has: the embedded model on PyTorch, drafted by its own Q4_1
     GGUF on llama.cpp. Listed first, chosen like any preset, passes the check, cannot be deleted."""
     from app.pair.presets import SELF_DRAFT_PRESET
-    from engine.models.load_options import draft_load_options
+    from engine.models.load_options import draft_load_options, target_load_options
 
     assert dialog.preset_combo.itemText(1) == SELF_DRAFT_PRESET == "embedded model, drafted by its own Q4_1"
     dialog.preset_combo.setCurrentIndex(1)
     dialog.preset_combo.activated.emit(1)
-    choice = dialog.choice()
-    assert (choice.target, choice.backend, choice.drafter, choice.draft, choice.draft_backend) == (
+    choice = dialog.engine_config()
+    assert (choice.target, choice.backend, choice.drafter, choice.draft, choice.options.backend) == (
         "default", "torch", "model", "default", "llama.cpp")  # fmt: skip
-    assert choice.k_auto
+    assert choice.k == "auto"
     assert not dialog.delete_button.isEnabled()
     assert run_check(qtbot, dialog)
     # With a bf16 target the llama.cpp draft still loads in its file's own precision.
-    config = PairChoice.from_dict({**choice.as_dict(), "dtype": "bfloat16"}).engine_config()
-    assert config.dtype == "bfloat16" and draft_load_options(config)["dtype"] == "auto"
+    config = dataclasses.replace(choice, dtype="bfloat16")
+    assert config.dtype == "bfloat16" and draft_load_options(config.drafter_options(),
+                                                              target_load_options(config))["dtype"] == "auto"
     assert dialog.preset_names() == []  # not among the saved ones: nothing to delete
     dialog.save_preset(SELF_DRAFT_PRESET)  # a saved preset of the same name replaces it
     assert dialog.preset_combo.findText(SELF_DRAFT_PRESET) != -1 and dialog.delete_button.isEnabled()

@@ -10,10 +10,9 @@ from PySide6.QtCore import QSettings, Qt
 
 from app.shell import settings as keys
 from app.pair.heads import heads_root, known_heads, remember_trained
-from app.pair.check import check_choice
 from app.pair.dialog import PairDialog
-from app.pair.presets import PairChoice, PresetStore, load_choice, save_choice
-from engine.api import EngineConfig
+from app.pair.presets import PresetStore
+from engine import EngineConfig, preflight
 from engine.models.shipped import resources_dir
 from tests.app.conftest import STRICT_QT_LOG
 from tests.app.pair.test_pair_dialog import run_check, severities
@@ -23,9 +22,10 @@ pytestmark = STRICT_QT_LOG
 NEW_DRAFTERS = ("eagle", "lookahead", "early-exit")
 TORCH_NAMES = {"eagle": "EAGLE", "lookahead": "Lookahead decoding", "early-exit": "Early exit",
                "medusa": "Medusa"}  # fmt: skip
-EVERYTHING = PairChoice(drafter="eagle", eagle_heads="/heads/eagle-x", heads="/heads/medusa-x", tree_depth="6",
-                        lookahead_window="7", lookahead_ngram="auto", lookahead_candidates="5", exit_layer="12",
-                        backend="torch", k_auto=False, k=5)  # fmt: skip
+BASE = EngineConfig(backend="torch", k=5)
+EVERYTHING = {"eagle": BASE.with_drafter("eagle", heads="/heads/eagle-x", tree_depth=6),
+              "lookahead": BASE.with_drafter("lookahead", window=7, ngram="auto", candidates=5),
+              "early-exit": BASE.with_drafter("early-exit", exit_layer=12)}  # fmt: skip
 
 
 @pytest.fixture
@@ -59,61 +59,68 @@ def test_the_drafter_list_offers_the_new_drafters_by_name(dialog):
     assert names["early-exit"] == "Early exit: the target's first layers"
 
 
-def test_the_app_knows_which_drafters_need_pytorch_as_the_engine_does():
-    from app.pair.presets import DRAFTERS, TORCH_DRAFTERS
-    from engine.models import loading
-    assert set(TORCH_DRAFTERS) == set(loading.TORCH_DRAFTERS) and set(DRAFTERS) == set(loading.DRAFTERS)
+def test_the_app_knows_which_drafters_need_pytorch_as_the_engine_does(dialog):
+    from engine import all_drafters
+
+    form = dialog.form  # the dialog's list is the engine's registry: nothing copied to drift
+    DRAFTERS = [form.drafter.itemData(i) for i in range(form.drafter.count())]
+    TORCH_DRAFTERS = [name for name in DRAFTERS if form.specs[name].needs_torch]
+    engine_drafters = {spec.name for spec in all_drafters()}
+    engine_torch = {spec.name for spec in all_drafters() if spec.needs_torch}
+    assert set(TORCH_DRAFTERS) == engine_torch and set(DRAFTERS) == engine_drafters
 
 
 def test_only_the_chosen_drafters_settings_are_shown(dialog):
     form = dialog.form
-    own = {"model": {form.draft, form.draft_backend}, "ngram": {form.ngram_max}, "medusa": {form.heads},
-           "eagle": {form.eagle_heads, form.tree_depth}, "none": set(),
-           "lookahead": {form.lookahead_window, form.lookahead_ngram, form.lookahead_candidates},
-           "early-exit": {form.exit_layer}}  # fmt: skip
+    names = {"model": ("draft", "backend", "device", "dtype", "threads", "gpu_layers"), "ngram": ("max_ngram",),
+             "medusa": ("heads",), "eagle": ("heads", "tree_depth"), "none": (),
+             "lookahead": ("window", "ngram", "candidates"), "early-exit": ("exit_layer",)}  # fmt: skip
+    own = {drafter: {form.field(drafter, name) for name in options} for drafter, options in names.items()}
     every = set().union(*own.values())
     for drafter, widgets in own.items():
         choose(form, drafter)
         shown = {w for w in every if w.isVisibleTo(form) and w.isEnabled()}
         assert shown == widgets, drafter
-        label = form._models_form.labelForField(form.tree_depth)
+        label = form._models_form.labelForField(form.field("eagle", "tree_depth"))
         assert label.isVisibleTo(form) == (drafter == "eagle")  # the row's label goes with it
 
 
 def test_the_config_carries_what_the_form_shows(qtbot, dialog):
     form = dialog.form
     choose(form, "eagle")
-    form.eagle_heads.set_folder("/somewhere/eagle-head")
-    form.tree_depth.set_value("6")
+    form.field("eagle", "heads").set_folder("/somewhere/eagle-head")
+    form.field("eagle", "tree_depth").set_value("6")
     config = dialog.engine_config()
-    assert (config.drafter, config.heads, config.tree_depth) == ("eagle", "/somewhere/eagle-head", 6)
-    form.tree_depth.set_value("auto")
-    assert dialog.engine_config().tree_depth is None
+    assert (config.drafter, config.options.heads, config.options.tree_depth) == ("eagle", "/somewhere/eagle-head", 6)
+    form.field("eagle", "tree_depth").set_value("auto")
+    assert dialog.engine_config().options.tree_depth == "auto"  # the drafter's own default
 
     choose(form, "lookahead")
-    form.lookahead_window.lineEdit().clear()
-    qtbot.keyClicks(form.lookahead_window.lineEdit(), "7x")  # the letter is refused as it is typed
-    form.lookahead_candidates.set_value("5")
+    window = form.field("lookahead", "window")
+    window.lineEdit().clear()
+    qtbot.keyClicks(window.lineEdit(), "7x")  # the letter is refused as it is typed
+    form.field("lookahead", "candidates").set_value("5")
     config = dialog.engine_config()
-    assert (config.drafter, config.lookahead, config.heads, config.tree_depth) == ("lookahead", (7, "auto", 5),
-                                                                                    None, None)  # fmt: skip
+    o = config.options
+    assert (config.drafter, (o.window, o.ngram, o.candidates), config.draft) == ("lookahead", (7, "auto", 5),
+                                                                                  None)  # fmt: skip
     choose(form, "early-exit")
-    form.exit_layer.set_value("12")
+    form.field("early-exit", "exit_layer").set_value("12")
     config = dialog.engine_config()
-    assert (config.drafter, config.exit_layer, config.lookahead) == ("early-exit", 12, ("auto",) * 3)
-    form.exit_layer.set_value("auto")
-    assert dialog.engine_config().exit_layer == "auto"
+    assert (config.drafter, config.options.exit_layer) == ("early-exit", 12)
+    form.field("early-exit", "exit_layer").set_value("auto")
+    assert dialog.engine_config().options.exit_layer == "auto"
 
 
 def test_a_window_of_zero_is_refused_with_the_engines_reason(qtbot, dialog):
-    dialog.set_choice(PairChoice(drafter="lookahead", lookahead_window="0"))
+    dialog.set_config(EngineConfig().with_drafter("lookahead", window=0))
     assert run_check(qtbot, dialog) is False
     assert severities(dialog)["Lookahead W is out of range"] == "error"
     text = dialog.findings.toPlainText()
     assert "window W" in text and "from 1 to 64 or 'auto', got 0" in text
     assert not dialog.load_button.isEnabled()
-    dialog.form.lookahead_window.set_value("5")  # a settled edit voids the failed check...
-    dialog.form.lookahead_window.sig_chosen.emit()
+    dialog.form.field("lookahead", "window").set_value("5")  # a settled edit voids the failed check...
+    dialog.form.field("lookahead", "window").sig_chosen.emit()
     assert "changed" in dialog.findings.verdict
     assert run_check(qtbot, dialog) is True  # ...and the next one passes
     assert "W tokens ahead" in dialog.findings.toPlainText()  # what W, N and G are, in words
@@ -121,66 +128,67 @@ def test_a_window_of_zero_is_refused_with_the_engines_reason(qtbot, dialog):
 
 @pytest.mark.parametrize("drafter", NEW_DRAFTERS + ("medusa",))
 def test_pytorch_is_used_with_backend_auto_and_llama_cpp_is_refused(drafter):
-    auto = check_choice(PairChoice(target="default", drafter=drafter, backend="auto"))
+    auto = preflight(EngineConfig(target="default", drafter=drafter, backend="auto"))
     titles = {f.title: f.severity for f in auto.findings}
     assert titles["The target runs on PyTorch"] == "info" and auto.compatible, auto.findings
     assert not any("needs the PyTorch backend" in t for t in titles)
 
-    refused = check_choice(PairChoice(target="default", drafter=drafter, backend="llama.cpp"))
+    refused = preflight(EngineConfig(target="default", drafter=drafter, backend="llama.cpp"))
     assert not refused.compatible
     assert {f.title: f.severity for f in refused.findings}[f"{TORCH_NAMES[drafter]} needs the PyTorch backend"] \
         == "error"  # fmt: skip
 
 
 def test_the_dialog_refuses_early_exit_on_llama_cpp_before_loading(qtbot, dialog):
-    dialog.set_choice(PairChoice(target="default", drafter="early-exit", backend="llama.cpp"))
+    dialog.set_config(EngineConfig(target="default", drafter="early-exit", backend="llama.cpp"))
     assert run_check(qtbot, dialog) is False
     assert not dialog.load_button.isEnabled()
     assert "Early exit needs the PyTorch backend" in dialog.findings.toPlainText()
 
 
 def test_early_exit_warns_that_acceptance_is_usually_low_and_checks_the_layer():
-    result = check_choice(PairChoice(target="default", drafter="early-exit"))
+    result = preflight(EngineConfig(target="default", drafter="early-exit"))
     low = next(f for f in result.findings if f.title == "Acceptance is usually low")
     assert low.severity == "warning" and "LayerSkip" in low.detail and result.compatible
-    too_deep = check_choice(PairChoice(target="default", drafter="early-exit", exit_layer="30"))
+    too_deep = preflight(EngineConfig(target="default").with_drafter("early-exit", exit_layer=30))
     detail = {f.title: f.detail for f in too_deep.findings}["The exit layer is out of range"]
     assert not too_deep.compatible and "from 1 to 29" in detail
 
 
 def test_eagle_without_a_shipped_head_says_to_train_one(tiny):
-    result = check_choice(PairChoice(target=tiny, drafter="eagle"))
+    result = preflight(EngineConfig(target=tiny, drafter="eagle"))
     (missing,) = [f for f in result.findings if f.severity == "error"]
     assert missing.title.startswith("No EAGLE head ships for")
     assert "Models ▸ Train heads…" in missing.detail and "folder" in missing.detail
     medusa = str(resources_dir() / "heads" / "medusa-smollm2-135m")
-    wrong = check_choice(PairChoice(target="default", drafter="eagle", eagle_heads=medusa))
+    wrong = preflight(EngineConfig(target="default").with_drafter("eagle", heads=medusa))
     assert not wrong.compatible and "Medusa heads, not an EAGLE head" in str(wrong.findings)
-    shallow = check_choice(PairChoice(target="default", drafter="eagle", tree_depth="0"))
+    shallow = preflight(EngineConfig(target="default").with_drafter("eagle", tree_depth=0))
     assert not shallow.compatible and "The tree depth must be 1 or more" in str(shallow.findings)
 
 
 def test_new_fields_round_trip_through_settings_presets_and_configs(qtbot, settings):
-    save_choice(settings, EVERYTHING)
-    assert load_choice(settings) == EVERYTHING  # typed back: nothing lost
+    keys.set_engine_config(EVERYTHING["eagle"], settings)
+    assert keys.engine_config(settings) == EVERYTHING["eagle"]  # typed back: nothing lost
 
     first = PairDialog(settings=settings)
     qtbot.addWidget(first)
-    assert first.choice() == EVERYTHING  # the dialog restores every field
+    assert first.engine_config() == EVERYTHING["eagle"]  # the dialog restores every field
     for drafter in NEW_DRAFTERS:
-        first.set_choice(PairChoice(**{**EVERYTHING.as_dict(), "drafter": drafter}))
+        first.set_config(EVERYTHING[drafter])
         first.save_preset(drafter)
     second = PairDialog(settings=settings)
     qtbot.addWidget(second)
     for drafter in NEW_DRAFTERS:
         assert second.load_preset(drafter)
-        assert second.choice() == PresetStore(settings).get(drafter) and second.choice().drafter == drafter
+        assert (second.engine_config(), second.sampling_config()) == PresetStore(settings).get(drafter) \
+            and second.engine_config().drafter == drafter  # fmt: skip
         config = second.engine_config()
-        again = PairChoice.from_configs(config, second.sampling_config())
-        assert again.engine_config() == config
+        second.set_config(config, second.sampling_config())
+        assert second.engine_config() == config
 
-    # The main window keeps the engine config as JSON: the lookahead tuple must come back a tuple.
-    config = PairChoice(drafter="lookahead", lookahead_window="9", lookahead_candidates="4").engine_config()
+    # The main window keeps the engine config as JSON: the lookahead numbers must come back as they were.
+    config = EngineConfig().with_drafter("lookahead", window=9, candidates=4)
     keys.set_engine_config(config, settings)
     assert keys.engine_config(settings) == config
     keys.set_engine_config(EngineConfig(), settings)
@@ -193,8 +201,9 @@ def test_damaged_values_of_the_new_fields_fall_back_to_auto(qtbot, settings):
     settings.setValue("pair_dialog/lookahead_window", "-3")
     damaged = PairDialog(settings=settings)
     qtbot.addWidget(damaged)
-    choice = damaged.choice()
-    assert (choice.drafter, choice.exit_layer, choice.lookahead_window) == ("early-exit", "auto", "auto")
+    choice = damaged.engine_config()
+    window = damaged.form.options["lookahead"]["window"].value()
+    assert (choice.drafter, choice.options.exit_layer, window) == ("early-exit", "auto", "auto")
 
 
 def test_the_eagle_picker_offers_eagle_heads_and_remembers_a_trained_one(qtbot, settings):
@@ -212,8 +221,8 @@ def test_the_eagle_picker_offers_eagle_heads_and_remembers_a_trained_one(qtbot, 
     remember_trained(str(eagle), settings, kind="eagle")
     picker_dialog = PairDialog(settings=settings)
     qtbot.addWidget(picker_dialog)
-    form = picker_dialog.form
-    assert str(eagle) in form.eagle_heads.choices() and str(eagle) not in form.heads.choices()
-    assert form.eagle_heads.folder() == str(eagle) and form.heads.folder() == ""
-    assert form.eagle_heads.combo.itemText(0) == "Shipped EAGLE head for the target"
-    assert "EAGLE head" in form.eagle_heads.combo.itemData(1, Qt.ToolTipRole)
+    eagle_heads, heads = picker_dialog.form.field("eagle", "heads"), picker_dialog.form.field("medusa", "heads")
+    assert str(eagle) in eagle_heads.choices() and str(eagle) not in heads.choices()
+    assert eagle_heads.folder() == str(eagle) and heads.folder() == ""
+    assert eagle_heads.combo.itemText(0) == "Shipped EAGLE head for the target"
+    assert "EAGLE head" in eagle_heads.combo.itemData(1, Qt.ToolTipRole)

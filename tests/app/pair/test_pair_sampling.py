@@ -6,7 +6,8 @@ import pytest
 from PySide6.QtCore import QSettings
 
 from app.pair.dialog import PairDialog
-from app.pair.presets import PairChoice
+from app.shell import settings as keys
+from engine import EngineConfig, SamplingConfig
 from tests.app.conftest import STRICT_QT_LOG
 from tests.factories.gguf_models import make_tiny_gguf
 
@@ -21,10 +22,11 @@ def dialog(qtbot, tmp_path):
 
 
 def test_min_p_goes_into_the_sampling_and_comes_back(dialog):
-    dialog.set_choice(PairChoice(temperature=0.8, min_p=0.05))
+    dialog.set_config(EngineConfig(), SamplingConfig(temperature=0.8, min_p=0.05))
 
     assert dialog.sampling_config().min_p == pytest.approx(0.05)
-    assert PairChoice.from_dict(dialog.choice().as_dict()).min_p == pytest.approx(0.05)
+    keys.set_sampling_config(dialog.sampling_config(), dialog.settings)  # kept as the dialog saves it
+    assert keys.sampling_config(dialog.settings).min_p == pytest.approx(0.05)
     assert dialog.form.order.text() == "Applied to p and q alike, in order:\ntemperature, top-k, top-p, min-p"
 
 
@@ -32,7 +34,7 @@ def test_the_models_recommended_sampling_is_offered_and_applied(dialog, tmp_path
     recommends = make_tiny_gguf(str(tmp_path / "recommends.gguf"), extra={
         "general.sampling.temp": 0.6, "general.sampling.top_p": 0.95})  # fmt: skip
 
-    dialog.set_choice(PairChoice(target=recommends))
+    dialog.set_config(EngineConfig(target=recommends))
 
     assert not dialog.form.recommended.isHidden()
     assert dialog.form.recommended.text() == "The model recommends temperature 0.6, top-p 0.95."
@@ -41,7 +43,7 @@ def test_the_models_recommended_sampling_is_offered_and_applied(dialog, tmp_path
     sampling = dialog.sampling_config()
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == pytest.approx((0.6, 0.95, 0, 0))
 
-    dialog.set_choice(PairChoice(target="default"))  # the embedded model recommends nothing
+    dialog.set_config(EngineConfig(target="default"))  # the embedded model recommends nothing
     assert dialog.form.recommended.isHidden() and dialog.form.use_recommended.isHidden()
 
 

@@ -137,7 +137,6 @@ def test_accepting_the_pair_dialog_reloads_and_uses_its_sampling(qtbot, make_win
 def test_an_incompatible_pair_is_refused_and_nothing_loads(qtbot, make_window, pair_dialog_class, tmp_path):
     import json
 
-    from app.pair.presets import PairChoice
     from tests.factories.hf_models import make_tiny_llama
 
     target = make_tiny_llama(tmp_path / "target", seed=0)
@@ -155,7 +154,7 @@ def test_an_incompatible_pair_is_refused_and_nothing_loads(qtbot, make_window, p
     loads = []
     window.controller.sig_busy_changed.connect(loads.append)
 
-    dialog.set_choice(PairChoice(target=target, drafter="model", draft=draft))
+    dialog.set_config(EngineConfig(target=target).with_drafter("model", draft=draft))
     with qtbot.waitSignal(dialog.sig_check_finished, timeout=60_000) as checked:
         dialog.check()
     dialog.accept()

@@ -11,9 +11,9 @@ from PySide6.QtCore import QSettings
 
 from app.charts.live import LiveCharts
 from app.pair.dialog import PairDialog
-from app.pair.presets import PairChoice
 from app.training.dialog import TrainDialog
 from app.training.form import command_line
+from engine import EngineConfig
 from engine.core.events import RunStats, Source, StepEvent, TokenInfo
 from engine.training import checkpoint_info
 from tests.app.conftest import STRICT_QT_LOG
@@ -79,15 +79,16 @@ def test_training_shows_progress_and_chart_points_and_the_heads_join_the_pair_di
     combo = pair.form.drafter
     medusa = combo.findData("medusa")
     assert medusa >= 0 and combo.model().item(medusa).isEnabled()
-    assert out in pair.form.heads.choices() and pair.form.heads.folder() == out
-    pair.set_choice(PairChoice(target=tiny, drafter="medusa", heads=out))
-    assert pair.form.heads.isEnabled() and not pair.form.draft.isEnabled()
+    heads = pair.form.field("medusa", "heads")
+    assert out in heads.choices() and heads.folder() == out
+    pair.set_config(EngineConfig(target=tiny).with_drafter("medusa", heads=out))
+    assert heads.isEnabled() and not pair.form.field("model", "draft").isEnabled()
     with qtbot.waitSignal(pair.sig_check_finished, timeout=20_000) as check:
         pair.check()
     assert check.args[0] is True, pair.findings.toPlainText()
     assert "3 heads" in pair.findings.toPlainText()
     config = pair.engine_config()
-    assert (config.drafter, config.heads) == ("medusa", out)
+    assert (config.drafter, config.options.heads) == ("medusa", out)
 
 
 def test_cancel_saves_a_checkpoint_and_start_offers_to_resume(qtbot, dialog, tmp_path):
@@ -141,7 +142,7 @@ def test_missing_data_is_reported_in_the_dialog(qtbot, dialog):
 def test_medusa_on_llama_cpp_says_it_needs_pytorch(qtbot):
     pair = PairDialog(settings=QSettings())
     qtbot.addWidget(pair)
-    pair.set_choice(PairChoice(target="default", drafter="medusa", backend="llama.cpp"))
+    pair.set_config(EngineConfig(target="default", drafter="medusa", backend="llama.cpp"))
     with qtbot.waitSignal(pair.sig_check_finished, timeout=20_000) as check:
         pair.check()
     assert check.args[0] is False
@@ -151,7 +152,7 @@ def test_medusa_on_llama_cpp_says_it_needs_pytorch(qtbot):
 def test_medusa_with_backend_auto_says_the_gguf_target_runs_on_pytorch(qtbot):
     pair = PairDialog(settings=QSettings())
     qtbot.addWidget(pair)
-    pair.set_choice(PairChoice(target="default", drafter="medusa", backend="auto"))
+    pair.set_config(EngineConfig(target="default", drafter="medusa", backend="auto"))
     with qtbot.waitSignal(pair.sig_check_finished, timeout=20_000):
         pair.check()
     text = pair.findings.toPlainText()
@@ -244,14 +245,15 @@ def test_an_eagle_run_charts_its_depths_and_joins_the_pair_dialog(qtbot, dialog,
 
     pair = PairDialog(settings=QSettings())
     qtbot.addWidget(pair)
-    assert out in pair.form.eagle_heads.choices() and out not in pair.form.heads.choices()
-    pair.set_choice(PairChoice(target=tiny, drafter="eagle", eagle_heads=out))
+    eagle_heads, medusa_heads = pair.form.field("eagle", "heads"), pair.form.field("medusa", "heads")
+    assert out in eagle_heads.choices() and out not in medusa_heads.choices()
+    pair.set_config(EngineConfig(target=tiny).with_drafter("eagle", heads=out))
     with qtbot.waitSignal(pair.sig_check_finished, timeout=20_000) as check:
         pair.check()
     assert check.args[0] is True, pair.findings.toPlainText()
     assert "The EAGLE head fits the target" in pair.findings.toPlainText()
     config = pair.engine_config()
-    assert (config.drafter, config.heads) == ("eagle", out)
+    assert (config.drafter, config.options.heads) == ("eagle", out)
 
     # Resuming this run as Medusa heads: the engine refuses, the dialog says why, the run is kept.
     saved = checkpoint_info(out)
