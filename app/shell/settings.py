@@ -50,7 +50,6 @@ EXPORT_FOLDER = "files/export_folder"
 # How the window's banner names a setting it had to reset.
 LABELS = {
     ENGINE_CONFIG: "model pair",
-    PRESETS: "model pair presets",
     SAMPLING_CONFIG: "sampling settings",
     GEOMETRY: "window size and position",
     WINDOW_STATE: "panel layout",
