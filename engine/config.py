@@ -248,4 +248,8 @@ def from_legacy(data: dict) -> EngineConfig:
         options.pop("tree_depth", None)
     top = {f.name for f in dataclasses.fields(EngineConfig)} - {"drafter", "options"}
     values = {name: data[name] for name in top if name in data}
+    stray = {name: data[old] for old, (owner, name) in LEGACY_OPTIONS.items()
+             if owner == "model" and old not in ("draft", "draft_backend") and data.get(old) is not None}
+    if drafter != "model" and stray:  # draft options without a draft: kept, so that the load refuses them
+        return EngineConfig(drafter=drafter, options=drafter_spec("model").options(**stray), **values)
     return EngineConfig(drafter=drafter, options=spec.options(**options), **values)

@@ -17,7 +17,7 @@ import torch
 
 from engine.backends.hf.backend import TorchBackend
 from engine.bench.prompts import default_prompts_path, load_prompts
-from engine.models.loading import make_drafter
+from engine.drafters.registry import make_drafter
 from engine.models.locate import default_model_path
 from engine.core.sampling import SamplingConfig
 from engine.api import Engine, EngineConfig
@@ -27,8 +27,8 @@ from engine.training.loss import feature_scale, logit_metric
 
 backend = TorchBackend(str(default_model_path()), dtype="bfloat16")
 engine = Engine(backend, None, EngineConfig(), CostModel())
-medusa = make_drafter("medusa", backend).heads.float()
-eagle = make_drafter("eagle", backend).head.float()
+medusa = make_drafter(backend, EngineConfig(drafter="medusa")).heads.float()
+eagle = make_drafter(backend, EngineConfig(drafter="eagle")).head.float()
 
 
 class Target:  # what eagle_losses needs, on the backend

@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--ids", default=None, help="only these prompts of the set, comma-separated")
     args = parser.parse_args()
     kinds = tuple(args.kinds.split(","))
-    config = EngineConfig(target="default", backend="torch", draft="default", draft_backend="llama.cpp")
+    config = EngineConfig(target="default", backend="torch").with_drafter("model", draft="default", backend="llama.cpp")
     engine = Engine.load(config)
     prompts = load_prompts(default_prompts_path(), kinds)
     if args.ids:

@@ -36,10 +36,6 @@ class Bandwidth:
     buffer_bytes: int
     repeats: int
 
-    @property
-    def gb_per_s(self) -> float:
-        return self.bytes_per_s / 1e9
-
 
 def copy_bandwidth(
     device: str = "cpu", threads: int | None = None, nbytes: int = COPY_BYTES, repeats: int = COPY_REPEATS
@@ -101,10 +97,6 @@ def peak_rss_bytes() -> int | None:
     except (OSError, ValueError):
         return None
     return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux and BSD KiB
-
-
-def current_rss_bytes() -> int | None:
-    return _proc_status("VmRSS")
 
 
 def _proc_status(key: str) -> int | None:

@@ -28,7 +28,7 @@ attending to the whole cache, to the pending token and to the extra rows j where
 `extra_mask[i, j]` (bool (e, e), diagonal included), never to the draft nodes;
 no draft node attends to them, so they cannot change the verdict. The decode
 loop hands their logits to `observe_extra` and drops their cache entries. Only
-backends with `supports_tree` (a masked forward) run them; elsewhere they are
+backends with TreeForward (a masked forward) run them; elsewhere they are
 dropped with the rest of the tree.
 """
 
@@ -36,11 +36,14 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
-from engine.core.sampling import SamplingConfig
 from engine.drafters.registry import DrafterStats, NoStats
+
+if TYPE_CHECKING:  # annotations only: a light drafter module (a spec with its drafter) loads no torch
+    import torch
+
+    from engine.core.sampling import SamplingConfig
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from engine.errors import ConfigError
 from engine.heads.eagle import EagleHead
 from engine.core.sampling import SamplingConfig
 from engine.core.tree import depths, path_to
+from engine.backends.capabilities import HiddenFeatures, has
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.eagle_spec import MAX_DEPTH, EagleStats
 
@@ -66,7 +67,7 @@ class EagleDrafter(Drafter):
     drafts_trees = True
 
     def __init__(self, head: EagleHead, target_backend, top_k: int = TOP_K, max_depth: int = MAX_DEPTH) -> None:
-        if not getattr(target_backend, "supports_features", False):
+        if not has(target_backend, HiddenFeatures):
             raise ConfigError(
                 f"EAGLE reads the target's hidden states, which the {target_backend.name} backend does not "
                 "expose: load the target with the PyTorch backend (--backend torch)."

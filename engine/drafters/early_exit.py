@@ -89,6 +89,7 @@ import torch
 from engine.core.draft_length import CostModel, expected_tokens
 from engine.errors import ConfigError
 from engine.core.sampling import SamplingConfig, probabilities, sample, token_probability
+from engine.backends.capabilities import LayerExit, has
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.early_exit_spec import EarlyExitStats, ExitCandidate
 
@@ -224,7 +225,7 @@ class EarlyExitDrafter(Drafter):
         """`layers`: "auto" (chosen by measured acceptance and cost) or a fixed exit 1..n_layers-1.
         `costs`: the engine's CostModel (the one decode_steps gets), for T(1) and T(k+1)/T(1);
         it may also be set later as the `costs` attribute."""
-        if not getattr(target_backend, "supports_early_exit", False):
+        if not has(target_backend, LayerExit):
             name = getattr(target_backend, "name", "this")
             why = (
                 "this target runs on transformers' own forward (impl='transformers', or an architecture "

@@ -83,6 +83,7 @@ import torch
 from engine.core.draft_length import K_LIMIT, CostModel
 from engine.errors import ConfigError
 from engine.core.sampling import SamplingConfig
+from engine.backends.capabilities import TreeForward, has
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.lookahead_spec import LIMITS, LookaheadStats, check_parameters  # noqa: F401 (LIMITS: tests)
 
@@ -156,7 +157,7 @@ class LookaheadDrafter(Drafter):
         parameters and for charging the window's rows to automatic k; may be set later.
         `text_pool`: also take candidates from the prompt's and the reply's own n-grams."""
         self._asked = check_parameters(window, ngram, candidates)
-        if not getattr(target_backend, "supports_tree", False):
+        if not has(target_backend, TreeForward):
             raise ConfigError(
                 f"Lookahead decoding runs its Jacobi window and its candidate n-grams in one forward with "
                 f"a custom attention mask, which the {getattr(target_backend, 'name', 'target')} backend does "

@@ -28,6 +28,8 @@ MEMORY_FRACTION = 0.8  # above this share of free memory, the OS starts paging o
 GGUF_KV_BYTES = 2  # llama.cpp's KV cache is float16 unless told otherwise
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+# Weight formats that are not a compute dtype: bytes per weight; the KV cache stays in the compute dtype.
+_WEIGHT_BYTES = {"int8": 1}
 _DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16", "float": "float32"}
 
 
@@ -297,10 +299,16 @@ def estimate_memory(meta: ModelMeta, n_ctx: int, dtype: str | None = None) -> tu
     """(weights, KV cache) bytes of a loaded model holding n_ctx tokens.
 
     GGUF models run on llama.cpp: weights stay as stored, the KV cache is float16.
-    HF models hold weights and cache in `dtype` (None: the dtype they are stored in).
+    HF models hold weights and cache in `dtype` (None: the dtype they are stored in). Int8
+    weights ("int8", or a loaded model's "int8 (weights) / float32") take a byte per weight
+    and keep the cache in the compute dtype (the stored one when not said).
     """
+    weight_format, compute = _split_dtype(dtype)
     if meta.ref.kind == "gguf":
         weights, kv_elem = meta.weight_bytes, GGUF_KV_BYTES
+    elif weight_format is not None:
+        kv_elem = _DTYPE_BYTES[normalize_dtype(compute)] if compute else _DTYPE_BYTES.get(meta.dtype, 2)
+        weights = meta.n_params * _WEIGHT_BYTES[weight_format]
     elif dtype is not None:
         kv_elem = _DTYPE_BYTES[normalize_dtype(dtype)]
         weights = meta.n_params * kv_elem
@@ -308,6 +316,17 @@ def estimate_memory(meta: ModelMeta, n_ctx: int, dtype: str | None = None) -> tu
         weights, kv_elem = meta.weight_bytes, _DTYPE_BYTES.get(meta.dtype, 2)
     kv = 2 * meta.n_layers * meta.n_kv_heads * meta.head_dim * n_ctx * kv_elem  # keys and values
     return weights, kv
+
+
+def _split_dtype(dtype: str | None) -> tuple[str | None, str | None]:
+    """(weight format, compute dtype) of "int8" / "int8 (weights) / float32"; (None, dtype) otherwise."""
+    if dtype is None:
+        return None, None
+    head, _, compute = dtype.partition("/")
+    name = head.replace("(weights)", "").strip().lower()
+    if name in _WEIGHT_BYTES:
+        return name, compute.strip() or None
+    return None, dtype
 
 
 def normalize_dtype(dtype: str) -> str:

@@ -12,7 +12,6 @@ from engine import (
     ConfigError,
     ContextOverflowError,
     Engine,
-    EngineConfig,
     IncompatiblePairError,
     ModelLoadError,
     ModelNotFoundError,
@@ -22,6 +21,7 @@ from engine import (
 from engine.core.divergence import first_divergence
 from engine.core.events import GenerationResult, RunStats, StepEvent, TokenInfo
 from tests.factories.gguf_models import make_corrupt_gguf
+from tests.engine.drafters.build import legacy_config
 from tests.factories.hf_models import make_tiny_llama
 
 PROMPTS = [
@@ -43,7 +43,7 @@ def tiny(tmp_path_factory):
 
 def load(target, drafter="ngram", draft=None, **options) -> Engine:
     options.setdefault("measure_costs", False)
-    return Engine.load(EngineConfig(target=target, drafter=drafter, draft=draft, **options))
+    return Engine.load(legacy_config(target=target, drafter=drafter, draft=draft, **options))
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +242,7 @@ def test_cancel_mid_run_then_generate_again(default_gguf):
 
 def load_with_progress(target, **options) -> list[tuple[str, float]]:
     heard = []
-    engine = Engine.load(EngineConfig(target=target, measure_costs=False, **options),
+    engine = Engine.load(legacy_config(target=target, measure_costs=False, **options),
                          progress=lambda message, fraction: heard.append((message, fraction)))  # fmt: skip
     engine.close()
     return heard

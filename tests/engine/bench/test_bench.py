@@ -225,7 +225,7 @@ def test_the_transformers_peers_run_on_the_torch_backends_models(tmp_path):
 
     target = make_tiny_llama(tmp_path / "target", seed=0, n_layers=2)
     draft = make_tiny_llama(tmp_path / "draft", seed=1, n_layers=1)
-    engine = Engine.load(EngineConfig(target=target, draft=draft, dtype="float32", k=3, measure_costs=False))
+    engine = Engine.load(EngineConfig(target=target, dtype="float32", k=3, measure_costs=False).with_drafter("model", draft=draft))
     try:
         prompt = BenchPrompt("copy", "reuse", ({"role": "user", "content": "Copy: the cat sat on the mat."},))
         ids = engine.prompt_ids(list(prompt.messages))

@@ -135,7 +135,7 @@ def test_loading_a_draft_model_measures_its_token_cost(tmp_path):
 
     target = make_tiny_llama(tmp_path / "target", seed=0, n_layers=2)
     draft = make_tiny_llama(tmp_path / "draft", seed=1, n_layers=1)
-    engine = Engine.load(EngineConfig(target=target, draft=draft, backend="torch", draft_backend="torch"))
+    engine = Engine.load(EngineConfig(target=target, backend="torch").with_drafter("model", draft=draft, backend="torch"))
     try:
         assert engine.costs.draft_s_per_token > 0
         assert engine.drafter.backend.tokens == []  # the measurement left the draft's cache empty

@@ -9,7 +9,7 @@ import pytest
 from engine.backends.hf.backend import TorchBackend
 from engine.core.draft_length import CostModel
 from engine.errors import ConfigError
-from engine.models.loading import make_drafter
+from tests.engine.drafters.build import make_drafter
 from engine.api import Engine, EngineConfig, target_backend
 from tests.factories.hf_models import make_tiny_llama
 
@@ -31,14 +31,14 @@ def test_the_engine_hands_its_cost_model_to_drafters_that_size_themselves(tiny):
     backend = TorchBackend(tiny, dtype="float32")
     try:
         costs = CostModel()
-        for kind, options in (("lookahead", {"lookahead": (2, 3, 2)}), ("early-exit", {"exit_layer": 2})):
+        for kind, options in (("lookahead", {"window": 2, "ngram": 3, "candidates": 2}), ("early-exit", {"exit_layer": 2})):
             drafter = make_drafter(kind, backend, **options)
             engine = Engine(backend, drafter, EngineConfig(drafter=kind, k=6), costs)
             assert engine.drafter.costs is costs
             comparison = engine.compare(engine.prompt_ids(PROMPT), _greedy())
             assert comparison.identical, comparison.divergence
             assert comparison.speculative.stats.drafted > 0
-        assert make_drafter("lookahead", backend, lookahead=(2, 3, 2)).parameters == (2, 3, 2)
+        assert make_drafter("lookahead", backend, window=2, ngram=3, candidates=2).parameters == (2, 3, 2)
         assert make_drafter("early-exit", backend, exit_layer=3).exit_layer == 3
     finally:
         backend.close()

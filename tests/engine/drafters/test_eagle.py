@@ -13,7 +13,7 @@ from engine.core.draft_length import CostModel
 from engine.drafters.eagle import EagleDrafter
 from engine.errors import ConfigError, ModelLoadError
 from engine.heads.eagle import EagleConfig, EagleHead, load_head
-from engine.models.loading import make_drafter
+from tests.engine.drafters.build import make_drafter
 from engine.core.sampling import SamplingConfig
 from engine.api import Engine, EngineConfig, target_backend
 from tests.factories.hf_models import make_tiny_llama, make_tiny_model

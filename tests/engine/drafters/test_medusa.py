@@ -15,7 +15,7 @@ from engine.core.draft_length import CostModel, DraftLength
 from engine.drafters.medusa import MedusaDrafter
 from engine.errors import ConfigError, ModelLoadError
 from engine.heads.medusa import MedusaConfig, MedusaHeads
-from engine.models.loading import make_drafter
+from tests.engine.drafters.build import legacy_config, make_drafter
 from engine.core.sampling import SamplingConfig, make_generator
 from engine.api import Engine, EngineConfig, collect
 from engine.models.shipped import default_heads_dir
@@ -248,7 +248,7 @@ def medusa_engine(backend_class, target: str, heads: str, k: int = 6) -> Engine:
     except Exception:
         backend.close()
         raise
-    return Engine(backend, drafter, EngineConfig(target=target, drafter="medusa", heads=heads, k=k), CostModel())
+    return Engine(backend, drafter, legacy_config(target=target, drafter="medusa", heads=heads, k=k), CostModel())
 
 
 @pytest.mark.parametrize("noise", [0.0, 2.0], ids=["zero-init", "perturbed"])

@@ -178,3 +178,12 @@ def test_a_chat_template_marker_the_draft_lacks(tmp_path):
     assert special.severity == "warning"
     assert "'<|tool|>', token 10 in the target but not a token of the draft" in special.detail
     assert finding(check_pair(target, target), "special tokens").severity == "ok"
+
+
+def test_memory_of_int8_weights_counts_a_byte_per_weight_and_the_cache_in_the_compute_dtype(tmp_path):
+    """The bench reads a loaded model's dtype ("int8 (weights) / float32"): it used to be refused, and
+    an int8 model's KV cache was then counted as 0 bytes."""
+    meta = read_metadata(resolve(str(write_hf_folder(tmp_path / "hf"))))  # stored as float16
+    cache = 2 * 2 * 2 * 4 * 100  # keys and values, 2 layers, 2 KV heads of 4, per byte of element
+    assert estimate_memory(meta, 100, "int8 (weights) / float32") == (meta.n_params, cache * 4)
+    assert estimate_memory(meta, 100, "int8") == (meta.n_params, cache * 2)  # the stored dtype's cache

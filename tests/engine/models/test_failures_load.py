@@ -21,7 +21,7 @@ import torch
 from engine.backends.base import ModelInfo
 from engine.core.draft_length import CostModel
 from engine.errors import ModelLoadError, OutOfMemoryError
-from engine.models.loading import make_drafter
+from tests.engine.drafters.build import make_drafter
 from engine.models.memory_errors import is_allocation_failure, out_of_memory
 from engine.core.sampling import SamplingConfig
 from engine.api import Engine, EngineConfig

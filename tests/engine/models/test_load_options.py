@@ -7,7 +7,9 @@ import pytest
 from engine import api as session
 from engine.cli.main import main
 from engine.errors import ConfigError
-from engine.api import Engine, EngineConfig
+from engine.api import Engine
+from engine.models import loading
+from tests.engine.drafters.build import legacy_config as EngineConfig
 from tests.factories.fake import MarkovBackend, random_transition
 
 QUANTIZED_SELF_DRAFT = dict(target="default", backend="torch", draft="default", draft_backend="llama.cpp")
@@ -22,13 +24,32 @@ def loads(monkeypatch):
         calls.append(("target", spec, options))
         return MarkovBackend(random_transition(4, seed=0))
 
-    def make_drafter(kind, target, *, draft=None, draft_backend="auto", **options):
-        calls.append(("draft", draft, {"backend": draft_backend, **options}))
-        return None
+    def load_draft(spec, *, backend="auto", progress=None, **options):
+        calls.append(("draft", spec, {"backend": backend, **options}))
+        raise _Loaded  # the options are what the test reads: no draft model is made
 
     monkeypatch.setattr(session, "load_backend", load_backend)
-    monkeypatch.setattr(session, "make_drafter", make_drafter)
+    monkeypatch.setattr(loading, "load_backend", load_draft)  # the model drafter's load (model_spec.make)
+    monkeypatch.setattr(loading, "refuse_incompatible_pair", lambda target, draft: None)
     return calls
+
+
+class _Loaded(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _draft_loads_stop_the_load(monkeypatch):
+    """Engine.load ends after the draft's load options were recorded (no draft model is made)."""
+    load = session.Engine.load.__func__
+
+    def load_until_the_draft(cls, config, progress=None):
+        try:
+            return load(cls, config, progress)
+        except _Loaded:
+            return None
+
+    monkeypatch.setattr(session.Engine, "load", classmethod(load_until_the_draft))
 
 
 def test_a_llama_cpp_draft_does_not_inherit_the_targets_torch_dtype(loads):
