@@ -10,8 +10,8 @@ doctor on the target alone; the load options (engine/models/load_options.py); ll
 loads GGUF files only and in their own precision; a drafter that needs capabilities only
 the PyTorch backend has gets the target there (Backend auto) or is refused (llama.cpp);
 then the drafter's own rules (its registry spec's `preflight`: heads that fit the target,
-the exit layer's range, lookahead's W, N, G, ...). `Engine.load` runs the same load-option
-and drafter-option checks, raising where this reports.
+the exit layer's range, lookahead's W, N, G, ...); the draft length. `Engine.load` runs the
+same load-option, drafter-option and draft-length checks, raising where this reports.
 """
 
 from __future__ import annotations
@@ -144,7 +144,19 @@ def _check(ctx: PreflightContext, spec, options) -> list[Finding]:
     findings += _settings_findings(spec, options)
     findings += backend_rules("target", target, ctx.backend, config.dtype)
     findings += _load_option_findings(config, ctx.backend, findings)
+    findings += _draft_length_findings(config)
     return findings
+
+
+def _draft_length_findings(config) -> list[Finding]:
+    """k and k_max as Engine.load checks them (DraftLength)."""
+    from engine.core.draft_length import DraftLength
+
+    try:
+        DraftLength(config.k, config.k_max)
+    except SpecDeckError as e:
+        return [Finding("error", "The draft length cannot be used", f"{str(e)[:1].upper()}{str(e)[1:]}")]
+    return []
 
 
 def check_model_findings(target, n_ctx: int, dtype: str | None) -> tuple[Finding, ...]:
