@@ -11,7 +11,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)  # fmt: skip
 
-from engine.bench import AutotuneResult
+from engine import AutotuneResult
 
 COLUMNS = ("#", "drafter", "k or\nnode budget", "speedup", "tok/s", "acceptance\n(a)", "tokens /\nforward",
            "identical")  # fmt: skip

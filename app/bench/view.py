@@ -16,8 +16,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem
 
-from engine.bench import BenchReport
-from engine.bench.results import EFFICIENCY_LIMIT, SPECULATIVE, VANILLA
+from engine import EFFICIENCY_LIMIT, SPECULATIVE, VANILLA, BenchReport
 from app.charts.panels import RUN_COLOURS, Panel
 
 PEER_COLOURS = ("#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442")  # green, purple, sky, vermillion, yellow

@@ -15,8 +15,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QSplitter, QVBoxLayout,
                                QWidget)  # fmt: skip
 
-from engine.core.events import GenerationResult, RunStats, StepEvent
-from engine.api import Comparison
+from engine import Comparison, GenerationResult, RunStats, StepEvent
 from app.chat.view import Composer
 from app.chat.token_view import TokenView
 

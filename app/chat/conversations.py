@@ -39,7 +39,7 @@ from pathlib import Path
 
 from app.chat.journals import JournalReading, import_journals, is_journal_id
 from app.chat.store_errors import StoreError, read_error, write_error
-from engine.core.events import Source, TokenInfo
+from engine import Source, TokenInfo
 
 DATA_DIR_ENV = "SPECDECK_DATA_DIR"
 DATABASE = "conversations.db"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.chat.store_errors import StoreError
-from engine.core.events import Source, TokenInfo
+from engine import Source, TokenInfo
 
 JOURNAL_SUFFIX = ".jsonl"
 IMPORTED_FOLDER = "imported-journals"

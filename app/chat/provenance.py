@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtGui import QColor, QPainter, QPixmap
 from PySide6.QtWidgets import QApplication, QCheckBox, QHBoxLayout, QLabel, QWidget
 
-from engine.core.events import Source, TokenInfo
+from engine import Source, TokenInfo
 
 SOURCE_COLOURS: dict[Source, QColor | None] = {
     Source.ACCEPTED: QColor(44, 160, 44, 80),  # green: the draft guessed right

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from engine import SamplingConfig
-from engine.core.events import GenerationResult, StepEvent
+from engine import GenerationResult, SamplingConfig, StepEvent
 from app.chat.view import ChatView
 from app.chat.conversation_panel import ConversationPanel
 from app.chat.conversations import Conversation, ConversationStore, StoreError

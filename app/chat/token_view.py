@@ -24,7 +24,7 @@ from PySide6.QtGui import (QColor, QFont, QFontDatabase, QTextBlockFormat, QText
                            QTextDocumentFragment, QTextFormat, QTextLine)  # fmt: skip
 from PySide6.QtWidgets import QTextBrowser, QToolTip, QWidget
 
-from engine.core.events import TokenInfo
+from engine import TokenInfo
 from app.chat.provenance import SOURCE_COLOURS, token_tooltip
 
 SOURCE_PROPERTY = QTextFormat.Property.UserProperty + 1  # Source.value of the token a character belongs to

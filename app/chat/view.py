@@ -17,7 +17,7 @@ from PySide6.QtGui import QGuiApplication, QKeyEvent
 from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QMenu, QPlainTextEdit,
                                QPushButton, QVBoxLayout, QWidget)  # fmt: skip
 
-from engine.core.events import TokenInfo
+from engine import TokenInfo
 from app.chat.conversations import Conversation
 from app.chat.provenance import Legend
 from app.chat.token_view import TokenView

@@ -21,8 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.errors import ConfigError, SpecDeckError
-from engine.models.locate import list_models, resolve
+from engine import ConfigError, SpecDeckError, list_models, resolve
 
 from app.pair.heads import default_output_dir
 from app.pair.widgets import ModelPicker
