@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from engine.backends.capabilities import HiddenFeatures, LayerExit, TreeForward
 from engine.errors import ContextOverflowError, CorruptModelError
 
 
@@ -38,6 +39,18 @@ class ModelInfo:
     context_length: int  # what the model was trained for
     dtype: str  # "float32", "bfloat16", "Q4_1", ...
     device: str  # "cpu", "cuda", "mps", "cpu+gpu layers"...
+
+
+def _capability_flag(capability: type, meaning: str) -> property:
+    """A bool property that is True when the backend has `capability` (`meaning` says what that gives)."""
+
+    def get(self) -> bool:
+        return capability in self.capabilities
+
+    def set(self, value: bool) -> None:
+        self.capabilities = self.capabilities | {capability} if value else self.capabilities - {capability}
+
+    return property(get, set, doc=f"True when {meaning} ({capability.__name__} in capabilities).")
 
 
 class Backend(abc.ABC):
@@ -91,17 +104,20 @@ class Backend(abc.ABC):
         if not tokens:
             raise ValueError("forward() needs at least one token")
         if len(self.tokens) + len(tokens) > self.n_ctx:
-            raise ContextOverflowError(
-                f"The context window of {self.info.name} is full ({self.n_ctx} tokens): "
-                f"{len(self.tokens)} are in use and {len(tokens)} more were asked for. "
-                "Start a new chat, shorten the prompt, or load the model with a larger context."
-            )
+            raise self._context_full(f"{len(self.tokens)} are in use and {len(tokens)} more were asked for")
         logits = self._forward(list(tokens), all_logits)
         self.tokens.extend(tokens)
         if not finite_rows(logits):
             self.rollback(len(self.tokens) - len(tokens))
             raise self.corrupt_error()
         return logits
+
+    def _context_full(self, asked: str) -> ContextOverflowError:
+        """The error for a call that would run past n_ctx; `asked` says what was asked for."""
+        return ContextOverflowError(
+            f"The context window of {self.info.name} is full ({self.n_ctx} tokens): {asked}. "
+            "Start a new chat, shorten the prompt, or load the model with a larger context."
+        )
 
     def corrupt_error(self) -> CorruptModelError:
         """The error for logits that came out NaN or infinite: the weights are damaged."""
@@ -126,9 +142,13 @@ class Backend(abc.ABC):
     # -- trees and features (tree-shaped drafters: Medusa, EAGLE, lookahead) ---------
 
     capabilities: frozenset[type] = frozenset()  # protocols of engine/backends/capabilities.py it implements
-    supports_tree: bool = False  # True when forward_tree accepts any tree, not just chains
-    supports_features: bool = False  # True when last_features() returns hidden states
-    supports_early_exit: bool = False  # True when partial_forward() runs the first layers only
+
+    # The flags callers read before engine/backends/capabilities.py, derived from `capabilities`
+    # until every caller asks has(backend, C). Setting one on an instance adds or removes the
+    # capability for that instance (test stand-ins do).
+    supports_tree = _capability_flag(TreeForward, "forward_tree accepts any tree, not just chains")
+    supports_features = _capability_flag(HiddenFeatures, "last_features() returns hidden states")
+    supports_early_exit = _capability_flag(LayerExit, "partial_forward() runs the first layers only")
 
     def forward_tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
         """Run the model over a token tree placed after the cached tokens.

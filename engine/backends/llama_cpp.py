@@ -29,6 +29,7 @@ import torch
 from engine.errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
 from engine.models.memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory, release_frames
 from engine.backends.base import Backend, LoadProgress, ModelInfo
+from engine.core.text import plain_chat
 
 DEFAULT_CONTEXT = 4096  # enough for a chat, small enough that the KV cache of a 7B model fits in RAM
 MIN_CONTEXT = 16
@@ -413,14 +414,13 @@ class LlamaCppBackend(Backend):
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         """Ids of `messages` rendered with the model's Jinja chat template, ready for the reply.
 
-        A model without a template gets a plain rendering, one "role: content" line per
-        message and a final "assistant:", which base models continue reasonably.
+        A model without a template gets engine.core.text.plain_chat: one "role: content" line
+        per message and a final "assistant:", which base models continue reasonably.
         A BOS is added only when the model asks for one and the template did not.
         """
         template = self.chat_template
         if template is None:
-            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-            ids = self.tokenize(text, special=False)
+            ids = self.tokenize(plain_chat(messages), special=False)
         else:
             prompt = self._render(template, messages)
             ids = self.tokenize(prompt, special=True)  # the template's control tokens become single ids

@@ -93,3 +93,11 @@ def check_messages(messages: object, source: str = "The messages") -> list[dict]
                 f"{source}: the content of message {n} must be text, not {type(content).__name__}."
             )
     return messages
+
+
+def plain_chat(messages: list[dict], reply: bool = True) -> str:
+    """A chat as plain "role: content" lines, for a model without a chat template (a base model),
+    ending in "assistant:" when the reply comes next; base models continue that reasonably.
+    The one rendering every backend and training use, so heads train on what they will see."""
+    lines = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    return lines + "assistant:" if reply else lines

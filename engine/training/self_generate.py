@@ -144,12 +144,7 @@ def _generate_batched(target_spec, prompts, done, path, max_tokens, temperature,
 
 def _chat_ids(target, prompt: str) -> list[int]:
     """The prompt as a user turn, through the chat template, ready for the reply."""
-    tokenizer = target.tokenizer
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)  # fmt: skip
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return target.encode_text(f"user: {prompt}\nassistant:")
+    return target.encode_chat([{"role": "user", "content": prompt}], reply=True)
 
 
 def _until_end(reply: list[int], stops: frozenset[int], pad: int | None) -> list[int]:

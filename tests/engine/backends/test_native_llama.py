@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from engine.backends.hf.backend import TorchBackend
+from engine.backends.hf.native_backend import NativeBackend
+from engine.backends.hf.transformers_backend import TransformersBackend
 from engine.backends.hf.device import pick_dtype
 from engine.errors import ConfigError, ContextOverflowError
 from engine.backends.hf.quantize import Int8Linear
@@ -105,7 +107,7 @@ def _script(backend: TorchBackend) -> list[torch.Tensor]:
 def test_native_logits_equal_transformers_through_decode_and_rollback(folders, key):
     ours = TorchBackend(folders[key], dtype="float32", impl="native")
     theirs = TorchBackend(folders[key], dtype="float32", impl="transformers")
-    assert ours._native is not None and theirs._native is None
+    assert isinstance(ours, NativeBackend) and isinstance(theirs, TransformersBackend)
     assert ours._native.static_rope == ("dynamic" not in key)  # a table of cos/sin, or per call
     assert ours.info.weight_bytes == theirs.info.weight_bytes == 4 * ours.info.n_params
     for step, (got, want) in enumerate(zip(_script(ours), _script(theirs), strict=True)):
@@ -310,7 +312,7 @@ def test_early_exit_equals_the_model_cut_after_those_layers(tmp_path):
 def test_auto_falls_back_to_transformers_and_native_says_why(tmp_path):
     windowed = make_tiny_model(tmp_path / "windowed", "mistral", sliding_window=64)
     auto = TorchBackend(windowed, dtype="float32")  # window 64 < context 2048: not native
-    assert auto._native is None and not auto.supports_tree and not auto.supports_features
+    assert isinstance(auto, TransformersBackend) and not auto.supports_tree and not auto.supports_features
     auto.forward(_ids(5, 19))
     with pytest.raises(NotImplementedError):
         auto.forward_tree(TREE_TOKENS, TREE_PARENTS)
@@ -318,7 +320,7 @@ def test_auto_falls_back_to_transformers_and_native_says_why(tmp_path):
     with pytest.raises(ConfigError, match="sliding-window.*llama, mistral, qwen2, qwen3"):
         TorchBackend(windowed, dtype="float32", impl="native")
     short = TorchBackend(windowed, dtype="float32", n_ctx=64)  # the window covers the whole context
-    assert short._native is not None and short.supports_tree
+    assert isinstance(short, NativeBackend) and short.supports_tree
     short.close()
     with pytest.raises(ConfigError, match="implementation"):
         TorchBackend(windowed, impl="fast")
@@ -333,7 +335,7 @@ def test_other_architectures_run_on_transformers(tmp_path):
     for item in tokenizer_dir().iterdir():
         (folder / item.name).write_bytes(item.read_bytes())
     auto = TorchBackend(str(folder), dtype="float32")
-    assert auto._native is None and auto.forward(_ids(3, 20)).shape == (3, 49152)
+    assert isinstance(auto, TransformersBackend) and auto.forward(_ids(3, 20)).shape == (3, 49152)
     assert auto.hidden_states(torch.tensor([_ids(3, 20)])).shape == (1, 3, 32) and auto.hidden_size == 32
     auto.close()
     with pytest.raises(ConfigError, match="'gpt2'.*llama, mistral, qwen2, qwen3"):

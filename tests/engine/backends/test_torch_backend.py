@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from engine.backends.hf import device as device_mod
-from engine.backends.hf import backend as torch_backend
+from engine.backends.hf import base as hf_base
 from engine.backends.hf.backend import TorchBackend
+from engine.backends.hf.native_backend import NativeBackend
 from engine.backends.hf.device import cpu_has_native_bf16, pick_device, pick_dtype, weight_format
 from engine.errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
 from tests.factories.hf_models import default_gguf_path, make_tiny_llama
@@ -51,7 +52,7 @@ def prompt(tiny) -> list[int]:
 
 
 def _cache_length(backend: TorchBackend) -> int:
-    if backend._native is not None:
+    if isinstance(backend, NativeBackend):
         return backend._kv.length
     return backend._cache.get_seq_length()
 
@@ -134,7 +135,7 @@ def test_batched_forward_in_bfloat16_stays_close(tiny_dir, prompt):
 def test_long_prefill_is_chunked_without_changing_logits(fresh, prompt, monkeypatch):
     whole = fresh.forward(prompt)
     fresh.rollback(0)
-    monkeypatch.setattr(torch_backend, "PREFILL_CHUNK", 7)
+    monkeypatch.setattr(hf_base, "PREFILL_CHUNK", 7)
     calls = []
     run = fresh._run
     monkeypatch.setattr(fresh, "_run", lambda tokens, all_logits: calls.append(len(tokens)) or run(tokens, all_logits))

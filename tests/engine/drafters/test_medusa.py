@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from engine.backends.hf import backend as torch_backend
+from engine.backends.capabilities import HiddenFeatures
+from engine.backends.hf.loader import load
+from engine.backends.hf.transformers_backend import TransformersBackend
 from engine.core.decode import decode_steps
 from engine.core.draft_length import CostModel, DraftLength
 from engine.drafters.medusa import MedusaDrafter
@@ -135,13 +138,14 @@ def test_automatic_k_sizes_the_tree_from_the_drafters_estimate():
 # -- on a real (tiny, random) Llama through the torch backend ------------------------------
 
 
-class _FeaturesTorchBackend(torch_backend.TorchBackend):
+class _FeaturesTorchBackend(TransformersBackend):
     """Hidden states through a hook on the final norm, for as long as the torch backend does
     not expose them itself (chains only: the decode loop verifies Medusa's best branch)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.supports_features = True
+    capabilities = TransformersBackend.capabilities | {HiddenFeatures}
+
+    def __init__(self, path, impl: str = "transformers", **options) -> None:
+        super().__init__(load(path, **options))
 
     @property
     def hidden_size(self) -> int:
@@ -300,7 +304,7 @@ def test_published_layout_with_own_lm_heads_loads_drafts_and_stays_lossless(torc
 
 def test_on_a_torch_target_without_tree_attention_medusa_verifies_its_best_branch(tiny, tmp_path):
     """The transformers implementation (chains only), with hidden states from the shim."""
-    if "impl" in inspect.signature(torch_backend.TorchBackend.__init__).parameters:
+    if "impl" in inspect.signature(torch_backend.TorchBackend).parameters:
         backend = _FeaturesTorchBackend(tiny, dtype="float32", impl="transformers")
     else:
         backend = torch_backend.TorchBackend(tiny, dtype="float32")
