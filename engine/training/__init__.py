@@ -1,7 +1,7 @@
 """Training small modules on a frozen target by self-distillation (Medusa heads).
 
-    from engine.training import train_medusa
-    result = train_medusa("default", "builtin", "heads/medusa-smollm2", steps=2000)
+    from engine.training import train_heads
+    result = train_heads("default", "builtin", "heads/medusa-smollm2", steps=2000)
 
 The target never changes; its own next-token distributions are the labels, so
 no labelled data set is needed: any text the target reads (files, a built-in
@@ -10,6 +10,6 @@ the target would say a few tokens ahead.
 """
 
 from engine.training.checkpoint import CheckpointInfo, checkpoint_info
-from engine.training.medusa import TrainProgress, TrainResult, train_heads, train_medusa
+from engine.training.medusa import TrainProgress, TrainResult, train_heads
 
-__all__ = ["CheckpointInfo", "TrainProgress", "TrainResult", "checkpoint_info", "train_heads", "train_medusa"]
+__all__ = ["CheckpointInfo", "TrainProgress", "TrainResult", "checkpoint_info", "train_heads"]

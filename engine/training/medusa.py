@@ -240,9 +240,6 @@ def train_heads(
     return run.execute(resume)
 
 
-train_medusa = train_heads  # the name the first version had
-
-
 def learning_rate(step: int, steps: int, lr: float) -> float:
     """Linear warm-up over the first 5% (at most 100 steps), then cosine down to lr / 10."""
     warmup = max(1, min(100, steps // 20))
@@ -253,7 +250,7 @@ def learning_rate(step: int, steps: int, lr: float) -> float:
 
 
 class _Run:
-    """One call of train_medusa: data, target, heads, optimizer, and the loop."""
+    """One call of train_heads: data, target, heads, optimizer, and the loop."""
 
     def __init__(self, settings: TrainSettings, out: Path, progress: Progress | None, cancel: threading.Event,
                  command: str) -> None:  # fmt: skip
