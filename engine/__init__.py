@@ -55,7 +55,7 @@ _LAZY = {
     "break_even_acceptance": ("core.draft_length", None), "expected_tokens": ("core.draft_length", None),
     # trained heads and training
     "read_medusa_config": ("heads.medusa", "read_config"), "read_eagle_config": ("heads.eagle", "read_config"),
-    "default_heads_dir": ("models.shipped", None),
+    "default_heads_dir": ("models.shipped", None), "describe_heads": ("drafters.heads_loading", None),
     "train_heads": ("training", None), "checkpoint_info": ("training", None),
     "load_checkpoint_state": ("training.checkpoint", "load_state"),
     # benchmarks

@@ -75,8 +75,8 @@ class Engine:
         self.drafter = drafter
         self.config = config
         self.costs = costs
-        if drafter is not None and hasattr(drafter, "costs"):
-            drafter.costs = costs  # drafters that size themselves from the verify-cost curve
+        if drafter is not None:
+            drafter.costs = costs  # the one cost model: drafters that size themselves read it (Drafter.costs)
         DraftLength(config.k, config.k_max)  # validate k early, before any generation
 
     @classmethod

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 from engine.cli import interrupt as cli_interrupt
-from engine.cli.options import add_drafter_options, drafter_choice
+from engine.cli.options import add_drafter_options, add_load_options, drafter_choice
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -32,12 +32,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench.add_argument("-m", "--target", default="default",
                        help="'default', a GGUF file, a model folder or a repo id")
     add_drafter_options(bench)
-    bench.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
-    bench.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
-    bench.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
-    bench.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
-    bench.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (llama.cpp and its peers)")
-    bench.add_argument("-ngl", "--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
+    add_load_options(bench, threads="CPU threads (llama.cpp and its peers)")
     bench.add_argument("--k", "--draft-max", dest="k", default="auto",
                        help="draft length: a number from 1 to 32, or auto (default)")  # fmt: skip
     bench.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")

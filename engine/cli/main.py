@@ -30,7 +30,7 @@ from pathlib import Path  # noqa: E402
 
 from engine.cli.bench import add_bench_parser  # noqa: E402
 from engine.cli.chat import add_chat_parser  # noqa: E402
-from engine.cli.options import add_drafter_options, drafter_choice  # noqa: E402
+from engine.cli.options import add_drafter_options, add_load_options, drafter_choice  # noqa: E402
 from engine.cli.train import add_train_parser  # noqa: E402
 from engine.errors import ConfigError, SpecDeckError  # noqa: E402
 
@@ -96,12 +96,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-m", "--target", default="default",
                         help="'default', a GGUF file, a model folder or a repo id")
     add_drafter_options(parser)
-    parser.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
-    parser.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
-    parser.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
-    parser.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (llama.cpp)")
-    parser.add_argument("-ngl", "--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
+    add_load_options(parser)
 
 
 def _decode_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:

@@ -1,4 +1,4 @@
-"""The drafter options of `generate`, `chat` and `bench`, generated from the drafter registry.
+"""The drafter and load options of `generate`, `chat` and `bench`; the drafter's come from the registry.
 
 `--drafter` offers every registered drafter, and every drafter option becomes a flag
 (its `setting`'s `cli` flags, else --<name-with-dashes>) with its default and help, so
@@ -32,6 +32,16 @@ def add_drafter_options(parser: argparse.ArgumentParser) -> None:
             seen.add(s.dest)
             parser.add_argument(*s.flags, dest=s.dest, default=s.default, type=_parser(s, hints[s.name]),
                                 choices=s.choices, help=s.help)  # fmt: skip
+
+
+def add_load_options(parser: argparse.ArgumentParser, threads: str = "CPU threads (llama.cpp)") -> None:
+    """The target's backend and load options (llama.cpp's short forms -c, -t, -ngl)."""
+    parser.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
+    parser.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
+    parser.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
+    parser.add_argument("-t", "--threads", type=int, default=None, help=threads)
+    parser.add_argument("-ngl", "--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
 
 
 def drafter_choice(args: argparse.Namespace):

@@ -83,6 +83,9 @@ class Drafter(abc.ABC):
     name: str = "drafter"
     uses_features: bool = False  # True when it needs observe_features() after every step
     drafts_trees: bool = False  # True when propose() returns trees; k is then a node budget
+    # The engine's CostModel (engine/core/draft_length.py), set by Engine: drafters that size
+    # themselves from the verify-cost curve (lookahead's W, N, G; early exit's L) read it.
+    costs = None
 
     @abc.abstractmethod
     def propose(

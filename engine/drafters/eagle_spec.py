@@ -52,7 +52,7 @@ def make(target, options: EagleOptions, load):
 
 def preflight(ctx, options: EagleOptions) -> list:
     """EAGLE needs a head made for the target's hidden size and vocabulary, and a tree depth of 1 or more."""
-    from engine.drafters.heads_loading import describe_heads
+    from engine.drafters.heads_loading import describe_config
     from engine.errors import ConfigError, SpecDeckError
     from engine.heads.eagle import read_config
     from engine.models.doctor import Finding
@@ -98,7 +98,7 @@ def preflight(ctx, options: EagleOptions) -> list:
     depth = f"up to {MAX_DEPTH} levels (auto)" if auto else f"up to {options.tree_depth} levels"
     return findings + [Finding(
         "ok", "The EAGLE head fits the target",
-        f"{describe_heads(config, 'EAGLE head', 'depth')} ({where}). Draft trees grow {depth}, "
+        f"{describe_config(config, 'EAGLE head', 'depth')} ({where}). Draft trees grow {depth}, "
         "where the head is most confident.",
     )]  # fmt: skip
 

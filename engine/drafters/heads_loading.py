@@ -49,7 +49,33 @@ def placement(module):
     return device, dtype
 
 
-def describe_heads(config, text: str, unit: str | None) -> str:
+def describe_heads(folder: str) -> str:
+    """One line about a folder of trained heads (Medusa heads or an EAGLE head): what, for which
+    model, how well they did; the engine's message when it cannot be read."""
+    import json
+    import os
+
+    from engine.errors import SpecDeckError
+
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            medusa = "medusa_num_heads" in json.load(f)
+    except (OSError, ValueError, TypeError):
+        medusa = True  # read_config says what is wrong with the folder
+    try:
+        if medusa:
+            from engine.heads.medusa import read_config
+
+            config = read_config(folder)
+            return describe_config(config, f"{config.num_heads} heads", None)
+        from engine.heads.eagle import read_config as read_eagle
+
+        return describe_config(read_eagle(folder), "EAGLE head", "depth")
+    except SpecDeckError as error:
+        return str(error)
+
+
+def describe_config(config, text: str, unit: str | None) -> str:
     """One line about trained heads: what they are (`text`), for which model, how well they did."""
     if config.base_model:
         text += f" for {config.base_model}"

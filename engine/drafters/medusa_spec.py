@@ -44,7 +44,7 @@ def make(target, options: MedusaOptions, load):
 
 def preflight(ctx, options: MedusaOptions) -> list:
     """Medusa needs heads made for the target's hidden size."""
-    from engine.drafters.heads_loading import describe_heads
+    from engine.drafters.heads_loading import describe_config
     from engine.errors import SpecDeckError
     from engine.heads.medusa import read_config
     from engine.models.doctor import Finding
@@ -71,7 +71,7 @@ def preflight(ctx, options: MedusaOptions) -> list:
             "Train heads for this target (Models ▸ Train heads…).",
         )]  # fmt: skip
     where = "shipped with SpecDeck" if not heads else folder
-    described = describe_heads(config, f"{config.num_heads} heads", None)
+    described = describe_config(config, f"{config.num_heads} heads", None)
     return [Finding("ok", "Medusa heads fit the target", f"{described} ({where}).")]
 
 
