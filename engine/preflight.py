@@ -92,6 +92,14 @@ class PreflightContext:
         )  # fmt: skip
         return default_heads_dir(kind, info)
 
+    @staticmethod
+    def native_architectures() -> tuple[str, ...]:
+        """The architectures the torch backend's native path runs (the one with every capability),
+        so that a drafter's rules need not import a backend."""
+        from engine.backends.hf.native import SUPPORTED_ARCHITECTURES
+
+        return tuple(SUPPORTED_ARCHITECTURES)
+
     def resolve(self, role: str, spec: str):
         """The model `spec` names, or a stop with the finding that says why it cannot be used."""
         found = _resolve(role, spec)

@@ -43,7 +43,6 @@ def make(target, options: EarlyExitOptions, load):
 
 def preflight(ctx, options: EarlyExitOptions) -> list:
     """Early exit needs the native PyTorch implementation and an exit below the last layer."""
-    from engine.backends.hf.native import SUPPORTED_ARCHITECTURES
     from engine.models.doctor import Finding
 
     meta = ctx.meta()
@@ -53,11 +52,12 @@ def preflight(ctx, options: EarlyExitOptions) -> list:
     auto = str(exit_layer).strip().lower() == AUTO
     findings = []
     arch, n = meta.architecture, int(meta.n_layers or 0)
-    if arch and arch != "unknown" and arch not in SUPPORTED_ARCHITECTURES:
+    native = ctx.native_architectures()
+    if arch and arch != "unknown" and arch not in native:
         findings.append(Finding(
             "error", "Early exit cannot run this target",
             f"Early exit drafts with the target's own first layers, which needs SpecDeck's native PyTorch "
-            f"implementation ({', '.join(SUPPORTED_ARCHITECTURES)} models); {target.name} is a {arch} model. "
+            f"implementation ({', '.join(native)} models); {target.name} is a {arch} model. "
             "Choose another drafter.",
         ))  # fmt: skip
     if 0 < n < 2:
