@@ -160,3 +160,19 @@ def test_the_flat_fields_of_before_become_the_drafters_options():
     with pytest.raises(ConfigError, match="--draft-dtype sets up a draft model"):
         stray.drafter_options()
     assert dataclasses.replace(EngineConfig(), drafter="eagle").drafter_options() == drafter_spec("eagle").options()
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "bench"])
+def test_every_drafter_option_is_a_flag_of_every_command(command):
+    from engine.cli.main import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    flags = {flag for action in sub._actions for flag in action.option_strings}
+    for spec in all_drafters():
+        for s in option_settings(spec):
+            assert set(s.flags) <= flags, (command, spec.name, s.flags)
+    args = parser.parse_args([command, "--drafter", "lookahead", "--window", "3", "--ngram", "auto"])
+    from engine.cli.options import drafter_choice
+
+    assert drafter_choice(args) == ("lookahead", drafter_spec("lookahead").options(window=3))
