@@ -35,27 +35,32 @@ accepted path (dropping the extras). The step costs n + 1 + e rows, and that is
 what the cost model is told (`CostModel.observe_verify`) and what the predicted
 speedup charges. Extras that would not fit in the context are dropped, and so
 are they on a backend without tree attention (a chain cannot carry them).
+
+Early exit (self-speculation): the drafter ran the target's first L layers over
+x_m, d_1..d_{n-1}; the verifying forward starts from the residual stream they
+left (`LayerExit.forward_from_exit`), so only d_n runs the first layers, and the
+rows are the ones a full forward gives.
+
+Each of these is one feed object (engine/core/feeds.py) that knows its forward,
+its rule and its commit; the step below is the same for all of them.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Iterator
 
-import torch
-
 from engine.backends.base import Backend
+from engine.backends.capabilities import HiddenFeatures, TreeForward, has
 from engine.core.draft_length import CostModel, DraftLength, expected_tokens, expected_tokens_tree
-from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
-from engine.errors import ConfigError, ContextOverflowError
 from engine.core.events import RunStats, Source, StepEvent, TokenInfo
-from engine.core.sampling import SamplingConfig, make_generator, probabilities
+from engine.core.feeds import feed_for
+from engine.core.sampling import SamplingConfig, make_generator
 from engine.core.text import IncrementalText, find_stop, held_back
-from engine.core.tree import ancestor_mask, depths
-from engine.core.verify import verify_greedy, verify_sampled
-from engine.core.verify_tree import dedupe_siblings, verify_tree_greedy, verify_tree_sampled
+from engine.drafters.base import EMPTY_DRAFT, Drafter
+from engine.errors import ConfigError, ContextOverflowError
 
 
 def decode_steps(
@@ -76,7 +81,8 @@ def decode_steps(
             f"The prompt is {len(prompt)} tokens long but the context window holds {target.n_ctx}: "
             "shorten the prompt (or start a new chat), or load the model with a larger context."
         )
-    if drafter is not None and drafter.uses_features and not target.supports_features:
+    wants_features = drafter is not None and drafter.uses_features
+    if wants_features and not has(target, HiddenFeatures):
         raise ConfigError(
             f"The {drafter.name} drafter reads the target's hidden states, which the {target.name} "
             "backend does not expose: load the target with the PyTorch backend (--backend torch)."
@@ -85,95 +91,64 @@ def decode_steps(
     costs = costs if costs is not None else CostModel()
     generator = make_generator(sampling.seed)
     eos = target.eos_ids
-    trees = target.supports_tree  # False: tree drafts are verified as their best branch
     if drafter is not None:
         drafter.reset()
-        if drafter.drafts_trees and trees:
+        if drafter.drafts_trees and has(target, TreeForward):  # else trees are verified as their best branch
             draft_length.use_tree_estimate(drafter.tree_expected_tokens)  # k = node budget
 
     start = time.perf_counter()
-    target.prefill(prompt[:-1])
-    run = _Run(prefill_s=time.perf_counter() - start, notes=run_notes(target, drafter))
+    target.prefill(prompt[:-1])  # the cache holds all but the pending token x_m
+    prefill_s = time.perf_counter() - start
     context = list(prompt)
     reply = _Reply(target.detokenize, sampling.stop)
-    loop_start = time.perf_counter()
+    run = _Run(prefill_s, run_notes(target, drafter), costs)
 
     for index in range(sampling.max_tokens):  # each step emits at least one token
         if cancel is not None and cancel.is_set():
-            yield run.event(index, (), "", 0, 0, 0, 0.0, 0.0, 0.0, loop_start, costs, "cancelled")
+            yield run.event(index, _NOTHING, finish="cancelled")
             return
         room = target.n_ctx - len(context)  # drafts that still fit behind the pending token
         if room < 0:
-            yield run.event(index, (), "", 0, 0, 0, 0.0, 0.0, 0.0, loop_start, costs, "context")
+            yield run.event(index, _NOTHING, finish="context")
             return
-        left = sampling.max_tokens - run.tokens
-        k = 0 if drafter is None else min(draft_length.choose(costs), room, left - 1)
+        k = 0 if drafter is None else min(draft_length.choose(costs), room, sampling.max_tokens - run.tokens - 1)
 
-        # 1. Draft up to k tokens or tree nodes (and q, if the drafter has a distribution).
+        # 1. Draft up to k tokens or tree nodes d_1..d_n (and q, if the drafter has a distribution),
+        #    cut to what this target verifies: one feed per kind (chain, tree, early exit, extra rows).
         t0 = time.perf_counter()
         draft = drafter.propose(context, k, sampling, generator) if k > 0 else EMPTY_DRAFT
-        catch_up_s = draft.catch_up_s  # feeding the drafter's cache, not drafting (fit_draft drops it)
-        draft = fit_draft(draft, k, trees, room)
-        drafted = list(draft.tokens)
-        extra = len(draft.extra_tokens)
+        feed = feed_for(draft, k, target, room)
+        drafted = feed.tokens
         t1 = time.perf_counter()
 
-        # 2. One target forward over the pending token and the drafts (a chain or a tree),
-        #    and the draft's extra rows (lookahead's window) beside them when it has some.
-        if extra:
-            block = target.forward_masked(*masked_block(context[-1], draft), what="a lookahead step")
-            logits = block[: len(drafted) + 1]  # (n+1, V): what forward_tree would have returned
-            drafter.observe_extra(block[len(drafted) + 1 :])  # (e, V)
-        elif draft.is_tree:
-            logits = target.forward_tree([context[-1], *drafted], [-1, *(p + 1 for p in draft.parents)])  # (n+1, V)
-        elif draft.exit_hidden is not None and drafted:
-            # Early exit: the draft already ran the first layers; the target starts from there.
-            rows = draft.exit_hidden[: len(drafted) + 1]
-            logits = target.forward_from_exit([context[-1], *drafted], rows, draft.exit_layer)  # (n+1, V)
-        else:
-            logits = target.forward([context[-1], *drafted])  # (n+1, V)
+        # 2. One target forward over [x_m, d_1, ..., d_n]: rows l_0..l_n, l_{i-1} = p's row for d_i and
+        #    l_n the bonus row; lookahead's extra rows ride along in the same forward, unverified.
+        logits = feed.forward(target, context[-1])  # (n+1, V)
+        if feed.extra:
+            drafter.observe_extra(feed.extra_logits)  # (e, V)
         t2 = time.perf_counter()
 
-        # 3. Verdict: keep the longest accepted prefix (or tree path), then one token from p
-        #    (or the residual); cut the cache back to the pending token and what was kept.
-        if draft.is_tree:
-            if sampling.greedy:
-                verdict = verify_tree_greedy(logits, drafted, draft.parents)
-            else:
-                verdict = verify_tree_sampled(probabilities(logits, sampling), drafted, draft.parents, generator)
-            path, tested = list(verdict.path), verdict.tested_depths
-            kept_rows = [0, *(node + 1 for node in path)]
-            features = target.last_features()[kept_rows] if _wants_features(drafter) else None
-            if extra:
-                target.keep_rows(kept_rows)  # keep_nodes needs forward_tree; this is its general form
-            else:
-                target.keep_nodes(kept_rows)
-        else:
-            if sampling.greedy:
-                verdict = verify_greedy(logits, drafted)
-            else:
-                q = draft.q[: len(drafted)] if draft.q is not None else None
-                verdict = verify_sampled(probabilities(logits, sampling), q, drafted, generator)
-            path = list(range(verdict.accepted))
-            tested = len(path) + (len(path) < len(drafted))
-            features = target.last_features()[: len(path) + 1] if _wants_features(drafter) else None
-            if extra:  # the pending token and the accepted prefix, without the extra rows
-                target.keep_rows(list(range(len(path) + 1)))
-            else:
-                target.rollback(len(context) + len(path))  # drop the rejected drafts' cache entries
+        # 3. Verdict: accept d_i with probability min(1, p_i(d_i) / q_i(d_i)) (q a point mass without a
+        #    distribution; greedy: while d_i is p's argmax; a tree walks down the children it accepts);
+        #    at the first rejection draw y ~ norm(max(0, p_i - q_i)), after the last draft y ~ p_{n+1}.
+        #    Then cut the cache back to x_1..x_m and the accepted path; y is the next pending token.
+        verdict, path, tested = feed.verify(logits, sampling, generator)
+        features = feed.features(target, path) if wants_features else None  # rows of this forward
+        feed.commit(target, path, len(context))
         kept = len(path)
         if features is not None:
-            drafter.observe_features(features)  # (kept + 1, hidden): the last row chose the new token
+            drafter.observe_features(features)  # (kept + 1, hidden): the last row chose y
         if drafter is not None and drafted:
             drafter.observe(len(drafted), kept)
             draft_length.observe(tested, kept)
-            costs.observe_draft(len(drafted), max(t1 - t0 - catch_up_s, 0.0))
-        costs.observe_verify(len(drafted) + 1 + extra, t2 - t1)  # rows the forward really ran
+            # feeding the drafter's cache (catch_up_s) is not drafting: a prefill of n costs far less than n decodes
+            costs.observe_draft(len(drafted), max(t1 - t0 - draft.catch_up_s, 0.0))
+        costs.observe_verify(feed.rows, t2 - t1)  # rows the forward really ran: n + 1 + extra rows
 
-        # 4. Commit token by token, so EOS, stop strings and max tokens cut inside the block.
+        # 4. Emit token by token, so EOS, stop strings and max tokens cut inside the block.
         finish = end = None
         for i, token in enumerate([*(drafted[node] for node in path), verdict.token]):
-            info = _token_info(token, i, path, verdict, draft)
+            info = _token_info(token, i, path, verdict, feed.q_token)
             if token in eos:
                 finish, end = "stop", info
                 break
@@ -185,20 +160,17 @@ def decode_steps(
             if finish:
                 break
         infos, step_text = reply.release(final=finish is not None)
-        t3 = time.perf_counter()
-        tree_depth = max(depths(draft.parents)) if draft.is_tree else None
-        run.add(reply.count, len(drafted), kept, tested, t1 - t0, t2 - t1, t3 - t2, tree_depth, extra)
-        yield run.event(
-            index, tuple(infos), step_text, k, len(drafted), kept,
-            t1 - t0, t2 - t1, t3 - t2, loop_start, costs, finish, end,
-        )  # fmt: skip
+        step = _Step(k, len(drafted), kept, tested, t1 - t0, t2 - t1, time.perf_counter() - t2,
+                     feed.tree_depth, feed.extra)  # fmt: skip
+        run.add(reply.count, step)
+        yield run.event(index, step, infos, step_text, finish, end)
         if finish is not None:
             return
 
 
 def run_notes(target: Backend, drafter: Drafter | None) -> tuple[str, ...]:
     """Sentences a UI should show about this target/drafter combination (RunStats.notes)."""
-    if drafter is not None and drafter.drafts_trees and not target.supports_tree:
+    if drafter is not None and drafter.drafts_trees and not has(target, TreeForward):
         note = (
             f"The {target.name} backend verifies chains only, so each {drafter.name} draft tree is cut "
             "to its most likely branch: fewer tokens are accepted per step than with the PyTorch "
@@ -208,101 +180,11 @@ def run_notes(target: Backend, drafter: Drafter | None) -> tuple[str, ...]:
     return ()
 
 
-def fit_draft(draft: Draft, k: int, trees: bool, room: int | None = None) -> Draft:
-    """The draft as it will be verified: at most k tokens (nodes, for a tree).
-
-    Tree nodes are point masses (q dropped), siblings carry distinct tokens (a repeated
-    sibling goes, with its subtree), and where the backend verifies chains only the
-    tree becomes its best branch. Extra rows are not counted in k; they stay when the
-    backend runs masked forwards (`trees`) and they fit behind the pending token with
-    the nodes (`room`: free positions after it), and are dropped otherwise.
-    """
-    if not draft.extra_tokens:
-        return _fit_nodes(draft, k, trees)
-    nodes = _fit_nodes(replace(draft, extra_tokens=(), extra_offsets=(), extra_mask=None), k, trees)
-    e = len(draft.extra_tokens)
-    fits = room is None or (len(nodes) + e <= room and max(draft.extra_offsets, default=0) <= room)
-    if not trees or not fits:
-        return nodes
-    return replace(nodes, extra_tokens=draft.extra_tokens, extra_offsets=draft.extra_offsets,
-                   extra_mask=draft.extra_mask)  # fmt: skip
-
-
-def masked_block(pending: int, draft: Draft) -> tuple[list[int], list[int], torch.Tensor]:
-    """tokens, offsets and mask of one `forward_masked` call over the pending token, the
-    draft's nodes (a chain when parents is None) and its extra rows, in that order.
-
-    Offsets: the pending token 0, node i its depth, extra row j `extra_offsets[j]`. Mask
-    (bool, n + 1 + e square): every row sees the pending token; node i sees its ancestors
-    and itself; extra rows see each other as `extra_mask` says (a causal chain when it is
-    None); nodes and extra rows never see each other.
-    """
-    n, e = len(draft.tokens), len(draft.extra_tokens)
-    parents = draft.parents if draft.parents is not None else tuple(range(-1, n - 1))
-    if len(parents) != n or len(draft.extra_offsets) != e:
-        raise ValueError(f"a draft of {n} nodes and {e} extra rows needs as many parents and offsets")
-    extra_mask = draft.extra_mask if draft.extra_mask is not None else torch.ones(e, e, dtype=torch.bool).tril()
-    if tuple(extra_mask.shape) != (e, e):
-        raise ValueError(f"extra_mask must be ({e}, {e}), got {tuple(extra_mask.shape)}")
-    mask = torch.zeros(1 + n + e, 1 + n + e, dtype=torch.bool)
-    mask[:, 0] = True
-    if n:
-        mask[1 : n + 1, 1 : n + 1] = ancestor_mask(parents)
-    if e:
-        mask[n + 1 :, n + 1 :] = extra_mask.to(dtype=torch.bool, device="cpu")
-    offsets = [0, *depths(parents), *(int(o) for o in draft.extra_offsets)]
-    return [pending, *draft.tokens, *draft.extra_tokens], offsets, mask
-
-
-def _fit_nodes(draft: Draft, k: int, trees: bool) -> Draft:
-    """fit_draft for a draft without extra rows."""
-    if not draft.is_tree:  # a chain: keep q, if any
-        if len(draft) <= k and draft.parents is None:
-            return draft
-        q_token = draft.q_token[:k] if draft.q_token is not None else None
-        exit_hidden = draft.exit_hidden[: k + 1] if draft.exit_hidden is not None and draft.parents is None else None
-        return Draft(draft.tokens[:k], draft.q[:k] if draft.q is not None else None, q_token,
-                     exit_hidden=exit_hidden, exit_layer=draft.exit_layer)  # fmt: skip
-    tokens, parents = list(draft.tokens[:k]), list(draft.parents[:k])
-    keep = dedupe_siblings(tokens, parents)
-    if len(keep) < len(tokens):
-        new_index = {old: new for new, old in enumerate(keep)}
-        tokens = [tokens[i] for i in keep]
-        parents = [new_index.get(parents[i], -1) for i in keep]
-        best = [new_index[i] for i in draft.best_path or () if i in new_index]
-    else:
-        best = list(draft.best_path or ())
-    if trees:
-        return Draft(tokens, parents=tuple(parents))
-    branch = _branch(parents, best)
-    return Draft([tokens[i] for i in branch], parents=tuple(range(-1, len(branch) - 1)))
-
-
-def _branch(parents: list[int], best: list[int]) -> list[int]:
-    """The longest valid prefix of `best` (a path from depth 1 down); without one, the first
-    child at every level."""
-    branch: list[int] = []
-    for node in best:
-        if node >= len(parents) or parents[node] != (branch[-1] if branch else -1):
-            break
-        branch.append(node)
-    if best:
-        return branch
-    node = -1
-    while (node := next((i for i, p in enumerate(parents) if p == node), None)) is not None:
-        branch.append(node)
-    return branch
-
-
-def _wants_features(drafter: Drafter | None) -> bool:
-    return drafter is not None and drafter.uses_features
-
-
-def _token_info(token: int, i: int, path: list[int], verdict, draft: Draft) -> TokenInfo:
+def _token_info(token: int, i: int, path: list[int], verdict, q_token: tuple[float, ...] | None) -> TokenInfo:
     """What the UI shows for the i-th token emitted this step (path: the accepted draft nodes)."""
     if i < len(path):
         source, p = Source.ACCEPTED, verdict.p_draft[i]
-        q = draft.q_token[path[i]] if draft.q_token is not None else None
+        q = q_token[path[i]] if q_token is not None else None
     else:
         source, p, q = verdict.source, verdict.p_token, None
     top_ids = verdict.top_ids[i] if verdict.top_ids else ()
@@ -363,53 +245,69 @@ class _Reply:
         return tuple(out), "".join(info.text for info in out)
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One step's counts and timings, for the run's totals and its StepEvent."""
+
+    k: int = 0  # draft length asked for
+    drafted: int = 0  # draft tokens (tree nodes) the target verified
+    kept: int = 0  # accepted along the path
+    tested: int = 0  # depths where the path met a draft: kept, plus one when the rule rejected there
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    tree_depth: int | None = None  # the deepest node of a tree draft; None for a chain
+    extra: int = 0  # rows run beside the draft, unverified (lookahead's window)
+
+
+_NOTHING = _Step()  # a step that ran no forward (cancelled, or the context is full)
+
+
 class _Run:
     """Running totals of one generation, turned into a RunStats snapshot per step."""
 
-    def __init__(self, prefill_s: float, notes: tuple[str, ...] = ()) -> None:
+    def __init__(self, prefill_s: float, notes: tuple[str, ...], costs: CostModel) -> None:
         self.stats = RunStats(prefill_s=prefill_s, notes=notes)
+        self.costs = costs
         self.tokens = 0
         # For the predicted speedup: chain steps by (drafts, extra rows), tree steps by
         # (nodes, depth, extra rows); extra rows (lookahead) add to a step's verify cost only.
         self.drafted_lengths: dict[tuple[int, int], int] = {}
         self.tree_shapes: dict[tuple[int, int, int], int] = {}
+        self.loop_start = time.perf_counter()
 
-    def add(
-        self, total_tokens: int, drafted: int, kept: int, tested: int,
-        draft_s: float, verify_s: float, other_s: float, tree_depth: int | None = None, extra: int = 0,
-    ):  # fmt: skip
-        """One step: `drafted` tokens (tree nodes), `kept` accepted along the path, `tested`
-        depths where the path met a draft (kept, plus one when the rule rejected there)."""
+    def add(self, total_tokens: int, step: _Step) -> None:
         s = self.stats
         self.tokens = total_tokens
-        if tree_depth is None:
-            shape = (drafted, extra)
+        if step.tree_depth is None:
+            shape = (step.drafted, step.extra)
             self.drafted_lengths[shape] = self.drafted_lengths.get(shape, 0) + 1
         else:
-            shape = (drafted, tree_depth, extra)
+            shape = (step.drafted, step.tree_depth, step.extra)
             self.tree_shapes[shape] = self.tree_shapes.get(shape, 0) + 1
         self.stats = replace(
             s,
             steps=s.steps + 1,
             tokens=self.tokens,
-            drafted=s.drafted + drafted,
-            accepted=s.accepted + kept,
-            tested=s.tested + tested,
-            draft_s=s.draft_s + draft_s,
-            verify_s=s.verify_s + verify_s,
-            other_s=s.other_s + other_s,
-            k=drafted,
+            drafted=s.drafted + step.drafted,
+            accepted=s.accepted + step.kept,
+            tested=s.tested + step.tested,
+            draft_s=s.draft_s + step.draft_s,
+            verify_s=s.verify_s + step.verify_s,
+            other_s=s.other_s + step.other_s,
+            k=step.drafted,
             # Depth d (index d - 1) was tested when the accepted path reached depth d - 1 and the
             # draft had a node below it; for a chain depth d is draft position d (Medusa: head d).
-            depth_tested=(depth_tested := _count_first(s.depth_tested, tested)),
-            depth_accepted=_count_first(s.depth_accepted, kept, len(depth_tested)),
-            tree_nodes=drafted,
+            depth_tested=(depth_tested := _count_first(s.depth_tested, step.tested)),
+            depth_accepted=_count_first(s.depth_accepted, step.kept, len(depth_tested)),
+            tree_nodes=step.drafted,
         )
 
     def event(
-        self, index, infos, text, k, drafted, kept, draft_s, verify_s, other_s, loop_start, costs, finish, end=None
-    ):
-        s = self.stats
+        self, index: int, step: _Step, infos: tuple[TokenInfo, ...] = (), text: str = "",
+        finish: str | None = None, end: TokenInfo | None = None,
+    ) -> StepEvent:  # fmt: skip
+        s, costs = self.stats, self.costs
         a = s.acceptance_rate
         # The formula applied to the drafts this run actually made, against the sum of their
         # costs in units of one plain forward: chains E(a, n); trees 1 + sum over depths of
@@ -421,7 +319,7 @@ class _Run:
         shapes = [*self.drafted_lengths.items(), *(((n, e), c) for (n, _, e), c in self.tree_shapes.items())]
         cost = sum(c * (n * costs.draft_ratio() + costs.verify_ratio(n + 1 + e)) for (n, e), c in shapes)
         mean_drafted = s.drafted / s.steps if s.steps else 0.0
-        wall_s = time.perf_counter() - loop_start
+        wall_s = time.perf_counter() - self.loop_start
         self.stats = replace(
             s,
             wall_s=wall_s,
@@ -430,7 +328,8 @@ class _Run:
             verify_cost_ratio=costs.verify_ratio(round(mean_drafted) + 1) if costs.verify_s else 1.0,
             predicted_speedup=gain / cost if cost > 0 else 1.0,
         )
-        return StepEvent(index, infos, text, k, drafted, kept, draft_s, verify_s, other_s, self.stats, finish, end)
+        return StepEvent(index, infos, text, step.k, step.drafted, step.kept, step.draft_s, step.verify_s,
+                         step.other_s, self.stats, finish, end)  # fmt: skip
 
 
 def _count_first(counts: tuple[int, ...], n: int, length: int = 0) -> tuple[int, ...]:

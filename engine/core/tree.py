@@ -43,7 +43,3 @@ def ancestor_mask(parents: list[int] | tuple[int, ...], device: str | torch.devi
         if parent >= 0:
             mask[i] |= mask[parent]
     return mask.to(device)
-
-
-def is_chain(parents: list[int] | tuple[int, ...] | None) -> bool:
-    return parents is None or all(p == i - 1 for i, p in enumerate(parents))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine.backends.base import Backend, ModelInfo
+from engine.backends.capabilities import HiddenFeatures, TreeForward
 from engine.drafters.base import Draft, Drafter
 from engine.core.sampling import SamplingConfig, probabilities, sample
 
@@ -98,11 +99,9 @@ class MarkovTreeBackend(MarkovBackend):
     With `tree=False` it verifies chains only (like llama.cpp) but still has features.
     """
 
-    supports_features = True
-
     def __init__(self, transition: torch.Tensor, eos: int | None = None, n_ctx: int = 256, tree: bool = True):
         super().__init__(transition, eos, n_ctx)
-        self.supports_tree = tree
+        self.capabilities = frozenset({HiddenFeatures, TreeForward} if tree else {HiddenFeatures})
         vocab = transition.shape[0]
         self.lm_head = torch.nn.Linear(vocab, vocab, bias=False)
         with torch.no_grad():

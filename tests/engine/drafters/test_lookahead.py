@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine.backends.hf.backend import TorchBackend
-from engine.core.decode import decode_steps, fit_draft, masked_block
+from engine.core.decode import decode_steps
+from engine.core.feeds import fit_draft, masked_block
 from engine.core.draft_length import CostModel, DraftLength
 from engine.drafters.base import Draft
 from engine.drafters.lookahead import (

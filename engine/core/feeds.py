@@ -1,0 +1,271 @@
+"""One feed per kind of draft: what the target runs for it, the rule that judges it, what the cache keeps.
+
+A drafter's `Draft` is cut to what this step verifies (`fit_draft`) and becomes one of:
+
+    feed          target forward over [x_m, drafts...]      rule                         commit
+    ChainFeed     forward: d_i after d_1..d_{i-1}           chain (q, or a point mass)   rollback
+    ExitFeed      forward_from_exit: the draft already ran  chain                        rollback
+                  layers 0..L-1, the target starts at L
+    TreeFeed      forward_tree: node i sees its ancestors   tree (point masses)          keep_nodes
+    ExtraRowsFeed forward_masked: a chain or tree feed and  the wrapped feed's           keep_rows
+                  e unverified rows (lookahead's window)
+
+Every feed's forward returns p's rows l_0..l_n for its n drafts (l_{i-1} is p's row for
+d_i, l_n the row after d_n), `verify` returns the verdict with the accepted nodes (`path`)
+and the depths the rule tested, and `commit` leaves the cache holding the committed
+tokens, x_m and the accepted path: the decode loop's invariant (engine/core/decode.py).
+`rows` is what the forward really ran (n + 1, plus the extra rows), what the cost model
+is told.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from engine.backends.base import Backend
+from engine.backends.capabilities import HiddenFeatures, LayerExit, TreeForward, has
+from engine.core.sampling import SamplingConfig, probabilities
+from engine.core.tree import ancestor_mask, depths
+from engine.core.verify import Verdict, verify_greedy, verify_sampled
+from engine.core.verify_tree import dedupe_siblings, verify_tree_greedy, verify_tree_sampled
+from engine.drafters.base import Draft
+
+
+class ChainFeed:
+    """d_1..d_n after the pending token x_m, each seeing the ones before it."""
+
+    extra = 0  # rows run beside the drafts and never verified
+    extra_logits: torch.Tensor | None = None
+    tree_depth: int | None = None  # None: the run counts this step by its length, as a chain
+
+    def __init__(self, draft: Draft) -> None:
+        self.tokens = list(draft.tokens)
+        self.q = draft.q[: len(self.tokens)] if draft.q is not None else None  # (n, V) or a point mass
+        self.q_token = draft.q_token  # q(d_i), for display
+
+    @property
+    def rows(self) -> int:
+        return len(self.tokens) + 1 + self.extra
+
+    def forward(self, target: Backend, pending: int) -> torch.Tensor:
+        return target.forward([pending, *self.tokens])  # (n+1, V)
+
+    def verify(self, logits: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator) -> tuple[Verdict, list[int], int]:  # fmt: skip
+        """(verdict, path, tested): the accepted prefix d_1..d_j (path 0..j-1), and j tested,
+        plus one where the rule rejected d_{j+1}."""
+        if sampling.greedy:
+            verdict = verify_greedy(logits, self.tokens)
+        else:
+            verdict = verify_sampled(probabilities(logits, sampling), self.q, self.tokens, generator)
+        path = list(range(verdict.accepted))
+        return verdict, path, len(path) + (len(path) < len(self.tokens))
+
+    def kept_rows(self, path: list[int]) -> list[int]:
+        """Rows of this forward the cache keeps: x_m and the accepted drafts."""
+        return list(range(len(path) + 1))
+
+    def features(self, target: HiddenFeatures, path: list[int]) -> torch.Tensor:
+        return target.last_features()[: len(path) + 1]  # (kept + 1, hidden)
+
+    def commit(self, target: Backend, path: list[int], committed: int) -> None:
+        """Cut the cache back to the `committed` tokens (x_1..x_m) and the accepted drafts."""
+        target.rollback(committed + len(path))  # drop the rejected drafts' cache entries
+
+
+class ExitFeed(ChainFeed):
+    """A chain whose first L layers the early-exit drafter already ran over x_m, d_1..d_{n-1}:
+    the verifying forward starts from their residual stream, and only d_n runs from layer 0."""
+
+    def __init__(self, draft: Draft) -> None:
+        super().__init__(draft)
+        self.hidden = draft.exit_hidden[: len(self.tokens) + 1]  # (n or n+1, hidden): layer L's input
+        self.exit_layer = draft.exit_layer
+
+    def forward(self, target: LayerExit, pending: int) -> torch.Tensor:
+        return target.forward_from_exit([pending, *self.tokens], self.hidden, self.exit_layer)  # (n+1, V)
+
+
+class TreeFeed:
+    """[x_m, node_1..node_n], node i seeing x_m and its ancestors only; nodes are point masses."""
+
+    extra = 0
+    extra_logits: torch.Tensor | None = None
+    q_token = None
+
+    def __init__(self, draft: Draft) -> None:
+        self.tokens = list(draft.tokens)
+        self.parents = draft.parents
+
+    @property
+    def rows(self) -> int:
+        return len(self.tokens) + 1 + self.extra
+
+    @property
+    def tree_depth(self) -> int:
+        return max(depths(self.parents))
+
+    def forward(self, target: TreeForward, pending: int) -> torch.Tensor:
+        # parents shifted by one for x_m in front; row i + 1 is p after node i
+        return target.forward_tree([pending, *self.tokens], [-1, *(p + 1 for p in self.parents)])  # (n+1, V)
+
+    def verify(self, logits: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator) -> tuple[Verdict, list[int], int]:  # fmt: skip
+        """(verdict, path, tested): the accepted root-to-node path (engine/core/verify_tree.py)."""
+        if sampling.greedy:
+            verdict = verify_tree_greedy(logits, self.tokens, self.parents)
+        else:
+            verdict = verify_tree_sampled(probabilities(logits, sampling), self.tokens, self.parents, generator)
+        return verdict, list(verdict.path), verdict.tested_depths
+
+    def kept_rows(self, path: list[int]) -> list[int]:
+        return [0, *(node + 1 for node in path)]
+
+    def features(self, target: HiddenFeatures, path: list[int]) -> torch.Tensor:
+        return target.last_features()[self.kept_rows(path)]  # (kept + 1, hidden)
+
+    def commit(self, target: TreeForward, path: list[int], committed: int) -> None:
+        target.keep_nodes(self.kept_rows(path))
+
+
+class ExtraRowsFeed:
+    """A chain or tree feed with the draft's extra rows beside it, in one `forward_masked`
+    (`masked_block`): rows 0..n are what the wrapped feed's forward returns, so its rule
+    judges them; the extra rows' logits go to the drafter and their cache entries are dropped."""
+
+    def __init__(self, inner: ChainFeed | TreeFeed, draft: Draft) -> None:
+        self.inner = inner
+        self.draft = draft
+        self.tokens = inner.tokens
+        self.q_token = inner.q_token
+        self.extra = len(draft.extra_tokens)
+        self.extra_logits: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(self.tokens) + 1 + self.extra
+
+    @property
+    def tree_depth(self) -> int | None:
+        return self.inner.tree_depth
+
+    def forward(self, target: TreeForward, pending: int) -> torch.Tensor:
+        block = target.forward_masked(*masked_block(pending, self.draft), what="a lookahead step")
+        self.extra_logits = block[len(self.tokens) + 1 :]  # (e, V)
+        return block[: len(self.tokens) + 1]  # (n+1, V): what forward_tree would have returned
+
+    def verify(self, logits: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator) -> tuple[Verdict, list[int], int]:  # fmt: skip
+        return self.inner.verify(logits, sampling, generator)
+
+    def features(self, target: HiddenFeatures, path: list[int]) -> torch.Tensor:
+        return self.inner.features(target, path)
+
+    def commit(self, target: TreeForward, path: list[int], committed: int) -> None:
+        # x_m and the accepted path, without the extra rows (keep_nodes needs forward_tree; this is its general form)
+        target.keep_rows(self.inner.kept_rows(path))
+
+
+Feed = ChainFeed | TreeFeed | ExtraRowsFeed
+
+
+def feed_for(draft: Draft, k: int, target: Backend, room: int | None = None) -> Feed:
+    """The feed that verifies `draft` on `target`: cut to k tokens (nodes) and to what the target
+    can run (`fit_draft`), then one feed for its kind. A draft that ran the first layers goes
+    from there where the target can (LayerExit); elsewhere it is a chain like any other."""
+    fitted = fit_draft(draft, k, has(target, TreeForward), room)
+    if fitted.is_tree:
+        feed = TreeFeed(fitted)
+    elif fitted.exit_hidden is not None and fitted.tokens and has(target, LayerExit):
+        feed = ExitFeed(fitted)
+    else:
+        feed = ChainFeed(fitted)
+    return ExtraRowsFeed(feed, fitted) if fitted.extra_tokens else feed
+
+
+def fit_draft(draft: Draft, k: int, trees: bool, room: int | None = None) -> Draft:
+    """The draft as it will be verified: at most k tokens (nodes, for a tree).
+
+    Tree nodes are point masses (q dropped), siblings carry distinct tokens (a repeated
+    sibling goes, with its subtree), and where the backend verifies chains only the
+    tree becomes its best branch. Extra rows are not counted in k; they stay when the
+    backend runs masked forwards (`trees`) and they fit behind the pending token with
+    the nodes (`room`: free positions after it), and are dropped otherwise.
+    """
+    if not draft.extra_tokens:
+        return _fit_nodes(draft, k, trees)
+    nodes = _fit_nodes(replace(draft, extra_tokens=(), extra_offsets=(), extra_mask=None), k, trees)
+    e = len(draft.extra_tokens)
+    fits = room is None or (len(nodes) + e <= room and max(draft.extra_offsets, default=0) <= room)
+    if not trees or not fits:
+        return nodes
+    return replace(nodes, extra_tokens=draft.extra_tokens, extra_offsets=draft.extra_offsets,
+                   extra_mask=draft.extra_mask)  # fmt: skip
+
+
+def masked_block(pending: int, draft: Draft) -> tuple[list[int], list[int], torch.Tensor]:
+    """tokens, offsets and mask of one `forward_masked` call over the pending token, the
+    draft's nodes (a chain when parents is None) and its extra rows, in that order.
+
+    Offsets: the pending token 0, node i its depth, extra row j `extra_offsets[j]`. Mask
+    (bool, n + 1 + e square): every row sees the pending token; node i sees its ancestors
+    and itself; extra rows see each other as `extra_mask` says (a causal chain when it is
+    None); nodes and extra rows never see each other.
+    """
+    n, e = len(draft.tokens), len(draft.extra_tokens)
+    parents = draft.parents if draft.parents is not None else tuple(range(-1, n - 1))
+    if len(parents) != n or len(draft.extra_offsets) != e:
+        raise ValueError(f"a draft of {n} nodes and {e} extra rows needs as many parents and offsets")
+    extra_mask = draft.extra_mask if draft.extra_mask is not None else torch.ones(e, e, dtype=torch.bool).tril()
+    if tuple(extra_mask.shape) != (e, e):
+        raise ValueError(f"extra_mask must be ({e}, {e}), got {tuple(extra_mask.shape)}")
+    mask = torch.zeros(1 + n + e, 1 + n + e, dtype=torch.bool)
+    mask[:, 0] = True
+    if n:
+        mask[1 : n + 1, 1 : n + 1] = ancestor_mask(parents)
+    if e:
+        mask[n + 1 :, n + 1 :] = extra_mask.to(dtype=torch.bool, device="cpu")
+    offsets = [0, *depths(parents), *(int(o) for o in draft.extra_offsets)]
+    return [pending, *draft.tokens, *draft.extra_tokens], offsets, mask
+
+
+def _fit_nodes(draft: Draft, k: int, trees: bool) -> Draft:
+    """fit_draft for a draft without extra rows."""
+    if not draft.is_tree:  # a chain: keep q, if any
+        if len(draft) <= k and draft.parents is None:
+            return draft
+        q_token = draft.q_token[:k] if draft.q_token is not None else None
+        exit_hidden = draft.exit_hidden[: k + 1] if draft.exit_hidden is not None and draft.parents is None else None
+        return Draft(draft.tokens[:k], draft.q[:k] if draft.q is not None else None, q_token,
+                     exit_hidden=exit_hidden, exit_layer=draft.exit_layer)  # fmt: skip
+    tokens, parents = list(draft.tokens[:k]), list(draft.parents[:k])
+    keep = dedupe_siblings(tokens, parents)
+    if len(keep) < len(tokens):
+        new_index = {old: new for new, old in enumerate(keep)}
+        tokens = [tokens[i] for i in keep]
+        parents = [new_index.get(parents[i], -1) for i in keep]
+        best = [new_index[i] for i in draft.best_path or () if i in new_index]
+    else:
+        best = list(draft.best_path or ())
+    if trees:
+        return Draft(tokens, parents=tuple(parents))
+    branch = _branch(parents, best)
+    return Draft([tokens[i] for i in branch], parents=tuple(range(-1, len(branch) - 1)))
+
+
+def _branch(parents: list[int], best: list[int]) -> list[int]:
+    """The longest valid prefix of `best` (a path from depth 1 down); without one, the first
+    child at every level."""
+    branch: list[int] = []
+    for node in best:
+        if node >= len(parents) or parents[node] != (branch[-1] if branch else -1):
+            break
+        branch.append(node)
+    if best:
+        return branch
+    node = -1
+    while (node := next((i for i, p in enumerate(parents) if p == node), None)) is not None:
+        branch.append(node)
+    return branch
