@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 
-from engine.backends.base import LoadProgress
 from engine.backends.hf.base import HFBackend
 from engine.backends.hf.device import weight_format
 from engine.backends.hf.loader import load
@@ -34,35 +33,24 @@ logger = logging.getLogger(__name__)
 IMPLEMENTATIONS = ("auto", "native", "transformers")
 
 
-def TorchBackend(  # noqa: N802 - named like the class it was; engine/models/loading.py and the tests call it so
-    path: str | os.PathLike,
-    *,
-    gguf_file: str | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
-    n_ctx: int | None = None,
-    name: str | None = None,
-    trust_remote_code: bool = False,
-    impl: str = "auto",
-    progress: LoadProgress | None = None,
-) -> HFBackend:
+def TorchBackend(path: str | os.PathLike, *, impl: str = "auto", **options) -> HFBackend:  # noqa: N802
     """Load `path` and return the backend that runs it: a NativeBackend or a TransformersBackend.
 
-    `dtype` "int8" keeps the linear weights in int8 (native implementation only)
-    and computes in the device's default dtype. `impl`: "auto", "native" or "transformers".
-    `progress` hears the phases of the load (transformers reports nothing finer).
+    `impl`: "auto", "native" or "transformers". `options` are loader.load's: gguf_file,
+    device, dtype, n_ctx, name, trust_remote_code, progress (which hears the phases of
+    the load; transformers reports nothing finer). `dtype` "int8" keeps the linear weights
+    in int8 (native implementation only) and computes in the device's default dtype.
+    Named like the class it was: engine/models/loading.py and the tests call it so.
     """
-    if n_ctx is not None and n_ctx < 1:
-        raise ConfigError(f"The context size must be a positive number of tokens, got {n_ctx}.")
     if impl not in IMPLEMENTATIONS:
         raise ConfigError(f"Unknown implementation {impl!r}: choose one of {', '.join(IMPLEMENTATIONS)}.")
-    int8 = weight_format(dtype) is not None
+    int8 = weight_format(options.get("dtype", "auto")) is not None
     if int8 and impl == "transformers":
         raise ConfigError("int8 weights need the native implementation; use impl='auto' or 'native', or a float dtype.")
-    loaded = load(path, gguf_file=gguf_file, device=device, dtype=dtype, n_ctx=n_ctx, name=name,
-                  trust_remote_code=trust_remote_code, progress=progress)  # fmt: skip
+    loaded = load(path, **options)
     try:
-        (progress or (lambda message, fraction: None))("Building the forward pass", 0.9)
+        if options.get("progress") is not None:
+            options["progress"]("Building the forward pass", 0.9)
         if impl == "transformers":
             return TransformersBackend(loaded)
         reason = unsupported_reason(loaded.model, loaded.n_ctx)
