@@ -22,6 +22,8 @@ from pathlib import Path
 from PySide6.QtCore import QSettings, QStandardPaths, Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, QWidget
 
+from engine import describe_heads  # one line about a heads folder, as the pair check says it
+
 from app.chat.conversations import DATA_DIR_ENV
 
 TRAINED_KEY = "medusa/trained"  # JSON list of folders trained in the app (either kind), newest first
@@ -110,31 +112,6 @@ def known_heads(settings: QSettings | None = None, kind: str | None = None) -> l
             if sub.is_dir() and is_heads_folder(sub, kind) and str(sub) not in folders:
                 folders.append(str(sub))
     return folders
-
-
-def describe_heads(folder: str) -> str:
-    """One line about a heads folder: how many heads (or an EAGLE head), for which model, how well they did."""
-    from engine import SpecDeckError, read_eagle_config, read_medusa_config
-
-    try:
-        if heads_kind(folder) == "eagle":
-            config = read_eagle_config(folder)
-            text, unit = "EAGLE head", "depth"
-        else:
-            config = read_medusa_config(folder)
-            text, unit = f"{config.num_heads} heads", None
-    except SpecDeckError as error:
-        return str(error)
-    if config.base_model:
-        text += f" for {config.base_model}"
-    facts = config.training
-    if facts.get("steps"):
-        text += f", {facts['steps']} training steps"
-    accuracy = facts.get("validation_head_accuracy")
-    if accuracy:
-        parts = (f"{unit} {k} {a:.0%}" if unit else f"{a:.0%}" for k, a in enumerate(accuracy, 1))
-        text += "; held-out top-1 agreement " + ", ".join(parts)
-    return text
 
 
 def engine_notes(engine) -> tuple[str, ...]:
