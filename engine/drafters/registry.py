@@ -100,7 +100,8 @@ class DrafterStats:
     `[name]` read it as the dict `Drafter.stats()` used to return (`dict(stats)` works)."""
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Plain data (tuples as lists, nested records as dicts): what stats() returned as a dict."""
+        return _plain(dataclasses.asdict(self))
 
     def keys(self):
         return [f.name for f in dataclasses.fields(self)]
@@ -113,6 +114,14 @@ class DrafterStats:
 
     def __contains__(self, name: str) -> bool:
         return name in self.keys()
+
+
+def _plain(value):
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 @dataclass(frozen=True)
