@@ -2,7 +2,7 @@
 
 Start it with `specdeck` or `python -m app`. Everything that decodes lives in
 `engine/` (no Qt); this package only shows it, on the GUI thread, and runs the
-engine on worker threads (see worker.py and engine_controller.py).
+engine on worker threads (app/runtime/: worker.py and engine_controller.py).
 """
 
 __version__ = "0.1.0"

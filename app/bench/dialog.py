@@ -1,10 +1,13 @@
 """`BenchDialog`: run `specdeck-cli bench` from the app, on the shipped prompts or the user's own.
 
-It benchmarks the model pair the window has loaded (its `EngineConfig`), in a
-copy of its own: the benchmark loads the models on a worker thread, so the
-window's engine is never used from two threads, and it stops the window's
-running generation first so that the two do not share the CPU. One run at a
-time; Cancel (or closing the dialog) stops it between two generations. The
+It benchmarks the model pair the window has loaded (its `EngineConfig`) on the
+window's own engine, never a second copy: the run goes to the window's engine
+controller (`host`), which runs it on its worker thread in turn with replies
+(a running reply is stopped first, so the two never share the model or the
+CPU). When the dialog's pair is not the loaded one, the controller frees the
+window's models first and the dialog says so; the window loads them again when
+the dialog closes. A dialog with no host (the tests) loads its pair itself,
+on a thread of its own. One run at a time; Cancel (or closing the dialog) stops it between two generations. The
 result is a bar chart, a table and the three checks in words; Export saves
 everything measured as JSON, as `--json` does. "Find the best settings" runs
 auto-tune (engine/bench/autotune.py) the same way, on the same prompts with
@@ -22,11 +25,12 @@ from PySide6.QtCore import QEvent, QSettings, QStandardPaths, Qt, Signal, Slot
 from PySide6.QtWidgets import (QCheckBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
                                QProgressBar, QPushButton, QSpinBox, QSplitter, QVBoxLayout)  # fmt: skip
 
-from engine import EngineConfig, SpecDeckError
-from engine.bench import (AutotuneResult, AutotuneSettings, BenchmarkCancelled, BenchReport, BenchSettings, Candidate,
-                          default_prompts_path, load_prompts, run_autotune, run_benchmark, write_json)  # fmt: skip
+from engine import (AutotuneResult, AutotuneSettings, BenchmarkCancelled, BenchReport, BenchSettings, Candidate, Engine,
+                    EngineConfig, SpecDeckError, default_prompts_path, load_prompts, run_autotune, run_benchmark,
+                    write_json)  # fmt: skip
 from app.bench.autotune_view import AutotunePanel
 from app.bench.view import BenchChart, BenchTable, checks_html
+from app.runtime.engine_controller import EngineController
 from app.runtime.worker import GeneratorWorker, TaskRunner
 
 PROMPTS_FILE, REPEAT, MAX_TOKENS, PEERS = "bench/prompts_file", "bench/repeat", "bench/max_tokens", "bench/peers"
@@ -39,14 +43,17 @@ class BenchDialog(QDialog):
     sig_tuned = Signal(object)
     """An auto-tune ended: its AutotuneResult, or None when it failed or was cancelled."""
 
-    def __init__(self, parent=None, config: EngineConfig | None = None,
-                 before_run: Callable[[], None] | None = None,
+    def __init__(self, parent=None, config: EngineConfig | None = None, host: EngineController | None = None,
                  apply_config: Callable[[EngineConfig], None] | None = None) -> None:  # fmt: skip
         super().__init__(parent)
         self.setWindowTitle("Benchmark: vanilla against speculative decoding")
         self.config = config or EngineConfig()
-        self.before_run = before_run
+        self.host = host  # the window's engine controller: runs go to its engine, never a second copy
         self.apply_config = apply_config
+        self._worker: GeneratorWorker | None = None  # the run given to the host, until it ends
+        self._lending = False  # between asking the host for its engine and the run's end
+        if host is not None:
+            host.sig_unloaded.connect(self._on_window_unloaded)
         self.autotune_candidates: tuple[Candidate, ...] | None = None  # None: all the loaded target allows
         self.report: BenchReport | None = None
         self._job = ""  # "bench" or "autotune": what the running worker does
@@ -69,6 +76,7 @@ class BenchDialog(QDialog):
         self.peers.setChecked(settings.value(PEERS, False, type=bool))
         form = QFormLayout()
         self.models_label = QLabel(describe_config(self.config))
+        self.models_label.setWordWrap(True)  # a long path, or the note that the window's models were freed
         form.addRow("Models:", self.models_label)
         form.addRow("Prompts (JSONL):", files)
         form.addRow("Runs per prompt and mode:", self.repeat)
@@ -118,7 +126,7 @@ class BenchDialog(QDialog):
 
     @property
     def running(self) -> bool:
-        return self._runner.busy
+        return self._runner.busy or self._worker is not None
 
     # -- running -------------------------------------------------------------------------
 
@@ -145,8 +153,8 @@ class BenchDialog(QDialog):
                                  peers=self.peers.isChecked())  # fmt: skip
         config = self.config
 
-        def job(cancel, report) -> BenchReport:
-            return run_benchmark(config, prompts, settings, cancel=cancel, prompts_source=str(path),
+        def job(engine: Engine | None, cancel, report) -> BenchReport:
+            return run_benchmark(config, prompts, settings, engine=engine, cancel=cancel, prompts_source=str(path),
                                  progress=lambda message, fraction: report((message, fraction)))  # fmt: skip
 
         self._start(job, "bench", self._on_report, f"Benchmarking {len(prompts)} prompts from {path.name}…")
@@ -162,8 +170,8 @@ class BenchDialog(QDialog):
         settings = AutotuneSettings(max_tokens=min(self.max_tokens.value(), AUTOTUNE_MAX_TOKENS))
         config, candidates = self.config, self.autotune_candidates
 
-        def job(cancel, report) -> AutotuneResult:
-            return run_autotune(config, prompts, settings, candidates=candidates, cancel=cancel,
+        def job(engine: Engine | None, cancel, report) -> AutotuneResult:
+            return run_autotune(config, prompts, settings, engine=engine, candidates=candidates, cancel=cancel,
                                 progress=lambda message, fraction: report((message, fraction)))  # fmt: skip
 
         self._start(job, "autotune", self._on_tuned,
@@ -181,22 +189,43 @@ class BenchDialog(QDialog):
         return path, prompts
 
     def _start(self, job, name: str, on_returned, status: str) -> None:
-        if self.before_run is not None:
-            self.before_run()
+        """`job(engine, cancel, report)` on the host's engine (None: it loads the dialog's pair)."""
         self._job = name
-        worker = GeneratorWorker(job, name=name)
-        worker.sig_yielded.connect(self._on_progress)
-        worker.sig_returned.connect(on_returned)
-        worker.sig_errored.connect(self._on_error)
         self.progress.setValue(0)
         self._set_status(status)
         self._set_running(True)
-        self._runner.start(worker)
+
+        def connect(worker: GeneratorWorker) -> None:
+            worker.sig_yielded.connect(self._on_progress)
+            worker.sig_returned.connect(on_returned)
+            worker.sig_errored.connect(self._on_error)
+
+        if self.host is None:
+            worker = GeneratorWorker(lambda cancel, report: job(None, cancel, report), name=name)
+            connect(worker)
+            self._runner.start(worker)
+            return
+        self._lending = True  # the host may free its engine inside lend() (sig_unloaded)
+        try:
+            self._worker = self.host.lend(name, self.config, job, connect=lambda worker: (
+                connect(worker), worker.sig_finished.connect(self._on_done)))  # fmt: skip
+        except SpecDeckError as error:  # the window is about to load a pair
+            self._on_done()
+            self._set_status(str(error), error=True)
 
     def cancel(self) -> None:
         if self.running:
             self._set_status("Stopping after the current generation…")
-            self._runner.cancel()
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()  # the host's thread ends it at its next check
+        self._runner.cancel()
+
+    def _on_window_unloaded(self, freed: EngineConfig) -> None:
+        if self._lending:  # freed for this dialog's run
+            self.models_label.setText(describe_config(self.config, freed=True))
 
     @Slot(object)
     def _on_progress(self, value) -> None:
@@ -241,8 +270,9 @@ class BenchDialog(QDialog):
         self.models_label.setText(describe_config(config))
         self._set_status(f"Using {self.autotune_panel.result.best.candidate.label}: the window loads it.")
 
-    @Slot(object)
-    def _on_done(self, worker) -> None:
+    def _on_done(self, worker=None) -> None:
+        self._worker = None
+        self._lending = False
         self._set_running(False)
 
     def show_report(self, report: BenchReport) -> None:
@@ -293,7 +323,11 @@ class BenchDialog(QDialog):
         settings.setValue(PEERS, self.peers.isChecked())
 
     def shutdown(self) -> None:
-        """Cancel a running benchmark and wait for its thread (blocks until the current generation ends)."""
+        """Cancel a running benchmark; one on the dialog's own thread is waited for (blocks until the
+        current generation ends), one on the host's ends there and the host's shutdown waits for it."""
+        if self._worker is not None:
+            self._worker.cancel()
+            self._worker = None
         self._runner.shutdown()
         self._runner = self._new_runner()  # a closed runner starts nothing: the dialog may be shown again
         self._set_running(False)
@@ -321,25 +355,11 @@ def _spin(low: int, high: int, value: int, suffix: str) -> QSpinBox:
     return spin
 
 
-def describe_config(config: EngineConfig) -> str:
+def describe_config(config: EngineConfig, freed: bool = False) -> str:
+    """The form's "Models:" line; `freed`: the window held another pair, freed for this one."""
     drafter = f"draft model {config.draft}" if config.draft else f"{config.drafter} drafter"
     backend = "" if config.backend == "auto" else f", {config.backend}"
+    if freed:
+        return (f"{config.target}{backend} · {drafter} · k {config.k} (not the window's pair: its models were "
+                "freed first, to hold one copy at a time, and load again when this dialog closes)")
     return f"{config.target}{backend} · {drafter} · k {config.k} (the pair loaded in the window)"
-
-
-def open_bench_dialog(window) -> BenchDialog:
-    """Models ▸ Benchmark…: on the window's loaded pair (or the saved one), window-modal."""
-    from app.shell import settings as keys
-
-    existing = window.findChild(BenchDialog)
-    if existing is not None and existing.isVisible():
-        existing.raise_()
-        existing.activateWindow()
-        return existing
-    engine = window.controller.engine
-    config = engine.config if engine is not None else keys.engine_config()
-    dialog = BenchDialog(window, config=config, before_run=window.controller.stop,
-                         apply_config=lambda chosen: window.apply_pair(chosen, window.sampling))  # fmt: skip
-    dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-    dialog.open()
-    return dialog

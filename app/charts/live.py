@@ -14,8 +14,9 @@ The draft length panel shows a tree drafter's tree size and accepted length
 per step instead. Lookahead and early exit add the drafter panel (two plots:
 the n-gram pool and its hits, or the exit layer and each exit's acceptance)
 beside the last panel, or on a row of its own when only one column is left.
-`set_drafter` says which drafter is loaded; the worker's snapshot of its
-statistics comes with each step (`add_step`'s `drafter_stats`).
+`set_drafter` says which drafter is loaded; the worker's snapshots of its
+statistics and of the cost model come with each step (`add_step`'s
+`drafter_stats` and `costs`), so nothing here reads the engine while it decodes.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from PySide6.QtGui import QPainter, QPalette
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
-from engine.core.draft_length import CostModel
-from engine.core.events import StepEvent
+from engine import CostModel, StepEvent
 
+from app.runtime.costs import CostSnapshot
 from app.charts.data import COLUMNS, DRAFTER_COLUMNS, Run, chart_series, drafter_view
 from app.charts.panels import (
     RUN_COLOURS,
@@ -57,7 +58,8 @@ class LiveCharts(QWidget):
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self._runs: dict[str, Run] = {}
-        self._costs: CostModel | None = None
+        self._costs: CostModel | None = None  # what the theory is drawn from; the charts' own
+        self._costs_taken: CostSnapshot | None = None  # the snapshot it was made from, if any
         self._drafter: str | None = None  # EngineConfig.drafter of the loaded engine
         self._dirty = False
         self.throughput = ThroughputPanel(self)
@@ -103,11 +105,14 @@ class LiveCharts(QWidget):
             panel.clear_data()
         self._schedule()
 
-    def add_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None) -> None:
+    def add_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None,
+                 costs: CostSnapshot | None = None) -> None:  # fmt: skip
         """Record one step of the run `label` ("speculative" or "vanilla"). Cheap: draws nothing.
 
-        `drafter_stats`: the drafter's stats() right after this step, as a snapshot taken on
-        the thread that decodes (never call stats() from here while a worker decodes)."""
+        `drafter_stats` and `costs`: the drafter's stats() and the engine's cost model right
+        after this step, as snapshots taken on the thread that decodes (never read the drafter
+        or the engine's CostModel from here while a worker decodes); `costs` replaces the
+        cost model drawn from, when it changed."""
         if label not in LABELS:
             raise ValueError(f"unknown run label {label!r}: use one of {', '.join(LABELS)}")
         run = self._runs.get(label)
@@ -116,6 +121,8 @@ class LiveCharts(QWidget):
             # start that label over rather than join two runs into one curve.
             run = self._runs[label] = Run()
         run.add(event, drafter_stats)
+        if costs is not None and costs != self._costs_taken:
+            self._costs_taken, self._costs = costs, costs.model()
         self._schedule()
 
     def set_drafter(self, kind: str | None) -> None:
@@ -140,15 +147,17 @@ class LiveCharts(QWidget):
         self._schedule()
 
     def set_cost_model(self, costs: CostModel | None) -> None:
-        """The engine's cost model (it keeps learning while decoding; each redraw reads a snapshot)."""
-        self._costs = costs
+        """The cost model to draw the theory from until a step brings a newer snapshot. Each redraw
+        reads it and nothing here changes it; hand over one that no other thread updates (the
+        window: a model made from the controller's snapshot, never the engine's own)."""
+        self._costs, self._costs_taken = costs, None
         self._schedule()
 
     # -- drawing -------------------------------------------------------------------
 
     def series(self) -> dict:
         """The data the panels draw (after the next redraw, if steps arrived since the last)."""
-        return chart_series(self._runs, self._cost_snapshot(), drafter=self._drafter)
+        return chart_series(self._runs, self._costs, drafter=self._drafter)
 
     def redraw(self) -> None:
         """Draw everything added so far now (the timer calls this; so does export_png)."""
@@ -164,14 +173,6 @@ class LiveCharts(QWidget):
         self._dirty = True
         if not self._timer.isActive():
             self._timer.start()
-
-    def _cost_snapshot(self) -> CostModel | None:
-        """A private copy of the cost model: the decoding thread updates the original as it goes."""
-        if self._costs is None:
-            return None
-        c = self._costs
-        # dict() copies under the GIL in one step, so a concurrent update cannot tear it.
-        return CostModel(verify_s=dict(c.verify_s), draft_s_per_token=c.draft_s_per_token, window=c.window)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
@@ -251,7 +252,7 @@ class LiveCharts(QWidget):
         series = self.series()
         theory = series["theory"]
         depth = series["depth"]
-        costs = self._cost_snapshot()
+        costs = self._costs
         columns = self._export_columns()
         document = {
             "columns": list(columns),

@@ -12,11 +12,20 @@ Every `SpecDeckError` becomes `sig_error` with the engine's own message; any
 other exception is a bug, reported the same way with its type so that the
 window survives it.
 
-Drafter statistics (`Drafter.stats()`: lookahead's n-gram pool, the early-exit
-layer...) are read by the job itself, on the worker thread, right after each
-step of a speculative run, while the decode loop waits at its `yield`; the
-copy travels with the step (`sig_step_stats`). Nothing on the GUI thread ever
-calls into the drafter while it decodes.
+Replies and comparisons run through the engine's own layers (`Engine.generate`
+and `Engine.compare` with `on_event`). Their callback runs on the worker thread
+between two steps, while the decode loop waits at its `yield`, and there the
+job copies what the GUI shows beside the step: the drafter's statistics
+(`Drafter.stats()`: lookahead's n-gram pool, the early-exit layer...) and the
+cost model (`CostSnapshot`), which both keep changing as decoding goes on. The
+copies travel with the step (`sig_step_stats`). What the window shows about the
+loaded pair is copied the same way when it loads (`LoadedPair`). Nothing on the
+GUI thread reads the engine, its drafter or its cost model while they decode.
+
+Other work on the engine (the benchmark) borrows it through `lend`, in turn
+with everything else: the window's engine when it was loaded from the same
+configuration, else none, after the window's engine has been freed, so that a
+machine never holds two copies of the models.
 """
 
 from __future__ import annotations
@@ -24,16 +33,34 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Signal, Slot
 
 from engine import Engine, EngineConfig, SamplingConfig, SpecDeckError
-from engine.api import collect
+from app.runtime.costs import CostSnapshot
 from app.runtime.worker import GeneratorWorker, TaskRunner
 
 LOAD, CHAT, COMPARE = "load", "chat", "compare"
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadedPair:
+    """What the window shows about the loaded engine, copied on the worker thread when it loaded."""
+
+    config: EngineConfig
+    target: Any  # the target's ModelInfo (name, dtype, backend...)
+    speculative: bool  # there is a drafter
+    notes: tuple[str, ...]  # Engine.notes: e.g. a tree drafter cut to one branch on llama.cpp
+    costs: CostSnapshot  # the cost model as measured at load
+
+
+def loaded_pair(engine: Engine) -> LoadedPair:
+    """`engine`'s LoadedPair; call it on the thread that loaded it, before anything decodes."""
+    return LoadedPair(engine.config, engine.target.info, engine.drafter is not None,
+                      tuple(str(note) for note in engine.notes if note), CostSnapshot.of(engine.costs))  # fmt: skip
 
 
 class EngineController(QObject):
@@ -43,7 +70,11 @@ class EngineController(QObject):
     """What loading is doing, and the fraction done."""
 
     sig_loaded = Signal(object)
-    """An engine is ready; the argument is its EngineConfig."""
+    """An engine is ready; the argument is its EngineConfig (and `loaded` says the rest)."""
+
+    sig_unloaded = Signal(object)
+    """The engine was freed for a job on another pair (`lend`); the argument is the freed engine's
+    EngineConfig, for loading it again afterwards."""
 
     sig_run_started = Signal(str)
     """A chat reply ("chat") or a comparison ("compare") started decoding."""
@@ -51,9 +82,10 @@ class EngineController(QObject):
     sig_step = Signal(str, object)
     """One decoding step: the run's label ("speculative" or "vanilla") and the StepEvent."""
 
-    sig_step_stats = Signal(str, object, object)
-    """The same step (emitted just before sig_step) with the drafter's statistics just after it:
-    a dict copied on the worker thread, or None (a plain run, no drafter, stats() failed)."""
+    sig_step_stats = Signal(str, object, object, object)
+    """The same step (emitted just before sig_step) with what was copied on the worker thread just
+    after it: the drafter's statistics (a dict, or None: a plain run, no drafter, stats() failed)
+    and the cost model (a CostSnapshot)."""
 
     sig_run_finished = Signal(str, object)
     """A run ended: its kind and its result (GenerationResult / Comparison), None if it failed."""
@@ -69,7 +101,8 @@ class EngineController(QObject):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.engine: Engine | None = None
+        self.engine: Engine | None = None  # used by jobs, on the worker thread; the GUI reads `loaded`
+        self.loaded: LoadedPair | None = None  # set and cleared with `engine`
         self._runner = TaskRunner(self)
         self._runner.sig_started.connect(self._on_started)
         self._runner.sig_done.connect(self._on_done)
@@ -90,7 +123,7 @@ class EngineController(QObject):
     @property
     def speculative(self) -> bool:
         """Whether chat replies are decoded speculatively (there is a drafter)."""
-        return self.engine is not None and self.engine.drafter is not None
+        return self.loaded is not None and self.loaded.speculative
 
     # -- requests ----------------------------------------------------------------------
 
@@ -100,13 +133,13 @@ class EngineController(QObject):
             # Free the old model before loading the new one: two large models side by
             # side is how a machine runs out of memory. A running job may still use it,
             # so it is closed once no thread is running (at the latest in _on_done).
-            self._retired.append(self.engine)
-            self.engine = None
+            self._retire_engine()
             if not self._runner.busy:
                 self._close_retired()
 
-        def job(cancel: threading.Event, report) -> Engine:
-            return Engine.load(config, progress=lambda message, fraction: report((message, fraction)))
+        def job(cancel: threading.Event, report) -> tuple[Engine, LoadedPair]:
+            engine = Engine.load(config, progress=lambda message, fraction: report((message, fraction)))
+            return engine, loaded_pair(engine)
 
         self._start(LOAD, job)
 
@@ -115,14 +148,11 @@ class EngineController(QObject):
         # must use the engine that load produces.
         def job(cancel: threading.Event, report):
             engine = self._require_engine()
-            label = "speculative" if engine.drafter is not None else "vanilla"
-            drafter = engine.drafter if label == "speculative" else None
-            events = []
-            for event in engine.stream(engine.prompt_ids(messages), sampling, speculative=label == "speculative",
-                                       cancel=cancel):  # fmt: skip
-                events.append(event)
-                report((label, event, drafter_snapshot(drafter)))
-            return collect(events)
+            speculative = engine.drafter is not None
+            label = "speculative" if speculative else "vanilla"
+            on_event = _step_reporter(engine, report)
+            return engine.generate(engine.prompt_ids(messages), sampling, speculative=speculative, cancel=cancel,
+                                   on_event=lambda event: on_event(label, event))  # fmt: skip
 
         self._start(CHAT, job)
 
@@ -130,14 +160,41 @@ class EngineController(QObject):
         def job(cancel: threading.Event, report):
             engine = self._require_engine()
             prompt = engine.prompt_ids(messages)
-
-            def on_event(label: str, event) -> None:  # on this thread, between two steps
-                drafter = engine.drafter if label == "speculative" else None
-                report((label, event, drafter_snapshot(drafter)))
-
-            return engine.compare(prompt, sampling, cancel=cancel, on_event=on_event)
+            return engine.compare(prompt, sampling, cancel=cancel, on_event=_step_reporter(engine, report))
 
         self._start(COMPARE, job)
+
+    def lend(self, name: str, config: EngineConfig, job: Callable[[Engine | None, threading.Event, Any], Any],
+             connect: Callable[[GeneratorWorker], None]) -> GeneratorWorker:  # fmt: skip
+        """Run `job(engine, cancel, report)` on the worker thread, in turn with loads and replies
+        (a running reply is cancelled first, as by any new request); returns its worker. Its
+        signals are the caller's: `connect(worker)` connects them before it starts (this
+        controller reports none of them).
+
+        `engine` is the window's own when it was loaded from `config`: it stays open, loaded,
+        and no one else uses it until the job ends. For any other pair it is None: the
+        window's engine is freed first (sig_unloaded), and the job loads and closes its own,
+        so the machine never holds two copies of the models. Raises SpecDeckError while a load
+        waits behind a running job: only the newest request waits, and the load must not be lost.
+        """
+        pending = self._runner.pending
+        if pending is not None and pending.name == LOAD:
+            raise SpecDeckError("The window is about to load a model pair: try again once it has loaded.")
+        lent: list[Engine | None] = []
+
+        def prepare() -> None:  # on the GUI thread, when no job runs (TaskRunner._launch)
+            if self.engine is not None and self.engine.config != config:
+                freed = self.engine.config
+                self._retire_engine()
+                self._close_retired()
+                self.sig_unloaded.emit(freed)
+            lent.append(self.engine)
+
+        worker = GeneratorWorker(lambda cancel, report: job(lent[0], cancel, report), name=name, prepare=prepare)
+        connect(worker)
+        self._runner.start(worker)
+        self._set_busy(True)
+        return worker
 
     def stop(self) -> None:
         """Stop the running generation and drop a queued one; a queued load still happens.
@@ -153,11 +210,11 @@ class EngineController(QObject):
         last = self._runner.shutdown()
         self._close_retired()
         # A load that finished after the window said goodbye: its result was never adopted.
-        if last is not None and isinstance(last.result, Engine) and last.result is not self.engine:
-            last.result.close()
+        if last is not None and last.name == LOAD and last.result is not None and last.result[0] is not self.engine:
+            last.result[0].close()
         if self.engine is not None:
             self.engine.close()
-            self.engine = None
+            self.engine = self.loaded = None
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -176,7 +233,7 @@ class EngineController(QObject):
 
     @Slot(object)
     def _on_started(self, worker: GeneratorWorker) -> None:
-        if worker.name != LOAD:
+        if worker.name in (CHAT, COMPARE):
             self.sig_run_started.emit(worker.name)
 
     # Worker signals are queued to this (GUI) thread. Only one worker runs at a time and
@@ -190,9 +247,9 @@ class EngineController(QObject):
         if worker.name == LOAD:
             self.sig_load_progress.emit(*value)
         else:
-            label, event, stats = value
+            label, event, stats, costs = value
             # The charts (on sig_step_stats) have the step by the time sig_step's listeners run.
-            self.sig_step_stats.emit(label, event, stats)
+            self.sig_step_stats.emit(label, event, stats, costs)
             self.sig_step.emit(label, event)
 
     @Slot(object)
@@ -201,8 +258,8 @@ class EngineController(QObject):
         if worker is None:
             return
         if worker.name == LOAD:
-            self.engine = result
-            self.sig_loaded.emit(result.config)
+            self.engine, self.loaded = result
+            self.sig_loaded.emit(self.loaded.config)
         else:
             self.sig_run_finished.emit(worker.name, result)
 
@@ -228,6 +285,11 @@ class EngineController(QObject):
         self._close_retired()  # no thread runs between one job's end and the next one's start
         self._set_busy(self._runner.busy)
 
+    def _retire_engine(self) -> None:
+        """Nothing new may use the engine; it is closed once no job can be using it."""
+        self._retired.append(self.engine)
+        self.engine = self.loaded = None
+
     def _close_retired(self) -> None:
         while self._retired:
             self._retired.pop().close()
@@ -236,6 +298,17 @@ class EngineController(QObject):
         if busy != self._busy:
             self._busy = busy
             self.sig_busy_changed.emit(busy)
+
+
+def _step_reporter(engine: Engine, report) -> Callable[[str, Any], None]:
+    """The `on_event` of Engine.generate / compare: each step with its copies of the drafter's
+    statistics and the cost model, taken here, on the worker thread, between two steps."""
+
+    def on_event(label: str, event) -> None:
+        drafter = engine.drafter if label == "speculative" else None
+        report((label, event, drafter_snapshot(drafter), CostSnapshot.of(engine.costs)))
+
+    return on_event
 
 
 _failed_stats: set[type] = set()  # drafter classes whose stats() raised: logged once each

@@ -9,6 +9,10 @@ reported) or a plain value. Cancellation is cooperative: `cancel` is a
 and ends the run with a last "cancelled" step, so the worker never abandons a
 generator half way (its `finally:` blocks roll the model's cache back).
 
+A worker may bring a `prepare` callable: the runner calls it on the GUI thread
+just before the job's thread starts, the one moment when no job runs, so it may
+change what the jobs share (the engine controller frees or lends its engine there).
+
 The worker object itself stays on the GUI thread; only its `run()` executes
 on the job's QThread. That is superqt's arrangement too, and it matters: a
 signal connected to a lambda or any plain callable is delivered in the thread
@@ -49,10 +53,12 @@ class GeneratorWorker(QObject):
     sig_finished = Signal()
     """The job ended, whichever way; always the last signal."""
 
-    def __init__(self, job: Job, name: str = "job") -> None:
+    def __init__(self, job: Job, name: str = "job", prepare: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.name = name
         self._job = job
+        self._prepare = prepare
+        self._prepare_error: BaseException | None = None
         self._cancel = threading.Event()
         # Kept so that whoever shuts down after the thread finished can still see
         # what the job produced even if the queued sig_returned is never delivered.
@@ -67,9 +73,20 @@ class GeneratorWorker(QObject):
         """Ask the job to stop at its next check (thread-safe)."""
         self._cancel.set()
 
+    def prepare(self) -> None:
+        """`prepare`, on the GUI thread, before the job's thread starts. What it raises ends the
+        job the usual way (sig_errored), on the job's thread, so its listeners need no second path."""
+        if self._prepare is not None:
+            try:
+                self._prepare()
+            except Exception as error:  # noqa: BLE001 - reported by run()
+                self._prepare_error = error
+
     def run(self) -> None:
         """The job, start to end; called on the worker thread."""
         try:
+            if self._prepare_error is not None:
+                raise self._prepare_error
             outcome = self._job(self._cancel, self.sig_yielded.emit)
             if inspect.isgenerator(outcome):
                 outcome = yield_all(outcome, self.sig_yielded.emit)
@@ -149,6 +166,7 @@ class TaskRunner(QObject):
         return worker
 
     def _launch(self, worker: GeneratorWorker) -> None:
+        worker.prepare()  # no job runs now: the previous thread has been joined
         thread = _JobThread(worker)
         # Queued to this thread, after everything the worker emitted (posted earlier).
         thread.finished.connect(self._on_thread_finished)

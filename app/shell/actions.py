@@ -1,22 +1,21 @@
 """The main window's actions, menus and toolbar, in one place.
 
 Every command exists once, as a QAction with its shortcut, and the menus and the
-toolbar show the same objects, so enabling "Stop" enables it everywhere.
+toolbar show the same objects, so enabling "Stop" enables it everywhere. This
+module only makes them: the window connects each action's `triggered` to what
+it does (MainWindow._connect_actions), so nothing here knows the window's parts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Sequence
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QIcon, QKeySequence
-from PySide6.QtWidgets import QMessageBox, QStyle, QToolBar
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QStyle, QToolBar
 
 import app
-
-if TYPE_CHECKING:
-    from app.shell.main_window import MainWindow
 
 
 @dataclass
@@ -40,8 +39,10 @@ class Actions:
     train_heads: QAction
 
 
-def create_actions(window: MainWindow) -> Actions:
-    def action(text: str, slot, shortcut=None, icon: QIcon | None = None, tip: str = "") -> QAction:
+def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions:
+    """The actions, in the window's menus and toolbar; `docks` get a View menu entry each."""
+
+    def action(text: str, shortcut=None, icon: QIcon | None = None, tip: str = "") -> QAction:
         item = QAction(text, window)
         if shortcut is not None:
             item.setShortcut(QKeySequence(shortcut))
@@ -51,44 +52,32 @@ def create_actions(window: MainWindow) -> Actions:
             item.setStatusTip(tip)
             item.setToolTip(f"{tip} ({item.shortcut().toString(QKeySequence.SequenceFormat.NativeText)})"
                             if shortcut is not None else tip)  # fmt: skip
-        if slot is not None:
-            item.triggered.connect(slot)
         return item
 
     def standard(name: str) -> QIcon:
         return window.style().standardIcon(getattr(QStyle.StandardPixmap, name))
 
-    from app.bench.dialog import open_bench_dialog
-    from app.shell.file_dialogs import export_charts
-    from app.training.dialog import open_train_dialog
-
     actions = Actions(
-        new_chat=action("&New chat", window.new_chat, QKeySequence.StandardKey.New, standard("SP_FileIcon"),
-                        "Start a new conversation"),
-        rename=action("&Rename chat", window.conversation_panel.edit_current, "F2"),
-        delete=action("&Delete chat…", lambda: window.chats.conversation and window.confirm_delete(
-            window.chats.conversation.id)),
-        export_markdown=action("&Export chat as Markdown…", lambda: window.export_markdown(), "Ctrl+E"),
-        export_png=action("Charts as &PNG…", lambda: export_charts(window, "png")),
-        export_svg=action("Charts as &SVG, one file per panel…", lambda: export_charts(window, "svg")),
-        export_csv=action("Charts as &CSV…", lambda: export_charts(window, "csv")),
-        export_json=action("Charts as &JSON…", lambda: export_charts(window, "json")),
-        quit=action("&Quit", window.close, QKeySequence.StandardKey.Quit),
-        choose_models=action("&Model pair…", window.choose_models, "Ctrl+M", standard("SP_DriveHDIcon"),
+        new_chat=action("&New chat", QKeySequence.StandardKey.New, standard("SP_FileIcon"), "Start a new conversation"),
+        rename=action("&Rename chat", "F2"),
+        delete=action("&Delete chat…"),
+        export_markdown=action("&Export chat as Markdown…", "Ctrl+E"),
+        export_png=action("Charts as &PNG…"),
+        export_svg=action("Charts as &SVG, one file per panel…"),
+        export_csv=action("Charts as &CSV…"),
+        export_json=action("Charts as &JSON…"),
+        quit=action("&Quit", QKeySequence.StandardKey.Quit),
+        choose_models=action("&Model pair…", "Ctrl+M", standard("SP_DriveHDIcon"),
                              "Choose the target and the drafter, and the sampling settings"),
-        stop=action("&Stop", window.controller.stop, "Esc", standard("SP_MediaStop"), "Stop the generation"),
-        colour_tokens=action("&Colour tokens", None, "Ctrl+Shift+C", None,
-                             "Tint each token by where it came from"),
-        markdown=action("Replies as &Markdown", None, "Ctrl+Shift+M", None,
+        stop=action("&Stop", "Esc", standard("SP_MediaStop"), "Stop the generation"),
+        colour_tokens=action("&Colour tokens", "Ctrl+Shift+C", None, "Tint each token by where it came from"),
+        markdown=action("Replies as &Markdown", "Ctrl+Shift+M", None,
                         "Draw finished replies as Markdown; off: token by token, in their colours"),
-        regenerate=action("&Regenerate reply", lambda: window.regenerate(), "Ctrl+R", None,
-                          "Write the last reply again"),
-        system_prompt=action("S&ystem prompt…", window.chat_view.edit_system_prompt, None, None,
+        regenerate=action("&Regenerate reply", "Ctrl+R", None, "Write the last reply again"),
+        system_prompt=action("S&ystem prompt…", None, None,
                              "This chat's system prompt, and the one new chats start with"),
-        benchmark=action("&Benchmark…", lambda: open_bench_dialog(window), None, None,
-                         "Time vanilla against speculative decoding on a set of prompts"),
-        train_heads=action("&Train heads…", lambda: open_train_dialog(window), None, None,
-                           "Train Medusa heads for a target on its own predictions"),
+        benchmark=action("&Benchmark…", None, None, "Time vanilla against speculative decoding on a set of prompts"),
+        train_heads=action("&Train heads…", None, None, "Train Medusa heads for a target on its own predictions"),
     )  # fmt: skip
     actions.stop.setEnabled(False)
     # Esc stops a generation only from the chat and comparison panes: elsewhere (a title
@@ -121,8 +110,8 @@ def create_actions(window: MainWindow) -> Actions:
     view_menu.addAction(actions.colour_tokens)
     view_menu.addAction(actions.markdown)
     view_menu.addSeparator()
-    view_menu.addAction(window.conversations_dock.toggleViewAction())
-    view_menu.addAction(window.charts_dock.toggleViewAction())
+    for dock in docks:
+        view_menu.addAction(dock.toggleViewAction())
 
     help_menu = menus.addMenu("&Help")
     help_menu.addAction("&About SpecDeck", lambda: _about(window))
@@ -138,7 +127,7 @@ def create_actions(window: MainWindow) -> Actions:
     return actions
 
 
-def _about(window: MainWindow) -> None:
+def _about(window: QMainWindow) -> None:
     QMessageBox.about(
         window,
         "About SpecDeck",

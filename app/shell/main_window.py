@@ -23,31 +23,37 @@ from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import (QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QTabWidget,
                                QVBoxLayout, QWidget)  # fmt: skip
 
-from engine import EngineConfig, SamplingConfig
-from engine.core.events import StepEvent
+from engine import EngineConfig, SamplingConfig, StepEvent, all_drafters
+from app.bench.dialog import BenchDialog
 from app.shell import settings as keys
 from app.shell.actions import create_actions
 from app.shell.banner import Banner
+from app.shell.file_dialogs import Exports
 from app.charts.live import LiveCharts
 from app.chat.view import ChatView
 from app.chat.session import ChatSession
 from app.chat.compare_view import CompareView
 from app.chat.conversation_panel import ConversationPanel
 from app.chat.conversations import ConversationStore, StoreError, default_data_dir, is_valid_id
-from app.runtime.engine_controller import COMPARE, EngineController
+from app.runtime.costs import CostSnapshot
+from app.runtime.engine_controller import COMPARE, EngineController, LoadedPair
+from app.pair.dialog import PairDialog
 from app.pair.heads import engine_notes
 from app.pair.model_drop import ModelDrops
+from app.training.dialog import TrainDialog
 
 log = logging.getLogger(__name__)
 
 
-def describe_engine(config: EngineConfig, engine) -> str:
+def describe_engine(loaded: LoadedPair) -> str:
     """The status bar's summary of what is loaded."""
-    info = engine.target.info
-    names = {"ngram": "n-gram drafter", "none": "no drafter", "medusa": "Medusa heads", "eagle": "EAGLE head",
-             "lookahead": "lookahead decoding", "early-exit": "early exit"}  # fmt: skip
-    drafter = names.get(config.drafter, "draft model")
-    if engine.drafter is not None and config.drafter == "model" and config.draft:
+    config, info = loaded.config, loaded.target
+    names = {"ngram": "n-gram drafter", "none": "no drafter", "model": "draft model", "medusa": "Medusa heads",
+             "eagle": "EAGLE head", "lookahead": "lookahead decoding", "early-exit": "early exit"}  # fmt: skip
+    # A drafter with no short name here goes by its registry label.
+    drafter = names.get(config.drafter) or next((s.label for s in all_drafters() if s.name == config.drafter),
+                                                config.drafter)  # fmt: skip
+    if loaded.speculative and config.drafter == "model" and config.draft:
         drafter = f"draft {config.draft}"
     return f"{info.name} ({info.dtype}, {info.backend}) · {drafter} · k {config.k}"
 
@@ -72,6 +78,8 @@ class MainWindow(QMainWindow):
         self._shut_down = False
         self._save_failure = ""  # the banner's text while it shows a failed save
         self.pair_dialog = None  # the model pair dialog while it is open
+        self.train_dialog: TrainDialog | None = None  # made on first use; it stays while training runs
+        self._freed: EngineConfig | None = None  # the pair freed for a benchmark of another, to load again
 
         self.banner = Banner()
         self.chat_view = ChatView()
@@ -102,8 +110,10 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.progress)
         self.statusBar().addPermanentWidget(self.engine_label)
 
-        self.actions = create_actions(self)
+        self.actions = create_actions(self, (self.conversations_dock, self.charts_dock))
+        self.exports = Exports(self, self.charts)
         self._connect()
+        self._connect_actions()
         self._restore_settings()
         self.sampling = self._sampling  # shows the summary
         self._set_ready(False, "Loading the model…")
@@ -209,7 +219,8 @@ class MainWindow(QMainWindow):
         c.sig_loaded.connect(self._on_loaded)
         c.sig_load_failed.connect(self._on_load_failed)
         c.sig_run_started.connect(self._on_run_started)
-        c.sig_step_stats.connect(self._on_step)  # sig_step with the drafter's statistics
+        c.sig_unloaded.connect(self._on_unloaded)
+        c.sig_step_stats.connect(self._on_step)  # sig_step with the drafter's statistics and the costs
         c.sig_run_finished.connect(self._on_run_finished)
         c.sig_busy_changed.connect(self._on_busy_changed)
         c.sig_error.connect(self.show_error)
@@ -230,10 +241,29 @@ class MainWindow(QMainWindow):
         self.chat_view.sig_regenerate_requested.connect(self.regenerate)
         self.chat_view.sig_edit_submitted.connect(self.edit_and_resend)
         self.chat_view.sig_system_prompt_edited.connect(self.set_system_prompt)
+        self.exports.sig_exported.connect(lambda message: self.statusBar().showMessage(message, 5000))
+        self.exports.sig_failed.connect(self.show_error)
+
+    def _connect_actions(self) -> None:
+        a = self.actions
+        a.new_chat.triggered.connect(self.new_chat)
+        a.rename.triggered.connect(self.conversation_panel.edit_current)
+        a.delete.triggered.connect(lambda: self.chats.conversation and self.confirm_delete(self.chats.conversation.id))
+        a.export_markdown.triggered.connect(lambda: self.export_markdown())
+        for kind in ("png", "svg", "csv", "json"):
+            getattr(a, f"export_{kind}").triggered.connect(lambda _=False, kind=kind: self.exports.charts(kind))
+        a.quit.triggered.connect(self.close)
+        a.choose_models.triggered.connect(self.choose_models)
+        a.stop.triggered.connect(self.controller.stop)
+        a.regenerate.triggered.connect(lambda: self.regenerate())
+        a.system_prompt.triggered.connect(self.chat_view.edit_system_prompt)
+        a.benchmark.triggered.connect(lambda: self.open_benchmark())
+        a.train_heads.triggered.connect(lambda: self.open_training())
 
     # -- the engine --------------------------------------------------------------------
 
     def load_engine(self, config: EngineConfig) -> None:
+        self._freed = None
         if not self._keep_banner:  # a new load clears the old one's messages, not what start-up found
             self.banner.hide()
         self._keep_banner = False
@@ -245,8 +275,6 @@ class MainWindow(QMainWindow):
 
     def choose_models(self) -> None:
         """Open the model pair dialog; on OK, reload with its models and use its sampling settings."""
-        from app.pair.dialog import PairDialog  # imported on first use: it reads model metadata
-
         if self.pair_dialog is not None:  # already open: bring it forward rather than open a second
             self.pair_dialog.raise_()
             self.pair_dialog.activateWindow()
@@ -269,8 +297,8 @@ class MainWindow(QMainWindow):
         keys.set_engine_config(config)
         keys.set_sampling_config(sampling)
         self.sampling = sampling
-        engine = self.controller.engine
-        if engine is None or engine.config != config:
+        loaded = self.controller.loaded
+        if loaded is None or loaded.config != config:
             self.load_engine(config)
 
     def _on_load_progress(self, message: str, fraction: float) -> None:
@@ -278,13 +306,14 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"{message}…" if fraction < 1 else message)
 
     def _on_loaded(self, config: EngineConfig) -> None:
+        loaded = self.controller.loaded
         self.progress.hide()
-        self.engine_label.setText(describe_engine(config, self.controller.engine))
+        self.engine_label.setText(describe_engine(loaded))
         self.statusBar().showMessage("Model loaded.", 5000)
-        self.charts.set_cost_model(self.controller.engine.costs)
+        self.charts.set_cost_model(loaded.costs.model())
         # A draft model given by name makes the drafter "model", whatever config.drafter says.
         self.charts.set_drafter("model" if config.draft else config.drafter)
-        notes = engine_notes(self.controller.engine)  # e.g. a Medusa tree cut to one branch on llama.cpp
+        notes = engine_notes(loaded)  # e.g. a Medusa tree cut to one branch on llama.cpp
         if notes:
             self.banner.show_message(" ".join(notes), "info")
         self._set_ready(True)
@@ -298,6 +327,13 @@ class MainWindow(QMainWindow):
         if keys.engine_config() != keys.DEFAULT_ENGINE_CONFIG:
             actions.append(("Use the built-in model", self._use_default_models))
         self.show_error(f"The model did not load. {message}", actions)
+
+    def _on_unloaded(self, freed: EngineConfig) -> None:
+        """The engine was freed for a benchmark of another pair: it loads again when that closes."""
+        self._freed = freed
+        self.engine_label.setText("No model loaded")
+        self._set_ready(False, "The models are freed while the benchmark runs another pair.")
+        self.statusBar().showMessage("The models were freed for the benchmark.", 5000)
 
     def _use_default_models(self) -> None:
         keys.set_engine_config(keys.DEFAULT_ENGINE_CONFIG)
@@ -349,9 +385,10 @@ class MainWindow(QMainWindow):
             self.compare_view.begin()
         self._run_kind = kind
 
-    def _on_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None) -> None:
-        # drafter_stats: copied on the worker thread after this step (EngineController).
-        self.charts.add_step(label, event, drafter_stats)
+    def _on_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None,
+                 costs: CostSnapshot | None = None) -> None:  # fmt: skip
+        # drafter_stats, costs: copied on the worker thread after this step (EngineController).
+        self.charts.add_step(label, event, drafter_stats, costs)
         if self._run_kind == COMPARE:
             self.compare_view.add_step(label, event)
 
@@ -394,11 +431,9 @@ class MainWindow(QMainWindow):
             self.chats.delete(conversation_id)
 
     def export_markdown(self, conversation_id: str | None = None) -> None:
-        from app.shell.file_dialogs import export_conversation
-
         conversation = self.chats.find(conversation_id) if conversation_id else self.chats.conversation
         if conversation is not None:
-            export_conversation(self, conversation)
+            self.exports.conversation(conversation)
 
     def _set_markdown(self, enabled: bool) -> None:
         self.chat_view.set_markdown(enabled)  # the chat only: comparisons show tokens, to mark divergences
@@ -407,6 +442,37 @@ class MainWindow(QMainWindow):
         self.chat_view.set_colours_enabled(enabled)
         for pane in self.compare_view.panes.values():
             pane.view.set_colours_enabled(enabled)
+
+    # -- the benchmark and training dialogs ------------------------------------------------
+
+    def open_benchmark(self) -> BenchDialog:
+        """Models ▸ Benchmark…: on the loaded pair (or the saved one), on this window's engine, window-modal."""
+        existing = self.findChild(BenchDialog)
+        if existing is not None and existing.isVisible():
+            existing.raise_()
+            existing.activateWindow()
+            return existing
+        loaded = self.controller.loaded
+        dialog = BenchDialog(self, config=loaded.config if loaded is not None else keys.engine_config(),
+                             host=self.controller, apply_config=lambda chosen: self.apply_pair(chosen, self.sampling))
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.finished.connect(self._after_benchmark)
+        dialog.open()
+        return dialog
+
+    def _after_benchmark(self) -> None:
+        """The models freed for a benchmark of another pair load again (unless another load came since)."""
+        if self._freed is not None and not self._shut_down:
+            self.load_engine(self._freed)
+
+    def open_training(self) -> TrainDialog:
+        """Models ▸ Train heads…: the window's train dialog, made on first use."""
+        if self.train_dialog is None:
+            self.train_dialog = TrainDialog(self)
+        self.train_dialog.show()
+        self.train_dialog.raise_()
+        self.train_dialog.activateWindow()
+        return self.train_dialog
 
     # -- closing ---------------------------------------------------------------------------
 

@@ -19,8 +19,7 @@ from PySide6.QtCore import QCoreApplication, QSettings, Qt, Signal
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QMessageBox, QProgressBar, QPushButton, QVBoxLayout
 
 from app.shell import settings as keys
-from engine.errors import SpecDeckError
-from engine.models.locate import resolve
+from engine import SpecDeckError, resolve
 
 from app.pair.heads import remember_trained
 from app.training.charts import TrainingCharts
@@ -101,8 +100,7 @@ class TrainDialog(QDialog):
     def start(self) -> None:
         if self.running:
             return
-        from engine.training import checkpoint_info
-        from engine.training.checkpoint import load_state
+        from engine import checkpoint_info, load_checkpoint_state as load_state  # on first use: they load torch
 
         try:
             options = self.form.options()
@@ -259,7 +257,7 @@ class TrainDialog(QDialog):
 
 def _train(options: dict, resume: bool, command: str, report, cancel):
     """On the worker thread."""
-    from engine.training import train_heads
+    from engine import train_heads  # on first use: it loads torch
 
     return train_heads(**options, resume=resume, command=command, progress=report, cancel=cancel)
 
@@ -276,14 +274,3 @@ def _duration(seconds: float) -> str:
     if minutes < 1:
         return f"{max(1, round(seconds))} s"
     return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
-
-
-def open_train_dialog(window) -> TrainDialog:
-    """Show the window's train dialog, making it on first use; it stays while training runs."""
-    dialog = getattr(window, "train_dialog", None)
-    if dialog is None:
-        dialog = window.train_dialog = TrainDialog(window)
-    dialog.show()
-    dialog.raise_()
-    dialog.activateWindow()
-    return dialog

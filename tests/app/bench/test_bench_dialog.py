@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QDialog
 
 from app.shell import settings as keys
 from app.bench.dialog import BenchDialog
+from engine import Engine
 from engine.bench import Candidate
 from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, STRICT_QT_LOG
 
@@ -196,3 +197,55 @@ def test_use_these_settings_loads_the_fastest_config_in_the_window(qtbot, make_w
     assert window.sampling == sampling and keys.engine_config() == result.best_config
     assert f"k {result.best.candidate.k}" in dialog.models_label.text()
     dialog.reject()
+
+
+# -- one copy of the models: the window's engine, or the window's freed first -----------------
+
+
+def test_the_windows_pair_is_benchmarked_on_the_windows_engine(qtbot, make_window, own_prompts, monkeypatch):
+    window = make_window(config=CONFIG)
+    engine = window.controller.engine
+    loads = []
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: loads.append(args)))
+    dialog = window.open_benchmark()
+    dialog.prompts_edit.setText(str(own_prompts))
+    dialog.repeat.setValue(1)
+    dialog.max_tokens.setValue(8)
+
+    report = run_and_wait(qtbot, dialog)
+
+    assert report is not None, dialog.status.text()
+    assert loads == []  # no second copy
+    assert window.controller.engine is engine and window.chat_view.send_button.isEnabled()
+    assert "the pair loaded in the window" in dialog.models_label.text()
+    dialog.reject()
+
+
+def test_another_pair_frees_the_windows_models_first_and_they_load_again_after(qtbot, make_window, own_prompts,
+                                                                                monkeypatch):  # fmt: skip
+    window = make_window(config=CONFIG)
+    engine = window.controller.engine
+    closed, loads = [], []
+    real_close, real_load = engine.close, Engine.load.__func__
+    monkeypatch.setattr(engine, "close", lambda: (closed.append(True), real_close()))
+
+    def load(cls, config, *args, **kwargs):
+        loads.append((config, list(closed)))  # was the window's engine closed before this load?
+        return real_load(cls, config, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "load", classmethod(load))
+    dialog = window.open_benchmark()
+    dialog.config = other = dataclasses.replace(CONFIG, k=3)
+    dialog.prompts_edit.setText(str(own_prompts))
+    dialog.repeat.setValue(1)
+    dialog.max_tokens.setValue(8)
+
+    report = run_and_wait(qtbot, dialog)
+
+    assert report is not None, dialog.status.text()
+    assert loads == [(other, [True])]  # the benchmark's own copy, loaded after the window's was closed
+    assert window.controller.engine is None and "models were freed first" in dialog.models_label.text()
+    assert not window.chat_view.send_button.isEnabled()
+    with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
+        dialog.reject()
+    assert window.controller.engine.config == CONFIG and loads[-1][0] == CONFIG

@@ -25,8 +25,8 @@ def tiny(tmp_path_factory) -> str:
 
 
 def test_lookahead_pool_reaches_the_charts_from_the_worker_thread(qtbot, make_window, tiny):
-    config = EngineConfig(target=tiny, drafter="lookahead", lookahead=(2, 3, 2), k=6, dtype="float32",
-                          measure_costs=False)  # fmt: skip
+    config = EngineConfig(target=tiny, k=6, dtype="float32", measure_costs=False).with_drafter(
+        "lookahead", window=2, ngram=3, candidates=2)  # fmt: skip
     window = make_window(config, sampling=SamplingConfig(max_tokens=24))
     drafter = window.controller.engine.drafter
     threads = []

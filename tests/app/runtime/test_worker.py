@@ -131,3 +131,30 @@ def test_cancel_can_keep_the_queued_job(qtbot, runner):
         runner.cancel(keep_pending=True)
 
     assert started == ["running", "queued"] and running.result == "cancelled"
+
+
+def test_prepare_runs_on_the_gui_thread_once_the_previous_job_has_ended(qtbot, runner):
+    log = []
+    first = GeneratorWorker(counting_job(10_000, delay=0.005), name="first")
+    first.sig_returned.connect(lambda value: log.append(("first ended", value)))
+    second = GeneratorWorker(counting_job(1), name="second",
+                             prepare=lambda: log.append(("prepare", threading.current_thread())))  # fmt: skip
+    with qtbot.waitSignal(first.sig_yielded, timeout=10_000):
+        runner.start(first)
+    with qtbot.waitSignal(second.sig_returned, timeout=10_000):
+        runner.start(second)
+
+    assert log == [("first ended", "cancelled"), ("prepare", threading.main_thread())]
+
+
+def test_what_prepare_raises_ends_the_job_as_an_error(qtbot, runner):
+    ran = []
+
+    def prepare():
+        raise RuntimeError("cannot prepare")
+
+    worker = GeneratorWorker(lambda cancel, report: ran.append(1), prepare=prepare)
+    with qtbot.waitSignal(worker.sig_errored, timeout=10_000) as errored:
+        runner.start(worker)
+
+    assert str(errored.args[0]) == "cannot prepare" and ran == []
