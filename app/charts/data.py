@@ -8,19 +8,23 @@ show are the engine's own (no second bookkeeping that could drift from it).
 
 Drafter statistics (the n-gram pool of lookahead decoding, the exit layer of
 early exit...) come as a snapshot of `Drafter.stats()` taken on the worker
-thread right after each step (app/runtime/engine_controller.py); a row keeps their
-numbers in DRAFTER_COLUMNS (NaN where the drafter has no such number) and the
-run keeps the latest snapshot whole.
+thread right after each step (app/runtime/engine_controller.py): the fields of
+the drafter's stats type as plain data. Which of them are numbers to chart per
+step is the registry's word, not ours: every field its spec's stats type marks
+`stat(chart=True)` is a column of DRAFTER_COLUMNS (NaN where the drafter has no
+such number), so a new drafter's numbers reach the rows, the exports and the
+drafter panel without a change here. The run keeps the latest snapshot whole.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.core.draft_length import CostModel, break_even_acceptance, expected_tokens
-from engine.core.events import RunStats, StepEvent
+from engine import (CostModel, DrafterStats, RunStats, Stat, StepEvent, all_drafters, break_even_acceptance,
+                    expected_tokens, stat_fields)  # fmt: skip
 
 # One row per step. The "total_*" and rate columns are RunStats running totals
 # after the step; the others belong to the step alone.
@@ -29,11 +33,38 @@ COLUMNS = (
     "total_tokens", "total_accepted", "total_tested", "tokens_per_s", "acceptance_rate", "predicted_speedup",
 )  # fmt: skip
 _COL = {name: i for i, name in enumerate(COLUMNS)}
-# From the drafter's stats() snapshot after the step (lookahead: pool_*; early exit: exit_layer).
-# "pool_steps" is the lookahead drafter's "steps": the steps that ran its window.
-DRAFTER_COLUMNS = ("pool_size", "pool_jacobi", "pool_text", "pool_steps", "pool_hits", "exit_layer")
-_STATS_KEYS = {"pool_size": "pool_size", "pool_jacobi": "pool_jacobi", "pool_text": "pool_text",
-               "pool_steps": "steps", "pool_hits": "pool_hits", "exit_layer": "exit_layer"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DrafterColumn:
+    """One charted drafter statistic as a column of the step rows."""
+
+    name: str  # the column's name in the rows and the exports
+    drafter: str  # the registry name of the drafter that reports it
+    stat: Stat  # its metadata (stat.name: the field of the drafter's stats)
+
+
+# The exports' names from before drafter statistics were typed, kept so that files stay comparable.
+# "steps" alone would read as a count of rows in a table of steps.
+_EXPORT_NAMES = {("lookahead", "steps"): "pool_steps"}
+
+
+def _drafter_columns() -> tuple[DrafterColumn, ...]:
+    """Every statistic some registered drafter charts, in the registry's order; a name two drafters
+    share is qualified by the drafter's ("toy_steps")."""
+    charted = [(spec.name, s) for spec in all_drafters() for s in stat_fields(spec.stats) if s.chart]
+    columns, taken = [], set(COLUMNS)
+    for drafter, s in charted:
+        name = _EXPORT_NAMES.get((drafter, s.name), s.name)
+        if name in taken:
+            name = f"{drafter.replace('-', '_')}_{s.name}"
+        taken.add(name)
+        columns.append(DrafterColumn(name, drafter, s))
+    return tuple(columns)
+
+
+DRAFTER_STAT_COLUMNS = _drafter_columns()
+DRAFTER_COLUMNS = tuple(c.name for c in DRAFTER_STAT_COLUMNS)
 ALL_COLUMNS = COLUMNS + DRAFTER_COLUMNS
 _COL.update({name: len(COLUMNS) + i for i, name in enumerate(DRAFTER_COLUMNS)})
 INT_COLUMNS = frozenset(
@@ -53,7 +84,7 @@ class DrafterView:
 
     depth_label: str  # what the per-depth acceptance bars are: "head", "depth" or "position"
     tree: bool  # drafts trees: the draft panel shows tree nodes and the accepted length
-    panel: str | None  # the drafter panel's content: "lookahead", "early-exit" or None (no panel)
+    panel: str | None  # the drafter panel's content: the drafter's name, or None (no panel)
 
 
 DRAFTER_VIEWS = {
@@ -68,18 +99,57 @@ DRAFTER_VIEWS = {
 
 
 def drafter_view(kind: str | None) -> DrafterView:
-    """The presentation of drafter `kind`; an unknown one is drawn as a chain drafter."""
-    return DRAFTER_VIEWS.get(kind or "none") or DrafterView("position", False, None)
+    """The presentation of drafter `kind`. One the charts were not written for is drawn as a chain
+    drafter; any drafter whose spec charts statistics gets the drafter panel (lookahead and early
+    exit: their own plots; others: their charted statistics over the steps)."""
+    view = DRAFTER_VIEWS.get(kind or "none") or DrafterView("position", False, None)
+    if view.panel is None and drafter_columns_of(kind):
+        view = dataclasses.replace(view, panel=kind)
+    return view
 
 
-def drafter_row(stats: dict | None) -> tuple:
-    """The DRAFTER_COLUMNS of one step from a stats() snapshot (NaN for what it lacks)."""
+def stats_kind(stats: DrafterStats | dict | None, kind: str | None = None) -> str | None:
+    """The drafter whose statistics these are: `kind` when it is a registered drafter, else the one
+    whose stats type `stats` is, or (a snapshot, plain data) whose stats type has all its fields."""
+    specs = {spec.name: spec for spec in all_drafters()}
+    if kind in specs or not stats:
+        return kind if kind in specs else None
+    if isinstance(stats, DrafterStats):
+        return next((name for name, spec in specs.items() if type(stats) is spec.stats), None)
+    fields = set(stats)
+    fits = [(len(stat_fields(spec.stats)), name) for name, spec in specs.items()
+            if fields <= {s.name for s in stat_fields(spec.stats)}]  # fmt: skip
+    return min(fits)[1] if fits else None
+
+
+def drafter_row(stats: DrafterStats | dict | None, kind: str | None = None) -> tuple:
+    """The DRAFTER_COLUMNS of one step from a stats() snapshot of drafter `kind` (found from the
+    snapshot when not given; NaN for what it lacks and for other drafters' columns)."""
     if not stats:
         return _NO_DRAFTER_ROW
-    if "pool_size" not in stats:  # "steps" means the window's steps only for lookahead
-        return tuple(_number(stats.get(key)) if name == "exit_layer" else np.nan
-                     for name, key in _STATS_KEYS.items())  # fmt: skip
-    return tuple(_number(stats.get(key)) for key in _STATS_KEYS.values())
+    kind = stats_kind(stats, kind)
+    return tuple(_number(stats.get(c.stat.name)) if c.drafter == kind else np.nan for c in DRAFTER_STAT_COLUMNS)
+
+
+def stats_text(kind: str | None, stats: DrafterStats | dict) -> str:
+    """The statistics of drafter `kind` that are not charted, as "Label value unit" after the
+    drafter's label ("Toy echo: Longest echo 7 tokens"), for a drafter with no words of its own here."""
+    spec = next((spec for spec in all_drafters() if spec.name == kind), None)
+    if spec is None:
+        return ""
+    parts = []
+    for s in stat_fields(spec.stats):
+        value = stats.get(s.name)
+        if s.chart or isinstance(value, (bool, dict, list, tuple)) or value is None:
+            continue
+        shown = f"{value:.2f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
+        parts.append(f"{s.label} {shown}" + (f" {s.unit}" if s.unit else ""))
+    return f"{spec.label}: {', '.join(parts)}" if parts else ""
+
+
+def drafter_columns_of(kind: str | None) -> tuple[DrafterColumn, ...]:
+    """The columns drafter `kind` charts (none for an unknown drafter)."""
+    return tuple(c for c in DRAFTER_STAT_COLUMNS if c.drafter == kind)
 
 
 def _number(value) -> float:
@@ -145,13 +215,14 @@ class Run:
     finish_reason: str | None = None
     drafter_stats: dict | None = None  # the latest snapshot of Drafter.stats(), if any came
 
-    def add(self, event: StepEvent, drafter_stats: dict | None = None) -> None:
+    def add(self, event: StepEvent, drafter_stats: dict | None = None, kind: str | None = None) -> None:
+        """One step; `kind`: the drafter whose statistics `drafter_stats` are (registry name)."""
         s = event.stats
         self.steps.append((
             event.index, s.wall_s, len(event.tokens), event.k, event.drafted, event.accepted,
             event.draft_s, event.verify_s, event.other_s,
             s.tokens, s.accepted, s.tested, s.tokens_per_s, s.acceptance_rate, s.predicted_speedup,
-            *drafter_row(drafter_stats),
+            *drafter_row(drafter_stats, kind),
         ))  # fmt: skip
         self.stats = s
         self.finish_reason = event.finish_reason

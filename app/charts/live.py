@@ -34,7 +34,7 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 from engine import CostModel, StepEvent
 
 from app.runtime.costs import CostSnapshot
-from app.charts.data import COLUMNS, DRAFTER_COLUMNS, Run, chart_series, drafter_view
+from app.charts.data import COLUMNS, DRAFTER_COLUMNS, DRAFTER_VIEWS, Run, chart_series, drafter_view, stats_text
 from app.charts.panels import (
     RUN_COLOURS,
     AcceptancePanel,
@@ -120,7 +120,7 @@ class LiveCharts(QWidget):
             # Step 0 of a label that already has steps is a new run without a reset():
             # start that label over rather than join two runs into one curve.
             run = self._runs[label] = Run()
-        run.add(event, drafter_stats)
+        run.add(event, drafter_stats, self._drafter)
         if costs is not None and costs != self._costs_taken:
             self._costs_taken, self._costs = costs, costs.model()
         self._schedule()
@@ -309,7 +309,9 @@ def grid_positions(n: int, columns: int, drafter: bool) -> list[tuple[int, int, 
 
 
 def drafter_summary(drafter: dict | None) -> str:
-    """One line on the tree drafters' own numbers (lookahead and early exit have their panel's titles)."""
+    """One line on the drafter's own numbers: the tree drafters' in words (lookahead and early exit
+    have their panel's titles); a drafter the charts were not written for, its statistics that
+    are not charted, with their labels and units (stats_text)."""
     if not drafter or not drafter.get("stats"):
         return ""
     s, kind = drafter["stats"], drafter.get("kind")
@@ -321,7 +323,7 @@ def drafter_summary(drafter: dict | None) -> str:
             return f"Medusa: {s['heads']} heads, last tree {s['nodes']} nodes"
     except (KeyError, TypeError, ValueError):  # a drafter that reports other numbers: say nothing
         return ""
-    return ""
+    return "" if kind in DRAFTER_VIEWS else stats_text(kind, s)
 
 
 def panel_svg(panel) -> bytes:

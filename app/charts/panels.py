@@ -1,4 +1,4 @@
-"""The live chart panels: one pyqtgraph PlotWidget each, fed from `chart_data.chart_series`.
+"""The live chart panels: one pyqtgraph PlotWidget each, fed from `app.charts.data.chart_series`.
 
 Every panel makes its plot items once and only calls `setData`/`setOpts` on
 redraw; none of them computes anything beyond picking its part of the series.
@@ -13,6 +13,9 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QPalette
 from PySide6.QtWidgets import QHBoxLayout, QWidget
+
+from engine import all_drafters
+from app.charts.data import drafter_columns_of
 
 RUN_COLOURS = {"speculative": "#0072B2", "vanilla": "#E69F00"}  # blue, orange
 TIME_COLOURS = {"draft": "#D55E00", "verify": "#56B4E9", "other": "#999999"}  # vermillion, sky, grey
@@ -621,13 +624,49 @@ class ExitAcceptancePanel(Panel):
         self.show_series({"drafter": {"stats": None}})
 
 
+class StatsPanel(Panel):
+    """A drafter the charts were not written for: each statistic its spec charts
+    (`stat(chart=True)`), one curve per statistic over the steps, named by the stat's label."""
+
+    COLOURS = ("#0072B2", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#E69F00")  # Okabe-Ito, blue first
+
+    def __init__(self, kind: str, parent=None) -> None:
+        self.columns = drafter_columns_of(kind)
+        units = {c.stat.unit for c in self.columns}
+        spec = next((spec for spec in all_drafters() if spec.name == kind), None)
+        super().__init__(spec.label if spec is not None else kind, "step",
+                         units.pop() or "value" if len(units) == 1 else "value", parent)  # fmt: skip
+        self.legend.setOffset((6, 6))  # top left: running counts rise to the right
+        self.curves = {}
+        for i, column in enumerate(self.columns):
+            pen = pg.mkPen(self.COLOURS[i % len(self.COLOURS)], width=2)
+            self.curves[column.name] = self.plot.plot([], [], pen=pen, name=column.stat.label)
+        self.plot.enableAutoRange(axis="y", enable=False)
+        self.plot.setYRange(0.0, 10.0 * RISING_HEADROOM)
+
+    def show_series(self, series: dict) -> None:
+        d = series["drafter"]
+        low, top = 0.0, 10.0
+        for name, curve in self.curves.items():
+            x, y = _finite(d["step"], d[name]) if name in d else EMPTY
+            set_curve(curve, x, y)
+            if len(y):
+                low, top = min(low, float(y.min())), max(top, float(y.max()))
+        self.plot.setYRange(low, top * RISING_HEADROOM, padding=0.02)
+
+    def clear_data(self) -> None:
+        for curve in self.curves.values():
+            curve.setData([], [])
+
+
 class DrafterPanel(QWidget):
     """The loaded drafter's own numbers: two plots side by side whose content switches by kind.
 
     lookahead   the n-gram pool (W, N, G in its title) | pool hits against the window's steps
     early exit  the exit layer over steps              | measured acceptance per candidate exit
-    Other drafters have nothing here (their numbers are in the other panels) and the
-    panel is hidden. The plots are made the first time a kind needs them.
+    another     its charted statistics over the steps (StatsPanel), as its registry spec says
+    A drafter that charts nothing has nothing here (its numbers are in the other panels)
+    and the panel is hidden. The plots are made the first time a kind needs them.
     """
 
     KINDS = {"lookahead": (PoolPanel, PoolHitsPanel), "early-exit": (ExitLayerPanel, ExitAcceptancePanel)}
@@ -652,15 +691,16 @@ class DrafterPanel(QWidget):
         return self._pairs[self.kind] if self.kind is not None else ()
 
     def set_kind(self, kind: str | None) -> None:
-        """"lookahead", "early-exit" or None (DrafterView.panel)."""
-        kind = kind if kind in self.KINDS else None
+        """The drafter whose numbers to show (DrafterView.panel), or None."""
+        kind = kind if kind in self.KINDS or drafter_columns_of(kind) else None
         if kind == self.kind:
             return
         for pair_kind, pair in self._pairs.items():
             for plot in pair:
                 plot.setVisible(pair_kind == kind)
         if kind is not None and kind not in self._pairs:
-            pair = tuple(make(self) for make in self.KINDS[kind])
+            makers = self.KINDS.get(kind) or (lambda parent: StatsPanel(kind, parent),)
+            pair = tuple(make(self) for make in makers)
             for plot in pair:
                 self._layout.addWidget(plot, 1)
                 plot.setVisible(True)  # a child made after its parent was shown starts hidden

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from engine import Engine, EngineConfig, SamplingConfig, SpecDeckError
+from engine import DrafterStats, Engine, EngineConfig, SamplingConfig, SpecDeckError
 from app.runtime.costs import CostSnapshot
 from app.runtime.worker import GeneratorWorker, TaskRunner
 
@@ -315,17 +315,20 @@ _failed_stats: set[type] = set()  # drafter classes whose stats() raised: logged
 
 
 def drafter_snapshot(drafter) -> dict | None:
-    """A private deep copy of `drafter.stats()`, or None without a drafter.
+    """`drafter.stats()` as plain data (its DrafterStats' fields, nested records as dicts), a
+    private deep copy; None without a drafter.
 
     Call it on the thread that decodes, between two steps: the copy shares nothing
-    with the drafter, so the GUI thread may read it while decoding goes on. A
+    with the drafter, so the GUI thread may read it while decoding goes on. The
+    charts read its fields by the drafter's stats type (app/charts/data.py). A
     drafter whose stats() fails is logged once and charted without its numbers;
     the run itself goes on.
     """
     if drafter is None:
         return None
     try:
-        return copy.deepcopy(dict(drafter.stats()))
+        stats = drafter.stats()
+        return copy.deepcopy(stats.as_dict() if isinstance(stats, DrafterStats) else dict(stats))
     except Exception:  # noqa: BLE001 - a statistics bug must not end a reply
         if type(drafter) not in _failed_stats:
             _failed_stats.add(type(drafter))
