@@ -77,6 +77,11 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'engine' has no attribute {name!r}")
 
 
+# `preflight` is a module and its function: imported now (it is light), the function stays the package's
+# attribute; imported lazily, a later `import engine.preflight` anywhere would make it the module.
+from engine.preflight import Preflight, preflight  # noqa: E402
+
+
 __all__ = sorted(
     ["ConfigError", "ContextOverflowError", "IncompatiblePairError", "ModelLoadError", "ModelNotFoundError",
      "OutOfMemoryError", "SpecDeckError", *_LAZY]

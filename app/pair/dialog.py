@@ -26,8 +26,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from engine import preflight  # TEMP: before Preflight, until engine/__init__ fixes the module/function clash
-from engine import EngineConfig, Finding, PairReport, Preflight, SamplingConfig, list_models
+from engine import EngineConfig, Finding, PairReport, Preflight, SamplingConfig, list_models, preflight
 
 from app.shell import settings as keys
 from app.pair.model_drop import DRAFT, TARGET, ModelDrops

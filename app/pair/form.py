@@ -56,10 +56,6 @@ def dialog_order(specs) -> list:
     return sorted(specs, key=rank)
 
 
-def _choice_label(spec) -> str:
-    return getattr(spec, "choice_label", "") or spec.label  # TEMP until the registry has choice_label
-
-
 def _combo(items, parent) -> QComboBox:
     combo = QComboBox(parent)
     for item in items:
@@ -90,7 +86,7 @@ class PairForm(QWidget):
         self.backend.setToolTip("auto: GGUF files run on llama.cpp, Hugging Face folders on PyTorch")
         self.target = ModelPicker(models, "target", self)
         self.specs = {spec.name: spec for spec in dialog_order(all_drafters())}
-        self.drafter = _combo([(_choice_label(spec), spec.name) for spec in self.specs.values()], self)
+        self.drafter = _combo([(spec.choice_label or spec.label, spec.name) for spec in self.specs.values()], self)
         for i, spec in enumerate(self.specs.values()):
             self.drafter.setItemData(i, spec.summary, Qt.ToolTipRole)
         models_box = QGroupBox("Models", self)

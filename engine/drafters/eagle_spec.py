@@ -104,7 +104,7 @@ def preflight(ctx, options: EagleOptions) -> list:
 
 
 DRAFTER = DrafterSpec(
-    name="eagle", label="EAGLE",
+    name="eagle", label="EAGLE", choice_label="EAGLE head",
     summary="A one-layer EAGLE head runs in the target's feature space and drafts a tree (PyTorch only).",
     options=EagleOptions, needs=(HiddenFeatures, TreeForward, ModelParts), make=make, preflight=preflight,
     stats=EagleStats,

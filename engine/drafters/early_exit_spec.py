@@ -105,7 +105,7 @@ def _in_range(value, n: int) -> bool:
 
 
 DRAFTER = DrafterSpec(
-    name="early-exit", label="Early exit",
+    name="early-exit", label="Early exit", choice_label="Early exit: the target's first layers",
     summary="The target's own first layers draft, its full depth verifies (PyTorch only).",
     options=EarlyExitOptions, needs=(LayerExit,), make=make, preflight=preflight, stats=EarlyExitStats,
     torch_reason="Early exit stops the target's forward after its first layers, which llama.cpp cannot do.",

@@ -76,7 +76,7 @@ def preflight(ctx, options: LookaheadOptions) -> list:
 
 
 DRAFTER = DrafterSpec(
-    name="lookahead", label="Lookahead decoding",
+    name="lookahead", label="Lookahead decoding", choice_label="Lookahead decoding (no model)",
     summary="The target guesses ahead itself (a Jacobi window) and verifies n-grams it has seen (PyTorch only).",
     options=LookaheadOptions, needs=(TreeForward,), make=make, preflight=preflight, stats=LookaheadStats,
     torch_reason=("Lookahead decoding verifies its window and its candidate n-grams in one forward with a custom "

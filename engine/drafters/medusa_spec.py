@@ -76,7 +76,7 @@ def preflight(ctx, options: MedusaOptions) -> list:
 
 
 DRAFTER = DrafterSpec(
-    name="medusa", label="Medusa",
+    name="medusa", label="Medusa", choice_label="Medusa heads (on the target's hidden states)",
     summary="Medusa heads guess the next few tokens from the target's last hidden state (PyTorch only).",
     options=MedusaOptions, needs=(HiddenFeatures, ModelParts), make=make, preflight=preflight, stats=MedusaStats,
     torch_reason="Medusa heads read the target's hidden states, which llama.cpp does not expose.",

@@ -159,6 +159,7 @@ class DrafterSpec:
     stats: type = NoStats  # the DrafterStats subclass its Drafter.stats() returns
     loads_model: bool = False  # loads a model of its own (the draft model): a share of the load's progress
     torch_reason: str = ""  # why the target must run on PyTorch, one sentence (a spec with `needs`)
+    choice_label: str = ""  # how the pair dialog lists it, where that says more than `label` ("" = label)
 
     @property
     def needs_torch(self) -> bool:
@@ -247,7 +248,7 @@ def auto_or_int(value, label: str, minimum: int, maximum: int | None, advice: st
         return None
     if isinstance(value, str) and value.strip().lstrip("+").isdigit():
         value = int(value)
-    top = "" if maximum is None else f" to {maximum}"
+    span = f"of {minimum} or more" if maximum is None else f"from {minimum} to {maximum}"
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
-        raise ConfigError(f"{label} must be 'auto' or a whole number from {minimum}{top}, got {value!r}. {advice}")
+        raise ConfigError(f"{label} must be a whole number {span} or 'auto', got {value!r}. {advice}")
     return value
