@@ -93,7 +93,8 @@ def shoot_pair_dialog(application: QApplication, window) -> None:
 
     window.choose_models()
     dialog = window.pair_dialog
-    dialog.set_choice(replace(dialog.choice(), target="default", drafter="eagle", eagle_heads="", backend="auto"))
+    config = replace(dialog.engine_config(), target="default", backend="auto")
+    dialog.set_config(config.with_drafter("eagle", heads=None))
     checked = []
     dialog.sig_check_finished.connect(checked.append)
     dialog.check()
