@@ -229,12 +229,15 @@ def from_legacy(data: dict) -> EngineConfig:
     """An EngineConfig from the flat fields of SpecDeck before version 1 (what the app saved as
     `dataclasses.asdict(EngineConfig)`, and what EngineConfig(...) took): draft=M meant drafter
     "model"; the drafter's own fields become its options, the other drafters' are dropped.
-    Unknown fields are ignored; values are taken as they are (preflight says what is wrong)."""
+    Unknown fields are ignored; values, and an unknown drafter, are taken as they are (the load
+    and preflight say what is wrong)."""
     from engine.drafters.registry import drafter_names, drafter_spec
 
     drafter = "model" if data.get("draft") else data.get("drafter", EngineConfig.drafter)
-    if drafter not in drafter_names():
-        drafter = EngineConfig.drafter
+    top = {f.name for f in dataclasses.fields(EngineConfig)} - {"drafter", "options"}
+    values = {name: data[name] for name in top if name in data}
+    if drafter not in drafter_names():  # kept as it was: the load or preflight says it is unknown
+        return EngineConfig(drafter=drafter, **values)
     spec = drafter_spec(drafter)
     fields = {f.name for f in dataclasses.fields(spec.options)}
     options = {}
@@ -246,8 +249,6 @@ def from_legacy(data: dict) -> EngineConfig:
         options.update(zip(("window", "ngram", "candidates"), data["lookahead"]))
     if drafter == "eagle" and options.get("tree_depth") is None:
         options.pop("tree_depth", None)
-    top = {f.name for f in dataclasses.fields(EngineConfig)} - {"drafter", "options"}
-    values = {name: data[name] for name in top if name in data}
     stray = {name: data[old] for old, (owner, name) in LEGACY_OPTIONS.items()
              if owner == "model" and old not in ("draft", "draft_backend") and data.get(old) is not None}
     if drafter != "model" and stray:  # draft options without a draft: kept, so that the load refuses them
