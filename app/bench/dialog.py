@@ -7,13 +7,13 @@ controller (`host`), which runs it on its worker thread in turn with replies
 CPU). When the dialog's pair is not the loaded one, the controller frees the
 window's models first and the dialog says so; the window loads them again when
 the dialog closes. A dialog with no host (the tests) loads its pair itself,
-on a thread of its own. One run at a time; Cancel (or closing the dialog) stops it between two generations. The
-result is a bar chart, a table and the three checks in words; Export saves
-everything measured as JSON, as `--json` does. "Find the best settings" runs
-auto-tune (engine/bench/autotune.py) the same way, on the same prompts with
-replies of at most 64 tokens, and shows the candidates ranked; "Use these
-settings" hands the fastest configuration to `apply_config` (the window's
-`apply_pair`, with its current sampling).
+on a thread of its own. One run at a time; Cancel (or closing the dialog)
+stops it between two generations. The result is a bar chart, a table and the
+three checks in words; Export saves everything measured as JSON, as `--json`
+does. "Find the best settings" runs auto-tune (engine/bench/autotune.py) the
+same way, on the same prompts with replies of at most 64 tokens, and shows the
+candidates ranked; "Use these settings" hands the fastest configuration to
+`apply_config` (the window's `apply_pair`, with its current sampling).
 """
 
 from __future__ import annotations
@@ -209,9 +209,9 @@ class BenchDialog(QDialog):
         try:
             self._worker = self.host.lend(name, self.config, job, connect=lambda worker: (
                 connect(worker), worker.sig_finished.connect(self._on_done)))  # fmt: skip
-        except SpecDeckError as error:  # the window is about to load a pair
+        except SpecDeckError as error:  # the window is about to load a pair: nothing started
             self._on_done()
-            self._set_status(str(error), error=True)
+            self._on_error(error)
 
     def cancel(self) -> None:
         if self.running:
