@@ -99,6 +99,11 @@ class EngineConfig:
         """The draft model of the "model" drafter, else None."""
         return getattr(self.options, "draft", None) if self.drafter == MODEL_DRAFTER else None
 
+    @property
+    def heads(self) -> str | None:
+        """The heads folder of a drafter that reads trained heads (Medusa, EAGLE), else None."""
+        return getattr(self.options, "heads", None)
+
     # -- plain data ----------------------------------------------------------------------------
 
     def to_dict(self) -> dict:

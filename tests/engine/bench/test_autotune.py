@@ -38,7 +38,7 @@ def target(backend: str, name: str = "SmolLM2-135M-Instruct"):
 
 def test_a_llama_cpp_target_allows_ngram_and_a_loaded_draft_model_only():
     assert allowed_drafters(CONFIG, target("llama.cpp")) == ("ngram",)
-    with_draft = dataclasses.replace(CONFIG, drafter="model", draft="draft.gguf")
+    with_draft = CONFIG.with_drafter("model", draft="draft.gguf")
     assert allowed_drafters(with_draft, target("llama.cpp")) == ("ngram", "model")
 
 
@@ -47,7 +47,7 @@ def test_a_torch_target_also_allows_its_own_drafters_and_heads_where_they_exist(
     assert allowed_drafters(CONFIG, target("torch")) == ("ngram", "lookahead", "early-exit", "medusa", "eagle")
     other = SimpleNamespace(info=SimpleNamespace(**{**vars(target("torch", "Qwen2-0.5B").info), "n_layers": 24}))
     assert allowed_drafters(CONFIG, other) == ("ngram", "lookahead", "early-exit")
-    given = dataclasses.replace(CONFIG, drafter="medusa", heads="/my/heads")
+    given = CONFIG.with_drafter("medusa", heads="/my/heads")
     assert allowed_drafters(given, other) == ("ngram", "lookahead", "early-exit", "medusa")
 
 
@@ -58,11 +58,11 @@ def test_tree_drafters_are_tried_with_node_budgets_and_chains_with_draft_lengths
 
 
 def test_a_candidates_config_keeps_the_loaded_target_and_its_backend():
-    medusa_on_gguf = dataclasses.replace(CONFIG, drafter="medusa", heads="/my/heads")
+    medusa_on_gguf = CONFIG.with_drafter("medusa", heads="/my/heads")
     chosen = config_for(medusa_on_gguf, Candidate("ngram", 4), "torch")
     # "auto" would load the GGUF on llama.cpp for n-gram: the speed measured was PyTorch's.
     assert (chosen.drafter, chosen.k, chosen.backend, chosen.heads) == ("ngram", 4, "torch", None)
-    with_draft = dataclasses.replace(CONFIG, drafter="model", draft="draft.gguf")
+    with_draft = CONFIG.with_drafter("model", draft="draft.gguf")
     assert config_for(with_draft, Candidate("ngram", 2), "llama.cpp").draft is None
     assert config_for(with_draft, Candidate("model", 8), "llama.cpp").draft == "draft.gguf"
 
