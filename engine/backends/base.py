@@ -139,70 +139,17 @@ class Backend(abc.ABC):
             self._truncate(length)
             del self.tokens[length:]
 
-    # -- trees and features (tree-shaped drafters: Medusa, EAGLE, lookahead) ---------
+    # -- what it can do beyond chains -----------------------------------------------
 
-    capabilities: frozenset[type] = frozenset()  # protocols of engine/backends/capabilities.py it implements
+    # The protocols of engine/backends/capabilities.py the backend implements (trees, hidden
+    # features, early exit, the model's parts); callers ask has(backend, C) or require(...).
+    capabilities: frozenset[type] = frozenset()
 
-    # The flags callers read before engine/backends/capabilities.py, derived from `capabilities`
-    # until every caller asks has(backend, C). Setting one on an instance adds or removes the
-    # capability for that instance (test stand-ins do).
+    # The flags callers read before capabilities, derived from them. Setting one on an instance
+    # adds or removes the capability for that instance (test stand-ins do).
     supports_tree = _capability_flag(TreeForward, "forward_tree accepts any tree, not just chains")
     supports_features = _capability_flag(HiddenFeatures, "last_features() returns hidden states")
     supports_early_exit = _capability_flag(LayerExit, "partial_forward() runs the first layers only")
-
-    def forward_tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
-        """Run the model over a token tree placed after the cached tokens.
-
-        `parents[i]` is the index (into `tokens`) of node i's parent, or -1 for a
-        node that follows the cached tokens directly; parents come before their
-        children (parents[i] < i). Node i sits at position len(self.tokens) +
-        depth(i) - 1 (engine.core.tree.depths: 1 for a node without parent) and attends to the cache, its ancestors and itself only. Returns
-        float32 logits (len(tokens), V); row i predicts the token after node i.
-
-        Afterwards the cache holds every node (self.tokens lists them in node
-        order) until `keep_nodes` picks one root-to-leaf path. A backend without
-        tree attention accepts chains (parents[i] == i - 1) only.
-        """
-        if any(parent != i - 1 for i, parent in enumerate(parents)):
-            raise NotImplementedError(f"the {self.name} backend verifies chains only, not trees")
-        self._tree_base = len(self.tokens)
-        return self.forward(tokens)
-
-    def keep_nodes(self, nodes: list[int]) -> None:
-        """After `forward_tree`, keep the cache entries of `nodes` (a path from a
-        depth-0 node down, in order) and drop every other node of the tree."""
-        base = getattr(self, "_tree_base", None)
-        if base is None:
-            raise RuntimeError("keep_nodes() needs a forward_tree() call first")
-        if list(nodes) != list(range(len(nodes))):
-            raise NotImplementedError(f"the {self.name} backend keeps chain prefixes only")
-        self._tree_base = None
-        self.rollback(base + len(nodes))
-
-    def forward_masked(self, tokens: list[int], offsets: list[int], mask: torch.Tensor, what: str = "a block") -> torch.Tensor:
-        """Run `tokens` after the cached ones with any attention pattern: token i at
-        position len(self.tokens) + offsets[i], attending to every cached token and
-        to new token j where mask[i, j] (bool (n, n), diagonal included). Returns
-        float32 logits (n, V); `keep_rows` then keeps the accepted tokens. Backends
-        with `supports_tree` implement it (forward_tree is its special case)."""
-        raise NotImplementedError(f"the {self.name} backend runs chains only")
-
-    def keep_rows(self, rows: list[int]) -> None:
-        """After forward_masked, keep new tokens `rows` (increasing indices into that
-        call's tokens) right after the previously cached ones; drop the others."""
-        if list(rows) != list(range(len(rows))):
-            raise NotImplementedError(f"the {self.name} backend keeps chain prefixes only")
-        self.keep_nodes(rows)
-
-    def cached_features(self, start: int = 0, end: int | None = None) -> torch.Tensor:
-        """Final-layer hidden states (after the final norm) of cached tokens
-        self.tokens[start:end], shape (end - start, hidden_size): what EAGLE reads."""
-        raise NotImplementedError(f"the {self.name} backend does not expose hidden states")
-
-    def last_features(self) -> torch.Tensor:
-        """Final-layer hidden states (after the final norm) of the rows of the last
-        forward / forward_tree call, shape (n, hidden_size), on the model's device."""
-        raise NotImplementedError(f"the {self.name} backend does not expose hidden states")
 
     def prefill(self, tokens: list[int]) -> None:
         """Make the cache hold exactly `tokens`, reusing the longest common prefix."""

@@ -35,14 +35,36 @@ if TYPE_CHECKING:  # annotations only: the drafter registry imports this module 
 class TreeForward(Protocol):
     """Forwards with any attention pattern over the new rows (trees, lookahead's window)."""
 
-    def forward_tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor: ...
+    def forward_tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        """Run the model over a token tree placed after the cached tokens.
 
-    def keep_nodes(self, nodes: list[int]) -> None: ...
+        `parents[i]` is the index (into `tokens`) of node i's parent, or -1 for a node that
+        follows the cached tokens directly; parents come before their children (parents[i] < i).
+        Node i sits at position len(self.tokens) + depth(i) - 1 (engine.core.tree.depths: 1 for
+        a node without parent) and attends to the cache, its ancestors and itself only. Returns
+        float32 logits (len(tokens), V); row i predicts the token after node i. Afterwards the
+        cache holds every node (self.tokens lists them in node order) until `keep_nodes` picks
+        one root-to-leaf path.
+        """
+        ...
+
+    def keep_nodes(self, nodes: list[int]) -> None:
+        """After `forward_tree`, keep the cache entries of `nodes` (a path from a depth-1 node
+        down, in order) and drop every other node of the tree."""
+        ...
 
     def forward_masked(self, tokens: list[int], offsets: list[int], mask: torch.Tensor,
-                       what: str = "a block") -> torch.Tensor: ...  # fmt: skip
+                       what: str = "a block") -> torch.Tensor:  # fmt: skip
+        """Run `tokens` after the cached ones with any attention pattern: token i at position
+        len(self.tokens) + offsets[i], attending to every cached token and to new token j where
+        mask[i, j] (bool (n, n), diagonal included). Returns float32 logits (n, V); `keep_rows`
+        then keeps the accepted tokens (forward_tree is the special case of a tree's mask)."""
+        ...
 
-    def keep_rows(self, rows: list[int]) -> None: ...
+    def keep_rows(self, rows: list[int]) -> None:
+        """After forward_masked, keep new tokens `rows` (increasing indices into that call's
+        tokens) right after the previously cached ones; drop the others."""
+        ...
 
 
 @runtime_checkable
@@ -52,9 +74,15 @@ class HiddenFeatures(Protocol):
     @property
     def hidden_size(self) -> int: ...
 
-    def last_features(self) -> torch.Tensor: ...
+    def last_features(self) -> torch.Tensor:
+        """Hidden states (n, hidden_size) of the rows of the last forward / forward_tree call, on
+        the model's device (only the last row after a forward with all_logits=False)."""
+        ...
 
-    def cached_features(self, start: int = 0, end: int | None = None) -> torch.Tensor: ...
+    def cached_features(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Hidden states (end - start, hidden_size) of the cached tokens self.tokens[start:end]:
+        what EAGLE reads."""
+        ...
 
 
 @runtime_checkable

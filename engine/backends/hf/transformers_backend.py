@@ -50,6 +50,16 @@ class TransformersBackend(HFBackend):
     def _rope_reference(self) -> torch.Tensor:
         return self._model.get_input_embeddings().weight
 
+    # A caller that skipped has(backend, C) hears which implementation it needs.
+
+    def forward_tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        """Not here: trees (TreeForward) run on the native backend only."""
+        raise NotImplementedError(
+            f"forward_tree() needs the native implementation, and {self._info.name} runs on transformers' "
+            "own forward, which verifies chains only: load it with impl='auto' or 'native' (llama, mistral, "
+            "qwen2, qwen3)."
+        )
+
     def partial_forward(self, tokens: list[int], n_layers: int, start: int) -> torch.Tensor:
         """Not here: early exit (LayerExit) runs on the native backend only."""
         raise NotImplementedError(
