@@ -16,7 +16,7 @@ x_1..x_m d_1..d_j; y becomes the new pending token. Plain (vanilla) decoding is
 the same step with n = 0, so both go through one code path and one sampler.
 
 Trees (Medusa, EAGLE): the feed is [x_m, node_1, ..., node_n] with node i
-attending to its ancestors only (`Backend.forward_tree`, parents shifted by one
+attending to its ancestors only (`TreeForward.forward_tree`, parents shifted by one
 for x_m in front); row i + 1 is p after node i. The verdict is a root-to-node
 path (engine/core/verify_tree.py) and `keep_nodes` keeps x_m and that path. A backend
 without tree attention (llama.cpp) gets the draft's best branch as a chain, and
@@ -25,7 +25,7 @@ states get the rows of what the step kept (x_m, then the accepted drafts).
 
 Extra rows (lookahead decoding's Jacobi window): a draft may add e rows that ride
 along unverified. The feed becomes [x_m, node_1..node_n, extra_1..extra_e] in one
-`Backend.forward_masked` call: x_m at offset 0, node i at its depth, extra j at
+`TreeForward.forward_masked` call: x_m at offset 0, node i at its depth, extra j at
 the offset the drafter gave; the mask is the tree's (each node sees x_m and its
 ancestors) plus the drafter's block among the extra rows, which also see x_m
 and the cache, while nodes and extras never see each other. So rows 0..n are

@@ -4,7 +4,7 @@ The head (engine/heads/eagle.py) guesses the target's next feature from the
 current feature and the next token; the target's LM head turns a guess into
 q. Notation as in engine/core/decode.py: the committed tokens are x_0 .. x_{L-1},
 x_{L-1} is pending (not yet in the target's cache), and the target has final
-features f_0 .. f_{L-2} for the cached ones (`Backend.cached_features`).
+features f_0 .. f_{L-2} for the cached ones (`HiddenFeatures.cached_features`).
 
 1. Catch up. The head's cache holds one row per pair (f_t, x_{t+1}), at
    position t, for every t the target has committed a feature for. New pairs

@@ -121,7 +121,7 @@ class MarkovTreeBackend(MarkovBackend):
 
     def forward_tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
         if not self.supports_tree:
-            return super().forward_tree(tokens, parents)
+            raise NotImplementedError("this stand-in verifies chains only (tree=False)")
         assert all(-1 <= p < i for i, p in enumerate(parents)), parents
         self.tree_calls.append(tuple(parents))
         self._tree = (len(self.tokens), list(parents))
@@ -132,7 +132,7 @@ class MarkovTreeBackend(MarkovBackend):
 
     def keep_nodes(self, nodes: list[int]) -> None:
         if not self.supports_tree:
-            return super().keep_nodes(nodes)
+            raise NotImplementedError("this stand-in verifies chains only (tree=False)")
         assert self._tree is not None, "keep_nodes() without forward_tree()"
         base, parents = self._tree
         for i, node in enumerate(nodes):  # a path from a depth-0 node down
