@@ -12,7 +12,8 @@ GUI_MODULES = ("PySide6", "shiboken6", "pyqtgraph", "app")
 
 
 def test_engine_imports_no_gui_module():
-    modules = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine."))
+    # Every module but a `__main__` (importing it runs the program).
+    modules = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine.") if not m.name.endswith("__main__"))
     script = (
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"
@@ -24,3 +25,37 @@ def test_engine_imports_no_gui_module():
     assert done.returncode == 0, done.stderr
     assert {"engine.backends.llama_cpp", "engine.drafters.ngram"} <= set(modules)  # subpackages too
     assert done.stdout.strip() == "", f"engine pulled in GUI modules: {done.stdout.strip()}"
+
+
+# What a drafter may use of the backends: the interface and the capability protocols (and the
+# plain KV cache of a draft head), never a concrete backend. A drafter that needed llama.cpp's or
+# the PyTorch backend's own code would work on that backend only, however its spec declares `needs`.
+CONCRETE_BACKENDS = ("engine.backends.llama_cpp", "engine.backends.hf")
+
+
+def imported_modules(path) -> set[str]:
+    """Every module `path` imports anywhere in its source (inside functions and TYPE_CHECKING too)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return found
+
+
+def test_no_drafter_imports_a_concrete_backend():
+    from pathlib import Path
+
+    import engine.drafters
+
+    folder = Path(engine.drafters.__file__).parent
+    offenders = {}
+    for path in sorted(folder.glob("*.py")):
+        bad = sorted(m for m in imported_modules(path) if m.startswith(CONCRETE_BACKENDS))
+        if bad:
+            offenders[path.name] = bad
+    assert len(list(folder.glob("*_spec.py"))) >= 7  # the scan sees the drafters and their specs
+    assert offenders == {}

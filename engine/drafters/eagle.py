@@ -47,7 +47,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.backends.hf.kv_cache import KVCache
+from engine.backends.kv_cache import KVCache
 from engine.core.draft_length import K_LIMIT
 from engine.errors import ConfigError
 from engine.heads.eagle import EagleHead

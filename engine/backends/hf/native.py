@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.backends.hf.quantize import Int8Embedding, Int8Linear
-from engine.backends.hf.kv_cache import KVCache
+from engine.backends.kv_cache import KVCache
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
