@@ -45,12 +45,20 @@ class EngineConfig:
     measure_costs: bool = True  # time the target's verify-cost curve (and the drafter's token cost) at load
 
     def __post_init__(self) -> None:
-        # None means the drafter's defaults: filled in, so that equal choices compare equal.
-        if self.options is None:
-            from engine.drafters.registry import drafter_names, drafter_spec
+        # None means the drafter's defaults: filled in, so that equal choices compare equal. So do
+        # another drafter's untouched defaults (`replace(config, drafter=...)` switches drafters).
+        from engine.drafters.registry import drafter_names, drafter_spec, option_settings
 
-            if self.drafter in drafter_names():
-                object.__setattr__(self, "options", drafter_spec(self.drafter).options())
+        if self.drafter not in drafter_names():
+            return  # an unknown drafter: the load and preflight say so
+        spec = drafter_spec(self.drafter)
+        if isinstance(self.options, spec.options):
+            return
+        owner = _owner(type(self.options)) if self.options is not None else None
+        untouched = owner is not None and all(getattr(self.options, s.name) == s.default
+                                              for s in option_settings(owner))  # fmt: skip
+        if self.options is None or untouched:
+            object.__setattr__(self, "options", spec.options())
 
     def drafter_options(self):
         """The drafter's options, its defaults filled in; a ConfigError for an unknown drafter or
