@@ -1,4 +1,5 @@
-"""engine/ never imports Qt: the CLI, the tests and other front ends use it without a GUI."""
+"""engine/ never imports Qt (the CLI, the tests and other front ends use it without a GUI), and no drafter
+imports a concrete backend (app/ using only the public API is tests/app/shell/test_layering.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import subprocess
 import sys
 
 import engine
+from tests.source_imports import imported_modules
 
 GUI_MODULES = ("PySide6", "shiboken6", "pyqtgraph", "app")
 
@@ -31,19 +33,6 @@ def test_engine_imports_no_gui_module():
 # plain KV cache of a draft head), never a concrete backend. A drafter that needed llama.cpp's or
 # the PyTorch backend's own code would work on that backend only, however its spec declares `needs`.
 CONCRETE_BACKENDS = ("engine.backends.llama_cpp", "engine.backends.hf")
-
-
-def imported_modules(path) -> set[str]:
-    """Every module `path` imports anywhere in its source (inside functions and TYPE_CHECKING too)."""
-    import ast
-
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
-        elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-    return found
 
 
 def test_no_drafter_imports_a_concrete_backend():

@@ -4,24 +4,12 @@ and app/ uses the engine through its public API, what `engine/__init__.py` expor
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import app
+from tests.source_imports import imported_modules
 
 APP = Path(app.__file__).resolve().parent
-
-
-def imported_modules(path: Path) -> set[str]:
-    """The modules `path` imports anywhere in its source (functions and `if TYPE_CHECKING:`
-    blocks included: an import moved there to dodge a cycle is still one)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-    return found
 
 
 def app_imports() -> dict[str, set[str]]:
