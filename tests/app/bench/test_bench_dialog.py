@@ -245,6 +245,7 @@ def test_another_pair_frees_the_windows_models_first_and_they_load_again_after(q
     assert report is not None, dialog.status.text()
     assert loads == [(other, [True])]  # the benchmark's own copy, loaded after the window's was closed
     assert window.controller.engine is None and "models were freed first" in dialog.models_label.text()
+    qtbot.waitUntil(lambda: not window.controller.busy)  # the report can arrive before the run's end does
     assert not window.chat_view.send_button.isEnabled()
     with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
         dialog.reject()
