@@ -47,8 +47,9 @@ _LAZY = {
     "read_metadata": ("models.metadata", None), "ModelMeta": ("models.metadata", None),
     "recommended_sampling": ("models.recommended", None), "describe_recommended": ("models.recommended", "describe"),
     # the engine and what it reports
-    "Engine": ("api", None), "Comparison": ("api", None), "collect": ("api", None), "load_summary": ("api", None),
-    "SamplingConfig": ("core.sampling", None),
+    "Engine": ("api", None), "Comparison": ("core.events", None), "collect": ("core.events", None),
+    "load_summary": ("api", None), "ModelInfo": ("backends.info", None),
+    "SamplingConfig": ("core.sampling_config", None),
     "Divergence": ("core.events", None), "GenerationResult": ("core.events", None), "RunStats": ("core.events", None),
     "Source": ("core.events", None), "StepEvent": ("core.events", None), "TokenInfo": ("core.events", None),
     "CostModel": ("core.draft_length", None), "K_LIMIT": ("core.draft_length", None),

@@ -9,7 +9,6 @@ draft length and cost model -> `Engine.generate` collects a result ->
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from engine.backends.base import Backend
@@ -18,7 +17,7 @@ from engine.core.divergence import first_divergence, rounding_bound
 from engine.core.draft_length import CostModel, DraftLength, measure_verify_curve
 from engine.drafters.base import Drafter
 from engine.errors import ConfigError, SpecDeckError
-from engine.core.events import Divergence, GenerationResult, StepEvent
+from engine.core.events import Comparison, Divergence, GenerationResult, StepEvent, collect  # noqa: F401 - re-exported
 from engine.config import EngineConfig, target_backend
 from engine.drafters.registry import drafter_spec, make_drafter
 from engine.models.load_options import check_load_options, target_load_options
@@ -27,22 +26,6 @@ from engine.models.memory_errors import model_out_of_memory, out_of_memory, unex
 from engine.models.locate import resolve
 from engine.core.sampling import SamplingConfig
 from engine.core.text import check_messages
-
-
-@dataclass(frozen=True)
-class Comparison:
-    vanilla: GenerationResult
-    speculative: GenerationResult
-    divergence: Divergence | None  # greedy runs only; None when identical
-
-    @property
-    def identical(self) -> bool:
-        return self.vanilla.tokens == self.speculative.tokens
-
-    @property
-    def speedup(self) -> float:
-        v, s = self.vanilla.stats.tokens_per_s, self.speculative.stats.tokens_per_s
-        return s / v if v > 0 else 0.0
 
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
@@ -219,12 +202,3 @@ def _out_of_memory_said(steps: Iterator[StepEvent], target: Backend) -> Iterator
             raise
         doing = f"generate with {target.info.name}"
         raise model_out_of_memory(doing, target.info, target.n_ctx, "a shorter prompt") from error
-
-
-def collect(events: list[StepEvent]) -> GenerationResult:
-    if not events:
-        raise SpecDeckError("The generation produced no steps.")
-    tokens = tuple(info.id for event in events for info in event.tokens)
-    text = "".join(event.text for event in events)
-    last = events[-1]
-    return GenerationResult(text, tokens, last.stats, last.finish_reason or "length", tuple(events))

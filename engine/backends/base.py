@@ -13,32 +13,17 @@ the next-token logits after `tokens[i]` of the call.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from engine.backends.capabilities import HiddenFeatures, LayerExit, TreeForward
+from engine.backends.info import ModelInfo  # noqa: F401 - re-exported: it is part of this interface
 from engine.errors import ContextOverflowError, CorruptModelError
 
 
 # What loading one model is doing and the fraction of it done (0 to 1), called as it goes.
 LoadProgress = Callable[[str, float], None]
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    name: str  # what a user would call it: file or folder name, or repo id
-    path: str  # file or folder it was loaded from
-    backend: str  # "torch" | "llama.cpp"
-    architecture: str  # "llama", "qwen2", ...
-    n_params: int  # weights, embeddings included
-    weight_bytes: int  # bytes of weights read per token (tied embeddings counted once)
-    vocab_size: int  # width of the logits
-    n_layers: int
-    context_length: int  # what the model was trained for
-    dtype: str  # "float32", "bfloat16", "Q4_1", ...
-    device: str  # "cpu", "cuda", "mps", "cpu+gpu layers"...
 
 
 def _capability_flag(capability: type, meaning: str) -> property:

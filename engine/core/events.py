@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from engine.errors import SpecDeckError
+
 
 class Source(str, enum.Enum):
     """Where an emitted token came from."""
@@ -173,3 +175,28 @@ class GenerationResult:
     @property
     def token_infos(self) -> tuple[TokenInfo, ...]:
         return tuple(info for event in self.events for info in event.tokens)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    vanilla: GenerationResult
+    speculative: GenerationResult
+    divergence: Divergence | None  # greedy runs only; None when identical
+
+    @property
+    def identical(self) -> bool:
+        return self.vanilla.tokens == self.speculative.tokens
+
+    @property
+    def speedup(self) -> float:
+        v, s = self.vanilla.stats.tokens_per_s, self.speculative.stats.tokens_per_s
+        return s / v if v > 0 else 0.0
+
+
+def collect(events: list[StepEvent]) -> GenerationResult:
+    if not events:
+        raise SpecDeckError("The generation produced no steps.")
+    tokens = tuple(info.id for event in events for info in event.tokens)
+    text = "".join(event.text for event in events)
+    last = events[-1]
+    return GenerationResult(text, tokens, last.stats, last.finish_reason or "length", tuple(events))

@@ -1,0 +1,46 @@
+"""`SamplingConfig`: how tokens are drawn, as plain data (no torch).
+
+`engine.core.sampling` turns it into distributions; this module only holds and
+checks the settings, so the desktop app and the engine server's wire can use it
+without loading torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off; else keep tokens at least min_p times as likely as the most likely one
+    seed: int = 0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Infinite temperature passes `>= 0` and flattens p into uniform noise; NaN fails every
+        # comparison. Both are typing mistakes, so say the range instead of sampling noise.
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise ConfigError(
+                f"temperature must be 0 (greedy) or a finite positive number (0.7 is typical), got {self.temperature}."
+            )
+        if self.top_k < 0:
+            raise ConfigError(f"top-k must be 0 (off) or a positive number of tokens, got {self.top_k}.")
+        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}; use 1 to turn it off.")
+        if not (math.isfinite(self.min_p) and 0.0 <= self.min_p < 1.0):
+            raise ConfigError(f"min-p must be in [0, 1), got {self.min_p}; use 0 to turn it off (0.05 is typical).")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max tokens must be at least 1, got {self.max_tokens}.")
+        if any(not s for s in self.stop):
+            raise ConfigError("stop strings must not be empty.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
