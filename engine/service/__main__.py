@@ -1,0 +1,5 @@
+import sys
+
+from engine.service.run import main
+
+sys.exit(main())

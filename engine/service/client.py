@@ -1,0 +1,252 @@
+"""`EngineClient`: a SpecDeck engine server, used as the in-process `Engine` is used.
+
+    client = EngineClient("http://127.0.0.1:8000", api_key=None)
+    pair = client.load(EngineConfig(target="default"), progress=print)
+    result = client.generate([{"role": "user", "content": "Hi"}], SamplingConfig(max_tokens=64),
+                             on_step=lambda label, step, drafter_stats, costs: print(step.text, end=""))
+
+Steps arrive as the engine makes them and come back as the same `StepEvent`s
+(`wire`); the reply is collected from them as `Engine.generate` collects it.
+Errors are the engine's own: a server's error names its class (`type`), and the
+client raises that `SpecDeckError` subclass with the server's message. A server
+that cannot be reached, or that goes away mid-reply, is `EngineUnavailable`.
+
+Blocking, on the standard library's http.client: it runs on a worker thread (the
+app) or the main one (the CLI), and imports nothing heavy. Cancelling: set the
+`cancel` event a call was given; the server is asked to stop the job, and the
+stream ends with the engine's last, "cancelled" step, as in process.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
+
+from engine import errors
+from engine.backends.info import ModelInfo
+from engine.config import EngineConfig
+from engine.core.draft_length import CostModel
+from engine.core.events import Comparison, GenerationResult, StepEvent
+from engine.core.sampling_config import SamplingConfig
+from engine.errors import SpecDeckError
+from engine.service import wire
+
+StepCallback = Callable[[str, StepEvent, "dict | None", CostModel], None]  # (run label, step, drafter stats, costs)
+CONNECT_TIMEOUT_S = 10.0
+CANCEL_POLL_S = 0.05
+
+
+class EngineUnavailable(SpecDeckError):
+    """The server cannot be reached, or stopped answering."""
+
+
+@dataclass(frozen=True)
+class LoadedPair:
+    """What a server says about the pair it has loaded."""
+
+    config: EngineConfig
+    target: ModelInfo
+    n_ctx: int
+    speculative: bool  # there is a drafter
+    notes: tuple[str, ...]  # Engine.notes: e.g. a tree drafter cut to one branch on llama.cpp
+    costs: CostModel  # the cost model as measured at load
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LoadedPair:
+        return cls(EngineConfig.from_dict(data["config"]), wire.model_info_from_dict(data["target"]),
+                   int(data["n_ctx"]), bool(data["speculative"]), tuple(data["notes"]),
+                   wire.costs_from_dict(data["costs"]))  # fmt: skip
+
+
+class EngineClient:
+    def __init__(self, url: str, api_key: str | None = None) -> None:
+        parts = urlsplit(url if "//" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise errors.ConfigError(f"{url!r} is not a server address: give one like http://127.0.0.1:8000.")
+        self.url = f"{parts.scheme}://{parts.netloc}"
+        self._https = parts.scheme == "https"
+        self._address = (parts.hostname, parts.port or (443 if self._https else 80))
+        self._base = parts.path.rstrip("/")
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+
+    # -- the engine's calls -----------------------------------------------------------------
+
+    def health(self, timeout: float = 5.0) -> dict:
+        return self.request("GET", "/health", timeout=timeout)
+
+    def loaded(self) -> LoadedPair | None:
+        data = self.request("GET", "/specdeck/info")
+        if data.get("wire_version") != wire.WIRE_VERSION:
+            raise EngineUnavailable(f"The server at {self.url} speaks wire version {data.get('wire_version')}, this "
+                                    f"SpecDeck {wire.WIRE_VERSION}: run the same SpecDeck version on both.")  # fmt: skip
+        return None if data.get("loaded") is None else LoadedPair.from_dict(data["loaded"])
+
+    def load(self, config: EngineConfig, progress: Callable[[str, float], None] | None = None) -> LoadedPair:
+        for item in self.stream("/specdeck/load", {"config": config.to_dict()}):
+            if "progress" in item and progress is not None:
+                progress(item["progress"]["message"], float(item["progress"]["fraction"]))
+            elif "loaded" in item:
+                return LoadedPair.from_dict(item["loaded"])
+        raise EngineUnavailable(f"The server at {self.url} ended the load without saying whether it worked.")
+
+    def unload(self) -> None:
+        self.request("POST", "/specdeck/unload", {})
+
+    def generate(self, messages: list[dict], sampling: SamplingConfig, *, speculative: bool | None = None,
+                 cancel: threading.Event | None = None, on_step: StepCallback | None = None) -> GenerationResult:  # fmt: skip
+        """One reply, as `Engine.generate`; `speculative` None: as the loaded pair decodes."""
+        body = {"messages": messages, "sampling": wire.sampling_to_dict(sampling), "speculative": speculative}
+        steps: list[StepEvent] = []
+        for item in self.stream("/specdeck/generate", body, cancel=cancel):
+            step = wire.step_from_dict(item["step"])
+            steps.append(step)
+            if on_step is not None:
+                on_step(item["run"], step, item["drafter_stats"], wire.costs_from_dict(item["costs"]))
+        return wire.result_from_steps(steps)
+
+    def compare(self, messages: list[dict], sampling: SamplingConfig, *, cancel: threading.Event | None = None,
+                on_step: StepCallback | None = None) -> Comparison:  # fmt: skip
+        """Vanilla, then speculative decoding of the same input, as `Engine.compare`."""
+        body = {"messages": messages, "sampling": wire.sampling_to_dict(sampling)}
+        runs: dict[str, list[StepEvent]] = {"vanilla": [], "speculative": []}
+        for item in self.stream("/specdeck/compare", body, cancel=cancel):
+            if "divergence" in item:
+                return wire.comparison_from_runs(runs["vanilla"], runs["speculative"], item["divergence"])
+            step = wire.step_from_dict(item["step"])
+            runs[item["run"]].append(step)
+            if on_step is not None:
+                on_step(item["run"], step, item["drafter_stats"], wire.costs_from_dict(item["costs"]))
+        raise EngineUnavailable(f"The server at {self.url} ended the comparison before its result.")
+
+    def cancel(self) -> bool:
+        """Stop the server's running job at its next step."""
+        return bool(self.request("POST", "/specdeck/cancel", {}, timeout=CONNECT_TIMEOUT_S).get("cancelled"))
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float | None = 30.0) -> dict:
+        connection = self._open(timeout)
+        try:
+            response = self._send(connection, method, path, body)
+            data = response.read()
+        except (OSError, http.client.HTTPException) as error:
+            raise self._unavailable(error) from error
+        finally:
+            connection.close()
+        return _json(data, self.url)
+
+    def stream(self, path: str, body: Any, cancel: threading.Event | None = None) -> Iterator[dict]:
+        """The server-sent events of POST `path`, each a dict; an `{"error"}` item is raised."""
+        connection = self._open(None)  # a load or a long reply may take minutes between two items
+        done = threading.Event()
+        if cancel is not None:
+            threading.Thread(target=self._cancel_when_set, args=(cancel, done), daemon=True,
+                             name="specdeck-cancel-watch").start()  # fmt: skip
+        try:
+            response = self._send(connection, "POST", path, body)
+            for data in _events(response):
+                if data == "[DONE]":
+                    return
+                item = json.loads(data)
+                if "error" in item:
+                    raise _engine_error(item["error"])
+                yield item
+        except (OSError, http.client.HTTPException) as error:
+            raise self._unavailable(error, mid_stream=True) from error
+        finally:
+            done.set()
+            connection.close()
+
+    def _cancel_when_set(self, cancel: threading.Event, done: threading.Event) -> None:
+        while not done.is_set():
+            if cancel.wait(CANCEL_POLL_S):
+                if not done.is_set():
+                    try:
+                        self.cancel()
+                    except SpecDeckError:
+                        pass  # the server is gone: the stream says so
+                return
+
+    def _open(self, timeout: float | None) -> http.client.HTTPConnection:
+        kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        connection = kind(*self._address, timeout=CONNECT_TIMEOUT_S)
+        try:
+            connection.connect()
+        except OSError as error:
+            connection.close()
+            raise self._unavailable(error) from error
+        connection.sock.settimeout(timeout)
+        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return connection
+
+    def _send(self, connection, method: str, path: str, body: Any) -> http.client.HTTPResponse:
+        payload = None if body is None else json.dumps(body).encode()
+        connection.request(method, self._base + path, body=payload, headers=self._headers)
+        response = connection.getresponse()
+        if response.status >= 400:
+            data = response.read()
+            try:
+                error = json.loads(data)["error"]
+            except (ValueError, KeyError, TypeError):
+                error = {"message": f"The server at {self.url} answered {response.status} {response.reason}.",
+                         "type": "http_error"}  # fmt: skip
+            raise _engine_error(error)
+        return response
+
+    def _unavailable(self, error: BaseException, mid_stream: bool = False) -> EngineUnavailable:
+        if isinstance(error, ConnectionRefusedError):
+            return EngineUnavailable(f"Nothing answers at {self.url} (connection refused): start the server, or "
+                                     "check the address and port.")  # fmt: skip
+        if isinstance(error, socket.timeout):
+            return EngineUnavailable(f"The server at {self.url} did not answer in time.")
+        if mid_stream:
+            return EngineUnavailable(f"The connection to the engine at {self.url} broke off ({_reason(error)}): "
+                                     "the server stopped or was stopped.")  # fmt: skip
+        return EngineUnavailable(f"Cannot reach the server at {self.url} ({_reason(error)}).")
+
+
+def _events(response: http.client.HTTPResponse) -> Iterator[str]:
+    """The `data:` payloads of a server-sent event stream, one per event."""
+    lines: list[str] = []
+    while True:
+        raw = response.readline()
+        if not raw:
+            if lines:
+                yield "\n".join(lines)
+            return
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if not line:
+            if lines:
+                yield "\n".join(lines)
+                lines = []
+        elif line.startswith("data:"):
+            lines.append(line[5:].removeprefix(" "))
+
+
+def _engine_error(error: dict) -> SpecDeckError:
+    """The server's error as the engine's own exception class when it names one, else SpecDeckError."""
+    kind = getattr(errors, str(error.get("specdeck_type")), None)
+    message = str(error.get("message") or "The server reported an error without a message.")
+    if isinstance(kind, type) and issubclass(kind, SpecDeckError):
+        return kind(message)
+    if error.get("type") == "server_busy":
+        return EngineUnavailable(message)
+    return SpecDeckError(message)
+
+
+def _json(data: bytes, url: str) -> dict:
+    try:
+        return json.loads(data)
+    except ValueError as error:
+        raise EngineUnavailable(f"The server at {url} did not answer with JSON: is it a SpecDeck server?") from error
+
+
+def _reason(error: BaseException) -> str:
+    return str(error) or type(error).__name__

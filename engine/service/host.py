@@ -1,0 +1,124 @@
+"""`Host`: the engine a server holds, and the rule that one job uses it at a time.
+
+A job is anything that touches the models: a load, a generation, a comparison,
+a benchmark. Jobs run one after the other on their own thread (the event loop
+never decodes), and at most `queue_limit` more may wait; past that a request is
+refused with `ServerBusy` rather than left hanging. A job reports what it makes
+through `emit`; the request that started it reads those items as they come.
+
+A job ends early when its request goes away: a client that disconnects, or the
+route that stops reading (an async generator closed), sets the job's cancel
+event, and the engine stops at its next step, with its caches rolled back. The
+next job starts only once that thread has ended, so two jobs never share a
+model. `cancel()` asks the running job to stop without closing anything: its
+stream still ends with the engine's last, "cancelled" step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, AsyncIterator, Callable
+
+from engine.errors import SpecDeckError
+
+Job = Callable[[threading.Event, Callable[[Any], None]], None]  # job(cancel, emit)
+_ITEM, _DONE, _FAILED = "item", "done", "failed"
+DISCONNECT_POLL_S = 0.25
+
+
+class ServerBusy(SpecDeckError):
+    """The queue of waiting requests is full."""
+
+
+class Host:
+    def __init__(self, engine=None, *, queue_limit: int = 8) -> None:
+        self.engine = engine  # an engine.Engine, or None until one is loaded
+        self.queue_limit = queue_limit
+        self.job_name: str | None = None  # what the running job is doing ("load", "generate"...), None when idle
+        self.waiting = 0
+        self._lock: asyncio.Lock | None = None  # made on the server's event loop, on first use
+        self._cancel: threading.Event | None = None
+
+    @property
+    def status(self) -> str:
+        """"loading" while a load runs, "busy" while another job runs, else "idle"."""
+        if self.job_name is None:
+            return "idle"
+        return "loading" if self.job_name == "load" else "busy"
+
+    def cancel(self) -> bool:
+        """Ask the running job to stop at its next step; False when none runs."""
+        if self._cancel is None or self.job_name is None:
+            return False
+        self._cancel.set()
+        return True
+
+    async def run(self, name: str, job: Job, request=None) -> AsyncIterator[Any]:
+        """Run `job` once the engine is free; yield what it emits. Raises what the job raised.
+
+        `request` (a Starlette request): when its client disconnects, the job is cancelled.
+        """
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        if self._lock.locked() and self.waiting >= self.queue_limit:
+            raise ServerBusy(
+                f"The server is busy: {self.waiting} requests are already waiting for the engine. Try again later."
+            )
+        self.waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self.waiting -= 1
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+        self._cancel, self.job_name = cancel, name
+
+        def put(kind: str, value: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, (kind, value))
+            except RuntimeError:  # the loop has closed: the server is shutting down
+                cancel.set()
+
+        def release() -> None:
+            self.job_name = self._cancel = None
+            self._lock.release()
+
+        def target() -> None:
+            try:
+                job(cancel, lambda value: put(_ITEM, value))
+                put(_DONE, None)
+            except BaseException as error:  # noqa: BLE001 - handed to the request, which says it
+                put(_FAILED, error)
+            finally:
+                try:
+                    loop.call_soon_threadsafe(release)
+                except RuntimeError:
+                    pass
+
+        # Started inside the try: whatever happens to the request from here, the job is cancelled
+        # or ends, and the lock is released by the thread itself once the engine is free.
+        watcher = asyncio.create_task(_watch(request, cancel)) if request is not None else None
+        try:
+            threading.Thread(target=target, name=f"specdeck-{name}", daemon=True).start()
+            while True:
+                kind, value = await items.get()
+                if kind == _DONE:
+                    return
+                if kind == _FAILED:
+                    raise value
+                yield value
+        finally:
+            cancel.set()  # a no-op once the job has ended; else the request went away
+            if watcher is not None:
+                watcher.cancel()
+
+
+async def _watch(request, cancel: threading.Event) -> None:
+    """Cancel the job when the client disconnects (a non-streaming request notices nothing else)."""
+    while not cancel.is_set():
+        if await request.is_disconnected():
+            cancel.set()
+            return
+        await asyncio.sleep(DISCONNECT_POLL_S)

@@ -1,0 +1,194 @@
+"""SpecDeck's own routes: what the desktop app needs beyond OpenAI's API.
+
+    GET  /health              {"status": "ok" | "loading" | "no model", "job": ...}
+    GET  /specdeck/info       the loaded pair (`loaded_info`), or {"loaded": null}
+    POST /specdeck/load       {"config": EngineConfig.to_dict()} -> stream of {"progress": {...}}, then {"loaded": ...}
+    POST /specdeck/unload     frees the models
+    POST /specdeck/generate   {"messages", "sampling", "speculative"?} -> stream of {"step", "drafter_stats", "costs"}
+    POST /specdeck/compare    {"messages", "sampling"} -> stream of {"run", "step", ...}, then {"divergence": ...}
+    POST /specdeck/cancel     the running job stops at its next step; its stream ends as usual
+
+Each step is `wire.step_to_dict`; beside it travel copies made on the engine's
+thread between two steps, of what keeps changing as decoding goes on: the
+drafter's statistics (`drafter_stats`, a dict or None) and the cost model
+(`costs`). The client rebuilds the reply from the steps (`wire.result_from_steps`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+
+from engine.config import EngineConfig
+from engine.drafters.registry import DrafterStats
+from engine.errors import SpecDeckError
+from engine.service import wire
+from engine.service.host import Host
+from engine.service.server import BadRequest, event_stream, require_engine
+
+router = APIRouter()
+log = logging.getLogger(__name__)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LoadRequest(_Strict):
+    config: dict[str, Any]
+
+
+class GenerateRequest(_Strict):
+    messages: list[dict[str, Any]]
+    sampling: dict[str, Any] = {}
+    speculative: bool | None = None  # None: speculative when a drafter is loaded
+
+
+class CompareRequest(_Strict):
+    messages: list[dict[str, Any]]
+    sampling: dict[str, Any] = {}
+
+
+def _host(request: Request) -> Host:
+    return request.app.state.host
+
+
+@router.get("/health")
+async def health(request: Request) -> dict:
+    host = _host(request)
+    status = "loading" if host.status == "loading" else ("ok" if host.engine is not None else "no model")
+    return {"status": status, "job": host.job_name, "waiting": host.waiting}
+
+
+@router.get("/specdeck/info")
+async def info(request: Request) -> dict:
+    host = _host(request)
+    return {"wire_version": wire.WIRE_VERSION, "status": host.status,
+            "loaded": None if host.engine is None else loaded_info(host.engine)}  # fmt: skip
+
+
+@router.post("/specdeck/load")
+async def load(body: LoadRequest, request: Request):
+    config = _config(body.config)
+    host = _host(request)
+
+    def job(cancel, emit) -> None:
+        from engine.api import Engine  # loads torch: only when a model is asked for
+
+        if host.engine is not None:  # free the old pair first: two pairs at once is how memory runs out
+            old, host.engine = host.engine, None
+            old.close()
+        engine = Engine.load(config, progress=lambda message, fraction: emit(
+            {"progress": {"message": message, "fraction": fraction}}))  # fmt: skip
+        host.engine = engine
+        emit({"loaded": loaded_info(engine)})
+
+    return await event_stream(host.run("load", job, request))
+
+
+@router.post("/specdeck/unload")
+async def unload(request: Request) -> dict:
+    host = _host(request)
+
+    def job(cancel, emit) -> None:
+        if host.engine is not None:
+            old, host.engine = host.engine, None
+            old.close()
+        emit({"loaded": None})
+
+    async for item in host.run("unload", job, request):
+        return item
+    return {"loaded": None}
+
+
+@router.post("/specdeck/generate")
+async def generate(body: GenerateRequest, request: Request):
+    host = _host(request)
+    sampling = _sampling(body.sampling)
+
+    def job(cancel, emit) -> None:
+        engine = require_engine(host)
+        speculative = engine.drafter is not None if body.speculative is None else body.speculative
+        prompt = engine.prompt_ids(body.messages)
+        for step in engine.stream(prompt, sampling, speculative=speculative, cancel=cancel):
+            emit(step_item(engine, step, speculative))
+
+    return await event_stream(host.run("generate", job, request))
+
+
+@router.post("/specdeck/compare")
+async def compare(body: CompareRequest, request: Request):
+    host = _host(request)
+    sampling = _sampling(body.sampling)
+
+    def job(cancel, emit) -> None:
+        engine = require_engine(host)
+        prompt = engine.prompt_ids(body.messages)
+
+        def on_event(label: str, step) -> None:
+            emit(step_item(engine, step, label == "speculative"))
+
+        comparison = engine.compare(prompt, sampling, cancel=cancel, on_event=on_event)
+        emit({"divergence": wire.divergence_to_dict(comparison.divergence)})
+
+    return await event_stream(host.run("compare", job, request))
+
+
+@router.post("/specdeck/cancel")
+async def cancel(request: Request) -> dict:
+    return {"cancelled": _host(request).cancel()}
+
+
+# -- what travels ------------------------------------------------------------------------------
+
+
+def loaded_info(engine) -> dict:
+    """What a client shows about the loaded pair; call it on the thread that loaded it."""
+    return {
+        "config": engine.config.to_dict(), "target": wire.model_info_to_dict(engine.target.info),
+        "n_ctx": engine.target.n_ctx, "speculative": engine.drafter is not None,
+        "notes": [str(note) for note in engine.notes if note], "costs": wire.costs_to_dict(engine.costs),
+    }  # fmt: skip
+
+
+def step_item(engine, step, speculative: bool) -> dict:
+    """A step and the copies made beside it, on the engine's thread, between two steps."""
+    drafter = engine.drafter if speculative else None
+    return {"run": "speculative" if speculative else "vanilla", "step": wire.step_to_dict(step),
+            "drafter_stats": drafter_stats(drafter),
+            "costs": wire.costs_to_dict(engine.costs)}  # fmt: skip
+
+
+_failed_stats: set[type] = set()  # drafter classes whose stats() raised: logged once each
+
+
+def drafter_stats(drafter) -> dict | None:
+    """`drafter.stats()` as plain data, None without a drafter or when stats() fails (logged once:
+    a statistics bug must not end a reply; the charts then go without the drafter's numbers)."""
+    if drafter is None:
+        return None
+    try:
+        stats = drafter.stats()
+        return copy.deepcopy(stats.as_dict() if isinstance(stats, DrafterStats) else dict(stats))
+    except Exception:  # noqa: BLE001
+        if type(drafter) not in _failed_stats:
+            _failed_stats.add(type(drafter))
+            log.exception("%s.stats() failed; its numbers are left out of the charts", type(drafter).__name__)
+        return None
+
+
+def _config(data: dict) -> EngineConfig:
+    return EngineConfig.from_dict(data)  # ConfigError (a 400) names the field and what to do
+
+
+def _sampling(data: dict):
+    try:
+        return wire.sampling_from_dict(data)
+    except TypeError as error:  # an unknown field
+        raise BadRequest(f"Bad sampling settings: {error}.") from error
+    except SpecDeckError:
+        raise

@@ -1,0 +1,111 @@
+"""Running the server: bind, say where, serve until stopped.
+
+The socket is bound here, before uvicorn starts, so that port 0 (any free port)
+works and the chosen port can be announced on standard output in one line that
+a parent process reads (`LISTENING_PREFIX`): how the desktop app learns where
+its private engine listens.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+import threading
+import time
+
+from engine.errors import ConfigError
+from engine.service.host import Host
+
+LISTENING_PREFIX = "SPECDECK_LISTENING"
+LOOPBACK = "127.0.0.1"
+
+
+def check_bind(address: str, api_key: str | None) -> None:
+    """Anything but loopback only with an API key: a server on a network without one lets anyone
+    on that network use the machine's models."""
+    if is_loopback(address) or api_key:
+        return
+    raise ConfigError(
+        f"Binding to {address} makes the engine reachable from other machines: give it an API key "
+        "(--api-key KEY, or $SPECDECK_API_KEY), or keep the default --host 127.0.0.1."
+    )
+
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(address: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address, port))
+    except OSError as error:
+        sock.close()
+        raise ConfigError(f"Cannot listen on {address}:{port} ({error.strerror}). Choose another --port, or "
+                          "stop the program that uses it.") from error  # fmt: skip
+    sock.listen(128)
+    return sock
+
+
+def serve(host: Host, *, address: str = LOOPBACK, port: int = 0, api_key: str | None = None,
+          model_name: str | None = None, announce: bool = True, log_level: str = "warning") -> None:  # fmt: skip
+    """Serve `host` until interrupted (Ctrl+C, SIGTERM); closes its engine at the end."""
+    import uvicorn
+
+    from engine.service.server import create_app
+
+    check_bind(address, api_key)
+    sock = bind(address, port)
+    app = create_app(host, api_key=api_key, model_name=model_name)
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=3)
+    server = uvicorn.Server(config)
+    if announce:
+        chosen = sock.getsockname()[1]
+        print(f"{LISTENING_PREFIX} {address}:{chosen}", flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if host.engine is not None:
+            host.engine.close()
+            host.engine = None
+
+
+def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
+    """End this process when `parent_pid` is gone: the app's engine must not outlive a crashed window."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent_pid:
+                os._exit(0)  # the models' memory is freed by the kernel; nothing else is held
+
+    threading.Thread(target=watch, name="specdeck-parent-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m engine.service`: the app's private engine, no model until asked for one."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m engine.service", description=main.__doc__)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--parent-pid", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.parent_pid:
+        exit_with_parent(args.parent_pid)
+    # The key comes by environment, not the command line, where every user of the machine can read it.
+    api_key = os.environ.get("SPECDECK_API_KEY") or None
+    try:
+        serve(Host(), port=args.port, api_key=api_key)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0

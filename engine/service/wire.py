@@ -1,0 +1,140 @@
+"""What the engine reports, as JSON and back: the engine server's wire format.
+
+Every record the desktop app draws from travels through here: a step
+(`StepEvent` with its tokens and running `RunStats`), a finished reply
+(`GenerationResult`, rebuilt on the client from its steps, as `collect` builds
+it in process), a comparison and its divergence, the loaded model (`ModelInfo`),
+the cost model, sampling settings. Decoding a record gives one equal to what the
+engine made: floats go through JSON's shortest repr, which Python reads back
+exactly, so the token colours (source, p, q) and every chart drawn from a stream
+equal those of an in-process run.
+
+Light: no torch, no llama.cpp, no Qt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from typing import Any
+
+from engine.backends.info import ModelInfo
+from engine.core.draft_length import CostModel
+from engine.core.events import Comparison, Divergence, GenerationResult, RunStats, Source, StepEvent, TokenInfo, collect
+from engine.core.sampling_config import SamplingConfig
+
+# A client refuses a server that speaks another version: fields may mean other things.
+WIRE_VERSION = 1
+
+
+# -- tokens and steps ---------------------------------------------------------------------
+
+
+def token_to_dict(token: TokenInfo) -> dict:
+    return {"id": token.id, "text": token.text, "source": token.source.value, "p": token.p, "q": token.q,
+            "top_ids": list(token.top_ids), "top_logits": list(token.top_logits)}  # fmt: skip
+
+
+def token_from_dict(data: dict) -> TokenInfo:
+    return TokenInfo(
+        id=int(data["id"]), text=data["text"], source=Source(data["source"]), p=float(data["p"]),
+        q=None if data.get("q") is None else float(data["q"]),
+        top_ids=tuple(int(i) for i in data.get("top_ids", ())),
+        top_logits=tuple(float(x) for x in data.get("top_logits", ())),
+    )  # fmt: skip
+
+
+def stats_to_dict(stats: RunStats) -> dict:
+    """Every field as measured (unlike `RunStats.as_dict`, which rounds for reports and adds derived numbers)."""
+    data = asdict(stats)
+    data["depth_tested"], data["depth_accepted"] = list(stats.depth_tested), list(stats.depth_accepted)
+    data["notes"] = list(stats.notes)
+    return data
+
+
+_STATS_FIELDS = {f.name for f in fields(RunStats)}
+_TUPLE_FIELDS = ("depth_tested", "depth_accepted", "notes")
+
+
+def stats_from_dict(data: dict) -> RunStats:
+    # Fields a newer server added are left out rather than refused: a chart needs only what it knows.
+    known = {name: value for name, value in data.items() if name in _STATS_FIELDS}
+    for name in _TUPLE_FIELDS:
+        if name in known:
+            known[name] = tuple(known[name])
+    return RunStats(**known)
+
+
+def step_to_dict(step: StepEvent) -> dict:
+    return {
+        "index": step.index, "tokens": [token_to_dict(t) for t in step.tokens], "text": step.text, "k": step.k,
+        "drafted": step.drafted, "accepted": step.accepted, "draft_s": step.draft_s, "verify_s": step.verify_s,
+        "other_s": step.other_s, "stats": stats_to_dict(step.stats), "finish_reason": step.finish_reason,
+        "end_token": None if step.end_token is None else token_to_dict(step.end_token),
+    }  # fmt: skip
+
+
+def step_from_dict(data: dict) -> StepEvent:
+    end = data.get("end_token")
+    return StepEvent(
+        index=int(data["index"]), tokens=tuple(token_from_dict(t) for t in data["tokens"]), text=data["text"],
+        k=int(data["k"]), drafted=int(data["drafted"]), accepted=int(data["accepted"]),
+        draft_s=float(data["draft_s"]), verify_s=float(data["verify_s"]), other_s=float(data["other_s"]),
+        stats=stats_from_dict(data["stats"]), finish_reason=data.get("finish_reason"),
+        end_token=None if end is None else token_from_dict(end),
+    )  # fmt: skip
+
+
+# -- results --------------------------------------------------------------------------------
+
+
+def result_from_steps(steps: list[StepEvent]) -> GenerationResult:
+    """The reply the steps make, exactly as `Engine.generate` collects it in process."""
+    return collect(steps)
+
+
+def divergence_to_dict(divergence: Divergence | None) -> dict | None:
+    return None if divergence is None else asdict(divergence)
+
+
+def divergence_from_dict(data: dict | None) -> Divergence | None:
+    return None if data is None else Divergence(**data)
+
+
+def comparison_from_runs(vanilla: list[StepEvent], speculative: list[StepEvent], divergence: dict | None) -> Comparison:
+    return Comparison(collect(vanilla), collect(speculative), divergence_from_dict(divergence))
+
+
+# -- the loaded model, its costs, the sampling ------------------------------------------------
+
+
+def model_info_to_dict(info: ModelInfo) -> dict:
+    return asdict(info)
+
+
+def model_info_from_dict(data: dict) -> ModelInfo:
+    return ModelInfo(**{f.name: data[f.name] for f in fields(ModelInfo)})
+
+
+def costs_to_dict(costs: CostModel) -> dict:
+    """The cost model as it stands now; call it on the thread that updates `costs`."""
+    return {"verify_s": [[n, s] for n, s in sorted(costs.verify_s.items())],
+            "draft_s_per_token": costs.draft_s_per_token, "window": costs.window}  # fmt: skip
+
+
+def costs_from_dict(data: dict) -> CostModel:
+    return CostModel(verify_s={int(n): float(s) for n, s in data["verify_s"]},
+                     draft_s_per_token=float(data["draft_s_per_token"]), window=int(data["window"]))  # fmt: skip
+
+
+def sampling_to_dict(sampling: SamplingConfig) -> dict:
+    data = asdict(sampling)
+    data["stop"] = list(sampling.stop)
+    return data
+
+
+def sampling_from_dict(data: dict[str, Any]) -> SamplingConfig:
+    """Raises ConfigError (with the setting's range) for a bad value, TypeError for an unknown field."""
+    values = dict(data)
+    if "stop" in values:
+        values["stop"] = tuple(values["stop"])
+    return SamplingConfig(**values)
