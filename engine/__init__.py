@@ -54,6 +54,9 @@ _LAZY = {
     "Source": ("core.events", None), "StepEvent": ("core.events", None), "TokenInfo": ("core.events", None),
     "CostModel": ("core.draft_length", None), "K_LIMIT": ("core.draft_length", None),
     "break_even_acceptance": ("core.draft_length", None), "expected_tokens": ("core.draft_length", None),
+    # the engine as a service: its client, and the private engine process the app starts (light)
+    "EngineClient": ("service.client", None), "EngineUnavailable": ("service.client", None),
+    "LoadedPair": ("service.client", None), "EngineProcess": ("service.process", None),
     # trained heads and training
     "read_medusa_config": ("heads.medusa", "read_config"), "read_eagle_config": ("heads.eagle", "read_config"),
     "default_heads_dir": ("models.shipped", None), "describe_heads": ("drafters.heads_loading", None),
