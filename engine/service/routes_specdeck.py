@@ -2,7 +2,8 @@
 
     GET  /health              {"status": "ok" | "loading" | "no model", "job": ...}
     GET  /specdeck/info       the loaded pair (`loaded_info`), or {"loaded": null}
-    POST /specdeck/load       {"config": EngineConfig.to_dict()} -> stream of {"progress": {...}}, then {"loaded": ...}
+    POST /specdeck/load       {"config": EngineConfig.to_dict(), "reload"?} -> stream of {"progress": {...}},
+                              then {"loaded": ...}; at once when that config is already loaded
     POST /specdeck/unload     frees the models
     POST /specdeck/generate   {"messages", "sampling", "speculative"?} -> stream of {"step", "drafter_stats", "costs"}
     POST /specdeck/compare    {"messages", "sampling"} -> stream of {"run", "step", ...}, then {"divergence": ...}
@@ -40,6 +41,7 @@ class _Strict(BaseModel):
 
 class LoadRequest(_Strict):
     config: dict[str, Any]
+    reload: bool = False  # load again even when this config is the loaded one
 
 
 class GenerateRequest(_Strict):
@@ -79,6 +81,9 @@ async def load(body: LoadRequest, request: Request):
     def job(cancel, emit) -> None:
         from engine.api import Engine  # loads torch: only when a model is asked for
 
+        if host.engine is not None and host.engine.config == config and not body.reload:
+            emit({"loaded": loaded_info(host.engine)})  # already loaded: a client that reconnects
+            return
         if host.engine is not None:  # free the old pair first: two pairs at once is how memory runs out
             old, host.engine = host.engine, None
             old.close()
