@@ -158,6 +158,8 @@ class EngineClient:
                 if "error" in item:
                     raise _engine_error(item["error"])
                 yield item
+            raise EngineUnavailable(f"The engine at {self.url} stopped in the middle of its answer (the stream "
+                                    "ended without its end mark): the server stopped or was stopped.")  # fmt: skip
         except (OSError, http.client.HTTPException) as error:
             raise self._unavailable(error, mid_stream=True) from error
         finally:

@@ -81,20 +81,23 @@ class Host:
             except RuntimeError:  # the loop has closed: the server is shutting down
                 cancel.set()
 
-        def release() -> None:
+        def finish(kind: str, value: Any) -> None:
+            # The engine is free before the request hears the job's end: a client that sends its
+            # next request the moment a reply ends finds the server idle, not still busy.
             self.job_name = self._cancel = None
             self._lock.release()
+            items.put_nowait((kind, value))
 
         def target() -> None:
+            outcome = (_DONE, None)
             try:
                 job(cancel, lambda value: put(_ITEM, value))
-                put(_DONE, None)
             except BaseException as error:  # noqa: BLE001 - handed to the request, which says it
-                put(_FAILED, error)
+                outcome = (_FAILED, error)
             finally:
                 try:
-                    loop.call_soon_threadsafe(release)
-                except RuntimeError:
+                    loop.call_soon_threadsafe(finish, *outcome)
+                except RuntimeError:  # the loop has closed: the server is shutting down
                     pass
 
         # Started inside the try: whatever happens to the request from here, the job is cancelled

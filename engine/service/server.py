@@ -8,8 +8,8 @@ OpenAI client uses), `/health` and `/metrics`. Shared rules:
 - An engine error is the engine's own message with a 4xx status, in OpenAI's
   error shape: `{"error": {"message", "type", "code"}}`. Unknown fields, bad
   JSON and bad values are 400, a full queue 503, a missing key 401.
-- Streams are server-sent events: one `data: {json}` per item. An error after
-  the stream has started is its last item, `{"error": {...}}`.
+- Streams are server-sent events: one `data: {json}` per item, then `data: [DONE]`.
+  An error after the stream has started is its last item, `{"error": {...}}`.
 """
 
 from __future__ import annotations
@@ -136,8 +136,9 @@ def require_engine(host: Host):
 # -- server-sent events ---------------------------------------------------------------------------
 
 
-async def event_stream(items: AsyncIterator[Any], *, done: str | None = None) -> StreamingResponse:
-    """A stream of `items` (dicts) as server-sent events, ending with `data: {done}` when given.
+async def event_stream(items: AsyncIterator[Any], *, done: str | None = "[DONE]") -> StreamingResponse:
+    """A stream of `items` (dicts) as server-sent events, ending with `data: {done}` (OpenAI's
+    `[DONE]`): a client that reads to the end of a stream without it knows the server went away.
 
     The first item is awaited before the response starts, so that an error the job raises at
     once (a prompt longer than the context, a bad option) is a plain 4xx, not a stream."""

@@ -1,0 +1,173 @@
+"""The private engine process the app drives, through the client, on the embedded model.
+
+What a user of the window would notice: the reply streamed from the engine
+process is the reply the engine makes in process (same tokens, same colours:
+source, p and q); a stop ends the reply with what was shown; a wrong path says
+so; an engine killed mid-reply is an error that says how it died, not a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from engine import EngineConfig, ModelNotFoundError, SamplingConfig, SpecDeckError
+from engine.service.client import EngineClient, EngineUnavailable
+from engine.service.process import EngineProcess
+
+PROMPT = [{"role": "user", "content": "Write a short poem about the sea."}]
+CONFIG = EngineConfig(target="default", drafter="ngram", measure_costs=False)
+SAMPLED = SamplingConfig(temperature=0.8, seed=7, max_tokens=24)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engine_process():
+    process = EngineProcess()
+    client = process.start()
+    client.load(CONFIG)
+    yield process
+    process.stop()
+
+
+def test_a_streamed_reply_equals_the_in_process_reply_token_for_token(engine_process):
+    from engine import Engine
+
+    steps = []
+    remote = engine_process.client.generate(PROMPT, SAMPLED, on_step=lambda label, step, stats, costs: steps.append(step))
+    engine = Engine.load(CONFIG)
+    try:
+        local = engine.generate(engine.prompt_ids(PROMPT), SAMPLED)
+    finally:
+        engine.close()
+
+    def colours(result):
+        return [(t.id, t.text, t.source, t.p, t.q) for t in result.token_infos]
+
+    assert remote.text == local.text and remote.tokens == local.tokens
+    assert colours(remote) == colours(local)
+    assert [s.drafted for s in remote.events] == [s.drafted for s in local.events]
+    assert remote.stats.accepted == local.stats.accepted and remote.stats.steps == local.stats.steps
+    assert steps == list(remote.events)  # what on_step saw is what the result was made of
+
+
+def test_the_loaded_pair_is_described_and_loading_it_again_is_immediate(engine_process):
+    pair = engine_process.client.loaded()
+    assert pair.config == CONFIG and pair.speculative and pair.target.backend == "llama.cpp"
+    reports = []
+    started = time.monotonic()
+    again = engine_process.client.load(CONFIG, progress=lambda message, fraction: reports.append(message))
+    assert again == pair and time.monotonic() - started < 2.0
+
+
+def test_a_comparison_runs_vanilla_then_speculative(engine_process):
+    labels = []
+    comparison = engine_process.client.compare(
+        PROMPT, SamplingConfig(max_tokens=16), on_step=lambda label, step, stats, costs: labels.append(label)
+    )
+    assert labels[0] == "vanilla" and labels[-1] == "speculative"
+    assert comparison.vanilla.stats.drafted == 0
+    assert comparison.identical or comparison.divergence.explained
+
+
+def test_cancelling_ends_the_reply_with_what_was_made(engine_process):
+    cancel = threading.Event()
+    seen = []
+
+    def on_step(label, step, stats, costs):
+        seen.append(step)
+        if len(seen) == 3:
+            cancel.set()
+
+    result = engine_process.client.generate(PROMPT, SamplingConfig(max_tokens=400), cancel=cancel, on_step=on_step)
+    assert result.finish_reason == "cancelled"
+    assert 3 <= result.stats.steps < 100
+    # The engine is free at once for the next request.
+    assert engine_process.client.health()["job"] is None
+
+
+def test_a_wrong_path_is_the_engines_own_error_and_the_loaded_pair_stays(engine_process):
+    with pytest.raises(ModelNotFoundError, match="no-such-model.gguf"):
+        engine_process.client.load(EngineConfig(target="/nonexistent/no-such-model.gguf"))
+    # The old pair was freed before the failed load: the server says so rather than pretending.
+    loaded = engine_process.client.loaded()
+    assert loaded is None or loaded.config == CONFIG
+    engine_process.client.load(CONFIG)
+
+
+def test_a_bad_sampling_value_says_its_range(engine_process):
+    with pytest.raises(SpecDeckError, match="temperature"):
+        engine_process.client.request("POST", "/specdeck/generate", {"messages": PROMPT, "sampling": {"temperature": -1}})
+
+
+def test_the_key_is_required():
+    process = EngineProcess()
+    client = process.start()
+    try:
+        stranger = EngineClient(client.url, api_key="wrong")
+        with pytest.raises(SpecDeckError, match="API key"):
+            stranger.loaded()
+        assert stranger.health()["status"] == "no model"  # /health answers anyone: a supervisor polls it
+    finally:
+        process.stop()
+
+
+def test_an_engine_killed_mid_reply_is_an_error_that_says_how_it_died():
+    process = EngineProcess()
+    client = process.start()
+    client.load(CONFIG)
+    steps = []
+
+    def on_step(label, step, stats, costs):
+        steps.append(step)
+        if len(steps) == 2:
+            os.kill(process.pid, signal.SIGKILL)
+
+    with pytest.raises(EngineUnavailable):
+        client.generate(PROMPT, SamplingConfig(max_tokens=400), on_step=on_step)
+    process._child.wait(10)
+    assert "signal 9 (SIGKILL)" in process.death_message()
+    process.stop()
+
+
+def test_nothing_answers_where_no_engine_runs():
+    with pytest.raises(EngineUnavailable, match="connection refused"):
+        EngineClient("http://127.0.0.1:9").health()
+
+
+def test_the_engine_process_ends_with_its_parent(tmp_path):
+    parent = textwrap.dedent("""
+        import sys
+        from engine.service.process import EngineProcess
+        process = EngineProcess()
+        process.start()
+        print(process.pid, flush=True)
+        import os
+        os._exit(0)  # a crash: no stop()
+    """)
+    done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60)
+    child = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for init to reap it has ended too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
