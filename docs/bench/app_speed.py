@@ -1,0 +1,164 @@
+"""Speed in the app against speed in the CLI, on one prompt and the same settings (issue 14, part 3).
+
+Drives the real window as a user does: types the prompt into the composer, clicks
+Send, waits for the reply to end and reads the reply's statistics (the engine's
+own decode speed, which the window shows under the reply). The CLI runs the same
+prompt with the same settings (`specdeck-cli generate --json`). Rounds alternate
+CLI and app, so both see the same machine; each figure is a median over rounds.
+With `--busy`, every run has one other process keeping a core busy (a Python
+spin loop), as a second program on the user's machine would.
+
+    QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 python docs/bench/app_speed.py [--rounds 3]
+        [--configs llama-ngram,torch-bf16] [--busy] [--max-tokens 256] [--smoke]
+
+`--smoke` (the test suite's): one short round of the first config, checking only that every
+number was read. Prints a markdown table; the numbers in docs/benchmarks.md came from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPT = "Write a story of about 200 words about a lighthouse keeper who finds a message in a bottle."
+CONFIGS = {
+    "llama-ngram": ({"target": "default", "drafter": "ngram"}, []),
+    "torch-bf16": ({"target": "default", "backend": "torch", "dtype": "bfloat16", "drafter": "ngram"},
+                   ["--backend", "torch", "--dtype", "bfloat16"]),
+}  # fmt: skip
+REPLY_TIMEOUT_S = 300
+
+
+def cli_speed(flags: list[str], max_tokens: int) -> float:
+    command = [sys.executable, "-m", "engine.cli.main", "generate", "--json", "-n", str(max_tokens), "-p", PROMPT,
+               *flags]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=REPLY_TIMEOUT_S, check=True)
+    return float(json.loads(done.stdout)["stats"]["tokens_per_s"])
+
+
+class App:
+    """One main window, loaded once per config; `speed()` sends the prompt and reads the reply's speed."""
+
+    def __init__(self, config: dict, max_tokens: int) -> None:
+        from PySide6.QtCore import Qt
+        from PySide6.QtTest import QTest
+        from PySide6.QtWidgets import QApplication
+
+        from app.shell.main_window import MainWindow
+        from engine import EngineConfig, SamplingConfig
+
+        self._qt, self._test = Qt, QTest
+        self.application = QApplication.instance() or QApplication(sys.argv)
+        self.window = MainWindow()
+        self.window.sampling = SamplingConfig(max_tokens=max_tokens)
+        self.window.resize(1400, 900)
+        self.window.show()
+        loaded = []
+        self.window.controller.sig_loaded.connect(lambda config: loaded.append(config))
+        self.window.start(EngineConfig(**config))
+        self._wait(lambda: loaded, "the model to load")
+
+    def speed(self) -> float:
+        results = []
+        connection = self.window.controller.sig_run_finished.connect(lambda kind, result: results.append(result))
+        view = self.window.chat_view
+        view.composer.setFocus()
+        self._test.keyClicks(view.composer, PROMPT)
+        self._test.mouseClick(view.send_button, self._qt.MouseButton.LeftButton)
+        self._wait(lambda: results, "the reply")
+        self.window.controller.sig_run_finished.disconnect(connection)
+        self._wait(lambda: not self.window.controller.busy, "the engine to be free")
+        if results[0] is None:
+            raise RuntimeError(f"the reply failed: {self.window.banner.text()}")
+        self.window.chats.open(None)  # the next round starts from the same prompt, not a longer chat
+        return results[0].stats.tokens_per_s
+
+    def close(self) -> None:
+        self.window.close()
+        self.application.processEvents()
+
+    def _wait(self, done, what: str) -> None:
+        deadline = time.monotonic() + REPLY_TIMEOUT_S
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {REPLY_TIMEOUT_S} s for {what}")
+            self.application.processEvents()
+            time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def busy_core(on: bool):
+    """One other process spinning on a core while the block runs."""
+    if not on:
+        yield
+        return
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def measure(name: str, rounds: int, max_tokens: int, busy: bool) -> dict:
+    config, flags = CONFIGS[name]
+    app = App(config, max_tokens)
+    cli, gui = [], []
+    try:
+        for _ in range(rounds):
+            with busy_core(busy):
+                cli.append(cli_speed(flags, max_tokens))
+                gui.append(app.speed())
+    finally:
+        app.close()
+    return {"config": name, "busy": busy, "cli": cli, "app": gui,
+            "ratio": statistics.median(gui) / statistics.median(cli)}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--configs", default="llama-ngram,torch-bf16")
+    parser.add_argument("--busy", action="store_true", help="also measure with one other process keeping a core busy")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--smoke", action="store_true", help="one short round of the first config")
+    args = parser.parse_args()
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # The window's settings and conversations go to a scratch place, never the user's.
+    scratch = tempfile.mkdtemp(prefix="specdeck-app-speed-")
+    os.environ["XDG_CONFIG_HOME"] = os.environ["XDG_DATA_HOME"] = scratch
+    os.environ["SPECDECK_DATA_DIR"] = os.path.join(scratch, "conversations")
+    from PySide6.QtCore import QCoreApplication
+
+    QCoreApplication.setApplicationName("specdeck-app-speed")
+    names = args.configs.split(",")
+    if args.smoke:
+        names, args.rounds, args.max_tokens = names[:1], 1, 16
+    rows = []
+    for name in names:
+        for busy in (False, True) if args.busy else (False,):
+            rows.append(measure(name, args.rounds, args.max_tokens, busy))
+    print("| config | other process busy | CLI tok/s (median) | app tok/s (median) | app / CLI |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['config']} | {'yes' if row['busy'] else 'no'} | {statistics.median(row['cli']):.1f} "
+              f"| {statistics.median(row['app']):.1f} | {row['ratio']:.2f} |")  # fmt: skip
+    quiet = {row["config"]: statistics.median(row["app"]) for row in rows if not row["busy"]}
+    for row in rows:
+        if row["busy"] and row["config"] in quiet:
+            print(f"{row['config']}: app busy / app quiet = {statistics.median(row['app']) / quiet[row['config']]:.2f}")
+    print(json.dumps(rows), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""The script behind docs/benchmarks.md's app-against-CLI numbers still runs (a smoke test: speed
+itself belongs in the benchmark, not in tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "bench" / "app_speed.py"
+
+
+@pytest.mark.slow
+def test_the_app_speed_script_reads_a_speed_from_the_cli_and_from_the_window(tmp_path):
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke"], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| llama-ngram | no |" in done.stdout
+    rows = json.loads(done.stderr.strip().splitlines()[-1])
+    assert rows[0]["cli"][0] > 0 and rows[0]["app"][0] > 0
