@@ -29,6 +29,7 @@ from engine.drafters.registry import DrafterStats
 from engine.errors import SpecDeckError
 from engine.service import wire
 from engine.service.host import Host
+from engine.service.metrics import metrics_of
 from engine.service.server import BadRequest, event_stream, require_engine
 
 router = APIRouter()
@@ -114,12 +115,14 @@ async def unload(request: Request) -> dict:
 async def generate(body: GenerateRequest, request: Request):
     host = _host(request)
     sampling = _sampling(body.sampling)
+    metrics = metrics_of(request.app)
 
     def job(cancel, emit) -> None:
         engine = require_engine(host)
         speculative = engine.drafter is not None if body.speculative is None else body.speculative
         prompt = engine.prompt_ids(body.messages)
         for step in engine.stream(prompt, sampling, speculative=speculative, cancel=cancel):
+            metrics.observe(step, len(prompt))
             emit(step_item(engine, step, speculative))
 
     return await event_stream(host.run("generate", job, request))
@@ -129,12 +132,14 @@ async def generate(body: GenerateRequest, request: Request):
 async def compare(body: CompareRequest, request: Request):
     host = _host(request)
     sampling = _sampling(body.sampling)
+    metrics = metrics_of(request.app)
 
     def job(cancel, emit) -> None:
         engine = require_engine(host)
         prompt = engine.prompt_ids(body.messages)
 
         def on_event(label: str, step) -> None:
+            metrics.observe(step, len(prompt))
             emit(step_item(engine, step, label == "speculative"))
 
         comparison = engine.compare(prompt, sampling, cancel=cancel, on_event=on_event)

@@ -58,15 +58,13 @@ def create_app(host: Host, *, api_key: str | None = None, model_name: str | None
         return error_response(400, f"The request body is not valid JSON ({error.msg} at character {error.pos}).",
                               "invalid_request_error")  # fmt: skip
 
-    from engine.service import routes_specdeck
+    from engine.service import metrics, routes_specdeck
 
     app.include_router(routes_specdeck.router)
-    try:
-        from engine.service import routes_openai
-    except ImportError:  # being written
-        routes_openai = None
-    if routes_openai is not None:
-        app.include_router(routes_openai.router)
+    app.include_router(metrics.router)
+    from engine.service import routes_openai
+
+    app.include_router(routes_openai.router)
     return app
 
 
