@@ -60,15 +60,21 @@ _LAZY = {
     # trained heads and training
     "read_medusa_config": ("heads.medusa", "read_config"), "read_eagle_config": ("heads.eagle", "read_config"),
     "default_heads_dir": ("models.shipped", None), "describe_heads": ("drafters.heads_loading", None),
-    "train_heads": ("training", None), "checkpoint_info": ("training", None),
-    "load_checkpoint_state": ("training.checkpoint", "load_state"),
-    # benchmarks
-    "AutotuneResult": ("bench", None), "AutotuneSettings": ("bench", None), "BenchmarkCancelled": ("bench", None),
-    "BenchReport": ("bench", None), "BenchSettings": ("bench", None), "Candidate": ("bench", None),
-    "default_prompts_path": ("bench", None), "load_prompts": ("bench", None), "run_autotune": ("bench", None),
-    "run_benchmark": ("bench", None), "write_json": ("bench", None), "format_autotune": ("bench", None),
-    "EFFICIENCY_LIMIT": ("bench.results", None), "SPECULATIVE": ("bench.results", None),
-    "VANILLA": ("bench.results", None),
+    "train_heads": ("training.medusa", None), "checkpoint_info": ("training.checkpoint", None),  # load torch
+    "load_checkpoint_state": ("training.checkpoint", "load_state"),  # loads torch
+    "TrainSettings": ("training.records", None), "TrainProgress": ("training.records", None),
+    "TrainResult": ("training.records", None), "CheckpointInfo": ("training.records", None),
+    # benchmarks (light, but for run_autotune and run_benchmark, which load torch)
+    "AutotuneResult": ("bench.autotune_results", None), "AutotuneSettings": ("bench.autotune_results", None),
+    "Candidate": ("bench.autotune_results", None), "format_autotune": ("bench.autotune_results", None),
+    "BenchmarkCancelled": ("bench.results", None), "BenchReport": ("bench.results", None),
+    "BenchSettings": ("bench.results", None), "EFFICIENCY_LIMIT": ("bench.results", None),
+    "SPECULATIVE": ("bench.results", None), "VANILLA": ("bench.results", None),
+    "bench_progress_to_dict": ("bench.results", "progress_to_dict"),
+    "bench_progress_from_dict": ("bench.results", "progress_from_dict"),
+    "BenchPrompt": ("bench.prompts", None), "default_prompts_path": ("bench.prompts", None),
+    "load_prompts": ("bench.prompts", None), "write_json": ("bench.report", None),
+    "run_autotune": ("bench.autotune", None), "run_benchmark": ("bench.runner", None),
 }  # fmt: skip
 
 

@@ -7,37 +7,41 @@
 Modules: `prompts` (the JSONL prompt files), `runner` (our engine, both modes,
 warm-up and repeats), `peers` (llama-cpp-python and transformers on the same
 model), `system` (copy bandwidth, the bandwidth floor, peak memory), `results`
-(frozen result records and the aggregation math), `report` (text and JSON),
-`autotune` (the fastest drafter and draft length for a target on these prompts).
-Like the rest of `engine`, nothing here imports Qt.
+(frozen result records, the settings and the aggregation math), `report` (text
+and JSON), `autotune` (the fastest drafter and draft length for a target on
+these prompts) and `autotune_results` (its records). Like the rest of `engine`,
+nothing here imports Qt.
+
+The records (`results`, `autotune_results`, `prompts`, `report`) load no torch,
+so a client of the engine server can hold and draw them; every record has
+`to_dict` / `from_dict` (JSON-ready, and back to an equal record). Names are
+imported on first use, so importing one of them, or `engine.bench.results`,
+does not load the runner (torch).
 """
 
-from engine.bench.autotune import AutotuneResult, AutotuneSettings, Candidate, format_autotune, run_autotune
-from engine.bench.prompts import BenchPrompt, PromptFileError, default_prompts_path, load_prompts, parse_prompts
-from engine.bench.report import format_text, to_json, write_json
-from engine.bench.results import BenchmarkCancelled, BenchReport, GroupSummary, PeerResult, PromptSummary, RunRecord
-from engine.bench.runner import BenchSettings, run_benchmark
+from importlib import import_module
 
-__all__ = [
-    "AutotuneResult",
-    "AutotuneSettings",
-    "Candidate",
-    "BenchPrompt",
-    "BenchReport",
-    "BenchSettings",
-    "BenchmarkCancelled",
-    "GroupSummary",
-    "PeerResult",
-    "PromptFileError",
-    "PromptSummary",
-    "RunRecord",
-    "default_prompts_path",
-    "format_autotune",
-    "format_text",
-    "load_prompts",
-    "parse_prompts",
-    "run_autotune",
-    "run_benchmark",
-    "to_json",
-    "write_json",
-]
+# name -> the module under engine.bench that defines it
+_LAZY = {
+    "AutotuneResult": "autotune_results", "AutotuneSettings": "autotune_results", "Candidate": "autotune_results",
+    "CandidateResult": "autotune_results", "format_autotune": "autotune_results",
+    "BenchPrompt": "prompts", "PromptFileError": "prompts", "default_prompts_path": "prompts",
+    "load_prompts": "prompts", "parse_prompts": "prompts",
+    "format_text": "report", "to_json": "report", "write_json": "report",
+    "BenchmarkCancelled": "results", "BenchReport": "results", "BenchSettings": "results", "GroupSummary": "results",
+    "PeerResult": "results", "PromptSummary": "results", "RunRecord": "results",
+    "progress_to_dict": "results", "progress_from_dict": "results",
+    "run_autotune": "autotune",  # loads torch
+    "run_benchmark": "runner",  # loads torch
+}  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'engine.bench' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

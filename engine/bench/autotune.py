@@ -11,6 +11,9 @@ so a second copy of the target is never loaded.
 
     result = run_autotune(EngineConfig(), load_prompts(default_prompts_path()))
     print(format_autotune(result)); best = result.best_config
+
+The records (settings, candidates, the result) and format_autotune are in
+autotune_results.py, which loads no torch; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import threading
-from dataclasses import dataclass
 from typing import Callable
 
 from engine.core.draft_length import CostModel
@@ -30,66 +32,14 @@ from engine.models.shipped import default_heads_dir
 from engine.bench.prompts import BenchPrompt
 from engine.bench.runner import engine_for
 from engine.bench.results import BenchmarkCancelled
+from engine.bench.autotune_results import (CHAIN_KS, PLAIN, TREE_DRAFTERS, TREE_KS, AutotuneResult,  # noqa: F401
+                                           AutotuneSettings, Candidate, CandidateResult, format_autotune)  # fmt: skip
 
+# progress(message, fraction), as run_benchmark's: what is being done ("Plain decoding: fix-typos",
+# "Preparing the ngram drafter", "ngram, k 4: fix-typos", "Done") and the share done, rising from 0.0
+# to 1.0, last ("Done", 1.0). As JSON: engine.bench.results.progress_to_dict / progress_from_dict.
 Progress = Callable[[str, float], None]
-CHAIN_KS = ("auto", 2, 4, 8)  # draft lengths tried for drafters that draft one chain
-TREE_KS = ("auto", 8, 16)  # node budgets tried for tree drafters
-TREE_DRAFTERS = frozenset({"medusa", "eagle", "lookahead"})
 WARMUP_TOKENS = 8
-
-
-@dataclass(frozen=True)
-class AutotuneSettings:
-    max_tokens: int = 48  # short replies: many candidates, each on every prompt
-    warmup: bool = True  # one short generation per candidate on the first prompt, not measured
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ConfigError(f"max tokens must be at least 1, got {self.max_tokens}.")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    drafter: str  # a registry name; "model" = the loaded draft model
-    k: int | str  # draft length, or node budget for a tree drafter; "auto" = chosen as it decodes
-
-    @property
-    def label(self) -> str:
-        if self.drafter == "none":
-            return "plain decoding"
-        what = "node budget" if self.drafter in TREE_DRAFTERS else "k"
-        return f"{self.drafter}, {what} {self.k}"
-
-
-PLAIN = Candidate("none", 0)  # the baseline, ranked with the others: it may be the fastest
-
-
-@dataclass(frozen=True)
-class CandidateResult:
-    candidate: Candidate
-    speedup: float  # median over prompts of speculative tokens/s / vanilla tokens/s
-    tokens_per_s: float  # median over prompts
-    acceptance: float  # pooled accepted / tested
-    tokens_per_forward: float  # pooled
-    identical: int  # prompts whose output equals plain decoding's
-    prompts: int
-
-
-@dataclass(frozen=True)
-class AutotuneResult:
-    ranked: tuple[CandidateResult, ...]  # fastest first, plain decoding (speedup 1) among them
-    vanilla_tps: float  # median over prompts
-    best_config: EngineConfig  # the loaded config with the fastest candidate's drafter and k
-    prompts: int
-    max_tokens: int
-
-    @property
-    def best(self) -> CandidateResult:
-        return self.ranked[0]
-
-    @property
-    def beats_vanilla(self) -> bool:
-        return self.best.candidate != PLAIN
 
 
 def allowed_drafters(config: EngineConfig, target) -> tuple[str, ...]:
@@ -134,7 +84,8 @@ def run_autotune(
     cancel: threading.Event | None = None,
 ) -> AutotuneResult:
     """Load `config` (unless an `engine` is given, which stays open), try every candidate (by
-    default all that the target allows), rank them. Raises BenchmarkCancelled when `cancel` is set."""
+    default all that the target allows), rank them. Raises BenchmarkCancelled when `cancel` is set.
+    `progress(message, fraction)` as run_benchmark's: words and the share done, rising to ("Done", 1.0)."""
     if not prompts:
         raise ConfigError("Auto-tune needs at least one prompt.")
     report = progress or (lambda message, fraction: None)
@@ -252,18 +203,3 @@ def _ratio(a: float, b: float) -> float:
 def _check(cancel: threading.Event) -> None:
     if cancel.is_set():
         raise BenchmarkCancelled("Auto-tune was cancelled.")
-
-
-def format_autotune(result: AutotuneResult) -> str:
-    """The ranked table as text, fastest first, and the proposal."""
-    lines = [f"Auto-tune: {result.prompts} prompts, {result.max_tokens} tokens a reply, greedy; "
-             f"plain decoding {result.vanilla_tps:.1f} tok/s",
-             f"{'#':>2}  {'drafter':<12} {'k':>5} {'speedup':>8} {'tok/s':>8} {'accept':>7} {'tok/fwd':>8} {'same':>6}"]  # fmt: skip
-    for rank, r in enumerate(result.ranked, start=1):
-        lines.append(f"{rank:>2}  {r.candidate.drafter:<12} {str(r.candidate.k):>5} {r.speedup:>7.2f}× "
-                     f"{r.tokens_per_s:>8.1f} {r.acceptance:>7.2f} {r.tokens_per_forward:>8.2f} "
-                     f"{r.identical:>3}/{r.prompts:<2}")  # fmt: skip
-    best = result.best
-    verdict = "" if result.beats_vanilla else " (no candidate beat plain decoding here)"
-    lines.append(f"Best: {best.candidate.label}, {best.speedup:.2f}× plain decoding{verdict}.")
-    return "\n".join(lines)

@@ -35,6 +35,15 @@ class BenchPrompt:
     kind: str
     messages: tuple[dict, ...]  # {"role": ..., "content": ...} each, the reply follows the last
 
+    def to_dict(self) -> dict:
+        """JSON-ready: a line of a prompts file."""
+        return {"id": self.id, "kind": self.kind, "messages": [dict(m) for m in self.messages]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BenchPrompt:
+        """The prompt `to_dict` wrote; one that is not valid raises PromptFileError, as a bad line would."""
+        return _parse_record(data, "a prompt")
+
 
 def default_prompts_path() -> Path:
     """The shipped prompt set: resources/prompts/bench.jsonl beside the packages, or in a bundle."""
@@ -101,6 +110,10 @@ def _parse_line(line: str, where: str) -> BenchPrompt:
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise PromptFileError(f"{where}: not valid JSON ({error.msg} at column {error.colno}).") from None
+    return _parse_record(record, where)
+
+
+def _parse_record(record, where: str) -> BenchPrompt:
     if not isinstance(record, dict):
         raise PromptFileError(f'{where}: expected a JSON object {{"id": ..., "kind": ..., "messages": [...]}}.')
     missing = [key for key in _KEYS if key not in record]

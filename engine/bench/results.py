@@ -11,13 +11,21 @@ The predicted speedup of a run is the engine's own (`RunStats.predicted_speedup`
 the article's formula applied to the drafts the run made, with the acceptance
 rate and draft/verify cost ratios measured in that run. Efficiency is measured
 over predicted; the issue asks for at least 0.9.
+
+Light (no torch): the engine server sends these records to the app as JSON.
+Each has `to_dict()`, its fields as JSON-ready data (tuples as lists, no derived
+numbers), and `from_dict()`, which gives back an equal record. `BenchReport.as_dict`
+is the exported file's format (fields and derived numbers, `report.to_json`), and
+`BenchReport.from_dict` reads that too: the derived numbers are recomputed.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+
+from engine.errors import ConfigError
 
 FLOOR_LIMIT = 1.25  # vanilla time per token may be at most this multiple of the bandwidth floor
 EFFICIENCY_LIMIT = 0.9  # measured speedup at least this share of the predicted one
@@ -27,6 +35,61 @@ VANILLA, SPECULATIVE = "vanilla", "speculative"
 
 class BenchmarkCancelled(Exception):
     """The user stopped the benchmark: not an error, so not a SpecDeckError."""
+
+
+# -- plain data ---------------------------------------------------------------------------
+
+
+def plain(value):
+    """`value` as JSON has it: tuples (inside dicts and lists too) as lists."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
+
+
+def known_fields(cls, data: dict) -> dict:
+    """The entries of `data` that are fields of the dataclass `cls`: derived numbers (as the
+    exported file has them) and fields a newer engine added are left out."""
+    names = {f.name for f in fields(cls)}
+    return {key: value for key, value in data.items() if key in names}
+
+
+def progress_to_dict(message: str, fraction: float) -> dict:
+    """What run_benchmark's and run_autotune's `progress(message, fraction)` was called with, as JSON."""
+    return {"message": message, "fraction": fraction}
+
+
+def progress_from_dict(data: dict) -> tuple[str, float]:
+    """(message, fraction) from `progress_to_dict`'s dict."""
+    return str(data["message"]), float(data["fraction"])
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How run_benchmark measures (the prompts and the engine's config are its other arguments)."""
+
+    max_tokens: int = 128
+    repeat: int = 3
+    warmup: int = 1  # warm-up generations per mode (and per peer) before measuring
+    peers: bool = False
+    measure_bandwidth: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ConfigError(f"max tokens must be at least 1, got {self.max_tokens}.")
+        if self.repeat < 1:
+            raise ConfigError(f"repeat must be at least 1, got {self.repeat}.")
+        if self.warmup < 0:
+            raise ConfigError(f"warm-up must be 0 or more runs, got {self.warmup}.")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BenchSettings:
+        return cls(**known_fields(cls, data))
 
 
 @dataclass(frozen=True)
@@ -55,6 +118,15 @@ class RunRecord:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return plain(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunRecord:
+        values = known_fields(cls, data)
+        values["token_ids"] = tuple(values.get("token_ids", ()))
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -99,6 +171,13 @@ class PromptSummary:
     def vanilla_s_per_token(self) -> float:
         return 1.0 / self.vanilla_tps if self.vanilla_tps > 0 else 0.0
 
+    def to_dict(self) -> dict:
+        return plain(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PromptSummary:
+        return cls(**known_fields(cls, data))
+
 
 @dataclass(frozen=True)
 class GroupSummary:
@@ -118,6 +197,13 @@ class GroupSummary:
     @property
     def efficiency(self) -> float:
         return self.speedup / self.predicted_speedup if self.predicted_speedup > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GroupSummary:
+        return cls(**known_fields(cls, data))
 
 
 @dataclass(frozen=True)
@@ -139,6 +225,13 @@ class FloorCheck:
     @property
     def ok(self) -> bool:
         return self.ratio <= self.limit
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> FloorCheck:
+        return cls(**known_fields(cls, data))
 
 
 @dataclass(frozen=True)
@@ -162,6 +255,13 @@ class MemoryCheck:
             return None
         return self.speculative_peak_bytes <= limit
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MemoryCheck:
+        return cls(**known_fields(cls, data))
+
 
 @dataclass(frozen=True)
 class PeerPromptResult:
@@ -171,6 +271,13 @@ class PeerPromptResult:
     tokens_per_s: float  # median decode speed over repeats
     identical: bool | None  # output equals our vanilla greedy output (None: nothing to compare)
     text: str = field(repr=False)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PeerPromptResult:
+        return cls(**known_fields(cls, data))
 
 
 @dataclass(frozen=True)
@@ -194,6 +301,15 @@ class PeerResult:
     @property
     def identical(self) -> int:
         return sum(1 for p in self.prompts if p.identical)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "mode": self.mode, "prompts": [p.to_dict() for p in self.prompts],
+                "error": self.error}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PeerResult:
+        return cls(data["name"], data["mode"], tuple(PeerPromptResult.from_dict(p) for p in data.get("prompts", ())),
+                   data.get("error"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -233,6 +349,33 @@ class BenchReport:
             "peers": [peer(p) for p in self.peers],
             "runs": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in self.runs],
         }
+
+    def to_dict(self) -> dict:
+        """The fields, JSON-ready; smaller than `as_dict` (no derived numbers), for the wire."""
+        return {
+            "settings": plain(self.settings),
+            "prompts": [p.to_dict() for p in self.prompts],
+            "kinds": [k.to_dict() for k in self.kinds],
+            "overall": self.overall.to_dict(),
+            "floor": self.floor.to_dict() if self.floor else None,
+            "memory": self.memory.to_dict(),
+            "peers": [p.to_dict() for p in self.peers],
+            "runs": [r.to_dict() for r in self.runs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BenchReport:
+        """The report `to_dict` wrote, or one read from an exported file (`as_dict`, `write_json`)."""
+        return cls(
+            settings=dict(data["settings"]),
+            prompts=tuple(PromptSummary.from_dict(p) for p in data["prompts"]),
+            kinds=tuple(GroupSummary.from_dict(k) for k in data["kinds"]),
+            overall=GroupSummary.from_dict(data["overall"]),
+            floor=FloorCheck.from_dict(data["floor"]) if data.get("floor") else None,
+            memory=MemoryCheck.from_dict(data["memory"]),
+            peers=tuple(PeerResult.from_dict(p) for p in data.get("peers", ())),
+            runs=tuple(RunRecord.from_dict(r) for r in data.get("runs", ())),
+        )
 
 
 # -- aggregation -------------------------------------------------------------------------

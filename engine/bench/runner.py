@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import statistics
 import threading
-from dataclasses import dataclass
 from typing import Callable
 
 from engine.core.divergence import first_divergence, rounding_bound
@@ -25,28 +24,14 @@ from engine.api import Engine, EngineConfig
 from engine.bench import system
 from engine.bench.peers import PeerSpec, default_peers, run_peers
 from engine.bench.prompts import BenchPrompt
-from engine.bench.results import (SPECULATIVE, VANILLA, BenchmarkCancelled, BenchReport, FloorCheck, RunRecord, memory_check,
-                      summarize)  # fmt: skip
+from engine.bench.results import (SPECULATIVE, VANILLA, BenchmarkCancelled, BenchReport, BenchSettings, FloorCheck,
+                                  RunRecord, memory_check, summarize)  # fmt: skip
 
+# progress(message, fraction): what is being done, in words ("Loading the models", "Warming up",
+# "Repeat 1/3: fix-typos, speculative", "Peer ...", "Done"), and the share of the run done, rising
+# from 0.0 to 1.0; the last call is ("Done", 1.0). As JSON: results.progress_to_dict / progress_from_dict.
 Progress = Callable[[str, float], None]
 WARMUP_TOKENS = 16
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    max_tokens: int = 128
-    repeat: int = 3
-    warmup: int = 1  # warm-up generations per mode (and per peer) before measuring
-    peers: bool = False
-    measure_bandwidth: bool = True
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ConfigError(f"max tokens must be at least 1, got {self.max_tokens}.")
-        if self.repeat < 1:
-            raise ConfigError(f"repeat must be at least 1, got {self.repeat}.")
-        if self.warmup < 0:
-            raise ConfigError(f"warm-up must be 0 or more runs, got {self.warmup}.")
 
 
 def run_benchmark(
@@ -64,6 +49,9 @@ def run_benchmark(
 
     `peers` overrides the default peers (those matching the backend), which run
     only when `settings.peers` is set. Raises BenchmarkCancelled when `cancel` is set.
+    `progress(message, fraction)` is called on this thread as the run goes: a message in
+    words and the share of the run done (rising from 0.0 to 1.0), last ("Done", 1.0);
+    `results.progress_to_dict` / `progress_from_dict` carry it as JSON.
     """
     if not prompts:
         raise ConfigError("The benchmark needs at least one prompt.")

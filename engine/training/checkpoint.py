@@ -18,28 +18,18 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from engine.errors import ConfigError
+from engine.training.records import CheckpointInfo
 
 TRAINING_DIR = "training"
 STATE_FILE = "training_state.pt"
 CORPUS_FILE = "corpus.pt"
 REPLIES_FILE = "self_generated.jsonl"
 FORMAT = 1
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """What a folder's saved run is, for a front end that asks "resume or start over?"."""
-
-    step: int
-    steps: int
-    finished: bool
-    settings: dict
 
 
 def training_dir(out_dir: str | os.PathLike) -> Path:

@@ -38,11 +38,10 @@ from pathlib import Path
 import torch
 
 from engine.errors import ConfigError
+from engine.training.records import BUILTIN, DEFAULT_BUILTIN_CHARS  # noqa: F401 - defined with the settings
 
-BUILTIN = "builtin"
 TEXT_SUFFIXES = (".txt", ".md", ".markdown")
 JSONL_SUFFIXES = (".jsonl",)
-DEFAULT_BUILTIN_CHARS = 4_000_000  # ~1M tokens: more than a few thousand steps of a small model need
 MAX_VALIDATION_WINDOWS = 16  # 16 x 256 positions per head: top-1 agreement to about +-1%
 BENCH_PROMPTS = Path(__file__).resolve().parents[2] / "resources" / "prompts" / "bench.jsonl"
 

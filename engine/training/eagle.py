@@ -33,11 +33,11 @@ import torch.nn.functional as F
 
 from engine.heads.eagle import EagleConfig, EagleHead
 from engine.training.loss import TOKEN_ROWS, TOKEN_WEIGHT
+from engine.training.records import DEFAULT_DRAFT_VOCAB  # noqa: F401 - ids the shipped head may propose
 
 DEPTHS = 2
 DEPTH_DECAY = 0.5
 NOISE = 0.05
-DEFAULT_DRAFT_VOCAB = 8192  # ids the shipped head may propose: most frequent in the training text
 
 
 def make_head(target, base_model: str, seed: int) -> EagleHead:

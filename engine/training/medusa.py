@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -72,10 +72,9 @@ from engine.training.data import (
 )
 from engine.training.features import FeatureCache, cached_windows
 from engine.training.loss import distill, feature_scale, logit_metric, regress
+from engine.training.records import (DEFAULT_CACHE_TOKENS, KINDS, OBJECTIVES, TrainProgress,  # noqa: F401
+                                     TrainResult, TrainSettings)  # fmt: skip
 
-KINDS = ("medusa", "eagle")
-OBJECTIVES = ("features", "kl")
-DEFAULT_CACHE_TOKENS = 262_144  # hidden states cached for "features": ~10 minutes of a small target on 2 cores
 HEAD_DECAY = 0.8  # weight of head k is HEAD_DECAY ** k, as in the paper
 GRAD_CLIP = 1.0
 # Settings a resumed run must share with the run it continues (steps may grow; device, dtype may change).
@@ -85,106 +84,15 @@ RESUME_KEYS = ("target", "data", "self_generate", "num_heads", "num_layers", "ba
 # What a checkpoint saved before a setting existed meant.
 OLD_DEFAULTS = {"objective": "kl", "kind": "medusa", "draft_vocab": eagle.DEFAULT_DRAFT_VOCAB}
 
-
-@dataclass(frozen=True)
-class TrainProgress:
-    """One report from a training run; the CLI prints some, the app draws all."""
-
-    phase: str  # "data" | "generate" | "load" | "cache" | "train" | "checkpoint" | "validate" | "done" | "cancelled"
-    step: int  # training steps done (in "generate": replies written; in "cache": windows cached)
-    steps: int  # steps asked for (in "generate": replies asked for; in "cache": windows to cache)
-    loss: float | None = None  # this step's weighted loss (sum_k 0.8^k loss_k; "kl": KL_k in nats)
-    head_loss: tuple[float, ...] = ()  # loss per head, this step (held-out KL per head in "done")
-    head_accuracy: tuple[float, ...] = ()  # share of positions where head k's argmax is the target's
-    tokens_per_s: float = 0.0  # target tokens trained on per second (recent steps)
-    eta_s: float | None = None
-    message: str = ""
-    step_s: float = 0.0  # seconds per training step (recent steps)
-
-    @property
-    def fraction(self) -> float:
-        return min(1.0, self.step / self.steps) if self.steps else 0.0
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    out_dir: str
-    step: int
-    steps: int
-    cancelled: bool
-    final_loss: float | None  # mean of the last steps' losses
-    head_accuracy: tuple[float, ...]  # on the held-out windows; () when the run did not finish
-    head_loss: tuple[float, ...]  # held-out KL per head
-    tokens_per_s: float
-    training: dict = field(default_factory=dict)  # what went into MedusaConfig.training
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    target: str
-    data: tuple[str, ...]  # "builtin" and/or file or folder paths
-    self_generate: int = 0  # prompts the target answers itself, added to the data
-    num_heads: int = 4
-    num_layers: int = 1
-    steps: int = 2000
-    batch_size: int = 8
-    seq_len: int = 256
-    lr: float = 1e-3
-    dtype: str = "auto"
-    device: str = "auto"
-    seed: int = 0
-    checkpoint_every: int = 100
-    gen_max_tokens: int = 256
-    gen_temperature: float = 0.0
-    val_windows: int | None = None
-    max_builtin_chars: int = DEFAULT_BUILTIN_CHARS
-    objective: str = "features"
-    cache_tokens: int = DEFAULT_CACHE_TOKENS  # "features": target hidden states to cache (0: the whole corpus)
-    kind: str = "medusa"  # "medusa" | "eagle"
-    draft_vocab: int = eagle.DEFAULT_DRAFT_VOCAB  # eagle: ids the head may propose (0 = the whole vocabulary)
-
-    def check(self) -> None:
-        if self.kind not in KINDS:
-            raise ConfigError(f"Unknown kind of heads {self.kind!r}: choose 'medusa' or 'eagle'.")
-        if self.kind == "eagle" and self.objective != "features":
-            raise ConfigError(
-                "EAGLE heads train on the target's cached features (--objective features); "
-                "the kl objective is for Medusa heads."
-            )
-        if self.draft_vocab < 0:
-            raise ConfigError(f"The draft vocabulary must be 0 (all ids) or more ids, got {self.draft_vocab}.")
-        if self.objective not in OBJECTIVES:
-            raise ConfigError(
-                f"Unknown training objective {self.objective!r}: choose 'features' (fast: regression on cached "
-                "target features) or 'kl' (exact full-vocabulary distillation, slow)."
-            )
-        if self.cache_tokens < 0:
-            raise ConfigError(f"The number of cached tokens must be 0 (all) or more, got {self.cache_tokens}.")
-        if not self.data and self.self_generate <= 0:
-            raise ConfigError("No training data: give --data (a file, a folder or 'builtin') and/or --self-generate N.")
-        limits = (("The number of heads", self.num_heads, 1, 16),
-                  ("The number of layers per head", self.num_layers, 1, 8),
-                  ("The number of steps", self.steps, 1, None), ("The batch size", self.batch_size, 1, None),
-                  ("The checkpoint interval", self.checkpoint_every, 1, None),
-                  ("The number of self-generated replies", self.self_generate, 0, None),
-                  ("The sequence length (longer than the number of heads + 1)", self.seq_len,
-                   self.num_heads + 2, None))  # fmt: skip
-        for name, value, low, high in limits:
-            if value < low or (high is not None and value > high):
-                bound = f"from {low} to {high}" if high is not None else f"at least {low}"
-                raise ConfigError(f"{name} must be {bound}, got {value}.")
-        if not self.lr > 0:
-            raise ConfigError(f"The learning rate must be positive, got {self.lr}.")
-        for source in self.data:  # before anything is replaced or loaded
-            if source != BUILTIN and not Path(source).expanduser().exists():
-                raise ConfigError(
-                    f"No training data at {source}: give a .txt, .md or .jsonl file, a folder of them, or 'builtin'."
-                )
-
-
+# progress(event): one TrainProgress (records.py) per report, on train_heads' thread, in this order:
+# "data" ("Reading <source>", step 0), "generate" (only with self_generate: step = replies written of
+# `steps` asked for), "load" (the target), "data" again ("Tokenizing the training text"), "cache"
+# ("features" objective only: step = windows cached of `steps`, with tokens_per_s and eta_s), then
+# per step "train" (step of steps, loss, head_loss, head_accuracy, tokens_per_s, eta_s, step_s),
+# "checkpoint" after each save, "validate", and last "done" (loss: the mean of the last steps;
+# head_loss / head_accuracy: held out, per head) or "cancelled". A resumed run skips what its
+# checkpoint holds; one already finished reports a single "done". Every event has a `message`
+# except "train". As JSON: TrainProgress.to_dict / TrainProgress.from_dict.
 Progress = Callable[[TrainProgress], None]
 
 
@@ -224,7 +132,8 @@ def train_heads(
     the same data and sizes); False starts over, replacing it. `objective`: "features"
     (cache the target's hidden states, at most `cache_tokens` of them, then regress) or
     "kl" (full-vocabulary distillation, running the target every step). `cancel` is checked
-    between steps; a cancelled run saves a checkpoint first. Raises ConfigError
+    between steps; a cancelled run saves a checkpoint first. `progress` gets one TrainProgress
+    per report (the order above `Progress`). Raises ConfigError
     for bad settings or data, ModelLoadError / ModelNotFoundError for the target.
     """
     sources = (data,) if isinstance(data, str) else tuple(data or ())

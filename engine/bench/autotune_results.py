@@ -1,0 +1,120 @@
+"""What auto-tune tries and what it found: candidates, their scores, the ranking (autotune.py runs it).
+
+Light (no torch): the engine server sends these records to the app as JSON.
+Each has `to_dict()`, its fields as JSON-ready data (the proposed EngineConfig as
+`EngineConfig.to_dict` writes it), and `from_dict()`, which gives back an equal record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from engine.config import EngineConfig
+from engine.errors import ConfigError
+from engine.bench.results import known_fields
+
+CHAIN_KS = ("auto", 2, 4, 8)  # draft lengths tried for drafters that draft one chain
+TREE_KS = ("auto", 8, 16)  # node budgets tried for tree drafters
+TREE_DRAFTERS = frozenset({"medusa", "eagle", "lookahead"})
+
+
+@dataclass(frozen=True)
+class AutotuneSettings:
+    max_tokens: int = 48  # short replies: many candidates, each on every prompt
+    warmup: bool = True  # one short generation per candidate on the first prompt, not measured
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ConfigError(f"max tokens must be at least 1, got {self.max_tokens}.")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AutotuneSettings:
+        return cls(**known_fields(cls, data))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    drafter: str  # a registry name; "model" = the loaded draft model
+    k: int | str  # draft length, or node budget for a tree drafter; "auto" = chosen as it decodes
+
+    @property
+    def label(self) -> str:
+        if self.drafter == "none":
+            return "plain decoding"
+        what = "node budget" if self.drafter in TREE_DRAFTERS else "k"
+        return f"{self.drafter}, {what} {self.k}"
+
+    def to_dict(self) -> dict:
+        return {"drafter": self.drafter, "k": self.k}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Candidate:
+        return cls(data["drafter"], data["k"])
+
+
+PLAIN = Candidate("none", 0)  # the baseline, ranked with the others: it may be the fastest
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    candidate: Candidate
+    speedup: float  # median over prompts of speculative tokens/s / vanilla tokens/s
+    tokens_per_s: float  # median over prompts
+    acceptance: float  # pooled accepted / tested
+    tokens_per_forward: float  # pooled
+    identical: int  # prompts whose output equals plain decoding's
+    prompts: int
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "candidate": self.candidate.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CandidateResult:
+        return cls(**{**known_fields(cls, data), "candidate": Candidate.from_dict(data["candidate"])})
+
+
+@dataclass(frozen=True)
+class AutotuneResult:
+    ranked: tuple[CandidateResult, ...]  # fastest first, plain decoding (speedup 1) among them
+    vanilla_tps: float  # median over prompts
+    best_config: EngineConfig  # the loaded config with the fastest candidate's drafter and k
+    prompts: int
+    max_tokens: int
+
+    @property
+    def best(self) -> CandidateResult:
+        return self.ranked[0]
+
+    @property
+    def beats_vanilla(self) -> bool:
+        return self.best.candidate != PLAIN
+
+    def to_dict(self) -> dict:
+        return {"ranked": [r.to_dict() for r in self.ranked], "vanilla_tps": self.vanilla_tps,
+                "best_config": self.best_config.to_dict(), "prompts": self.prompts,
+                "max_tokens": self.max_tokens}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AutotuneResult:
+        """Raises ConfigError when the proposed config names a drafter this SpecDeck does not know."""
+        return cls(ranked=tuple(CandidateResult.from_dict(r) for r in data["ranked"]),
+                   vanilla_tps=data["vanilla_tps"], best_config=EngineConfig.from_dict(data["best_config"]),
+                   prompts=data["prompts"], max_tokens=data["max_tokens"])  # fmt: skip
+
+
+def format_autotune(result: AutotuneResult) -> str:
+    """The ranked table as text, fastest first, and the proposal."""
+    lines = [f"Auto-tune: {result.prompts} prompts, {result.max_tokens} tokens a reply, greedy; "
+             f"plain decoding {result.vanilla_tps:.1f} tok/s",
+             f"{'#':>2}  {'drafter':<12} {'k':>5} {'speedup':>8} {'tok/s':>8} {'accept':>7} {'tok/fwd':>8} {'same':>6}"]  # fmt: skip
+    for rank, r in enumerate(result.ranked, start=1):
+        lines.append(f"{rank:>2}  {r.candidate.drafter:<12} {str(r.candidate.k):>5} {r.speedup:>7.2f}× "
+                     f"{r.tokens_per_s:>8.1f} {r.acceptance:>7.2f} {r.tokens_per_forward:>8.2f} "
+                     f"{r.identical:>3}/{r.prompts:<2}")  # fmt: skip
+    best = result.best
+    verdict = "" if result.beats_vanilla else " (no candidate beat plain decoding here)"
+    lines.append(f"Best: {best.candidate.label}, {best.speedup:.2f}× plain decoding{verdict}.")
+    return "\n".join(lines)
