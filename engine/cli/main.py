@@ -3,6 +3,8 @@
     specdeck-cli generate --target default --drafter ngram --prompt "..." --compare
     echo "..." | specdeck-cli generate -m default -n 64      (llama.cpp's short forms; the prompt from stdin)
     specdeck-cli chat -m default                             (cli_chat.py)
+    specdeck-cli serve -m default [--port 8000]              (cli/serve.py: OpenAI's API over HTTP)
+    specdeck-cli generate --server http://127.0.0.1:8000 -p "..."   (the server's model instead of a local one)
     specdeck-cli doctor --target M --draft M [--json]
     specdeck-cli models [--dir D] [--json]
 
@@ -31,6 +33,7 @@ from pathlib import Path  # noqa: E402
 from engine.cli.bench import add_bench_parser  # noqa: E402
 from engine.cli.chat import add_chat_parser  # noqa: E402
 from engine.cli.options import add_drafter_options, add_load_options, drafter_choice  # noqa: E402
+from engine.cli.serve import add_serve_parser  # noqa: E402
 from engine.cli.train import add_train_parser  # noqa: E402
 from engine.errors import ConfigError, SpecDeckError  # noqa: E402
 
@@ -71,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="feed --prompt as plain text, without the chat template")
     gen.add_argument("--compare", action="store_true", help="also run vanilla decoding and report the speedup")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    gen.add_argument("--server", default=None, metavar="URL",
+                     help="generate on a SpecDeck server (specdeck-cli serve) with the pair it has loaded, "
+                          "instead of loading a model here")  # fmt: skip
+    gen.add_argument("--api-key", default=None,
+                     help="the server's API key (default: $SPECDECK_API_KEY)")
     gen.set_defaults(func=cmd_generate)
 
     doc = sub.add_parser("doctor", help="check whether a draft/target pair can work, before loading it")
@@ -87,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_chat_parser(sub)
     add_train_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 
@@ -101,9 +110,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
 
 def _decode_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     """Draft length and sampling, for generate and chat."""
-    parser.add_argument("--k", "--draft-max", dest="k", default="auto",
-                        help="draft length: a number from 0 to 32, or auto (default)")  # fmt: skip
-    parser.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
+    _draft_length_options(parser)
     parser.add_argument("--temperature", "--temp", type=float, default=None, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=None, help="0 = off (default)")
     parser.add_argument("--top-p", type=float, default=None, help="1 = off (default)")
@@ -115,6 +122,13 @@ def _decode_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     parser.add_argument("-s", "--seed", type=int, default=0)
     parser.add_argument("-n", "--max-tokens", type=int, default=max_tokens, help=f"default {max_tokens}")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _draft_length_options(parser: argparse.ArgumentParser) -> None:
+    """Draft length, for generate, chat and serve."""
+    parser.add_argument("--k", "--draft-max", dest="k", default="auto",
+                        help="draft length: a number from 0 to 32, or auto (default)")  # fmt: skip
+    parser.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
 
 
 def _sampling_config(args: argparse.Namespace, say: bool = True):
@@ -150,6 +164,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # Before torch even imports: a bad messages file or an empty pipe is said at once.
     messages = _read_messages(args.messages) if args.messages else None
     prompt_text = _read_prompt(args.prompt) if messages is None else None
+    if args.server:
+        return _generate_on_server(args, messages or [{"role": "user", "content": prompt_text}])
     sampling = _sampling_config(args, say=not args.json)
     config = _engine_config(args)
     engine = _load_engine(config)
@@ -181,6 +197,62 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _write("\n")
         per_depth = bool(getattr(engine.drafter, "drafts_trees", False))
         _print_summary(result, comparison, n_ctx, per_depth=per_depth)
+    return 0
+
+
+# The pair's options of generate: with --server the server's loaded pair decides them.
+_PAIR_OPTIONS = ("target", "drafter", "backend", "device", "dtype", "n_ctx", "threads", "gpu_layers", "k", "k_max",
+                 "model_sampling")  # fmt: skip
+TREE_DRAFTERS = ("medusa", "eagle", "lookahead")  # their summary adds the acceptance per depth (drafts_trees)
+
+
+def _generate_on_server(args: argparse.Namespace, messages: list[dict]) -> int:
+    """generate through EngineClient: the same output and statistics, from the server's pair."""
+    import os
+
+    from engine.drafters.registry import all_drafters, option_settings
+    from engine.service.client import EngineClient
+
+    defaults = build_parser().parse_args(["generate", "-p", "-"])
+    pair_options = [*_PAIR_OPTIONS, *(s.dest for spec in all_drafters() for s in option_settings(spec))]
+    given = [name for name in pair_options if getattr(args, name) != getattr(defaults, name)]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ConfigError(f"{flag} is about the model loaded here, but with --server the server's loaded pair "
+                          f"is used: drop {flag}, or run without --server.")  # fmt: skip
+    if args.raw:
+        raise ConfigError("--raw feeds text without the chat template, which a server's generate does not offer: "
+                          "drop --raw, or run without --server.")  # fmt: skip
+    sampling = _sampling_config(args, say=False)
+    client = EngineClient(args.server, api_key=args.api_key or os.environ.get("SPECDECK_API_KEY") or None)
+    pair = client.loaded()
+    if pair is None:
+        raise ConfigError(f"The server at {client.url} has no model loaded: load one there first.")
+    if not args.json:
+        print(f"generating on {client.url}: {pair.target.name} ({pair.target.backend}), drafter {pair.config.drafter}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    cancel = threading.Event()
+
+    def on_step(label, step, drafter_stats, costs) -> None:
+        if not args.json and (label == "speculative" or not args.compare):
+            _write(step.text)  # as local generate: the reply streams; with --compare, the speculative run's
+
+    try:
+        if args.compare:
+            comparison = client.compare(messages, sampling, cancel=cancel, on_step=on_step)
+            result = comparison.speculative
+        else:
+            result, comparison = client.generate(messages, sampling, cancel=cancel, on_step=on_step), None
+    except KeyboardInterrupt:
+        cancel.set()
+        raise
+    if args.json:
+        with cli_interrupt.held():
+            report = {**_json_report(result, comparison, pair.n_ctx), "sampling": _sampling_report(sampling)}
+            print(json.dumps(report, ensure_ascii=False), flush=True)
+    else:
+        _write("\n")
+        _print_summary(result, comparison, pair.n_ctx, per_depth=pair.config.drafter in TREE_DRAFTERS)
     return 0
 
 

@@ -57,14 +57,16 @@ def bind(address: str, port: int) -> socket.socket:
 
 
 def serve(host: Host, *, address: str = LOOPBACK, port: int = 0, api_key: str | None = None,
-          model_name: str | None = None, announce: bool = True, log_level: str = "warning") -> None:  # fmt: skip
-    """Serve `host` until interrupted (Ctrl+C, SIGTERM); closes its engine at the end."""
+          model_name: str | None = None, announce: bool = True, log_level: str = "warning",
+          sock: socket.socket | None = None) -> None:  # fmt: skip
+    """Serve `host` until interrupted (Ctrl+C, SIGTERM); closes its engine at the end. `sock`: a socket
+    `bind` made already (specdeck-cli serve binds before loading, so a busy port is said at once)."""
     import uvicorn
 
     from engine.service.server import create_app
 
     check_bind(address, api_key)
-    sock = bind(address, port)
+    sock = sock or bind(address, port)
     app = create_app(host, api_key=api_key, model_name=model_name)
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=3)
     server = uvicorn.Server(config)

@@ -1,0 +1,70 @@
+"""specdeck-cli serve: the engine as an HTTP server (OpenAI's API, SpecDeck's own routes, /metrics).
+
+    specdeck-cli serve -m default [--drafter ngram | -md M] [--host 127.0.0.1] [--port 8000]
+                       [--api-key KEY] [--queue 8]
+
+The engine options are generate's (the model, the drafter and its options, the
+load options, k). The model loads first, with its line on stderr; then one line
+on stdout says where the server listens, and it serves until Ctrl+C. `--port 0`
+takes any free port (the line says which). Anywhere but loopback it serves only
+with an API key (--api-key, or $SPECDECK_API_KEY), since anyone who reaches the
+port could use the machine's models; with a key, every route but /health wants
+`Authorization: Bearer KEY`. One generation runs at a time; `--queue` requests
+may wait for it, and past that a request gets 503.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ENV_KEY = "SPECDECK_API_KEY"
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    from engine.cli.main import _draft_length_options, _model_options  # engine.cli.main imports this module
+
+    serve = subparsers.add_parser("serve", help="serve the engine over HTTP (OpenAI's API, /metrics)")
+    _model_options(serve)
+    _draft_length_options(serve)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1; anything else needs --api-key)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
+    serve.add_argument("--api-key", default=None,
+                       help=f"the key clients send as 'Authorization: Bearer KEY' (default: ${ENV_KEY}, else none)")
+    serve.add_argument("--queue", type=int, default=8,
+                       help="requests that may wait while one generates (default 8); more get 503")
+    serve.set_defaults(func=cmd_serve)
+    return serve
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from engine.cli.main import _engine_config, _load_engine
+    from engine.errors import ConfigError
+    from engine.service import run
+    from engine.service.host import Host
+
+    api_key = args.api_key or os.environ.get(ENV_KEY) or None
+    if args.queue < 0:
+        raise ConfigError(f"--queue is the number of requests that may wait, 0 or more; got {args.queue}.")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be from 0 (any free port) to 65535, got {args.port}.")
+    run.check_bind(args.host, api_key)  # before the load: a refusal should not take the load's time
+    config = _engine_config(args)
+    sock = run.bind(args.host, args.port)  # a port in use is said before the load too
+    try:
+        engine = _load_engine(config)
+    except BaseException:
+        sock.close()
+        raise
+    port = sock.getsockname()[1]
+    where = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{where}:{port}"
+    key = " (API key required)" if api_key else ""
+    print(f"serving {engine.target.info.name} at {url}{key}: OpenAI's API at {url}/v1, metrics at {url}/metrics; "
+          "Ctrl+C stops", flush=True)  # fmt: skip
+    sys.stderr.flush()
+    run.serve(Host(engine, queue_limit=args.queue), address=args.host, port=port, api_key=api_key,
+              announce=False, sock=sock)  # fmt: skip
+    return 0
