@@ -66,11 +66,15 @@ class LoadedPair:
 class EngineClient:
     def __init__(self, url: str, api_key: str | None = None) -> None:
         parts = urlsplit(url if "//" in url else f"http://{url}")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            port = parts.port  # ValueError for a port that is not a number ("...:8000:")
+        except ValueError:
+            port = -1
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
             raise errors.ConfigError(f"{url!r} is not a server address: give one like http://127.0.0.1:8000.")
         self.url = f"{parts.scheme}://{parts.netloc}"
         self._https = parts.scheme == "https"
-        self._address = (parts.hostname, parts.port or (443 if self._https else 80))
+        self._address = (parts.hostname, port or (443 if self._https else 80))
         self._base = parts.path.rstrip("/")
         self._headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
         if api_key:
