@@ -136,6 +136,11 @@ class Backend(abc.ABC):
     supports_features = _capability_flag(HiddenFeatures, "last_features() returns hidden states")
     supports_early_exit = _capability_flag(LayerExit, "partial_forward() runs the first layers only")
 
+    def prepare_threads(self) -> None:
+        """Called once at the start of each generation, before the prefill: a CPU backend whose
+        thread count the user left open sets it to the cores free now (engine/backends/threads.py).
+        A no-op by default."""
+
     def prefill(self, tokens: list[int]) -> None:
         """Make the cache hold exactly `tokens`, reusing the longest common prefix."""
         keep = common_prefix_length(self.tokens, tokens)

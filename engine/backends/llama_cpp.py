@@ -29,12 +29,12 @@ import torch
 from engine.errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
 from engine.models.memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory, release_frames
 from engine.backends.base import Backend, LoadProgress, ModelInfo
+from engine.backends.threads import MAX_DEFAULT_THREADS, decode_threads
 from engine.core.text import plain_chat
 
 DEFAULT_CONTEXT = 4096  # enough for a chat, small enough that the KV cache of a 7B model fits in RAM
 MIN_CONTEXT = 16
 BATCH_SIZE = 512  # tokens per llama_decode call; longer inputs are split
-MAX_DEFAULT_THREADS = 8  # CPU decoding is memory-bound: more threads stop helping
 
 # -- logging ---------------------------------------------------------------------------
 # llama.cpp logs hundreds of lines per load to stderr. We drop them but keep the
@@ -100,12 +100,10 @@ def _llama_said() -> str:
 
 
 def default_threads() -> int:
-    """CPUs this process may use (respects taskset/containers), capped at MAX_DEFAULT_THREADS."""
-    try:
-        available = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        available = os.cpu_count() or 1
-    return max(1, min(available, MAX_DEFAULT_THREADS))
+    """Threads a generation starting now gets when the user chose none: the CPUs this process may
+    use (taskset, containers) that no other process keeps busy, capped at MAX_DEFAULT_THREADS
+    (engine/backends/threads.py)."""
+    return decode_threads(None, cap=MAX_DEFAULT_THREADS)
 
 
 def _file_type_name(ftype: int) -> str:
@@ -154,7 +152,8 @@ class LlamaCppBackend(Backend):
         n_ctx: tokens the cache holds; default min(trained context, 4096). A larger
             value is clamped to the trained context, past which the model's output
             degrades into noise.
-        n_threads: CPU threads for decoding; default `default_threads()`.
+        n_threads: CPU threads for decoding, kept for the backend's life; default: chosen
+            again before each generation (`prepare_threads`) from the cores free then.
         n_gpu_layers: layers to offload (-1 = all); ignored by a CPU-only build.
         name: display name; default the file name.
         progress: called with (what is happening, fraction of this load done), from
@@ -173,6 +172,7 @@ class LlamaCppBackend(Backend):
 
         self._path = path
         self._display_name = name or os.path.basename(path)
+        self._fixed_threads = n_threads  # None: follow the free cores (prepare_threads)
         self._n_threads = n_threads or default_threads()
         self._n_gpu_layers = n_gpu_layers
         self._progress = progress
@@ -310,6 +310,22 @@ class LlamaCppBackend(Backend):
     @property
     def chat_template(self) -> str | None:
         return self._llm.metadata.get("tokenizer.chat_template") if self._llm else None
+
+    @property
+    def n_threads(self) -> int:
+        """The threads llama.cpp decodes with now (single-token and batch decodes alike)."""
+        return self._n_threads
+
+    def prepare_threads(self) -> None:
+        """Unless the user fixed the count: set llama.cpp's threads to the cores free now. Its
+        workers spin at each barrier, so one thread whose core another process takes stalls the
+        rest (2 threads with one of 2 cores busy: 27 tok/s; 1 thread: 63)."""
+        if self._fixed_threads is not None or self._llm is None:
+            return
+        n = default_threads()
+        if n != self._n_threads:
+            llama_cpp.llama_set_n_threads(self._ctx, n, n)
+            self._n_threads = n
 
     # -- the cache (hot loop) ------------------------------------------------------------
 

@@ -87,6 +87,7 @@ def decode_steps(
             f"The {drafter.name} drafter reads the target's hidden states, which the {target.name} "
             "backend does not expose: load the target with the PyTorch backend (--backend torch)."
         )
+    target.prepare_threads()  # the cores free now, not at load (a draft model's follow in drafter.reset)
     draft_length = draft_length or DraftLength(0 if drafter is None else "auto")
     costs = costs if costs is not None else CostModel()
     generator = make_generator(sampling.seed)

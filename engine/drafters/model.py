@@ -42,6 +42,10 @@ class ModelDrafter(Drafter):
                 "target's family (run the pair check to see what differs)."
             )
 
+    def reset(self) -> None:
+        """At the start of each generation: the draft model's threads follow the free cores too."""
+        self.backend.prepare_threads()
+
     def _to_target_width(self, logits: torch.Tensor) -> torch.Tensor:
         """Cut or pad (with -inf) the draft's logits to the target's vocabulary width."""
         width = self.target_vocab_size
