@@ -87,7 +87,10 @@ def model_name(app, engine) -> str:
 async def _parsed(request: Request, model: type[BaseModel]):
     """The body as `model`, whatever its Content-Type says: `curl -d '{...}'` sends JSON labelled as
     a form, and llama-server reads it. Bad JSON and bad fields are the server's 400s."""
-    data = json.loads(await request.body() or b"null")  # json.JSONDecodeError: the server's 400
+    try:
+        data = json.loads(await request.body() or b"null")  # json.JSONDecodeError: the server's 400
+    except UnicodeDecodeError:
+        raise BadRequest("Bad request: the body is not UTF-8 text (JSON must be).") from None
     try:
         return model.model_validate(data)
     except ValidationError as error:

@@ -120,3 +120,8 @@ def test_raw_requests_get_json_in_openais_shape(raw):
     assert status == 400 and "takes one per request" in error["error"]["message"]
     status, error = raw.json("POST", "/v1/completions", {"max_tokens": 3})
     assert status == 400 and "'prompt'" in error["error"]["message"]
+
+
+def test_a_body_that_is_not_text_is_a_400(raw):
+    status, error = raw.json("POST", "/v1/chat/completions", b'{"messages": "\xff\xfe"}')
+    assert status == 400 and "UTF-8" in error["error"]["message"]
