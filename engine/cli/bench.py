@@ -3,6 +3,7 @@
     specdeck-cli bench --prompts FILE.jsonl --target M [--draft M | --drafter ngram] [--backend ...]
                        [--dtype ...] [--k N|auto] [--max-tokens N] [--repeat R] [--warmup N]
                        [--kinds reuse,open] [--threads N] [--peers] [--json OUT] [--autotune]
+    specdeck-cli bench --server URL [--api-key KEY] [--prompts ...] [--max-tokens N] [--repeat R] ...
 
 Progress goes to stderr, the report (tables, the bandwidth floor, memory,
 peers) to stdout, and with --json OUT everything measured to the file OUT.
@@ -11,6 +12,9 @@ same model file: llama-cpp-python's chat completion and its prompt lookup for
 llama.cpp; transformers' generate, with prompt lookup and with the draft model
 as assistant for torch. `--autotune` measures instead every drafter the target
 allows with a few k (engine/bench/autotune.py) and prints them ranked.
+`--server URL` measures instead the pair a SpecDeck server (specdeck-cli serve)
+has loaded, on that machine, with the same prompts, settings and output; the
+pair's options (--target, --drafter, --k...) are then the server's, not flags.
 """
 
 from __future__ import annotations
@@ -47,22 +51,25 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench.add_argument("--autotune", action="store_true",
                        help="instead: try every drafter the target allows with a few k, once each (--max-tokens 48 for "
                             "a quick run), and print them ranked by speedup over plain decoding")  # fmt: skip
+    bench.add_argument("--server", default=None, metavar="URL",
+                       help="benchmark the pair a SpecDeck server (specdeck-cli serve) has loaded, on that machine, "
+                            "instead of loading one here")  # fmt: skip
+    bench.add_argument("--api-key", default=None, help="the server's API key (default: $SPECDECK_API_KEY)")
     bench.set_defaults(func=cmd_bench)
     return bench
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from engine.bench import BenchSettings, default_prompts_path, format_text, load_prompts, run_benchmark, write_json
+    from engine.bench import run_benchmark
     from engine.errors import ConfigError
     from engine.config import EngineConfig
 
+    if args.server:
+        return _bench_on_server(args)
     if not args.autotune and (str(args.k) == "0" or (args.drafter == "none" and not args.draft)):
         raise ConfigError("The benchmark compares plain and speculative decoding: choose a drafter "
                           "(--drafter ngram or --draft MODEL) and a draft length from 1 up, or --k auto.")
-    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) if args.kinds else None
-    path = args.prompts or default_prompts_path()
-    prompts = load_prompts(path, kinds)
-    settings = BenchSettings(max_tokens=args.max_tokens, repeat=args.repeat, warmup=args.warmup, peers=args.peers)
+    path, prompts, settings = _prompts_and_settings(args)
     drafter, options = drafter_choice(args)
     config = EngineConfig(
         target=args.target, drafter=drafter, options=options, backend=args.backend, device=args.device,
@@ -81,27 +88,90 @@ def cmd_bench(args: argparse.Namespace) -> int:
     finally:
         if sys.stderr.isatty():
             print(file=sys.stderr)  # end the progress line
+    return _print_report(report, args.json)
+
+
+def _prompts_and_settings(args: argparse.Namespace):
+    from engine.bench import BenchSettings, default_prompts_path, load_prompts
+
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) if args.kinds else None
+    path = args.prompts or default_prompts_path()
+    settings = BenchSettings(max_tokens=args.max_tokens, repeat=args.repeat, warmup=args.warmup, peers=args.peers)
+    return path, load_prompts(path, kinds), settings
+
+
+def _print_report(report, json_path: Path | None) -> int:
+    """The tables on stdout, and with --json everything measured in that file."""
+    from engine.bench import format_text, write_json
+    from engine.errors import ConfigError
+
     print(format_text(report))
-    if args.json is not None:
+    if json_path is not None:
         try:
             with cli_interrupt.held():  # Ctrl+C waits for the file to be whole
-                write_json(report, args.json)
+                write_json(report, json_path)
         except OSError as error:
-            raise ConfigError(f"Could not write {args.json}: {error.strerror or error}.") from error
-        print(f"\nwrote {args.json}", file=sys.stderr)
+            raise ConfigError(f"Could not write {json_path}: {error.strerror or error}.") from error
+        print(f"\nwrote {json_path}", file=sys.stderr)
     return 0
 
 
-def _autotune(config, prompts, max_tokens: int) -> int:
+def _autotune(config, prompts, max_tokens: int, client=None) -> int:
+    """Auto-tune here, or with `client` (an EngineClient) on its server."""
     from engine.bench import AutotuneSettings, format_autotune, run_autotune
 
+    tune = run_autotune if client is None else client.autotune
     try:
-        result = run_autotune(config, prompts, AutotuneSettings(max_tokens=max_tokens), progress=_progress())
+        result = tune(config, prompts, AutotuneSettings(max_tokens=max_tokens), progress=_progress())
     finally:
         if sys.stderr.isatty():
             print(file=sys.stderr)
     print(format_autotune(result))
     return 0
+
+
+# The pair's options: with --server the server's loaded pair decides them (as generate --server).
+_PAIR_OPTIONS = ("target", "drafter", "backend", "device", "dtype", "n_ctx", "threads", "gpu_layers", "k", "k_max")
+
+
+def _bench_on_server(args: argparse.Namespace) -> int:
+    """The benchmark (or auto-tune) of the pair the server has loaded, through EngineClient: the server
+    keeps its pair, and the output is local bench's."""
+    import os
+
+    from engine.cli.serve import ENV_KEY
+    from engine.drafters.registry import all_drafters, option_settings
+    from engine.errors import ConfigError
+    from engine.service.client import EngineClient
+
+    parser = argparse.ArgumentParser()
+    defaults = add_bench_parser(parser.add_subparsers()).parse_args([])
+    pair_options = [*_PAIR_OPTIONS, *(s.dest for spec in all_drafters() for s in option_settings(spec))]
+    given = [name for name in pair_options if getattr(args, name) != getattr(defaults, name)]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ConfigError(f"{flag} is about the pair loaded here, but with --server the server's loaded pair is "
+                          f"benchmarked: drop {flag}, or run without --server.")  # fmt: skip
+    path, prompts, settings = _prompts_and_settings(args)
+    client = EngineClient(args.server, api_key=args.api_key or os.environ.get(ENV_KEY) or None)
+    pair = client.loaded()
+    if pair is None:
+        raise ConfigError(f"The server at {client.url} has no model loaded: load one there first.")
+    print(f"benchmarking on {client.url}: {pair.target.name} ({pair.target.backend}), drafter {pair.config.drafter}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    if args.autotune:
+        return _autotune(pair.config, prompts, args.max_tokens, client)
+    cancel = threading.Event()
+    try:
+        report = client.bench(pair.config, prompts, settings, prompts_source=str(path), progress=_progress(),
+                              cancel=cancel)  # fmt: skip
+    except KeyboardInterrupt:
+        cancel.set()  # the server stops at its next step (and when the connection closes)
+        raise
+    finally:
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+    return _print_report(report, args.json)
 
 
 def _progress():

@@ -133,6 +133,94 @@ class EngineClient:
         """Stop the server's running job at its next step."""
         return bool(self.request("POST", "/specdeck/cancel", {}, timeout=CONNECT_TIMEOUT_S).get("cancelled"))
 
+    # -- long jobs: benchmark, auto-tune, training (engine/service/routes_jobs.py) ----------------
+    # On the loaded pair's config a benchmark or auto-tune uses the server's engine, which stays
+    # loaded; on any other config, and for a training, the server frees its engine first and
+    # `on_unloaded(freed_config)` is called before anything else: load the pair again afterwards.
+
+    def bench(self, config: EngineConfig, prompts, settings, *, prompts_source: str | None = None,
+              progress: Callable[[str, float], None] | None = None, cancel: threading.Event | None = None,
+              on_unloaded: Callable[[EngineConfig], None] | None = None):  # fmt: skip
+        """`run_benchmark` on the server: `prompts` (BenchPrompt), `settings` (BenchSettings) ->
+        BenchReport; `progress(message, fraction)` as run_benchmark's. Raises BenchmarkCancelled
+        when `cancel` stops it."""
+        from engine.bench.results import BenchReport
+
+        body = {"config": config.to_dict(), "prompts": [p.to_dict() for p in prompts],
+                "settings": settings.to_dict(), "prompts_source": prompts_source}  # fmt: skip
+        item = self._job("/specdeck/bench", body, "report", self._bench_progress(progress), cancel, on_unloaded,
+                         "the benchmark")  # fmt: skip
+        return BenchReport.from_dict(item)
+
+    def autotune(self, config: EngineConfig, prompts, settings, *, candidates=None,
+                 progress: Callable[[str, float], None] | None = None, cancel: threading.Event | None = None,
+                 on_unloaded: Callable[[EngineConfig], None] | None = None):  # fmt: skip
+        """`run_autotune` on the server: `settings` (AutotuneSettings), `candidates` (Candidate;
+        None: every drafter the target allows) -> AutotuneResult. Raises BenchmarkCancelled."""
+        from engine.bench.autotune_results import AutotuneResult
+
+        body = {"config": config.to_dict(), "prompts": [p.to_dict() for p in prompts], "settings": settings.to_dict(),
+                "candidates": None if candidates is None else [c.to_dict() for c in candidates]}  # fmt: skip
+        item = self._job("/specdeck/autotune", body, "result", self._bench_progress(progress), cancel, on_unloaded,
+                         "auto-tune")  # fmt: skip
+        return AutotuneResult.from_dict(item)
+
+    def train(self, options: dict, *, resume: bool, command: str | None = None, progress=None,
+              cancel: threading.Event | None = None, on_unloaded: Callable[[EngineConfig], None] | None = None):  # fmt: skip
+        """`train_heads(**options, resume=, command=)` on the server (paths are the server's) ->
+        TrainResult; `progress(TrainProgress)` as train_heads'. A cancelled run returns its result
+        (`cancelled` True, a checkpoint saved), as in process."""
+        from engine.training.records import TrainProgress, TrainResult
+
+        def report(data: dict) -> None:
+            if progress is not None:
+                progress(TrainProgress.from_dict(data))
+
+        body = {"options": options, "resume": resume, "command": command}
+        return TrainResult.from_dict(self._job("/specdeck/train", body, "result", report, cancel, on_unloaded,
+                                               "the training"))  # fmt: skip
+
+    def checkpoint(self, out_dir: str):
+        """(CheckpointInfo | None, history) of the training run saved in `out_dir` on the server: what
+        `checkpoint_info(out_dir)` and `load_checkpoint_state(out_dir)["history"]` give in process
+        (history: {"loss": [...], "head_loss": [[...]...], "head_accuracy": [[...]...]}, {} without a run)."""
+        from engine.training.records import CheckpointInfo
+
+        data = self.request("POST", "/specdeck/checkpoint", {"out_dir": str(out_dir)}, timeout=120.0)
+        info = None if data.get("info") is None else CheckpointInfo.from_dict(data["info"])
+        return info, dict(data.get("history") or {})
+
+    @staticmethod
+    def _bench_progress(progress: Callable[[str, float], None] | None) -> Callable[[dict], None] | None:
+        """A benchmark's {"message", "fraction"} as run_benchmark's progress(message, fraction)."""
+        if progress is None:
+            return None
+        from engine.bench.results import progress_from_dict
+
+        return lambda data: progress(*progress_from_dict(data))
+
+    def _job(self, path: str, body: dict, key: str, progress: Callable[[dict], None] | None,
+             cancel: threading.Event | None, on_unloaded: Callable[[EngineConfig], None] | None, what: str) -> dict:  # fmt: skip
+        """A job's `key` item; {"cancelled": true} raises BenchmarkCancelled. The stream is read to its
+        end mark, which the server sends once the engine is free: a next request finds it idle."""
+        outcome: dict = {}
+        for item in self.stream(path, body, cancel=cancel):
+            if "progress" in item:
+                if progress is not None:
+                    progress(item["progress"])
+            elif "unloaded" in item:
+                if on_unloaded is not None:
+                    on_unloaded(EngineConfig.from_dict(item["unloaded"]))
+            elif item.get("cancelled") is True or key in item:
+                outcome = item
+        if outcome.get("cancelled") is True:
+            from engine.bench.results import BenchmarkCancelled
+
+            raise BenchmarkCancelled(f"{what[0].upper()}{what[1:]} was cancelled.")
+        if key not in outcome:
+            raise EngineUnavailable(f"The server at {self.url} ended {what} without its result.")
+        return outcome[key]
+
     # -- HTTP -------------------------------------------------------------------------------
 
     def request(self, method: str, path: str, body: Any = None, timeout: float | None = 30.0) -> dict:

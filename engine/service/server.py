@@ -1,8 +1,9 @@
 """The engine server: one `Host`, HTTP routes over it, and the rules every route shares.
 
 Routes: `routes_specdeck` (load, generate and compare with every step on the
-wire, cancel: what the desktop app uses), `routes_openai` (`/v1/...`, what any
-OpenAI client uses), `/health` and `/metrics`. Shared rules:
+wire, cancel: what the desktop app uses), `routes_jobs` (benchmark, auto-tune,
+training), `routes_openai` (`/v1/...`, what any OpenAI client uses), `/health`
+and `/metrics`. Shared rules:
 
 - With an API key, every route but `/health` wants `Authorization: Bearer KEY`.
 - An engine error is the engine's own message with a 4xx status, in OpenAI's
@@ -58,9 +59,10 @@ def create_app(host: Host, *, api_key: str | None = None, model_name: str | None
         return error_response(400, f"The request body is not valid JSON ({error.msg} at character {error.pos}).",
                               "invalid_request_error")  # fmt: skip
 
-    from engine.service import metrics, routes_specdeck
+    from engine.service import metrics, routes_jobs, routes_specdeck
 
     app.include_router(routes_specdeck.router)
+    app.include_router(routes_jobs.router)
     app.include_router(metrics.router)
     from engine.service import routes_openai
 

@@ -1,0 +1,227 @@
+"""The long jobs on a server: benchmark, auto-tune, training, and reading a saved training run.
+
+    POST /specdeck/bench       {"config", "prompts": [BenchPrompt.to_dict()], "settings": BenchSettings.to_dict(),
+                                "prompts_source"?} -> stream of {"unloaded"}?, {"progress": {"message",
+                                "fraction"}}..., then {"report": BenchReport.to_dict()} or {"cancelled": true}
+    POST /specdeck/autotune    {"config", "prompts", "settings": AutotuneSettings.to_dict(), "candidates"?:
+                                [Candidate.to_dict()]} -> the same, ending {"result": AutotuneResult.to_dict()}
+                                or {"cancelled": true}
+    POST /specdeck/train       {"options": train_heads' keyword options, "resume", "command"?} -> stream of
+                                {"unloaded"}?, {"progress": TrainProgress.to_dict()}..., then {"result":
+                                TrainResult.to_dict()} (a cancelled run too, its "cancelled" true, as in process)
+    POST /specdeck/checkpoint  {"out_dir"} -> {"info": CheckpointInfo.to_dict() | null, "history": {"loss", ...} | {}}
+
+Each job runs through the host, one at a time with loads and generations, and
+stops at its next step when its cancel event is set (POST /specdeck/cancel, or
+the client going away). Which engine it uses is the desktop app's rule for its
+own dialogs: a benchmark or auto-tune of the config the server has loaded uses
+the loaded engine, which stays loaded. For any other config, and for training
+(which loads its own target), the server first frees its engine, so that a
+machine never holds two copies of the models, and says so before anything else,
+`{"unloaded": <the freed EngineConfig.to_dict()>}`: the client knows its pair is
+gone and loads it again afterwards. Requests are checked before that, so a bad
+one (a 400) never costs the loaded pair.
+
+Paths (a training's `out_dir` and data, a checkpoint's folder) are on the
+server's machine: for the desktop app's own engine process, the same machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import fields
+from typing import Any, Callable
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+
+from engine.bench.autotune_results import AutotuneSettings, Candidate
+from engine.bench.prompts import BenchPrompt
+from engine.bench.results import BenchmarkCancelled, BenchSettings, plain, progress_to_dict
+from engine.config import EngineConfig
+from engine.errors import ConfigError, SpecDeckError
+from engine.service.host import Host
+from engine.service.server import BadRequest, event_stream
+from engine.training.records import TrainSettings
+
+router = APIRouter()
+CANCELLED = {"cancelled": True}
+# train_heads' keyword options a client may send: TrainSettings' fields (its `target` is train_heads'
+# `target_spec`) and the folder; resume and command travel beside them, progress and cancel are the server's.
+TRAIN_OPTIONS = frozenset({f.name for f in fields(TrainSettings)} - {"target"} | {"target_spec", "out_dir"})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BenchRequest(_Strict):
+    config: dict[str, Any]
+    prompts: list[dict[str, Any]]
+    settings: dict[str, Any] = {}
+    prompts_source: str | None = None  # what the report names as its prompts file
+
+
+class AutotuneRequest(_Strict):
+    config: dict[str, Any]
+    prompts: list[dict[str, Any]]
+    settings: dict[str, Any] = {}
+    candidates: list[dict[str, Any]] | None = None  # None: every drafter the target allows
+
+
+class TrainRequest(_Strict):
+    options: dict[str, Any]
+    resume: bool = True  # train_heads' default: continue the run saved in out_dir
+    command: str | None = None  # the command line recorded in the heads' config (the app's equivalent)
+
+
+class CheckpointRequest(_Strict):
+    out_dir: str
+
+
+def _host(request: Request) -> Host:
+    return request.app.state.host
+
+
+@router.post("/specdeck/bench")
+async def bench(body: BenchRequest, request: Request):
+    config, prompts = EngineConfig.from_dict(body.config), _prompts(body.prompts, "The benchmark")
+    settings = _record(BenchSettings.from_dict, body.settings, "benchmark settings")
+    host = _host(request)
+
+    def job(cancel, emit) -> None:
+        from engine.bench.runner import run_benchmark  # loads torch: only when a benchmark is asked for
+
+        engine = _lend(host, config, emit)
+        try:
+            report = run_benchmark(config, prompts, settings, engine=engine, cancel=cancel,
+                                   prompts_source=body.prompts_source or "", progress=_progress(emit))  # fmt: skip
+        except BenchmarkCancelled:
+            emit(CANCELLED)
+            return
+        emit({"report": report.to_dict()})
+
+    return await event_stream(host.run("bench", job, request))
+
+
+@router.post("/specdeck/autotune")
+async def autotune(body: AutotuneRequest, request: Request):
+    config, prompts = EngineConfig.from_dict(body.config), _prompts(body.prompts, "Auto-tune")
+    settings = _record(AutotuneSettings.from_dict, body.settings, "auto-tune settings")
+    candidates = None
+    if body.candidates is not None:
+        candidates = tuple(_record(Candidate.from_dict, c, "candidate") for c in body.candidates)
+    host = _host(request)
+
+    def job(cancel, emit) -> None:
+        from engine.bench.autotune import run_autotune  # loads torch
+
+        engine = _lend(host, config, emit)
+        try:
+            result = run_autotune(config, prompts, settings, engine=engine, candidates=candidates, cancel=cancel,
+                                  progress=_progress(emit))  # fmt: skip
+        except BenchmarkCancelled:
+            emit(CANCELLED)
+            return
+        emit({"result": result.to_dict()})
+
+    return await event_stream(host.run("autotune", job, request))
+
+
+@router.post("/specdeck/train")
+async def train(body: TrainRequest, request: Request):
+    options = _train_options(body.options)
+    host = _host(request)
+
+    def job(cancel, emit) -> None:
+        from engine.training.medusa import train_heads  # loads torch
+
+        _free(host, emit)  # training loads its own target
+        result = train_heads(**options, resume=body.resume, command=body.command, cancel=cancel,
+                             progress=lambda event: emit({"progress": event.to_dict()}))  # fmt: skip
+        emit({"result": result.to_dict()})
+
+    return await event_stream(host.run("train", job, request))
+
+
+@router.post("/specdeck/checkpoint")
+async def checkpoint(body: CheckpointRequest) -> dict:
+    """A file read, not a job: it needs no model, and answers while a generation runs."""
+    return await asyncio.to_thread(_read_checkpoint, body.out_dir)
+
+
+# -- the engine a job uses -----------------------------------------------------------------------
+
+
+def _lend(host: Host, config: EngineConfig, emit):
+    """The host's engine when it was loaded from `config` (it stays loaded); else None, after freeing
+    the host's engine: the job loads and closes its own."""
+    if host.engine is not None and host.engine.config == config:
+        return host.engine
+    _free(host, emit)
+    return None
+
+
+def _free(host: Host, emit) -> None:
+    if host.engine is None:
+        return
+    old, host.engine = host.engine, None
+    emit({"unloaded": old.config.to_dict()})
+    old.close()
+
+
+def _progress(emit) -> Callable[[str, float], None]:
+    return lambda message, fraction: emit({"progress": progress_to_dict(message, fraction)})
+
+
+# -- reading requests ----------------------------------------------------------------------------
+
+
+def _record(from_dict, data, what: str):
+    """`from_dict(data)`; a value of the wrong type is a 400 that names what it was for."""
+    try:
+        return from_dict(data)
+    except SpecDeckError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as error:
+        raise BadRequest(f"Bad {what}: {type(error).__name__}: {error}.") from error
+
+
+def _prompts(data: list[dict], who: str) -> tuple[BenchPrompt, ...]:
+    prompts = tuple(_record(BenchPrompt.from_dict, p, "prompt") for p in data)
+    if not prompts:
+        raise ConfigError(f"{who} needs at least one prompt.")
+    return prompts
+
+
+def _train_options(options: dict[str, Any]) -> dict[str, Any]:
+    """train_heads' options, checked as train_heads checks them (settings, data paths) before the job
+    starts: a mistake must not free the loaded pair first."""
+    unknown = sorted(set(options) - TRAIN_OPTIONS)
+    if unknown:
+        raise BadRequest(f"Unknown training option(s) {', '.join(map(repr, unknown))}; train_heads takes "
+                         f"{', '.join(sorted(TRAIN_OPTIONS))}.")  # fmt: skip
+    missing = [name for name in ("target_spec", "out_dir") if not options.get(name)]
+    if missing:
+        raise BadRequest(f"The training options lack {' and '.join(map(repr, missing))}.")
+    data = options.get("data")
+    sources = (data,) if isinstance(data, str) else tuple(data or ())
+    values = {k: v for k, v in options.items() if k not in ("target_spec", "out_dir", "data")}
+    settings = _record(TrainSettings.from_dict, {**values, "target": options["target_spec"], "data": sources},
+                       "training options")  # fmt: skip
+    _record(lambda _: settings.check(), None, "training options")
+    return dict(options)
+
+
+def _read_checkpoint(out_dir: str) -> dict:
+    from engine.training.checkpoint import checkpoint_info, load_state  # load torch (torch.load)
+
+    info = checkpoint_info(out_dir)
+    history: dict = {}
+    if info is not None:
+        try:
+            history = plain(dict((load_state(out_dir) or {}).get("history", {})))
+        except ConfigError:
+            pass  # checkpoint_info read it a moment ago; a run that replaced it since has no history yet
+    return {"info": None if info is None else info.to_dict(), "history": history}
+
