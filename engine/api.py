@@ -122,11 +122,16 @@ class Engine:
         *,
         speculative: bool = True,
         cancel: threading.Event | None = None,
+        drafter: Drafter | None = None,
+        draft_length: DraftLength | None = None,
     ) -> Iterator[StepEvent]:
-        drafter = self.drafter if speculative else None
+        """The steps of one generation. `drafter` and `draft_length` replace the engine's own for
+        this generation only (a server request's own drafter and limits); they need `speculative`."""
+        drafter = (drafter or self.drafter) if speculative else None
         if speculative and drafter is None:
             raise ConfigError("No drafter is loaded: choose n-gram lookup or a draft model to decode speculatively.")
-        draft_length = DraftLength(self.config.k, self.config.k_max) if drafter else None
+        if drafter is not None and draft_length is None:
+            draft_length = DraftLength(self.config.k, self.config.k_max)
         steps = decode_steps(
             self.target, prompt, sampling, drafter=drafter, draft_length=draft_length, costs=self.costs,
             cancel=cancel,

@@ -187,13 +187,9 @@ def _item(engine, step: StepEvent, drafter: Drafter | None) -> dict:
 def _steps(engine, prompt: list[int], sampling, drafter: Drafter | None, plan: "Plan", cancel
            ) -> Iterator[StepEvent]:  # fmt: skip
     """Engine.stream with this request's drafter and draft length."""
-    from engine.api import _out_of_memory_said
-    from engine.core.decode import decode_steps
-
-    draft_length = plan.draft_length(engine.config) if drafter is not None else None
-    steps = decode_steps(engine.target, prompt, sampling, drafter=drafter, draft_length=draft_length,
-                         costs=engine.costs, cancel=cancel)  # fmt: skip
-    return _out_of_memory_said(steps, engine.target)
+    if drafter is None:
+        return engine.stream(prompt, sampling, speculative=False, cancel=cancel)
+    return engine.stream(prompt, sampling, cancel=cancel, drafter=drafter, draft_length=plan.draft_length(engine.config))
 
 
 # -- the request's speculative options -------------------------------------------------------------
