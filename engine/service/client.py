@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import secrets
 import socket
 import threading
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from engine.core.events import Comparison, GenerationResult, StepEvent
 from engine.core.sampling_config import SamplingConfig
 from engine.errors import SpecDeckError
 from engine.service import wire
+from engine.service.host import JOB_HEADER
 
 StepCallback = Callable[[str, StepEvent, "dict | None", CostModel], None]  # (run label, step, drafter stats, costs)
 CONNECT_TIMEOUT_S = 10.0
@@ -129,9 +131,10 @@ class EngineClient:
                 on_step(item["run"], step, item["drafter_stats"], wire.costs_from_dict(item["costs"]))
         raise EngineUnavailable(f"The server at {self.url} ended the comparison before its result.")
 
-    def cancel(self) -> bool:
-        """Stop the server's running job at its next step."""
-        return bool(self.request("POST", "/specdeck/cancel", {}, timeout=CONNECT_TIMEOUT_S).get("cancelled"))
+    def cancel(self, job: str | None = None) -> bool:
+        """Stop job `job` (a stream's; default: whatever runs on the server) at its next step."""
+        body = {} if job is None else {"job": job}
+        return bool(self.request("POST", "/specdeck/cancel", body, timeout=CONNECT_TIMEOUT_S).get("cancelled"))
 
     # -- long jobs: benchmark, auto-tune, training (engine/service/routes_jobs.py) ----------------
     # On the loaded pair's config a benchmark or auto-tune uses the server's engine, which stays
@@ -238,11 +241,12 @@ class EngineClient:
         """The server-sent events of POST `path`, each a dict; an `{"error"}` item is raised."""
         connection = self._open(None)  # a load or a long reply may take minutes between two items
         done = threading.Event()
+        job = secrets.token_hex(8)  # names this job for the cancel, which then stops no one else's
         if cancel is not None:
-            threading.Thread(target=self._cancel_when_set, args=(cancel, done), daemon=True,
+            threading.Thread(target=self._cancel_when_set, args=(cancel, done, job), daemon=True,
                              name="specdeck-cancel-watch").start()  # fmt: skip
         try:
-            response = self._send(connection, "POST", path, body)
+            response = self._send(connection, "POST", path, body, {JOB_HEADER: job})
             for data in _events(response):
                 if data == "[DONE]":
                     return
@@ -258,12 +262,12 @@ class EngineClient:
             done.set()
             connection.close()
 
-    def _cancel_when_set(self, cancel: threading.Event, done: threading.Event) -> None:
+    def _cancel_when_set(self, cancel: threading.Event, done: threading.Event, job: str) -> None:
         while not done.is_set():
             if cancel.wait(CANCEL_POLL_S):
                 if not done.is_set():
                     try:
-                        self.cancel()
+                        self.cancel(job)
                     except SpecDeckError:
                         pass  # the server is gone: the stream says so
                 return
@@ -280,9 +284,10 @@ class EngineClient:
         connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return connection
 
-    def _send(self, connection, method: str, path: str, body: Any) -> http.client.HTTPResponse:
+    def _send(self, connection, method: str, path: str, body: Any, headers: dict | None = None
+              ) -> http.client.HTTPResponse:  # fmt: skip
         payload = None if body is None else json.dumps(body).encode()
-        connection.request(method, self._base + path, body=payload, headers=self._headers)
+        connection.request(method, self._base + path, body=payload, headers={**self._headers, **(headers or {})})
         response = connection.getresponse()
         if response.status >= 400:
             data = response.read()

@@ -10,8 +10,10 @@ A job ends early when its request goes away: a client that disconnects, or the
 route that stops reading (an async generator closed), sets the job's cancel
 event, and the engine stops at its next step, with its caches rolled back. The
 next job starts only once that thread has ended, so two jobs never share a
-model. `cancel()` asks the running job to stop without closing anything: its
-stream still ends with the engine's last, "cancelled" step.
+model. `cancel()` asks a job to stop without closing anything: its stream still
+ends with the engine's last, "cancelled" step. A client names its job (the
+`X-SpecDeck-Job` header, `JOB_HEADER`) so that its cancel stops that job, running
+or still waiting, and never another client's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from engine.errors import SpecDeckError
 Job = Callable[[threading.Event, Callable[[Any], None]], None]  # job(cancel, emit)
 _ITEM, _DONE, _FAILED = "item", "done", "failed"
 DISCONNECT_POLL_S = 0.25
+JOB_HEADER = "X-SpecDeck-Job"
 
 
 class ServerBusy(SpecDeckError):
@@ -38,7 +41,8 @@ class Host:
         self.job_name: str | None = None  # what the running job is doing ("load", "generate"...), None when idle
         self.waiting = 0
         self._lock: asyncio.Lock | None = None  # made on the server's event loop, on first use
-        self._cancel: threading.Event | None = None
+        self._cancel: threading.Event | None = None  # the running job's
+        self._named: dict[str, threading.Event] = {}  # job id -> cancel event, running or waiting
 
     @property
     def status(self) -> str:
@@ -47,17 +51,20 @@ class Host:
             return "idle"
         return "loading" if self.job_name == "load" else "busy"
 
-    def cancel(self) -> bool:
-        """Ask the running job to stop at its next step; False when none runs."""
-        if self._cancel is None or self.job_name is None:
+    def cancel(self, job_id: str | None = None) -> bool:
+        """Ask job `job_id` (default: the running one) to stop at its next step, or a waiting one to
+        end as soon as its turn comes; False when there is no such job."""
+        cancel = self._cancel if job_id is None else self._named.get(job_id)
+        if cancel is None:
             return False
-        self._cancel.set()
+        cancel.set()
         return True
 
     async def run(self, name: str, job: Job, request=None) -> AsyncIterator[Any]:
         """Run `job` once the engine is free; yield what it emits. Raises what the job raised.
 
-        `request` (a Starlette request): when its client disconnects, the job is cancelled.
+        `request` (a Starlette request): when its client disconnects, the job is cancelled; its
+        JOB_HEADER names the job for `cancel`.
         """
         if self._lock is None:
             self._lock = asyncio.Lock()
@@ -65,14 +72,20 @@ class Host:
             raise ServerBusy(
                 f"The server is busy: {self.waiting} requests are already waiting for the engine. Try again later."
             )
+        cancel = threading.Event()
+        job_id = request.headers.get(JOB_HEADER) if request is not None else None
+        if job_id:
+            self._named[job_id] = cancel
         self.waiting += 1
         try:
             await self._lock.acquire()
+        except BaseException:
+            self._named.pop(job_id, None)
+            raise
         finally:
             self.waiting -= 1
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
-        cancel = threading.Event()
         self._cancel, self.job_name = cancel, name
 
         def put(kind: str, value: Any) -> None:
@@ -85,6 +98,7 @@ class Host:
             # The engine is free before the request hears the job's end: a client that sends its
             # next request the moment a reply ends finds the server idle, not still busy.
             self.job_name = self._cancel = None
+            self._named.pop(job_id, None)
             self._lock.release()
             items.put_nowait((kind, value))
 

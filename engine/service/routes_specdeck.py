@@ -7,7 +7,9 @@
     POST /specdeck/unload     frees the models
     POST /specdeck/generate   {"messages", "sampling", "speculative"?} -> stream of {"step", "drafter_stats", "costs"}
     POST /specdeck/compare    {"messages", "sampling"} -> stream of {"run", "step", ...}, then {"divergence": ...}
-    POST /specdeck/cancel     the running job stops at its next step; its stream ends as usual
+    POST /specdeck/cancel     {"job"?}: that job (the X-SpecDeck-Job its request was sent with; default the
+                              running one) stops at its next step, or at once if still waiting; its stream
+                              ends as usual
 
 Each step is `wire.step_to_dict`; beside it travel copies made on the engine's
 thread between two steps, of what keeps changing as decoding goes on: the
@@ -54,6 +56,10 @@ class GenerateRequest(_Strict):
 class CompareRequest(_Strict):
     messages: list[dict[str, Any]]
     sampling: dict[str, Any] = {}
+
+
+class CancelRequest(_Strict):
+    job: str | None = None  # the X-SpecDeck-Job a request was sent with; None: the running job
 
 
 def _host(request: Request) -> Host:
@@ -149,8 +155,8 @@ async def compare(body: CompareRequest, request: Request):
 
 
 @router.post("/specdeck/cancel")
-async def cancel(request: Request) -> dict:
-    return {"cancelled": _host(request).cancel()}
+async def cancel(request: Request, body: CancelRequest | None = None) -> dict:
+    return {"cancelled": _host(request).cancel(body.job if body is not None else None)}
 
 
 # -- what travels ------------------------------------------------------------------------------

@@ -171,3 +171,27 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_a_clients_stop_stops_its_own_request_and_no_one_elses(engine_process):
+    client = engine_process.client
+    first_step = threading.Event()
+    results = {}
+
+    def first() -> None:
+        results["first"] = client.generate(PROMPT, SamplingConfig(max_tokens=120),
+                                           on_step=lambda *_: first_step.set())  # fmt: skip
+
+    running = threading.Thread(target=first)
+    running.start()
+    assert first_step.wait(30)
+    stop_second = threading.Event()
+    waiting = threading.Thread(target=lambda: results.update(
+        second=client.generate(PROMPT, SamplingConfig(max_tokens=120), cancel=stop_second)))  # fmt: skip
+    waiting.start()
+    time.sleep(0.3)  # the second request now waits for the engine
+    stop_second.set()
+    running.join(60)
+    waiting.join(60)
+    assert results["first"].finish_reason != "cancelled" and len(results["first"].tokens) > 20
+    assert results["second"].finish_reason == "cancelled" and len(results["second"].tokens) <= 1
