@@ -19,19 +19,21 @@ candidates ranked; "Use these settings" hands the fastest configuration to
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from PySide6.QtCore import QEvent, QSettings, QStandardPaths, Qt, Signal, Slot
 from PySide6.QtWidgets import (QCheckBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
                                QProgressBar, QPushButton, QSpinBox, QSplitter, QVBoxLayout)  # fmt: skip
 
-from engine import (AutotuneResult, AutotuneSettings, BenchmarkCancelled, BenchReport, BenchSettings, Candidate, Engine,
-                    EngineConfig, SpecDeckError, default_prompts_path, load_prompts, run_autotune, run_benchmark,
-                    write_json)  # fmt: skip
+from engine import (AutotuneResult, AutotuneSettings, BenchmarkCancelled, BenchReport, BenchSettings, Candidate,
+                    EngineConfig, SpecDeckError, default_prompts_path, load_prompts, write_json)  # fmt: skip
 from app.bench.autotune_view import AutotunePanel
 from app.bench.view import BenchChart, BenchTable, checks_html
 from app.runtime.engine_controller import EngineController
 from app.runtime.worker import GeneratorWorker, TaskRunner
+
+if TYPE_CHECKING:  # the engine, run_benchmark and run_autotune load torch: imported by the run, not the window
+    from engine import Engine
 
 PROMPTS_FILE, REPEAT, MAX_TOKENS, PEERS = "bench/prompts_file", "bench/repeat", "bench/max_tokens", "bench/peers"
 AUTOTUNE_MAX_TOKENS = 64  # auto-tune runs every candidate on every prompt: short replies
@@ -154,6 +156,8 @@ class BenchDialog(QDialog):
         config = self.config
 
         def job(engine: Engine | None, cancel, report) -> BenchReport:
+            from engine import run_benchmark
+
             return run_benchmark(config, prompts, settings, engine=engine, cancel=cancel, prompts_source=str(path),
                                  progress=lambda message, fraction: report((message, fraction)))  # fmt: skip
 
@@ -171,6 +175,8 @@ class BenchDialog(QDialog):
         config, candidates = self.config, self.autotune_candidates
 
         def job(engine: Engine | None, cancel, report) -> AutotuneResult:
+            from engine import run_autotune
+
             return run_autotune(config, prompts, settings, engine=engine, candidates=candidates, cancel=cancel,
                                 progress=lambda message, fraction: report((message, fraction)))  # fmt: skip
 

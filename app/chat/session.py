@@ -13,6 +13,9 @@ once per streak of failures, never an exception: a user message that could not
 be saved is not sent and stays in the composer; a reply whose tokens could not
 be saved keeps streaming on screen (the store writes them with its next
 successful write, and `sig_save_recovered` says so).
+
+A reply cut by the engine process's death keeps every token it showed, in the
+transcript and in the store, and ends as "interrupted".
 """
 
 from __future__ import annotations
@@ -60,10 +63,12 @@ class ChatSession(QObject):
         self.default_system_prompt = ""  # what a new conversation starts with (the settings' default)
         self._new_chat_system_prompt: str | None = None  # set for the empty chat before its first message
         self._save_failing = False  # in a streak of failed writes: said once, not once per token
+        self._engine_stopped = False  # the engine process died under the running reply
         controller.sig_run_started.connect(self._on_run_started)
         controller.sig_step.connect(self._on_step)
         controller.sig_run_finished.connect(self._on_run_finished)
         controller.sig_busy_changed.connect(self._on_busy_changed)
+        controller.sig_engine_stopped.connect(self._on_engine_stopped)
         panel.sig_selected.connect(self.open)
         panel.sig_renamed.connect(self.rename)
 
@@ -146,7 +151,11 @@ class ChatSession(QObject):
         self.controller.stop()
         return True
 
+    def _on_engine_stopped(self, message: str) -> None:
+        self._engine_stopped = True  # the run it cut ends next (sig_run_finished with None)
+
     def _on_run_started(self, kind: str) -> None:
+        self._engine_stopped = False
         if kind == CHAT and self.replying_to is not None:
             self._write("", self.store.begin_reply, self.replying_to)
             if self.replying_to is self.conversation:
@@ -162,7 +171,8 @@ class ChatSession(QObject):
     def _on_run_finished(self, kind: str, result: GenerationResult | None) -> None:
         if kind != CHAT or self.replying_to is None:
             return
-        reason = result.finish_reason if result is not None else "error"
+        reason = result.finish_reason if result is not None else ("interrupted" if self._engine_stopped else "error")
+        self._engine_stopped = False
         stats = result.stats.as_dict() if result is not None else None
         conversation, self.replying_to = self.replying_to, None
         self._write("", self.store.end_reply, conversation, reason, stats)

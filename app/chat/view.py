@@ -28,6 +28,7 @@ _FINISH_NOTES = {
     "length": "stopped at the token limit",
     "context": "stopped: the context window is full (start a new chat)",
     "error": "failed (see the message above)",
+    "interrupted": "interrupted: the engine process stopped (see the message above)",
 }
 
 

@@ -1,10 +1,10 @@
 """`CostSnapshot`: the engine's cost model as it stood after one step, frozen.
 
-The engine's `CostModel` keeps learning on the worker thread (every step times
-its draft and its verify forward), while the charts draw on the GUI thread from
-T(n) and the draft cost. So the GUI never reads the live one: the controller
-copies it on the worker thread after each step, while the decode loop waits at
-its `yield`, and that copy travels with the step. No Qt here.
+The engine's `CostModel` keeps learning as it decodes (every step times its
+draft and its verify forward), while the charts draw on the GUI thread from T(n)
+and the draft cost. So the GUI never reads a live one: the engine process sends
+a copy with each step, taken between two steps, and the controller freezes it
+here, on its worker thread, before it travels with the step. No Qt here.
 """
 
 from __future__ import annotations

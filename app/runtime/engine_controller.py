@@ -1,80 +1,74 @@
-"""The one object that owns the engine: loads it, runs generations, reports back.
+"""The one object that owns the engine: a local engine process, and the jobs it runs there.
 
-Views never touch the `Engine` directly. They call `load`, `chat`, `compare` or
-`stop` here, and listen to signals that arrive on the GUI thread. Every job runs
-on a worker thread through one `TaskRunner`, so there is never more than one
-thing using the model: a new request cancels the running one (the engine stops
-at its next step) and starts once the old thread has ended. Tokenizing the
-prompt happens in the job too, since it uses the model the previous job may
-still hold.
+The engine decodes in a process of its own (`engine.EngineProcess`: a private
+server on a loopback port with a random key), not in the window's: its threads
+get the cores without the GUI in their way, and an engine that dies takes
+nothing else with it. This process imports no torch and no llama.cpp; it only
+reads the event stream (`engine.EngineClient`).
+
+Views never touch the engine. They call `load`, `chat`, `compare` or `stop`
+here, and listen to signals that arrive on the GUI thread. Every job runs on a
+worker thread through one `TaskRunner`, so the window never has more than one
+request at the server: a new request cancels the running one (the server stops
+it at its next step) and starts once the old thread has ended. The process
+starts with the first load, inside that job, so the GUI never waits for it.
+
+Each step comes with what the engine copied beside it, between two steps, on its
+own thread: the drafter's statistics (a dict, or None) and the cost model,
+frozen here into a `CostSnapshot` (`sig_step_stats`). What the window shows
+about the loaded pair is the server's `LoadedPair`.
 
 Every `SpecDeckError` becomes `sig_error` with the engine's own message; any
 other exception is a bug, reported the same way with its type so that the
-window survives it.
+window survives it. When the engine process dies (killed, out of memory, a C++
+abort), the job that was using it ends with what it had streamed, the window
+hears `sig_engine_stopped` with the process's own account of its end, nothing
+is loaded any more, and the next reply or comparison starts the process again
+and loads the same pair first (a load like any other, with its progress).
 
-Replies and comparisons run through the engine's own layers (`Engine.generate`
-and `Engine.compare` with `on_event`). Their callback runs on the worker thread
-between two steps, while the decode loop waits at its `yield`, and there the
-job copies what the GUI shows beside the step: the drafter's statistics
-(`Drafter.stats()`: lookahead's n-gram pool, the early-exit layer...) and the
-cost model (`CostSnapshot`), which both keep changing as decoding goes on. The
-copies travel with the step (`sig_step_stats`). What the window shows about the
-loaded pair is copied the same way when it loads (`LoadedPair`). Nothing on the
-GUI thread reads the engine, its drafter or its cost model while they decode.
-
-Other work on the engine (the benchmark) borrows it through `lend`, in turn
-with everything else: the window's engine when it was loaded from the same
-configuration, else none, after the window's engine has been freed, so that a
-machine never holds two copies of the models.
+Other work on the engine (the benchmark) runs through `lend`, in turn with
+everything else: today in this process, after the engine process has freed its
+models, so that the machine never holds two copies of them; or, `on_server`,
+on the engine process itself, through its client.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
-from dataclasses import dataclass
+import time
 from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from engine import DrafterStats, Engine, EngineConfig, SamplingConfig, SpecDeckError
+from engine import (EngineClient, EngineConfig, EngineProcess, EngineUnavailable, LoadedPair, SamplingConfig,
+                    SpecDeckError)  # fmt: skip
 from app.runtime.costs import CostSnapshot
 from app.runtime.worker import GeneratorWorker, TaskRunner
 
 LOAD, CHAT, COMPARE = "load", "chat", "compare"
+DEATH_WAIT_S = 3.0  # a dropped connection waits this long for the process to be seen gone
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class LoadedPair:
-    """What the window shows about the loaded engine, copied on the worker thread when it loaded."""
-
-    config: EngineConfig
-    target: Any  # the target's ModelInfo (name, dtype, backend...)
-    speculative: bool  # there is a drafter
-    notes: tuple[str, ...]  # Engine.notes: e.g. a tree drafter cut to one branch on llama.cpp
-    costs: CostSnapshot  # the cost model as measured at load
-
-
-def loaded_pair(engine: Engine) -> LoadedPair:
-    """`engine`'s LoadedPair; call it on the thread that loaded it, before anything decodes."""
-    return LoadedPair(engine.config, engine.target.info, engine.drafter is not None,
-                      tuple(str(note) for note in engine.notes if note), CostSnapshot.of(engine.costs))  # fmt: skip
+class EngineStopped(EngineUnavailable):
+    """The engine process ended while a job used it (or between two jobs)."""
 
 
 class EngineController(QObject):
-    """Loads the engine and runs chat replies and comparisons, one at a time."""
+    """Runs the engine process, loads pairs there, and runs chat replies and comparisons, one at a time."""
 
     sig_load_progress = Signal(str, float)
-    """What loading is doing, and the fraction done."""
+    """What loading is doing (as the engine process reports it), and the fraction done."""
+
+    sig_load_started = Signal(object)
+    """A load began on the worker thread (its EngineConfig): also the reload after the engine stopped."""
 
     sig_loaded = Signal(object)
     """An engine is ready; the argument is its EngineConfig (and `loaded` says the rest)."""
 
     sig_unloaded = Signal(object)
-    """The engine was freed for a job on another pair (`lend`); the argument is the freed engine's
-    EngineConfig, for loading it again afterwards."""
+    """The engine's models were freed for a job that loads its own (`lend`); the argument is the
+    freed pair's EngineConfig, for loading it again afterwards."""
 
     sig_run_started = Signal(str)
     """A chat reply ("chat") or a comparison ("compare") started decoding."""
@@ -83,9 +77,9 @@ class EngineController(QObject):
     """One decoding step: the run's label ("speculative" or "vanilla") and the StepEvent."""
 
     sig_step_stats = Signal(str, object, object, object)
-    """The same step (emitted just before sig_step) with what was copied on the worker thread just
-    after it: the drafter's statistics (a dict, or None: a plain run, no drafter, stats() failed)
-    and the cost model (a CostSnapshot)."""
+    """The same step (emitted just before sig_step) with what the engine copied just after it: the
+    drafter's statistics (a dict, or None: a plain run, no drafter, stats() failed) and the cost
+    model (a CostSnapshot)."""
 
     sig_run_finished = Signal(str, object)
     """A run ended: its kind and its result (GenerationResult / Comparison), None if it failed."""
@@ -99,14 +93,23 @@ class EngineController(QObject):
     sig_error = Signal(str)
     """A run failed: a message for the user, saying what went wrong and what to do."""
 
-    def __init__(self, parent: QObject | None = None) -> None:
+    sig_engine_stopped = Signal(str)
+    """The engine process ended on its own, under a run or between two: what happened, for the
+    user (emitted before the sig_error and sig_run_finished of the run it cut). A load it cuts
+    says so with sig_load_failed instead."""
+
+    def __init__(self, parent: QObject | None = None, process: EngineProcess | None = None) -> None:
+        """`process`: an engine process to use (and leave running at shutdown), e.g. one the tests
+        share between windows; by default the controller starts its own and stops it at shutdown."""
         super().__init__(parent)
-        self.engine: Engine | None = None  # used by jobs, on the worker thread; the GUI reads `loaded`
-        self.loaded: LoadedPair | None = None  # set and cleared with `engine`
+        self.process = process if process is not None else EngineProcess()
+        self._owns_process = process is None
+        self.loaded: LoadedPair | None = None  # what the engine process holds for this window; GUI thread
+        self.config: EngineConfig | None = None  # the pair asked for last: loaded again after a stop
+        self._restart = False  # the engine stopped under a run: the next run loads `config` first
         self._runner = TaskRunner(self)
         self._runner.sig_started.connect(self._on_started)
         self._runner.sig_done.connect(self._on_done)
-        self._retired: list[Engine] = []  # replaced engines, closed when no job can be using them
         self._busy = False
 
     # -- state -------------------------------------------------------------------------
@@ -125,73 +128,104 @@ class EngineController(QObject):
         """Whether chat replies are decoded speculatively (there is a drafter)."""
         return self.loaded is not None and self.loaded.speculative
 
+    @property
+    def client(self) -> EngineClient | None:
+        """The engine process's client while it runs (for jobs on the worker thread)."""
+        return self.process.client if self.process.running else None
+
     # -- requests ----------------------------------------------------------------------
 
     def load(self, config: EngineConfig) -> None:
-        """Replace the engine with one loaded from `config`; the old one is closed first."""
-        if self.engine is not None:
-            # Free the old model before loading the new one: two large models side by
-            # side is how a machine runs out of memory. A running job may still use it,
-            # so it is closed once no thread is running (at the latest in _on_done).
-            self._retire_engine()
-            if not self._runner.busy:
-                self._close_retired()
+        """Load `config` in the engine process (started first if it is not running); the engine
+        process frees the old pair before it loads the new one."""
+        self.config, self._restart = config, False
+        self.loaded = None  # at once: nothing new may use the old pair
 
-        def job(cancel: threading.Event, report) -> tuple[Engine, LoadedPair]:
-            engine = Engine.load(config, progress=lambda message, fraction: report((message, fraction)))
-            return engine, loaded_pair(engine)
+        def job(cancel: threading.Event, report) -> LoadedPair:
+            def progress(message: str, fraction: float) -> None:
+                report((message, fraction))
 
-        self._start(LOAD, job)
+            client = self._started_client()
+            return self._call(lambda: client.load(config, progress=progress))
+
+        self._start(LOAD, job, config)
 
     def chat(self, messages: list[dict], sampling: SamplingConfig) -> None:
-        # Jobs read self.engine when they start, not now: a chat queued behind a load
-        # must use the engine that load produces.
+        self._restart_if_stopped()
+
         def job(cancel: threading.Event, report):
-            engine = self._require_engine()
-            speculative = engine.drafter is not None
-            label = "speculative" if speculative else "vanilla"
-            on_event = _step_reporter(engine, report)
-            return engine.generate(engine.prompt_ids(messages), sampling, speculative=speculative, cancel=cancel,
-                                   on_event=lambda event: on_event(label, event))  # fmt: skip
+            client = self._loaded_client()
+            return self._call(lambda: client.generate(messages, sampling, cancel=cancel, on_step=_reporter(report)))
 
         self._start(CHAT, job)
 
     def compare(self, messages: list[dict], sampling: SamplingConfig) -> None:
+        self._restart_if_stopped()
+
         def job(cancel: threading.Event, report):
-            engine = self._require_engine()
-            prompt = engine.prompt_ids(messages)
-            return engine.compare(prompt, sampling, cancel=cancel, on_event=_step_reporter(engine, report))
+            client = self._loaded_client()
+            return self._call(lambda: client.compare(messages, sampling, cancel=cancel, on_step=_reporter(report)))
 
         self._start(COMPARE, job)
 
-    def lend(self, name: str, config: EngineConfig, job: Callable[[Engine | None, threading.Event, Any], Any],
-             connect: Callable[[GeneratorWorker], None]) -> GeneratorWorker:  # fmt: skip
-        """Run `job(engine, cancel, report)` on the worker thread, in turn with loads and replies
-        (a running reply is cancelled first, as by any new request); returns its worker. Its
-        signals are the caller's: `connect(worker)` connects them before it starts (this
-        controller reports none of them).
+    def lend(self, name: str, config: EngineConfig, job: Callable[[Any, threading.Event, Any], Any],
+             connect: Callable[[GeneratorWorker], None], *, on_server: bool = False) -> GeneratorWorker:  # fmt: skip
+        """Run `job(lent, cancel, report)` on the worker thread, in turn with loads and replies (a
+        running reply is cancelled first, as by any new request); returns its worker. Its signals
+        are the caller's: `connect(worker)` connects them before it starts (this controller reports
+        none of them).
 
-        `engine` is the window's own when it was loaded from `config`: it stays open, loaded,
-        and no one else uses it until the job ends. For any other pair it is None: the
-        window's engine is freed first (sig_unloaded), and the job loads and closes its own,
-        so the machine never holds two copies of the models. Raises SpecDeckError while a load
-        waits behind a running job: only the newest request waits, and the load must not be lost.
+        By default `lent` is None and the job loads `config` itself, in this process: the engine
+        process frees its models first (sig_unloaded with the freed pair, when the window had
+        one), so the machine never holds two copies of them. With `on_server`, `lent` is the
+        engine process's EngineClient (the process is started if need be) and nothing is freed:
+        the job runs its work there; if it leaves another pair loaded than the window's, the
+        window's counts as freed (sig_unloaded once the job has ended).
+
+        Raises SpecDeckError while a load waits behind a running job: only the newest request
+        waits, and the load must not be lost.
         """
         pending = self._runner.pending
         if pending is not None and pending.name == LOAD:
             raise SpecDeckError("The window is about to load a model pair: try again once it has loaded.")
-        lent: list[Engine | None] = []
+        held: list[LoadedPair | None] = []  # the window's pair when the job started
+        after: list[LoadedPair | None] = []  # on_server: what the engine process holds once it ended
 
         def prepare() -> None:  # on the GUI thread, when no job runs (TaskRunner._launch)
-            if self.engine is not None and self.engine.config != config:
-                freed = self.engine.config
-                self._retire_engine()
-                self._close_retired()
-                self.sig_unloaded.emit(freed)
-            lent.append(self.engine)
+            held.append(self.loaded)
+            if not on_server and self.loaded is not None:
+                self.loaded = None
+                self.sig_unloaded.emit(held[0].config)
 
-        worker = GeneratorWorker(lambda cancel, report: job(lent[0], cancel, report), name=name, prepare=prepare)
+        def run(cancel: threading.Event, report):
+            if on_server:
+                client = self._started_client()
+                try:
+                    return self._call(lambda: job(client, cancel, report))
+                finally:
+                    try:
+                        after.append(client.loaded())
+                    except SpecDeckError:
+                        after.append(None)
+            client = self.client
+            if client is not None:
+                try:
+                    client.unload()
+                except EngineUnavailable:
+                    pass  # the process has ended: it holds nothing
+            return job(None, cancel, report)
+
+        def finished() -> None:  # on the GUI thread, after the job's own signals
+            if not on_server or not held or held[0] is None or self.loaded is not held[0]:
+                return
+            now = after[0] if after else None
+            if now is None or now.config != held[0].config:
+                self.loaded = None
+                self.sig_unloaded.emit(held[0].config)
+
+        worker = GeneratorWorker(run, name=name, prepare=prepare)
         connect(worker)
+        worker.sig_finished.connect(finished)
         self._runner.start(worker)
         self._set_busy(True)
         return worker
@@ -206,34 +240,74 @@ class EngineController(QObject):
         self._runner.cancel(keep_pending=pending is not None and pending.name == LOAD)
 
     def shutdown(self) -> None:
-        """Stop everything, wait for the worker thread, close the engine. Call once, on close."""
-        last = self._runner.shutdown()
-        self._close_retired()
-        # A load that finished after the window said goodbye: its result was never adopted.
-        if last is not None and last.name == LOAD and last.result is not None and last.result[0] is not self.engine:
-            last.result[0].close()
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = self.loaded = None
+        """Stop everything, wait for the worker thread, stop the engine process (unless it was
+        given to this controller). Call once, on close."""
+        self._runner.shutdown()
+        self.loaded = None
+        if self._owns_process:
+            self.process.stop()
+
+    # -- the engine process --------------------------------------------------------------
+
+    def _started_client(self) -> EngineClient:
+        """The engine process's client, the process started first if need be; on the worker thread."""
+        client = self.client
+        return client if client is not None else self.process.start()
+
+    def _loaded_client(self) -> EngineClient:
+        """For a run: the client of the process that holds the window's pair; on the worker thread
+        (`loaded` was set by the load before it, whose signals were handled before this job began)."""
+        if self.loaded is None:
+            raise SpecDeckError("No model is loaded. Choose a model pair (Models ▸ Model pair…) and load it.")
+        client = self.client
+        if client is None:
+            raise EngineStopped(self.process.death_message())
+        return client
+
+    def _call(self, call: Callable[[], Any]) -> Any:
+        """`call()`, with a broken connection to a process that has ended told as its end
+        (EngineStopped, saying how it ended) rather than as a network error."""
+        try:
+            return call()
+        except EngineStopped:
+            raise
+        except EngineUnavailable as error:
+            # The socket closes while the process exits: give the system a moment to say it has.
+            deadline = time.monotonic() + DEATH_WAIT_S
+            while self.process.running and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if not self.process.running:
+                raise EngineStopped(self.process.death_message()) from error
+            raise
+
+    def _restart_if_stopped(self) -> None:
+        """Before a run (GUI thread): an engine process that ended since the last run is started
+        again, and the window's pair loaded there, before the run starts."""
+        if self.loaded is not None and not self.process.running and not self._runner.busy:
+            # It ended between two runs: nothing reported it yet.
+            self.loaded, self._restart = None, True
+            message = f"{self.process.death_message()} Starting it again."
+            self.sig_engine_stopped.emit(message)
+            self.sig_error.emit(message)
+        if self._restart and self.config is not None and self.loaded is None:
+            self.load(self.config)
 
     # -- plumbing ----------------------------------------------------------------------
 
-    def _require_engine(self) -> Engine:
-        if self.engine is None:
-            raise SpecDeckError("No model is loaded. Choose a model pair (Models ▸ Model pair…) and load it.")
-        return self.engine
-
-    def _start(self, kind: str, job) -> None:
+    def _start(self, kind: str, job, config: EngineConfig | None = None) -> None:
         worker = GeneratorWorker(job, name=kind)
         worker.sig_yielded.connect(self._on_yielded)
         worker.sig_returned.connect(self._on_returned)
         worker.sig_errored.connect(self._on_errored)
+        worker.config = config  # what a load loads (sig_load_started)
         self._runner.start(worker)
         self._set_busy(True)
 
     @Slot(object)
     def _on_started(self, worker: GeneratorWorker) -> None:
-        if worker.name in (CHAT, COMPARE):
+        if worker.name == LOAD:
+            self.sig_load_started.emit(worker.config)
+        elif worker.name in (CHAT, COMPARE):
             self.sig_run_started.emit(worker.name)
 
     # Worker signals are queued to this (GUI) thread. Only one worker runs at a time and
@@ -258,8 +332,8 @@ class EngineController(QObject):
         if worker is None:
             return
         if worker.name == LOAD:
-            self.engine, self.loaded = result
-            self.sig_loaded.emit(self.loaded.config)
+            self.loaded = result
+            self.sig_loaded.emit(result.config)
         else:
             self.sig_run_finished.emit(worker.name, result)
 
@@ -273,7 +347,14 @@ class EngineController(QObject):
         else:
             log.error("unexpected error in a %s job", worker.name if worker else "finished", exc_info=error)
             message = f"Unexpected error ({type(error).__name__}: {error}). Please report it."
-        if worker is not None and worker.name == LOAD:
+        loading = worker is not None and worker.name == LOAD
+        if isinstance(error, EngineStopped):
+            self.loaded = None
+            if not loading:  # a pair that had loaded: the next run loads it again (a load says it failed)
+                self._restart = True
+                message = f"{message} Everything shown so far is kept; Send starts it again."
+                self.sig_engine_stopped.emit(message)
+        if loading:
             self.sig_load_failed.emit(message)
             return
         self.sig_error.emit(message)
@@ -282,17 +363,7 @@ class EngineController(QObject):
 
     @Slot(object)
     def _on_done(self, worker: GeneratorWorker) -> None:
-        self._close_retired()  # no thread runs between one job's end and the next one's start
         self._set_busy(self._runner.busy)
-
-    def _retire_engine(self) -> None:
-        """Nothing new may use the engine; it is closed once no job can be using it."""
-        self._retired.append(self.engine)
-        self.engine = self.loaded = None
-
-    def _close_retired(self) -> None:
-        while self._retired:
-            self._retired.pop().close()
 
     def _set_busy(self, busy: bool) -> None:
         if busy != self._busy:
@@ -300,37 +371,11 @@ class EngineController(QObject):
             self.sig_busy_changed.emit(busy)
 
 
-def _step_reporter(engine: Engine, report) -> Callable[[str, Any], None]:
-    """The `on_event` of Engine.generate / compare: each step with its copies of the drafter's
-    statistics and the cost model, taken here, on the worker thread, between two steps."""
+def _reporter(report) -> Callable[[str, Any, Any, Any], None]:
+    """The client's `on_step`: each step with the drafter's statistics and the cost model the engine
+    sent beside it, the cost model frozen here (the charts compare snapshots)."""
 
-    def on_event(label: str, event) -> None:
-        drafter = engine.drafter if label == "speculative" else None
-        report((label, event, drafter_snapshot(drafter), CostSnapshot.of(engine.costs)))
+    def on_step(label: str, step, drafter_stats: dict | None, costs) -> None:
+        report((label, step, drafter_stats, CostSnapshot.of(costs)))
 
-    return on_event
-
-
-_failed_stats: set[type] = set()  # drafter classes whose stats() raised: logged once each
-
-
-def drafter_snapshot(drafter) -> dict | None:
-    """`drafter.stats()` as plain data (its DrafterStats' fields, nested records as dicts), a
-    private deep copy; None without a drafter.
-
-    Call it on the thread that decodes, between two steps: the copy shares nothing
-    with the drafter, so the GUI thread may read it while decoding goes on. The
-    charts read its fields by the drafter's stats type (app/charts/data.py). A
-    drafter whose stats() fails is logged once and charted without its numbers;
-    the run itself goes on.
-    """
-    if drafter is None:
-        return None
-    try:
-        stats = drafter.stats()
-        return copy.deepcopy(stats.as_dict() if isinstance(stats, DrafterStats) else dict(stats))
-    except Exception:  # noqa: BLE001 - a statistics bug must not end a reply
-        if type(drafter) not in _failed_stats:
-            _failed_stats.add(type(drafter))
-            log.exception("%s.stats() failed; its numbers are left out of the charts", type(drafter).__name__)
-        return None
+    return on_step

@@ -4,10 +4,13 @@ Layout: a banner for messages, then tabs (Chat, Side by side); the saved
 conversations in a dock on the left and the live charts in a dock on the right;
 the loaded models and loading progress in the status bar.
 
-The window loads the engine, runs comparisons, feeds every step to the charts,
-and remembers its settings; the chat's bookkeeping (which conversation, what
-is saved when) is ChatSession's. Every error reaches the user through
-`show_error`: a banner that leaves the window usable.
+The window loads the engine (in the engine process its controller starts),
+runs comparisons, feeds every step to the charts, and remembers its settings;
+the chat's bookkeeping (which conversation, what is saved when) is ChatSession's.
+Every error reaches the user through `show_error`: a banner that leaves the
+window usable. An engine process that dies
+is one more error: the banner says how it ended, the chat keeps what it showed,
+and the next Send starts the engine again.
 
 The window always starts: an unusable conversation folder gives a store that
 keeps nothing (and says so), and unreadable settings fall back to their defaults
@@ -23,7 +26,7 @@ from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import (QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QTabWidget,
                                QVBoxLayout, QWidget)  # fmt: skip
 
-from engine import EngineConfig, SamplingConfig, StepEvent, all_drafters
+from engine import EngineConfig, EngineProcess, LoadedPair, SamplingConfig, StepEvent, all_drafters
 from app.bench.dialog import BenchDialog
 from app.shell import settings as keys
 from app.shell.actions import create_actions
@@ -36,7 +39,7 @@ from app.chat.compare_view import CompareView
 from app.chat.conversation_panel import ConversationPanel
 from app.chat.conversations import ConversationStore, StoreError, default_data_dir, is_valid_id
 from app.runtime.costs import CostSnapshot
-from app.runtime.engine_controller import COMPARE, EngineController, LoadedPair
+from app.runtime.engine_controller import COMPARE, EngineController
 from app.pair.dialog import PairDialog
 from app.pair.heads import engine_notes
 from app.pair.model_drop import ModelDrops
@@ -59,7 +62,9 @@ def describe_engine(loaded: LoadedPair) -> str:
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, store: ConversationStore | None = None) -> None:
+    def __init__(self, store: ConversationStore | None = None, engine_process: EngineProcess | None = None) -> None:
+        """`engine_process`: the engine process to use and leave running on close (the tests share
+        one between windows); by default the window starts its own and stops it on close."""
         super().__init__()
         problems = []  # said in the banner once the window is built
         if store is None:
@@ -69,7 +74,7 @@ class MainWindow(QMainWindow):
                 store = ConversationStore.in_memory()
                 problems.append(f"Conversations are kept only until SpecDeck closes. {error}")
         self.store = store
-        self.controller = EngineController(self)
+        self.controller = EngineController(self, process=engine_process)
         self._resets: list[str] = []  # settings keys that were unreadable and fell back to their defaults
         keys.engine_config(resets=self._resets)  # read only to check it; start() loads it
         self._sampling = keys.sampling_config(resets=self._resets)
@@ -80,6 +85,7 @@ class MainWindow(QMainWindow):
         self.pair_dialog = None  # the model pair dialog while it is open
         self.train_dialog: TrainDialog | None = None  # made on first use; it stays while training runs
         self._freed: EngineConfig | None = None  # the pair freed for a benchmark of another, to load again
+        self._engine_stopped = ""  # the banner's text while it says the engine process stopped
 
         self.banner = Banner()
         self.chat_view = ChatView()
@@ -216,6 +222,8 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         c = self.controller
         c.sig_load_progress.connect(self._on_load_progress)
+        c.sig_load_started.connect(self._on_load_started)
+        c.sig_engine_stopped.connect(self._on_engine_stopped)
         c.sig_loaded.connect(self._on_loaded)
         c.sig_load_failed.connect(self._on_load_failed)
         c.sig_run_started.connect(self._on_run_started)
@@ -301,16 +309,34 @@ class MainWindow(QMainWindow):
         if loaded is None or loaded.config != config:
             self.load_engine(config)
 
+    def _on_load_started(self, config: EngineConfig) -> None:
+        """A load began: asked for here, or the controller's own after the engine process stopped."""
+        self._set_ready(False, "Loading the model…")
+        self.engine_label.setText("Loading…")
+        if not self.progress.isVisible():
+            self.progress.setValue(0)
+            self.progress.show()
+
     def _on_load_progress(self, message: str, fraction: float) -> None:
         self.progress.setValue(round(fraction * 100))
         self.statusBar().showMessage(f"{message}…" if fraction < 1 else message)
+
+    def _on_engine_stopped(self, message: str) -> None:
+        """The engine process died (the banner says how, through sig_error): Send starts it again."""
+        self._engine_stopped = message
+        self.progress.hide()
+        self.engine_label.setText("Engine stopped")
+        self._set_ready(True)  # the next Send starts it again
 
     def _on_loaded(self, config: EngineConfig) -> None:
         loaded = self.controller.loaded
         self.progress.hide()
         self.engine_label.setText(describe_engine(loaded))
         self.statusBar().showMessage("Model loaded.", 5000)
-        self.charts.set_cost_model(loaded.costs.model())
+        if self._engine_stopped and self.banner.text() == self._engine_stopped:
+            self._show_info("The engine process was started again; the models are loaded.")
+        self._engine_stopped = ""
+        self.charts.set_cost_model(CostSnapshot.of(loaded.costs).model())  # the charts' own copy
         # A draft model given by name makes the drafter "model", whatever config.drafter says.
         self.charts.set_drafter("model" if config.draft else config.drafter)
         notes = engine_notes(loaded)  # e.g. a Medusa tree cut to one branch on llama.cpp
@@ -329,10 +355,10 @@ class MainWindow(QMainWindow):
         self.show_error(f"The model did not load. {message}", actions)
 
     def _on_unloaded(self, freed: EngineConfig) -> None:
-        """The engine was freed for a benchmark of another pair: it loads again when that closes."""
+        """The engine's models were freed for a benchmark: they load again when it closes."""
         self._freed = freed
         self.engine_label.setText("No model loaded")
-        self._set_ready(False, "The models are freed while the benchmark runs another pair.")
+        self._set_ready(False, "The models are freed while the benchmark runs.")
         self.statusBar().showMessage("The models were freed for the benchmark.", 5000)
 
     def _use_default_models(self) -> None:
@@ -387,7 +413,7 @@ class MainWindow(QMainWindow):
 
     def _on_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None,
                  costs: CostSnapshot | None = None) -> None:  # fmt: skip
-        # drafter_stats, costs: copied on the worker thread after this step (EngineController).
+        # drafter_stats, costs: copied by the engine right after this step (EngineController).
         self.charts.add_step(label, event, drafter_stats, costs)
         if self._run_kind == COMPARE:
             self.compare_view.add_step(label, event)
@@ -480,7 +506,7 @@ class MainWindow(QMainWindow):
         if not self._shut_down:
             self._save_settings()
             self.statusBar().showMessage("Stopping…")
-            self.controller.shutdown()  # cancels the run and joins the worker thread
+            self.controller.shutdown()  # cancels the run, joins the worker thread, stops the engine process
             self.chats.close()
             self.store.close()  # a clean close checkpoints the WAL into the database file
             self._shut_down = True

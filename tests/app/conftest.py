@@ -6,9 +6,12 @@ temporary folder, QStandardPaths is in test mode, and every test gets its own
 conversation folder through SPECDECK_DATA_DIR.
 
 Real models: the embedded SmolLM2 on llama.cpp loads in about a second without
-the cost measurement, so each window loads its own (a window owns its engine
-and closes it); replies are kept short so the whole suite stays in minutes on
-two busy cores.
+the cost measurement, so each window loads its own; replies are kept short so
+the whole suite stays in minutes on two busy cores. The engine runs in an
+engine process, as in the app, but one process serves every window of the
+session (starting one costs seconds: Python, torch, the server): each window
+finds it with nothing loaded and loads its pair there. A test that kills the
+engine, or needs its own, asks make_window for one (`own_engine=True`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pytest
 from PySide6.QtCore import QCoreApplication, QSettings, QStandardPaths
 
 import app  # noqa: F401 - applies the PySide6 6.12 / Python 3.11 refcount workaround before any signal
-from engine import EngineConfig, SamplingConfig
+from engine import EngineConfig, EngineProcess, SamplingConfig
 
 TEST_ORGANIZATION = "SpecDeckTests"
 TEST_APPLICATION = "specdeck-app-tests"
@@ -81,13 +84,30 @@ def data_dir(fresh_settings_and_data):
     return fresh_settings_and_data
 
 
+@pytest.fixture(scope="session")
+def engine_process():
+    """The engine process the session's windows share (started by the first load)."""
+    process = EngineProcess()
+    yield process
+    process.stop()
+
+
+def unloaded(process: EngineProcess) -> EngineProcess:
+    """`process` holding no models, as a freshly started one: a window's load then really loads."""
+    if process.running:
+        process.client.unload()
+    return process
+
+
 @pytest.fixture
-def make_window(qtbot):
-    """make_window(config=FAST_CONFIG, sampling=SHORT_REPLY, load=True) -> a shown MainWindow."""
+def make_window(qtbot, engine_process):
+    """make_window(config=FAST_CONFIG, sampling=SHORT_REPLY, load=True, own_engine=False) -> a shown
+    MainWindow on the session's engine process, or (own_engine) on one it starts and stops itself."""
     from app.shell.main_window import MainWindow
 
-    def make(config: EngineConfig | None = FAST_CONFIG, sampling: SamplingConfig = SHORT_REPLY, load: bool = True):
-        window = MainWindow()
+    def make(config: EngineConfig | None = FAST_CONFIG, sampling: SamplingConfig = SHORT_REPLY, load: bool = True,
+             own_engine: bool = False):  # fmt: skip
+        window = MainWindow(engine_process=None if own_engine else unloaded(engine_process))
         qtbot.addWidget(window)  # closed at teardown: closeEvent cancels and joins the worker
         window.sampling = sampling
         window.show()

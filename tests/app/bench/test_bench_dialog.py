@@ -193,7 +193,7 @@ def test_use_these_settings_loads_the_fastest_config_in_the_window(qtbot, make_w
 
     with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
         dialog.autotune_panel.apply_button.click()
-    assert window.controller.engine.config == result.best_config
+    assert window.controller.loaded.config == result.best_config
     assert window.sampling == sampling and keys.engine_config() == result.best_config
     assert f"k {result.best.candidate.k}" in dialog.models_label.text()
     dialog.reject()
@@ -204,7 +204,7 @@ def test_use_these_settings_loads_the_fastest_config_in_the_window(qtbot, make_w
 
 def test_the_windows_pair_is_benchmarked_on_the_windows_engine(qtbot, make_window, own_prompts, monkeypatch):
     window = make_window(config=CONFIG)
-    engine = window.controller.engine
+    loaded = window.controller.loaded
     loads = []
     monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: loads.append(args)))
     dialog = window.open_benchmark()
@@ -216,7 +216,7 @@ def test_the_windows_pair_is_benchmarked_on_the_windows_engine(qtbot, make_windo
 
     assert report is not None, dialog.status.text()
     assert loads == []  # no second copy
-    assert window.controller.engine is engine and window.chat_view.send_button.isEnabled()
+    assert window.controller.loaded is loaded and window.chat_view.send_button.isEnabled()
     assert "the pair loaded in the window" in dialog.models_label.text()
     dialog.reject()
 
@@ -224,13 +224,11 @@ def test_the_windows_pair_is_benchmarked_on_the_windows_engine(qtbot, make_windo
 def test_another_pair_frees_the_windows_models_first_and_they_load_again_after(qtbot, make_window, own_prompts,
                                                                                 monkeypatch):  # fmt: skip
     window = make_window(config=CONFIG)
-    engine = window.controller.engine
-    closed, loads = [], []
-    real_close, real_load = engine.close, Engine.load.__func__
-    monkeypatch.setattr(engine, "close", lambda: (closed.append(True), real_close()))
+    loads = []
+    real_load = Engine.load.__func__
 
     def load(cls, config, *args, **kwargs):
-        loads.append((config, list(closed)))  # was the window's engine closed before this load?
+        loads.append((config, window.controller.client.loaded()))  # what the engine process held then
         return real_load(cls, config, *args, **kwargs)
 
     monkeypatch.setattr(Engine, "load", classmethod(load))
@@ -243,10 +241,10 @@ def test_another_pair_frees_the_windows_models_first_and_they_load_again_after(q
     report = run_and_wait(qtbot, dialog)
 
     assert report is not None, dialog.status.text()
-    assert loads == [(other, [True])]  # the benchmark's own copy, loaded after the window's was closed
-    assert window.controller.engine is None and "models were freed first" in dialog.models_label.text()
+    assert loads == [(other, None)]  # the benchmark's own copy, loaded after the window's was freed
+    assert window.controller.loaded is None and "models were freed first" in dialog.models_label.text()
     qtbot.waitUntil(lambda: not window.controller.busy)  # the report can arrive before the run's end does
     assert not window.chat_view.send_button.isEnabled()
     with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
         dialog.reject()
-    assert window.controller.engine.config == CONFIG and loads[-1][0] == CONFIG
+    assert window.controller.loaded.config == CONFIG and window.controller.client.loaded().config == CONFIG

@@ -1,15 +1,14 @@
-"""Drafter statistics from a real decode to the charts: read on the worker thread, drawn on the GUI thread."""
+"""Drafter statistics from a real decode to the charts: read by the engine process, drawn on the GUI thread."""
 
 from __future__ import annotations
 
 import logging
-import threading
 
 import numpy as np
 import pytest
 
 from app.charts.panels import PoolHitsPanel, PoolPanel
-from app.runtime.engine_controller import drafter_snapshot
+from engine.service.routes_specdeck import drafter_stats as drafter_snapshot
 from engine import EngineConfig, SamplingConfig
 from tests.app.conftest import STRICT_QT_LOG, send_and_wait
 from tests.factories.hf_models import make_tiny_llama
@@ -24,28 +23,17 @@ def tiny(tmp_path_factory) -> str:
     return make_tiny_llama(tmp_path_factory.mktemp("charts") / "tiny", seed=0, n_layers=4)
 
 
-def test_lookahead_pool_reaches_the_charts_from_the_worker_thread(qtbot, make_window, tiny):
+def test_lookahead_pool_reaches_the_charts_from_the_engine_process(qtbot, make_window, tiny):
     config = EngineConfig(target=tiny, k=6, dtype="float32", measure_costs=False).with_drafter(
         "lookahead", window=2, ngram=3, candidates=2)  # fmt: skip
     window = make_window(config, sampling=SamplingConfig(max_tokens=24))
-    drafter = window.controller.engine.drafter
-    threads = []
-    real_stats = drafter.stats
-
-    def stats():
-        threads.append(threading.current_thread())
-        return real_stats()
-
-    drafter.stats = stats
     snapshots = []
     window.controller.sig_step_stats.connect(lambda label, event, s: snapshots.append((label, s)))
 
     result = send_and_wait(qtbot, window, PROMPT)
     assert result is not None and result.stats.steps > 0
 
-    # Read once per step, never on the GUI thread.
-    assert len(threads) == result.stats.steps
-    assert threading.main_thread() not in threads
+    # Read once per step, by the engine process, and sent with the step.
     assert [label for label, _ in snapshots] == ["speculative"] * result.stats.steps
     assert all(isinstance(s, dict) for _, s in snapshots)
     assert len({id(s) for _, s in snapshots}) == len(snapshots)  # a fresh copy per step
@@ -92,7 +80,7 @@ def test_a_snapshot_shares_nothing_with_the_drafter():
 
 
 def test_a_failing_stats_is_logged_once_and_charted_without_numbers(caplog):
-    with caplog.at_level(logging.ERROR, logger="app.runtime.engine_controller"):
+    with caplog.at_level(logging.ERROR, logger="engine.service.routes_specdeck"):
         assert drafter_snapshot(_Broken()) is None
         assert drafter_snapshot(_Broken()) is None
     assert len([r for r in caplog.records if "stats() failed" in r.getMessage()]) == 1

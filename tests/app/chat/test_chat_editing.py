@@ -86,9 +86,9 @@ def test_the_context_menu_offers_what_each_message_allows(qtbot):
 def test_the_system_prompt_is_sent_first_and_new_chats_start_with_the_default(make_window, qtbot, data_dir):
     window = make_window()
     sent = []
-    engine = window.controller.engine  # a plain object: no Qt wrapper in the cycle this lambda makes
-    prompt_ids = engine.prompt_ids
-    engine.prompt_ids = lambda messages, chat=True: (sent.append(messages), prompt_ids(messages, chat))[1]
+    client = window.controller.client  # a plain object: no Qt wrapper in the cycle this lambda makes
+    generate = client.generate
+    client.generate = lambda messages, *args, **kwargs: (sent.append(messages), generate(messages, *args, **kwargs))[1]
 
     window.set_system_prompt("Answer in one short sentence.", as_default=True)
     send_and_wait(qtbot, window, "What is the sky's colour?")

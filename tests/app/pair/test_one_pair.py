@@ -30,5 +30,5 @@ def test_after_use_the_built_in_model_the_dialog_shows_the_pair_that_loaded(qtbo
     window.choose_models()
 
     assert window.pair_dialog is not dialog
-    assert window.pair_dialog.engine_config() == keys.DEFAULT_ENGINE_CONFIG == window.controller.engine.config
+    assert window.pair_dialog.engine_config() == keys.DEFAULT_ENGINE_CONFIG == window.controller.loaded.config
     window.pair_dialog.reject()

@@ -1,19 +1,19 @@
-"""The engine controller with the real model: one job at a time, a new request cancels the old."""
+"""The engine controller with the real model in the engine process: one job at a time, a new
+request cancels the old, every step from the stream."""
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import pytest
 from PySide6.QtCore import QThread
 
 from app.runtime.costs import CostSnapshot
 from app.runtime.engine_controller import EngineController
-from engine import SamplingConfig, SpecDeckError
+from engine import EngineClient, LoadedPair, SamplingConfig, Source, SpecDeckError
 from engine.core.events import GenerationResult
 from engine.api import Comparison
-from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS, STRICT_QT_LOG
+from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS, STRICT_QT_LOG, unloaded
 
 pytestmark = STRICT_QT_LOG
 LONG = SamplingConfig(max_tokens=400)
@@ -21,29 +21,49 @@ CHAT = [{"role": "user", "content": "Write a long story about a lighthouse."}]
 
 
 @pytest.fixture
-def controller(qtbot):
-    controller = EngineController()
+def controller(qtbot, engine_process):
+    controller = EngineController(process=unloaded(engine_process))
     with qtbot.waitSignal(controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
         controller.load(FAST_CONFIG)
     yield controller
     controller.shutdown()
 
 
-def test_signals_arrive_on_the_gui_thread(qtbot, controller):
+def test_signals_arrive_on_the_gui_thread_with_every_token_s_provenance(qtbot, controller):
     threads = set()
     controller.sig_step.connect(lambda label, event: threads.add(QThread.currentThread()))
     steps = []
     controller.sig_step_stats.connect(lambda label, event, stats: steps.append((event, stats)))
 
     with qtbot.waitSignal(controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS) as finished:
-        controller.chat(CHAT, SamplingConfig(max_tokens=6))
+        controller.chat(CHAT, SamplingConfig(max_tokens=12))
 
-    assert isinstance(finished.args[1], GenerationResult)
+    result = finished.args[1]
+    assert isinstance(result, GenerationResult) and result.stats.tokens > 0
     assert threads == {QThread.currentThread()}
-    # Each step again, with the n-gram drafter's statistics copied on the worker thread after it.
-    assert [event for event, _ in steps] == list(finished.args[1].events)
+    # Each step again, with the n-gram drafter's statistics the engine copied after it.
+    assert [event for event, _ in steps] == list(result.events)
     lookups = [stats["lookups"] for _, stats in steps]
     assert lookups == sorted(lookups) and lookups[-1] > 0
+    tokens = [token for event, _ in steps for token in event.tokens]
+    assert "".join(token.text for token in tokens) == result.text
+    assert all(isinstance(token.source, Source) and 0.0 <= token.p <= 1.0 for token in tokens)
+    assert all(token.q is None or 0.0 <= token.q <= 1.0 for token in tokens)
+
+
+def test_stop_mid_reply_ends_it_with_the_engines_cancelled_step_and_keeps_the_text(qtbot, controller):
+    shown = []
+    controller.sig_step.connect(lambda label, event: shown.append(event))
+    with qtbot.waitSignal(controller.sig_step, timeout=REPLY_TIMEOUT_MS):
+        controller.chat(CHAT, LONG)
+
+    with qtbot.waitSignal(controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+        controller.stop()
+
+    result = finished.args[1]
+    assert result.finish_reason == "cancelled" and 0 < result.stats.tokens < LONG.max_tokens
+    assert result.text == "".join(event.text for event in shown)
+    qtbot.waitUntil(lambda: not controller.busy)
 
 
 def test_a_comparison_requested_mid_reply_cancels_the_reply_then_runs(qtbot, controller):
@@ -71,84 +91,87 @@ def test_a_comparison_requested_mid_reply_cancels_the_reply_then_runs(qtbot, con
 def test_stop_keeps_a_load_queued_behind_a_reply(qtbot, controller):
     with qtbot.waitSignal(controller.sig_step, timeout=REPLY_TIMEOUT_MS):
         controller.chat(CHAT, LONG)
-    old_engine = controller.engine
+    old = controller.loaded
 
-    controller.load(FAST_CONFIG)  # queued: the reply is still running
-    assert controller.engine is None  # the old engine is retired at once: nothing new may use it
+    other = dataclasses.replace(FAST_CONFIG, k=3)
+    controller.load(other)  # queued: the reply is still running
+    assert controller.loaded is None  # at once: nothing new may use the old pair
     with qtbot.waitSignal(controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
         controller.stop()
 
-    assert controller.engine is not None and controller.engine is not old_engine
+    assert controller.loaded is not old and controller.loaded.config == other
     qtbot.waitUntil(lambda: not controller.busy)  # the load's thread ends just after it reported
 
 
-def test_without_a_model_a_chat_is_an_error_message(qtbot):
+def test_without_a_model_a_chat_is_an_error_message_and_no_engine_starts(qtbot):
     controller = EngineController()
     with qtbot.waitSignal(controller.sig_error, timeout=10_000) as error:
         controller.chat(CHAT, LONG)
+    qtbot.waitUntil(lambda: not controller.busy)
     controller.shutdown()
 
     assert "No model is loaded" in error.args[0]
+    assert controller.process.pid is None  # the engine process starts with the first load
 
 
-def test_each_step_brings_a_frozen_copy_of_the_cost_model_taken_on_the_worker_thread(qtbot, controller, monkeypatch):
-    engine = controller.engine
-    taken = []
-    real_of = CostSnapshot.of
-
-    def of(cls, costs):
-        taken.append((costs is engine.costs, threading.current_thread()))
-        return real_of(costs)
-
-    monkeypatch.setattr(CostSnapshot, "of", classmethod(of))
+def test_each_step_brings_a_frozen_copy_of_the_engines_cost_model(qtbot, controller):
     snapshots = []
     controller.sig_step_stats.connect(lambda label, event, stats, costs: snapshots.append(costs))
     with qtbot.waitSignal(controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS) as finished:
         controller.chat(CHAT, SamplingConfig(max_tokens=6))
-    monkeypatch.undo()
 
-    steps = finished.args[1].stats.steps
-    assert len(snapshots) == steps and all(isinstance(s, CostSnapshot) for s in snapshots)
-    assert taken == [(True, taken[0][1])] * steps and taken[0][1] is not threading.main_thread()
+    assert len(snapshots) == finished.args[1].stats.steps and all(isinstance(s, CostSnapshot) for s in snapshots)
     with pytest.raises(dataclasses.FrozenInstanceError):
         snapshots[-1].draft_s_per_token = 1.0
-    assert snapshots[-1] == CostSnapshot.of(engine.costs)  # the run is over: nothing changes it now
     assert dict(snapshots[-1].verify_s), "the steps' own timings are in the snapshot"
+    # The run is over: nothing changes the engine's cost model now, and the last step brought it.
+    assert snapshots[-1] == CostSnapshot.of(controller.client.loaded().costs)
 
 
-def test_what_the_window_shows_about_the_pair_is_copied_at_load(controller):
+def test_what_the_window_shows_about_the_pair_is_what_the_engine_loaded(controller):
     loaded = controller.loaded
-    assert loaded.config == FAST_CONFIG and loaded.speculative
-    assert loaded.target == controller.engine.target.info and loaded.costs == CostSnapshot.of(controller.engine.costs)
+    assert isinstance(loaded, LoadedPair) and loaded.config == FAST_CONFIG and loaded.speculative
+    assert "SmolLM2" in loaded.target.name and loaded.target.backend == "llama.cpp"
+    assert loaded == controller.client.loaded()
 
 
-def test_a_job_lent_the_engine_gets_the_windows_own_for_its_pair(qtbot, controller):
-    engine = controller.engine
+def test_a_job_lent_the_engine_runs_after_the_engine_process_freed_its_models(qtbot, controller):
+    def job(lent, cancel, report):
+        return lent, controller.client.loaded()  # what the job found when it started
+
     returned = []
-    controller.lend("bench", FAST_CONFIG, lambda lent, cancel, report: lent,
-                    connect=lambda worker: worker.sig_returned.connect(returned.append))  # fmt: skip
+    with qtbot.waitSignal(controller.sig_unloaded, timeout=REPLY_TIMEOUT_MS) as unloaded_signal:
+        controller.lend("bench", FAST_CONFIG, job, connect=lambda worker: worker.sig_returned.connect(returned.append))
     qtbot.waitUntil(lambda: bool(returned), timeout=REPLY_TIMEOUT_MS)
-    assert returned[0] is engine and controller.engine is engine and controller.loaded is not None
+
+    assert unloaded_signal.args == [FAST_CONFIG]  # the freed pair, to load again later
+    assert returned[0] == (None, None)  # no engine to borrow, and none loaded in the engine process
+    assert controller.loaded is None
     qtbot.waitUntil(lambda: not controller.busy)
 
 
-def test_a_job_on_another_pair_runs_after_the_windows_engine_was_freed(qtbot, controller):
-    engine, closed = controller.engine, []
-    real_close = engine.close
-    engine.close = lambda: (closed.append(True), real_close())
+def test_a_job_lent_the_engine_process_gets_its_client_and_the_windows_pair_stays(qtbot, controller):
+    unloads, returned = [], []
+    controller.sig_unloaded.connect(unloads.append)
+
+    def job(client, cancel, report):
+        return isinstance(client, EngineClient), client.loaded().config
+
+    worker = controller.lend("bench", FAST_CONFIG, job, on_server=True,
+                             connect=lambda worker: worker.sig_returned.connect(returned.append))  # fmt: skip
+    qtbot.waitUntil(lambda: not controller.busy, timeout=REPLY_TIMEOUT_MS)
+
+    assert worker.result == (True, FAST_CONFIG) and returned == [(True, FAST_CONFIG)]
+    assert unloads == [] and controller.loaded.config == FAST_CONFIG
+
+
+def test_a_job_that_leaves_another_pair_in_the_engine_process_frees_the_windows(qtbot, controller):
     other = dataclasses.replace(FAST_CONFIG, k=3)
+    with qtbot.waitSignal(controller.sig_unloaded, timeout=LOAD_TIMEOUT_MS) as unloaded_signal:
+        controller.lend("bench", other, lambda client, cancel, report: client.load(other), connect=lambda worker: None,
+                        on_server=True)  # fmt: skip
 
-    def job(lent, cancel, report):
-        return lent, list(closed)  # what the job found when it started
-
-    returned = []
-    with qtbot.waitSignal(controller.sig_unloaded, timeout=REPLY_TIMEOUT_MS) as unloaded:
-        controller.lend("bench", other, job, connect=lambda worker: worker.sig_returned.connect(returned.append))
-    qtbot.waitUntil(lambda: bool(returned), timeout=REPLY_TIMEOUT_MS)
-
-    assert unloaded.args == [FAST_CONFIG]  # the freed pair, to load again later
-    assert returned[0] == (None, [True])  # the window's engine was closed before the job ran
-    assert controller.engine is None and controller.loaded is None
+    assert unloaded_signal.args == [FAST_CONFIG] and controller.loaded is None
     qtbot.waitUntil(lambda: not controller.busy)
 
 

@@ -4,6 +4,9 @@ and app/ uses the engine through its public API, what `engine/__init__.py` expor
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import app
@@ -69,3 +72,16 @@ def test_app_imports_the_engines_public_api_only():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+def test_no_app_module_loads_torch_transformers_or_llama_cpp_when_imported():
+    """They load in the engine process; the window's own process only reads its stream (a module that
+    needs one imports it inside the function that runs the engine in process, e.g. the benchmark)."""
+    modules = sorted(name for name in app_imports() if name != "app.__main__")
+    heavy = {"torch", "transformers", "llama_cpp"}
+    code = (f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {heavy!r}))")  # fmt: skip
+    child = subprocess.run([sys.executable, "-c", code], cwd=APP.parent, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert child.stdout.strip().splitlines()[-1] == "[]"

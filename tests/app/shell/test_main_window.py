@@ -89,7 +89,7 @@ def test_closing_while_a_reply_streams_cancels_it_and_ends_it_in_the_journal(qtb
 
     window.close()
 
-    assert not window.controller.busy and window.controller.engine is None
+    assert not window.controller.busy and window.controller.loaded is None
     reply = ConversationStore(data_dir).load(window.chats.conversation.id).messages[-1]
     assert reply.role == "assistant" and reply.content and reply.finish_reason == "cancelled"
 
@@ -163,7 +163,7 @@ def test_an_incompatible_pair_is_refused_and_nothing_loads(qtbot, make_window, p
 
     assert checked.args == [False] and dialog.isVisible()
     assert any(f.severity == "error" for f in dialog.findings_list())
-    assert loads == [] and window.controller.engine is None
+    assert loads == [] and window.controller.loaded is None
 
 
 def test_source_names_cover_every_source():
@@ -182,7 +182,7 @@ def test_loading_reports_progress_and_gives_the_charts_the_cost_model(qtbot, mak
         window.start(FAST_CONFIG)
 
     assert progress[0] == 0.0 and progress[-1] == 1.0 and progress == sorted(progress)
-    assert given == [window.controller.engine.costs]
+    assert given == [window.controller.loaded.costs]
     assert not window.progress.isVisible() and "SmolLM2" in window.engine_label.text()
 
 
