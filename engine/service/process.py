@@ -29,6 +29,17 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
 
 
+ENGINE_FLAG = "--specdeck-engine"  # the frozen app's executable runs the engine when given this first
+
+
+def engine_command(python: str) -> list[str]:
+    """How to start the engine server: `python -m engine.service`, or, in the frozen app (PyInstaller,
+    where there is no interpreter to give -m), the app's own executable with ENGINE_FLAG."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, ENGINE_FLAG]
+    return [python, "-m", "engine.service"]
+
+
 class EngineProcess:
     def __init__(self, python: str | None = None, env: dict[str, str] | None = None) -> None:
         self._python = python or sys.executable
@@ -52,10 +63,12 @@ class EngineProcess:
         env = dict(os.environ if self._env is None else self._env, SPECDECK_API_KEY=key, PYTHONUNBUFFERED="1")
         log_file = tempfile.NamedTemporaryFile("wb", prefix="specdeck-engine-", suffix=".log", delete=False)
         self._log_path = Path(log_file.name)
-        command = [self._python, "-m", "engine.service", "--port", "0", "--parent-pid", str(os.getpid())]
+        command = [*engine_command(self._python), "--port", "0", "--parent-pid", str(os.getpid())]
         try:
+            # A session of its own: a Ctrl+C in the terminal that started the app reaches the app,
+            # which then stops its engine, and not the engine behind its back.
             self._child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                           stderr=log_file, env=env)  # fmt: skip
+                                           stderr=log_file, env=env, start_new_session=True)  # fmt: skip
         except OSError as error:
             raise EngineUnavailable(f"Cannot start the engine process ({error.strerror}): {command[0]}.") from error
         finally:
@@ -111,7 +124,7 @@ class EngineProcess:
         except OSError:
             return ""
         tail = " ".join(line.strip() for line in text[-lines:] if line.strip())
-        return f" Its last words: {tail}" if tail else ""
+        return f" Its log ends with: {tail}" if tail else ""
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """End the child (SIGTERM, then SIGKILL after `timeout`) and wait for it."""

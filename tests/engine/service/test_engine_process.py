@@ -195,3 +195,22 @@ def test_a_clients_stop_stops_its_own_request_and_no_one_elses(engine_process):
     waiting.join(60)
     assert results["first"].finish_reason != "cancelled" and len(results["first"].tokens) > 20
     assert results["second"].finish_reason == "cancelled" and len(results["second"].tokens) <= 1
+
+
+def test_the_frozen_app_starts_its_engine_with_its_own_executable(monkeypatch):
+    from engine.service import process as process_module
+
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    command = process_module.engine_command("/usr/bin/python3")
+    assert command == [sys.executable, process_module.ENGINE_FLAG]
+    # ...and the frozen app's entry script, given that flag, serves instead of opening a window.
+    launcher = os.path.join(os.path.dirname(__file__), "..", "..", "..", "packaging", "launch_specdeck.py")
+    child = subprocess.Popen([sys.executable, launcher, process_module.ENGINE_FLAG, "--port", "0"],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        line = child.stdout.readline()
+        assert line.startswith("SPECDECK_LISTENING 127.0.0.1:")
+        assert EngineClient(f"http://{line.split()[1]}").health()["status"] == "no model"
+    finally:
+        child.kill()
+        child.wait()
