@@ -65,20 +65,23 @@ class App:
         self.window.start(EngineConfig(**config))
         self._wait(lambda: loaded, "the model to load")
 
-    def speed(self) -> float:
+    def speed(self) -> tuple[float, float]:
+        """The reply's decode speed (tokens/s), and the share of a core the window's process used meanwhile."""
         results = []
         connection = self.window.controller.sig_run_finished.connect(lambda kind, result: results.append(result))
         view = self.window.chat_view
         view.composer.setFocus()
         self._test.keyClicks(view.composer, PROMPT)
+        cpu_before, wall_before = time.process_time(), time.monotonic()
         self._test.mouseClick(view.send_button, self._qt.MouseButton.LeftButton)
         self._wait(lambda: results, "the reply")
+        gui_share = (time.process_time() - cpu_before) / (time.monotonic() - wall_before)
         self.window.controller.sig_run_finished.disconnect(connection)
         self._wait(lambda: not self.window.controller.busy, "the engine to be free")
         if results[0] is None:
             raise RuntimeError(f"the reply failed: {self.window.banner.text()}")
         self.window.chats.open(None)  # the next round starts from the same prompt, not a longer chat
-        return results[0].stats.tokens_per_s
+        return results[0].stats.tokens_per_s, gui_share
 
     def close(self) -> None:
         self.window.close()
@@ -111,15 +114,17 @@ def busy_core(on: bool):
 def measure(name: str, rounds: int, max_tokens: int, busy: bool) -> dict:
     config, flags = CONFIGS[name]
     app = App(config, max_tokens)
-    cli, gui = [], []
+    cli, gui, shares = [], [], []
     try:
         for _ in range(rounds):
             with busy_core(busy):
                 cli.append(cli_speed(flags, max_tokens))
-                gui.append(app.speed())
+                speed, share = app.speed()
+                gui.append(speed)
+                shares.append(share)
     finally:
         app.close()
-    return {"config": name, "busy": busy, "cli": cli, "app": gui,
+    return {"config": name, "busy": busy, "cli": cli, "app": gui, "gui_cpu": shares,
             "ratio": statistics.median(gui) / statistics.median(cli)}  # fmt: skip
 
 
@@ -147,11 +152,12 @@ def main() -> int:
     for name in names:
         for busy in (False, True) if args.busy else (False,):
             rows.append(measure(name, args.rounds, args.max_tokens, busy))
-    print("| config | other process busy | CLI tok/s (median) | app tok/s (median) | app / CLI |")
-    print("|---|---|---|---|---|")
+    print("| config | other process busy | CLI tok/s (median) | app tok/s (median) | app / CLI | window's CPU |")
+    print("|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['config']} | {'yes' if row['busy'] else 'no'} | {statistics.median(row['cli']):.1f} "
-              f"| {statistics.median(row['app']):.1f} | {row['ratio']:.2f} |")  # fmt: skip
+              f"| {statistics.median(row['app']):.1f} | {row['ratio']:.2f} "
+              f"| {statistics.median(row['gui_cpu']):.0%} of a core |")  # fmt: skip
     quiet = {row["config"]: statistics.median(row["app"]) for row in rows if not row["busy"]}
     for row in rows:
         if row["busy"] and row["config"] in quiet:
