@@ -265,11 +265,14 @@ class EngineClient:
     def _cancel_when_set(self, cancel: threading.Event, done: threading.Event, job: str) -> None:
         while not done.is_set():
             if cancel.wait(CANCEL_POLL_S):
-                if not done.is_set():
+                # Until the server has begun the request it knows no such job (False): ask again.
+                while not done.is_set():
                     try:
-                        self.cancel(job)
+                        if self.cancel(job):
+                            return
                     except SpecDeckError:
-                        pass  # the server is gone: the stream says so
+                        return  # the server is gone: the stream says so
+                    done.wait(CANCEL_POLL_S)
                 return
 
     def _open(self, timeout: float | None) -> http.client.HTTPConnection:
