@@ -1,39 +1,41 @@
 """`BenchDialog`: run `specdeck-cli bench` from the app, on the shipped prompts or the user's own.
 
 It benchmarks the model pair the window has loaded (its `EngineConfig`) on the
-window's own engine, never a second copy: the run goes to the window's engine
-controller (`host`), which runs it on its worker thread in turn with replies
-(a running reply is stopped first, so the two never share the model or the
-CPU). When the dialog's pair is not the loaded one, the controller frees the
-window's models first and the dialog says so; the window loads them again when
-the dialog closes. A dialog with no host (the tests) loads its pair itself,
-on a thread of its own. One run at a time; Cancel (or closing the dialog)
-stops it between two generations. The result is a bar chart, a table and the
-three checks in words; Export saves everything measured as JSON, as `--json`
-does. "Find the best settings" runs auto-tune (engine/bench/autotune.py) the
-same way, on the same prompts with replies of at most 64 tokens, and shows the
-candidates ranked; "Use these settings" hands the fastest configuration to
-`apply_config` (the window's `apply_pair`, with its current sampling).
+window's own engine process, never a second copy and never in this process
+(which imports no torch): the run goes to the window's engine controller
+(`host`), which lends it the engine process's client on its worker thread, in
+turn with replies (a running reply is stopped first, so the two never share the
+model or the CPU). When the dialog's pair is not the loaded one, the engine
+process frees the window's models first and the dialog says so; the window
+loads them again when the dialog closes. A dialog with no host (a script)
+runs on an engine process of its own, started by its first run and stopped when
+it closes. One run at a time; Cancel (or closing the dialog) stops it between
+two generations. An engine process that dies under a run ends it with its
+own account of how; what the dialog showed stays, and Run starts the engine
+again. The result is a bar chart, a table and the three checks in words;
+Export saves everything measured as JSON, as `--json` does. "Find the best
+settings" runs auto-tune (engine/bench/autotune.py) the same way, on the same
+prompts with replies of at most 64 tokens, and shows the candidates ranked;
+"Use these settings" hands the fastest configuration to `apply_config` (the
+window's `apply_pair`, with its current sampling).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from PySide6.QtCore import QEvent, QSettings, QStandardPaths, Qt, Signal, Slot
 from PySide6.QtWidgets import (QCheckBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
                                QProgressBar, QPushButton, QSpinBox, QSplitter, QVBoxLayout)  # fmt: skip
 
 from engine import (AutotuneResult, AutotuneSettings, BenchmarkCancelled, BenchReport, BenchSettings, Candidate,
-                    EngineConfig, SpecDeckError, default_prompts_path, load_prompts, write_json)  # fmt: skip
+                    EngineClient, EngineConfig, EngineUnavailable, SpecDeckError, default_prompts_path,
+                    load_prompts, write_json)  # fmt: skip
 from app.bench.autotune_view import AutotunePanel
 from app.bench.view import BenchChart, BenchTable, checks_html
 from app.runtime.engine_controller import EngineController
-from app.runtime.worker import GeneratorWorker, TaskRunner
-
-if TYPE_CHECKING:  # the engine, run_benchmark and run_autotune load torch: imported by the run, not the window
-    from engine import Engine
+from app.runtime.worker import GeneratorWorker
 
 PROMPTS_FILE, REPEAT, MAX_TOKENS, PEERS = "bench/prompts_file", "bench/repeat", "bench/max_tokens", "bench/peers"
 AUTOTUNE_MAX_TOKENS = 64  # auto-tune runs every candidate on every prompt: short replies
@@ -50,16 +52,16 @@ class BenchDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Benchmark: vanilla against speculative decoding")
         self.config = config or EngineConfig()
-        self.host = host  # the window's engine controller: runs go to its engine, never a second copy
+        self.host = host  # the window's engine controller: runs go to its engine process, never a second copy
+        self._own_host: EngineController | None = None  # no host: ours, with its own engine process, while open
         self.apply_config = apply_config
-        self._worker: GeneratorWorker | None = None  # the run given to the host, until it ends
+        self.worker: GeneratorWorker | None = None  # the run given to the host, until it ends
         self._lending = False  # between asking the host for its engine and the run's end
         if host is not None:
             host.sig_unloaded.connect(self._on_window_unloaded)
         self.autotune_candidates: tuple[Candidate, ...] | None = None  # None: all the loaded target allows
         self.report: BenchReport | None = None
         self._job = ""  # "bench" or "autotune": what the running worker does
-        self._runner = self._new_runner()
         if parent is not None:  # the window closing must not leave our thread running
             parent.installEventFilter(self)
 
@@ -128,7 +130,7 @@ class BenchDialog(QDialog):
 
     @property
     def running(self) -> bool:
-        return self._runner.busy or self._worker is not None
+        return self.worker is not None
 
     # -- running -------------------------------------------------------------------------
 
@@ -155,11 +157,10 @@ class BenchDialog(QDialog):
                                  peers=self.peers.isChecked())  # fmt: skip
         config = self.config
 
-        def job(engine: Engine | None, cancel, report) -> BenchReport:
-            from engine import run_benchmark
-
-            return run_benchmark(config, prompts, settings, engine=engine, cancel=cancel, prompts_source=str(path),
-                                 progress=lambda message, fraction: report((message, fraction)))  # fmt: skip
+        def job(client: EngineClient, cancel, report) -> BenchReport:
+            return client.bench(config, prompts, settings, prompts_source=str(path), cancel=cancel,
+                                progress=lambda message, fraction: report((message, fraction)),
+                                on_unloaded=report)  # fmt: skip
 
         self._start(job, "bench", self._on_report, f"Benchmarking {len(prompts)} prompts from {path.name}…")
 
@@ -174,11 +175,10 @@ class BenchDialog(QDialog):
         settings = AutotuneSettings(max_tokens=min(self.max_tokens.value(), AUTOTUNE_MAX_TOKENS))
         config, candidates = self.config, self.autotune_candidates
 
-        def job(engine: Engine | None, cancel, report) -> AutotuneResult:
-            from engine import run_autotune
-
-            return run_autotune(config, prompts, settings, engine=engine, candidates=candidates, cancel=cancel,
-                                progress=lambda message, fraction: report((message, fraction)))  # fmt: skip
+        def job(client: EngineClient, cancel, report) -> AutotuneResult:
+            return client.autotune(config, prompts, settings, candidates=candidates, cancel=cancel,
+                                   progress=lambda message, fraction: report((message, fraction)),
+                                   on_unloaded=report)  # fmt: skip
 
         self._start(job, "autotune", self._on_tuned,
                     f"Finding the best settings on {len(prompts)} prompts from {path.name}…")  # fmt: skip
@@ -194,27 +194,28 @@ class BenchDialog(QDialog):
         self._remember()
         return path, prompts
 
-    def _start(self, job, name: str, on_returned, status: str) -> None:
-        """`job(engine, cancel, report)` on the host's engine (None: it loads the dialog's pair)."""
+    def _start(self, job: Callable[[EngineClient, Any, Any], Any], name: str, on_returned, status: str) -> None:
+        """`job(client, cancel, report)` on the host's engine process, on the host's worker thread; it
+        reports progress as (message, fraction), and the pair the engine process freed for it."""
         self._job = name
         self.progress.setValue(0)
         self._set_status(status)
         self._set_running(True)
+        host = self.host
+        if host is None:
+            if self._own_host is None:
+                self._own_host = EngineController(self)
+            host = self._own_host
 
         def connect(worker: GeneratorWorker) -> None:
             worker.sig_yielded.connect(self._on_progress)
             worker.sig_returned.connect(on_returned)
             worker.sig_errored.connect(self._on_error)
+            worker.sig_finished.connect(lambda: self._on_done(worker))
 
-        if self.host is None:
-            worker = GeneratorWorker(lambda cancel, report: job(None, cancel, report), name=name)
-            connect(worker)
-            self._runner.start(worker)
-            return
-        self._lending = True  # the host may free its engine inside lend() (sig_unloaded)
+        self._lending = True  # from here to the run's end, a freed window pair was freed for it
         try:
-            self._worker = self.host.lend(name, self.config, job, connect=lambda worker: (
-                connect(worker), worker.sig_finished.connect(self._on_done)))  # fmt: skip
+            self.worker = host.lend(name, self.config, job, connect, on_server=True)
         except SpecDeckError as error:  # the window is about to load a pair: nothing started
             self._on_done()
             self._on_error(error)
@@ -225,9 +226,8 @@ class BenchDialog(QDialog):
             self._stop()
 
     def _stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()  # the host's thread ends it at its next check
-        self._runner.cancel()
+        if self.worker is not None:
+            self.worker.cancel()  # the client asks the engine process to stop it at its next check
 
     def _on_window_unloaded(self, freed: EngineConfig) -> None:
         if self._lending:  # freed for this dialog's run
@@ -235,9 +235,13 @@ class BenchDialog(QDialog):
 
     @Slot(object)
     def _on_progress(self, value) -> None:
+        if isinstance(value, EngineConfig):  # the engine process freed this pair for the run, first
+            if self.host is not None:
+                self.host.freed_by_job(value)  # the window hears it now, and so does "Models:" (sig_unloaded)
+            return
         message, fraction = value
-        self.progress.setValue(round(fraction * 100))
         self.status.setText(message)
+        self.progress.setValue(round(fraction * 100))
 
     @Slot(object)
     def _on_report(self, report: BenchReport) -> None:
@@ -251,6 +255,9 @@ class BenchDialog(QDialog):
     def _on_error(self, error: BaseException) -> None:
         if isinstance(error, BenchmarkCancelled):
             self._set_status("Cancelled: nothing was measured to the end.")
+        elif isinstance(error, EngineUnavailable):  # the engine process died (its account) or cannot start
+            kept = " The results shown here are kept." if self.report is not None else ""
+            self._set_status(f"{error}{kept} Run starts the engine again.", error=True)
         elif isinstance(error, SpecDeckError):
             self._set_status(str(error), error=True)
         else:
@@ -276,8 +283,10 @@ class BenchDialog(QDialog):
         self.models_label.setText(describe_config(config))
         self._set_status(f"Using {self.autotune_panel.result.best.candidate.label}: the window loads it.")
 
-    def _on_done(self, worker=None) -> None:
-        self._worker = None
+    def _on_done(self, worker: GeneratorWorker | None = None) -> None:
+        if worker is not None and worker is not self.worker:
+            return  # a run the dialog let go (closed under it) ended
+        self.worker = None
         self._lending = False
         self._set_running(False)
 
@@ -329,19 +338,18 @@ class BenchDialog(QDialog):
         settings.setValue(PEERS, self.peers.isChecked())
 
     def shutdown(self) -> None:
-        """Cancel a running benchmark; one on the dialog's own thread is waited for (blocks until the
-        current generation ends), one on the host's ends there and the host's shutdown waits for it."""
-        if self._worker is not None:
-            self._worker.cancel()
-            self._worker = None
-        self._runner.shutdown()
-        self._runner = self._new_runner()  # a closed runner starts nothing: the dialog may be shown again
+        """Cancel a running benchmark: on the host's engine it ends there and the host's shutdown
+        waits for it; without a host, our own engine process is stopped once the run has ended
+        (this blocks until the current generation ends)."""
+        if self.worker is not None:
+            self.worker.cancel()
+            self.worker = None
+        self._lending = False
+        if self._own_host is not None:
+            self._own_host.shutdown()  # a closed controller starts nothing: the next run makes another
+            self._own_host.deleteLater()
+            self._own_host = None
         self._set_running(False)
-
-    def _new_runner(self) -> TaskRunner:
-        runner = TaskRunner(self)
-        runner.sig_done.connect(self._on_done)
-        return runner
 
     def done(self, result: int) -> None:  # every way of closing a dialog ends here
         self.shutdown()

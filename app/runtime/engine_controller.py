@@ -180,7 +180,8 @@ class EngineController(QObject):
         one), so the machine never holds two copies of them. With `on_server`, `lent` is the
         engine process's EngineClient (the process is started if need be) and nothing is freed:
         the job runs its work there; if it leaves another pair loaded than the window's, the
-        window's counts as freed (sig_unloaded once the job has ended).
+        window's counts as freed (sig_unloaded once the job has ended, or as soon as the job's
+        caller hears it and calls `freed_by_job`).
 
         Raises SpecDeckError while a load waits behind a running job: only the newest request
         waits, and the load must not be lost.
@@ -229,6 +230,14 @@ class EngineController(QObject):
         self._runner.start(worker)
         self._set_busy(True)
         return worker
+
+    def freed_by_job(self, freed: EngineConfig) -> None:
+        """On the GUI thread: a job lent the engine process (`lend(..., on_server=True)`) heard it
+        free the window's pair (the client's `on_unloaded`, the job's first event): the window
+        hears sig_unloaded now, while the job runs, rather than once it has ended."""
+        if self.loaded is not None and self.loaded.config == freed:
+            self.loaded = None  # lend's end then finds the pair already told freed
+            self.sig_unloaded.emit(freed)
 
     def stop(self) -> None:
         """Stop the running generation and drop a queued one; a queued load still happens.

@@ -84,7 +84,7 @@ class MainWindow(QMainWindow):
         self._save_failure = ""  # the banner's text while it shows a failed save
         self.pair_dialog = None  # the model pair dialog while it is open
         self.train_dialog: TrainDialog | None = None  # made on first use; it stays while training runs
-        self._freed: EngineConfig | None = None  # the pair freed for a benchmark of another, to load again
+        self._freed: EngineConfig | None = None  # the pair freed for a benchmark or a training, to load again
         self._engine_stopped = ""  # the banner's text while it says the engine process stopped
 
         self.banner = Banner()
@@ -355,11 +355,17 @@ class MainWindow(QMainWindow):
         self.show_error(f"The model did not load. {message}", actions)
 
     def _on_unloaded(self, freed: EngineConfig) -> None:
-        """The engine's models were freed for a benchmark: they load again when it closes."""
+        """The engine's models were freed for a benchmark (they load again when its dialog closes)
+        or a training (when it ends); told after the job, they load again now."""
         self._freed = freed
+        training = self.train_dialog is not None and self.train_dialog.running
+        what = "training" if training else "the benchmark"
         self.engine_label.setText("No model loaded")
-        self._set_ready(False, "The models are freed while the benchmark runs.")
-        self.statusBar().showMessage("The models were freed for the benchmark.", 5000)
+        self._set_ready(False, f"The models are freed while {what} runs.")
+        self.statusBar().showMessage(f"The models were freed for {what}.", 5000)
+        bench = self.findChild(BenchDialog)
+        if not training and (bench is None or not bench.isVisible()):
+            self._after_benchmark()
 
     def _use_default_models(self) -> None:
         keys.set_engine_config(keys.DEFAULT_ENGINE_CONFIG)
@@ -487,14 +493,16 @@ class MainWindow(QMainWindow):
         return dialog
 
     def _after_benchmark(self) -> None:
-        """The models freed for a benchmark of another pair load again (unless another load came since)."""
+        """The models freed for a benchmark of another pair, or a training, load again (unless another
+        load came since)."""
         if self._freed is not None and not self._shut_down:
             self.load_engine(self._freed)
 
     def open_training(self) -> TrainDialog:
         """Models ▸ Train heads…: the window's train dialog, made on first use."""
         if self.train_dialog is None:
-            self.train_dialog = TrainDialog(self)
+            self.train_dialog = TrainDialog(self, host=self.controller)  # it trains in this window's engine process
+            self.train_dialog.sig_finished.connect(lambda _result: self._after_benchmark())
         self.train_dialog.show()
         self.train_dialog.raise_()
         self.train_dialog.activateWindow()

@@ -1,46 +1,65 @@
 """`TrainDialog`: train Medusa heads or an EAGLE head for a target, watching the loss and
 each head's (EAGLE: each depth's) agreement.
 
-The training is the engine's (engine.training.train_heads); this dialog picks
-its settings, runs it on a worker thread (app/runtime/worker.py), and draws every step.
-Cancel stops after the current step and saves a checkpoint, so Start on the
-same folder can resume exactly; closing the dialog while training does the
-same, then closes. When a run finishes, its folder becomes the pair dialog's
-heads of that kind (Models ▸ Model pair…), and "Use in model pair…" opens that
-dialog with the new heads selected. A saved run of another kind (or other
-settings) is not resumed: the engine's message says so and the run is kept.
+The training is the engine's (engine.training.train_heads), and it runs in the
+engine process, never in this one (which imports no torch): this dialog picks
+its settings and hands the run to the window's engine controller (`host`),
+which lends it the engine process's client on its worker thread, in turn with
+everything else the window asks of its engine; every step comes back from the
+server and is drawn here. A training loads its own target, so the engine
+process frees the window's pair first (the window says so, and loads it again
+once the run has ended). Start first reads the output folder there, off the GUI
+thread, for a saved run to resume (and its curves). Cancel stops after the
+current step and saves a checkpoint, so Start on the same folder can resume
+exactly; closing the dialog while training does the same, then closes. An
+engine process that dies under a run ends it with its own account of how; the
+checkpoints saved before stay on disk, and Start (which starts the engine
+again) resumes the last one. When a run finishes, its folder becomes the pair
+dialog's heads of that kind (Models ▸ Model pair…), and "Use in model pair…"
+opens that dialog with the new heads selected. A saved run of another kind (or
+other settings) is not resumed: the engine's message says so and the run is
+kept. A dialog with no host (a script) runs on an engine process of its own.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, Callable
 
 from PySide6.QtCore import QCoreApplication, QSettings, Qt, Signal
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QMessageBox, QProgressBar, QPushButton, QVBoxLayout
 
 from app.shell import settings as keys
-from engine import SpecDeckError, resolve
+from engine import EngineClient, EngineConfig, EngineUnavailable, SpecDeckError, resolve
 
 from app.pair.heads import remember_trained
+from app.runtime.engine_controller import EngineController
+from app.runtime.worker import GeneratorWorker
 from app.training.charts import TrainingCharts
 from app.training.form import TrainForm, command_line
-from app.runtime.worker import GeneratorWorker, TaskRunner
 
 TITLES = {"medusa": "Train Medusa heads", "eagle": "Train an EAGLE head"}
+CHECK, TRAIN = "train-heads-check", "train-heads"  # the two jobs Start gives the host, in turn
 
 
 class TrainDialog(QDialog):
     sig_finished = Signal(object)
     """A run ended: its TrainResult (finished or cancelled), or None when it failed."""
 
-    def __init__(self, parent=None, target: str | None = None, settings: QSettings | None = None) -> None:
+    def __init__(self, parent=None, target: str | None = None, settings: QSettings | None = None,
+                 host: EngineController | None = None) -> None:  # fmt: skip
+        """`host`: the window's engine controller, whose engine process trains; without one the
+        dialog makes its own (with an engine process of its own) at the first Start."""
         super().__init__(parent)
         self.setWindowTitle(TITLES["medusa"])
         self.settings = settings if settings is not None else QSettings()
-        self.runner = TaskRunner(self)
-        self.runner.sig_done.connect(self._on_worker_done)
+        self.host = host
+        self._own_host: EngineController | None = None
+        self.worker: GeneratorWorker | None = None  # the job given to the host (reading the folder, training)
         self.result = None  # the last run's TrainResult
         self._run_kind = "medusa"  # the kind of heads the last run started trains
+        self._out_dir = ""  # where the last run started saves
+        self._saved_step: int | None = None  # the step of that run's newest checkpoint on disk, if any
         self._close_when_done = False
 
         self.form = TrainForm(target or keys.engine_config().target, self)
@@ -95,46 +114,88 @@ class TrainDialog(QDialog):
 
     @property
     def running(self) -> bool:
-        return self.runner.busy
+        """Whether Start's work is under way: reading the folder, or training."""
+        return self.worker is not None
 
     def start(self) -> None:
+        """Read the output folder on the engine process (a saved run: resume it?), then train."""
         if self.running:
             return
-        from engine import checkpoint_info, load_checkpoint_state as load_state  # on first use: they load torch
-
         try:
             options = self.form.options()
         except SpecDeckError as error:
             self._show_status(str(error), error=True)
             return
-        saved = checkpoint_info(options["out_dir"])
+        before = (self.status.text(), self.status.styleSheet())  # said again when nothing starts after all
+        out_dir = options["out_dir"]
+        self._saved_step = None
+
+        def read(client: EngineClient, cancel, report):  # a file read: it answers while the engine works
+            return client.checkpoint(out_dir)
+
+        def found(worker: GeneratorWorker, answer) -> None:
+            if worker.cancelled:  # cancelled or closed while reading: nothing starts
+                self._show_status(*before)
+                return
+            self._train(options, *answer, before)
+
+        self._show_status(f"Looking for a saved run in {out_dir}…")
+        self._lend(CHECK, options, read, found)
+
+    def _train(self, options: dict, saved, history: dict, before: tuple[str, str]) -> None:
+        """Start `options`' run, after asking about the run `saved` in its folder (None: there is none)."""
         resume = False
         if saved is not None:
             answer = self.ask_resume(saved)
             if answer is None:
+                self._show_status(*before)
                 return
             resume = answer == "resume"
         self.charts.set_kind(options["kind"], options["objective"])
         self.charts.reset()
         if resume:
             try:
-                history = load_state(options["out_dir"])["history"]
                 self.charts.load_history(history["loss"], history["head_accuracy"])
-            except (SpecDeckError, KeyError, TypeError):
+            except (KeyError, TypeError):
                 pass  # the run resumes anyway; only its earlier curve is missing
         self.result = None
         self.use_button.setEnabled(False)
         self.progress.setRange(0, options["steps"])
         self.progress.setValue(saved.step if resume and saved is not None else 0)
-        self._run_kind = options["kind"]
+        self._run_kind, self._out_dir = options["kind"], options["out_dir"]
+        self._saved_step = saved.step if resume and saved is not None else None
         command = command_line(options)
-        worker = GeneratorWorker(lambda cancel, report: _train(options, resume, command, report, cancel), "train-heads")
-        worker.sig_yielded.connect(self._on_progress)
-        worker.sig_returned.connect(self._on_result)
-        worker.sig_errored.connect(self._on_error)
-        self._set_running(True)
+
+        def train(client: EngineClient, cancel, report):
+            # The pair freed for the training is reported like a step (an EngineConfig, not a TrainProgress).
+            return client.train(options, resume=resume, command=command, progress=report, cancel=cancel,
+                                on_unloaded=report)  # fmt: skip
+
         self._show_status("Resuming…" if resume else "Starting…")
-        self.runner.start(worker)
+        self._lend(TRAIN, options, train, lambda worker, result: self._on_result(result))
+
+    def _lend(self, name: str, options: dict, job: Callable[[EngineClient, Any, Any], Any],
+              on_returned: Callable[[GeneratorWorker, Any], None]) -> None:  # fmt: skip
+        """`job(client, cancel, report)` on the host's engine process, on the host's worker thread."""
+        host = self.host
+        if host is None:
+            if self._own_host is None:
+                self._own_host = EngineController(self)
+            host = self._own_host
+
+        def connect(worker: GeneratorWorker) -> None:
+            worker.sig_yielded.connect(self._on_progress)
+            worker.sig_returned.connect(lambda value: on_returned(worker, value))
+            worker.sig_errored.connect(self._on_error)
+            worker.sig_finished.connect(lambda: self._on_worker_done(worker))
+
+        self._set_running(True)
+        try:
+            self.worker = host.lend(name, EngineConfig(target=options["target_spec"]), job, connect, on_server=True)
+        except SpecDeckError as error:  # the window is about to load a pair: nothing started
+            self.worker = None
+            self._set_running(False)
+            self._on_error(error)
 
     def ask_resume(self, saved) -> str | None:
         """"resume", "restart" or None (cancel) for a folder that holds a saved run."""
@@ -150,17 +211,29 @@ class TrainDialog(QDialog):
 
     def cancel_training(self) -> None:
         if self.running:
-            self.runner.cancel()
+            self.worker.cancel()  # the client asks the engine process to stop after the current step
             self.cancel_button.setEnabled(False)
-            self._show_status("Stopping after the current step; a checkpoint is being saved…")
+            if self.worker.name == TRAIN:
+                self._show_status("Stopping after the current step; a checkpoint is being saved…")
 
     def shutdown(self) -> None:
-        """Cancel and wait for the worker (the app is quitting)."""
-        self.runner.shutdown()
+        """Cancel the run (the app is quitting): it saves its checkpoint and ends in the engine
+        process, whose host waits for it (the window's shutdown; ours, here, without a window)."""
+        if self.worker is not None:
+            self.worker.cancel()
+        if self._own_host is not None:
+            self._own_host.shutdown()  # waits for the run's thread, then stops our engine process
+            self._own_host.deleteLater()
+            self._own_host = None
 
     # -- reports from the worker ---------------------------------------------------------
 
     def _on_progress(self, event) -> None:
+        if isinstance(event, EngineConfig):  # the engine process freed the window's pair for the training
+            (self.host or self._own_host).freed_by_job(event)  # the window knows now, and loads it again after
+            return
+        if event.phase == "checkpoint":
+            self._saved_step = event.step
         if event.phase == "train":
             self.progress.setRange(0, event.steps)
             self.progress.setValue(event.step)
@@ -196,14 +269,25 @@ class TrainDialog(QDialog):
         self.sig_finished.emit(result)
 
     def _on_error(self, error: BaseException) -> None:
-        if isinstance(error, SpecDeckError):
+        training = self.worker is not None and self.worker.name == TRAIN
+        if isinstance(error, EngineUnavailable) and training:  # the engine process died under it (its account)
+            if self._saved_step is not None:  # the engine may have saved a later one since it last said so
+                kept = (f"The run's checkpoint (step {self._saved_step} or later) is kept in {self._out_dir}: Start "
+                        "resumes it.")  # fmt: skip
+            else:
+                kept = f"Start looks in {self._out_dir} for a checkpoint to resume (none was reported yet)."
+            message = f"{error} {kept}"
+        elif isinstance(error, SpecDeckError):
             message = str(error)
         else:  # a bug, not a bad setting: still a message, not a traceback
             message = f"Training failed: {type(error).__name__}: {error}"
         self._show_status(message, error=True)
         self.sig_finished.emit(None)
 
-    def _on_worker_done(self, _worker) -> None:
+    def _on_worker_done(self, worker: GeneratorWorker) -> None:
+        if worker is not self.worker:
+            return  # the folder's reading, once the training it led to has started
+        self.worker = None
         self._set_running(False)
         if self._close_when_done:
             self._close_when_done = False
@@ -250,16 +334,10 @@ class TrainDialog(QDialog):
         self.start_button.setEnabled(not running)
         self.cancel_button.setEnabled(running)
 
-    def _show_status(self, text: str, error: bool = False) -> None:
-        self.status.setStyleSheet("color: #D55E00;" if error else "")
+    def _show_status(self, text: str, error: bool | str = False) -> None:
+        """`error`: True for an error's colour, or a style sheet to put back."""
+        self.status.setStyleSheet(error if isinstance(error, str) else "color: #D55E00;" if error else "")
         self.status.setText(text)
-
-
-def _train(options: dict, resume: bool, command: str, report, cancel):
-    """On the worker thread."""
-    from engine import train_heads  # on first use: it loads torch
-
-    return train_heads(**options, resume=resume, command=command, progress=report, cancel=cancel)
 
 
 def _is_gguf(spec: str) -> bool:

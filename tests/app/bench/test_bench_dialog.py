@@ -1,19 +1,23 @@
-"""BenchDialog: runs a benchmark off the GUI thread, shows bars and a table, exports JSON, cancels;
-finds the best settings and applies them to the window."""
+"""BenchDialog: runs a benchmark on the engine process (off the GUI thread), shows bars and a table,
+exports JSON, cancels; finds the best settings and applies them to the window; survives the engine
+process dying under a run."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 
 import pytest
 from PySide6.QtWidgets import QDialog
 
 from app.shell import settings as keys
 from app.bench.dialog import BenchDialog
-from engine import Engine
+from app.runtime.engine_controller import EngineController
+from engine import EngineConfig
 from engine.bench import Candidate
-from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, STRICT_QT_LOG
+from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, STRICT_QT_LOG, unloaded
 
 pytestmark = STRICT_QT_LOG
 # One llama.cpp thread: on a busy 2-core machine two threads spin waiting for each other.
@@ -35,11 +39,27 @@ def own_prompts(tmp_path):
 
 
 @pytest.fixture
-def dialog(qtbot):
-    d = BenchDialog(config=CONFIG)
-    qtbot.addWidget(d)  # closed at teardown: done() cancels and joins a running benchmark
+def host(engine_process):
+    """An engine controller on the session's engine process, as a window's (with no pair loaded)."""
+    controller = EngineController(process=unloaded(engine_process))
+    yield controller
+    controller.shutdown()  # waits for a run still ending on its thread
+
+
+@pytest.fixture
+def dialog(qtbot, host):
+    d = BenchDialog(config=CONFIG, host=host)
+    qtbot.addWidget(d)
     d.show()
-    return d
+    yield d
+    d.close()  # done() cancels a running benchmark; the host's shutdown waits for it
+
+
+def reported(dialog) -> list:
+    """What the running benchmark reports, as it arrives: (message, fraction), or the freed pair."""
+    values = []
+    dialog.worker.sig_yielded.connect(values.append)
+    return values
 
 
 def run_and_wait(qtbot, dialog, timeout=RUN_TIMEOUT_MS):
@@ -202,49 +222,120 @@ def test_use_these_settings_loads_the_fastest_config_in_the_window(qtbot, make_w
 # -- one copy of the models: the window's engine, or the window's freed first -----------------
 
 
-def test_the_windows_pair_is_benchmarked_on_the_windows_engine(qtbot, make_window, own_prompts, monkeypatch):
+def test_the_windows_pair_is_benchmarked_on_the_windows_engine(qtbot, make_window, own_prompts):
     window = make_window(config=CONFIG)
     loaded = window.controller.loaded
-    loads = []
-    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: loads.append(args)))
     dialog = window.open_benchmark()
     dialog.prompts_edit.setText(str(own_prompts))
     dialog.repeat.setValue(1)
     dialog.max_tokens.setValue(8)
 
-    report = run_and_wait(qtbot, dialog)
+    with qtbot.waitSignal(dialog.sig_finished, timeout=RUN_TIMEOUT_MS) as blocker:
+        dialog.run()
+        values = reported(dialog)
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=LOAD_TIMEOUT_MS)
 
-    assert report is not None, dialog.status.text()
-    assert loads == []  # no second copy
+    assert blocker.args[0] is not None, dialog.status.text()
+    messages = [value[0] for value in values if isinstance(value, tuple)]
+    assert messages and "Loading the models" not in messages  # no second copy: the loaded pair measured
+    assert not any(isinstance(value, EngineConfig) for value in values)  # nothing freed
     assert window.controller.loaded is loaded and window.chat_view.send_button.isEnabled()
+    assert window.controller.client.loaded().config == CONFIG  # still loaded in the engine process
     assert "the pair loaded in the window" in dialog.models_label.text()
     dialog.reject()
 
 
-def test_another_pair_frees_the_windows_models_first_and_they_load_again_after(qtbot, make_window, own_prompts,
-                                                                                monkeypatch):  # fmt: skip
+def test_another_pair_frees_the_windows_models_first_and_they_load_again_after(qtbot, make_window, own_prompts):
     window = make_window(config=CONFIG)
-    loads = []
-    real_load = Engine.load.__func__
-
-    def load(cls, config, *args, **kwargs):
-        loads.append((config, window.controller.client.loaded()))  # what the engine process held then
-        return real_load(cls, config, *args, **kwargs)
-
-    monkeypatch.setattr(Engine, "load", classmethod(load))
     dialog = window.open_benchmark()
-    dialog.config = other = dataclasses.replace(CONFIG, k=3)
+    dialog.config = dataclasses.replace(CONFIG, k=3)
     dialog.prompts_edit.setText(str(own_prompts))
     dialog.repeat.setValue(1)
     dialog.max_tokens.setValue(8)
+    seen_while_running = []
+    dialog.progress.valueChanged.connect(lambda value: value > 0 and seen_while_running.append(
+        (dialog.models_label.text(), window.chat_view.composer.placeholderText(), window.engine_label.text())))
 
-    report = run_and_wait(qtbot, dialog)
+    with qtbot.waitSignal(dialog.sig_finished, timeout=RUN_TIMEOUT_MS) as blocker:
+        dialog.run()
+        values = reported(dialog)
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=LOAD_TIMEOUT_MS)  # the report comes before the end
 
-    assert report is not None, dialog.status.text()
-    assert loads == [(other, None)]  # the benchmark's own copy, loaded after the window's was freed
+    assert blocker.args[0] is not None, dialog.status.text()
+    # The window's pair was freed before anything else, then the benchmark loaded its own copy.
+    assert values[0] == CONFIG and values[1][0] == "Loading the models"
+    assert window.controller.client.loaded() is None  # the benchmark's copy is closed again
+    assert seen_while_running and all(  # said in the dialog and in the window while the benchmark runs
+        "models were freed first" in label and placeholder == "The models are freed while the benchmark runs."
+        and engine == "No model loaded" for label, placeholder, engine in seen_while_running)  # fmt: skip
     assert window.controller.loaded is None and "models were freed first" in dialog.models_label.text()
-    qtbot.waitUntil(lambda: not window.controller.busy)  # the report can arrive before the run's end does
     assert not window.chat_view.send_button.isEnabled()
     with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
         dialog.reject()
     assert window.controller.loaded.config == CONFIG and window.controller.client.loaded().config == CONFIG
+
+
+def test_closing_the_dialog_under_a_run_of_another_pair_loads_the_windows_pair_again(qtbot, make_window,
+                                                                                    own_prompts):  # fmt: skip
+    window = make_window(config=CONFIG)
+    dialog = window.open_benchmark()
+    dialog.config = dataclasses.replace(CONFIG, k=3)
+    dialog.prompts_edit.setText(str(own_prompts))
+    dialog.max_tokens.setValue(8)
+    dialog.progress.valueChanged.connect(lambda value: value > 0 and dialog.isVisible() and dialog.reject())
+    with qtbot.waitSignal(window.controller.sig_loaded, timeout=RUN_TIMEOUT_MS + LOAD_TIMEOUT_MS):
+        dialog.run()
+    assert window.controller.loaded.config == CONFIG and window.chat_view.send_button.isEnabled()
+
+
+def test_an_engine_process_killed_under_a_run_leaves_the_dialog_its_report_and_the_window(
+        qtbot, make_window, own_prompts, tmp_path):  # fmt: skip
+    window = make_window(config=CONFIG, own_engine=True)
+    dialog = window.open_benchmark()
+    dialog.prompts_edit.setText(str(own_prompts))
+    dialog.repeat.setValue(1)
+    dialog.max_tokens.setValue(8)
+    first = run_and_wait(qtbot, dialog)
+    assert first is not None, dialog.status.text()
+    exported = dialog.export_json(tmp_path / "first.json")
+
+    dialog.repeat.setValue(20)
+    kill = lambda value: value > 15 and window.controller.process.running and os.kill(  # noqa: E731
+        window.controller.process.pid, signal.SIGKILL)  # fmt: skip
+    dialog.progress.valueChanged.connect(kill)  # a few generations in
+    with qtbot.waitSignal(dialog.sig_finished, timeout=RUN_TIMEOUT_MS) as blocker:
+        dialog.run()
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=LOAD_TIMEOUT_MS)
+    dialog.progress.valueChanged.disconnect(kill)
+
+    assert blocker.args[0] is None
+    status = dialog.status.text()
+    assert "The engine process stopped: it was killed by signal 9 (SIGKILL)." in status, status
+    assert "The results shown here are kept. Run starts the engine again." in status
+    assert "color: #D55E00" in dialog.status.styleSheet()
+    assert dialog.isVisible() and window.isVisible() and dialog.run_button.isEnabled()
+    assert dialog.report is first and dialog.table.rowCount() == 5  # the last results are still shown
+    assert json.loads(exported.read_text())["settings"]["repeat"] == 1  # and the export is untouched
+    assert window.controller.loaded is None and not window.chat_view.send_button.isEnabled()
+
+    dialog.repeat.setValue(1)
+    again = run_and_wait(qtbot, dialog)  # Run starts the engine process again
+    assert again is not None, dialog.status.text()
+    with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
+        dialog.reject()  # and the window loads its pair there
+    assert window.controller.loaded.config == CONFIG and window.chat_view.send_button.isEnabled()
+
+
+def test_a_dialog_with_no_window_runs_on_an_engine_process_of_its_own(qtbot, own_prompts):
+    dialog = BenchDialog(config=CONFIG)
+    qtbot.addWidget(dialog)
+    dialog.prompts_edit.setText(str(own_prompts))
+    dialog.repeat.setValue(1)
+    dialog.max_tokens.setValue(4)
+    report = run_and_wait(qtbot, dialog)
+    assert report is not None, dialog.status.text()
+    assert [p.id for p in report.prompts] == ["echo", "story"]
+    process = dialog._own_host.process
+    assert process.running
+    dialog.reject()
+    assert not process.running  # stopped with the dialog

@@ -1,8 +1,12 @@
-"""TrainDialog trains heads with live progress; the heads then appear in the pair dialog; per-head charts."""
+"""TrainDialog trains heads in the engine process with live progress; the heads then appear in the pair
+dialog; per-head charts; the window's pair is freed for the training and loads again after; an engine
+process killed under a run leaves its checkpoint to resume."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -11,12 +15,13 @@ from PySide6.QtCore import QSettings
 
 from app.charts.live import LiveCharts
 from app.pair.dialog import PairDialog
+from app.runtime.engine_controller import EngineController
 from app.training.dialog import TrainDialog
 from app.training.form import command_line
 from engine import EngineConfig
 from engine.core.events import RunStats, Source, StepEvent, TokenInfo
 from engine.training import checkpoint_info
-from tests.app.conftest import STRICT_QT_LOG
+from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, STRICT_QT_LOG, unloaded
 from tests.app.charts.test_charts import SPEC_STEPS, make_run
 
 pytestmark = STRICT_QT_LOG
@@ -40,19 +45,31 @@ def text_file(tmp_path) -> str:
 
 
 @pytest.fixture
-def dialog(qtbot, tiny, text_file, tmp_path):
-    d = TrainDialog(settings=QSettings(), target=tiny)
-    qtbot.addWidget(d)
+def host(engine_process):
+    """An engine controller on the session's engine process, as a window's (with no pair loaded)."""
+    controller = EngineController(process=unloaded(engine_process))
+    yield controller
+    controller.shutdown()  # never leave a training thread behind a test: waits for it
+
+
+def set_up(d: TrainDialog, text_file: str, out_dir: Path) -> TrainDialog:
     d.form.data_kind.setCurrentIndex(d.form.data_kind.findData("file"))
     d.form.data_path.setText(text_file)
     d.form.num_heads.setValue(3)
     d.form.steps.setValue(3)
     d.form.batch_size.setValue(2)
     d.form.seq_len.setValue(32)
-    d.form.out_dir.setText(str(tmp_path / "heads"))
+    d.form.out_dir.setText(str(out_dir))
+    return d
+
+
+@pytest.fixture
+def dialog(qtbot, host, tiny, text_file, tmp_path):
+    d = set_up(TrainDialog(settings=QSettings(), target=tiny, host=host), text_file, tmp_path / "heads")
+    qtbot.addWidget(d)
     d.show()
     yield d
-    d.shutdown()  # never leave a training thread behind a test
+    d.shutdown()  # cancels a run still going; the host's shutdown waits for it
 
 
 def run_to_end(qtbot, dialog):
@@ -60,6 +77,18 @@ def run_to_end(qtbot, dialog):
         dialog.start()
     qtbot.waitUntil(lambda: not dialog.running, timeout=10_000)
     return blocker.args[0]
+
+
+def at_first_step(dialog, action) -> None:
+    """`action()` once the dialog shows the first training step (the user's moment to press Cancel)."""
+    done = []
+
+    def shown(value: int) -> None:
+        if value >= 1 and dialog.charts.steps == [] and not done:
+            done.append(value)
+            action()
+
+    dialog.progress.valueChanged.connect(shown)
 
 
 def test_training_shows_progress_and_chart_points_and_the_heads_join_the_pair_dialog(qtbot, dialog, tiny, tmp_path):
@@ -94,13 +123,9 @@ def test_training_shows_progress_and_chart_points_and_the_heads_join_the_pair_di
 def test_cancel_saves_a_checkpoint_and_start_offers_to_resume(qtbot, dialog, tmp_path):
     dialog.form.steps.setValue(40)
 
-    def cancel_after_first_step(event):
-        if event.phase == "train":
-            dialog.cancel_training()
-
+    at_first_step(dialog, dialog.cancel_training)
     with qtbot.waitSignal(dialog.sig_finished, timeout=TRAIN_TIMEOUT_MS) as blocker:
         dialog.start()
-        dialog.runner.current.sig_yielded.connect(cancel_after_first_step)
     qtbot.waitUntil(lambda: not dialog.running, timeout=10_000)
     cut = blocker.args[0]
     assert cut.cancelled and 1 <= cut.step < 40
@@ -109,8 +134,11 @@ def test_cancel_saves_a_checkpoint_and_start_offers_to_resume(qtbot, dialog, tmp
 
     asked = []
     dialog.ask_resume = lambda saved: asked.append(saved.step)  # None: the user cancelled
-    dialog.start()
-    assert asked == [cut.step] and not dialog.running
+    dialog.start()  # the folder is read on the engine process, off the GUI thread
+    assert dialog.running and not dialog.start_button.isEnabled()
+    qtbot.waitUntil(lambda: bool(asked) and not dialog.running, timeout=LOAD_TIMEOUT_MS)
+    assert asked == [cut.step] and dialog.start_button.isEnabled()
+    assert "press Start to resume" in dialog.status.text()  # nothing started: the last word stays
 
     dialog.form.steps.setValue(cut.step + 2)  # only steps may change when resuming
     dialog.ask_resume = lambda saved: "resume"
@@ -122,13 +150,9 @@ def test_cancel_saves_a_checkpoint_and_start_offers_to_resume(qtbot, dialog, tmp
 def test_closing_while_training_stops_saves_and_closes(qtbot, dialog, tmp_path):
     dialog.form.steps.setValue(40)
 
-    def close_after_first_step(event):
-        if event.phase == "train":
-            dialog.close()
-
+    at_first_step(dialog, dialog.close)
     with qtbot.waitSignal(dialog.sig_finished, timeout=TRAIN_TIMEOUT_MS):
         dialog.start()
-        dialog.runner.current.sig_yielded.connect(close_after_first_step)
     qtbot.waitUntil(lambda: not dialog.isVisible(), timeout=10_000)
     assert checkpoint_info(tmp_path / "heads") is not None
 
@@ -205,6 +229,78 @@ def test_the_main_window_has_a_train_heads_action(make_window):
     window.actions.train_heads.trigger()
     assert window.train_dialog.isVisible()
     window.train_dialog.close()
+
+
+def test_training_in_the_window_frees_its_pair_loads_it_again_after_and_the_heads_go_to_the_pair_dialog(
+        qtbot, make_window, tiny, text_file, tmp_path):  # fmt: skip
+    window = make_window(config=FAST_CONFIG)
+    dialog = window.open_training()
+    dialog.form.target.set_spec(tiny)
+    set_up(dialog, text_file, tmp_path / "heads")
+    seen_while_training = []
+    dialog.progress.valueChanged.connect(lambda value: value > 0 and seen_while_training.append(
+        (window.chat_view.composer.placeholderText(), window.engine_label.text())))
+
+    results = []
+    dialog.sig_finished.connect(results.append)
+    with qtbot.waitSignals([dialog.sig_finished, window.controller.sig_loaded], timeout=TRAIN_TIMEOUT_MS,
+                           order="strict"):  # fmt: skip
+        dialog.start()
+    result = results[0]
+    assert result is not None and result.step == 3, dialog.status.text()
+    # Training loads its own target: the window's pair was freed for it, said so, and loaded again after.
+    assert seen_while_training and all(text == ("The models are freed while training runs.", "No model loaded")
+                                       for text in seen_while_training)  # fmt: skip
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=LOAD_TIMEOUT_MS)
+    assert window.controller.loaded.config == FAST_CONFIG and window.chat_view.send_button.isEnabled()
+    assert window.controller.client.loaded().config == FAST_CONFIG
+
+    dialog.use_button.click()  # "Use in model pair…"
+    pair = window.pair_dialog
+    assert pair is not None and pair.isVisible()
+    config = pair.engine_config()
+    assert (config.target, config.backend, config.drafter) == (tiny, "auto", "medusa")  # auto: PyTorch for it
+    assert config.options.heads == str(tmp_path / "heads")
+    pair.reject()
+    dialog.close()
+
+
+def test_an_engine_process_killed_under_a_training_keeps_its_checkpoint_and_start_resumes_it(
+        qtbot, tiny, text_file, tmp_path):  # fmt: skip
+    host = EngineController()  # an engine process of its own: this test kills it
+    dialog = set_up(TrainDialog(settings=QSettings(), target=tiny, host=host), text_file, tmp_path / "heads")
+    qtbot.addWidget(dialog)
+    dialog.form.steps.setValue(40)
+    form_options = dialog.form.options
+    dialog.form.options = lambda: {**form_options(), "checkpoint_every": 2}
+    dialog.show()
+    kill = lambda value: value >= 3 and host.process.running and os.kill(host.process.pid, signal.SIGKILL)  # noqa: E731
+    dialog.progress.valueChanged.connect(kill)  # after the checkpoint at step 2
+    try:
+        with qtbot.waitSignal(dialog.sig_finished, timeout=TRAIN_TIMEOUT_MS) as blocker:
+            dialog.start()
+        qtbot.waitUntil(lambda: not dialog.running, timeout=10_000)
+        dialog.progress.valueChanged.disconnect(kill)
+
+        assert blocker.args[0] is None
+        status, out = dialog.status.text(), str(tmp_path / "heads")
+        assert "The engine process stopped: it was killed by signal 9 (SIGKILL)." in status, status
+        assert f"The run's checkpoint (step 2 or later) is kept in {out}: Start resumes it." in status
+        assert "color: #D55E00" in dialog.status.styleSheet()
+        assert dialog.isVisible() and dialog.start_button.isEnabled()
+        saved = checkpoint_info(out)
+        assert saved is not None and saved.step >= 2  # nothing lost
+
+        asked = []
+        dialog.ask_resume = lambda found: asked.append(found.step) or "resume"
+        dialog.form.steps.setValue(saved.step + 1)
+        result = run_to_end(qtbot, dialog)  # Start starts the engine process again and resumes
+        assert asked == [saved.step]
+        assert result is not None and result.step == saved.step + 1 and not result.cancelled, dialog.status.text()
+        assert dialog.charts.steps[0] == 1 and dialog.charts.steps[-1] == saved.step + 1  # the earlier curve too
+    finally:
+        dialog.shutdown()
+        host.shutdown()
 
 
 # -- EAGLE ----------------------------------------------------------------------------------
