@@ -4,11 +4,13 @@ With per-token acceptance a and draft length k, a step emits on average
 
     E(a, k) = (1 - a^(k+1)) / (1 - a)          tokens per target forward,
 
-and costs  k * d + T(k+1)  seconds, where d is the drafter's time per token and
-T(n) the target's time to run n tokens in one forward (the pending token plus k
-drafts). Plain decoding emits 1 token for T(1). So the predicted speedup is
+and costs  D + k * d + T(k+1)  seconds, where d is the drafter's time per token, D
+its fixed time per drafting step (a draft model feeds itself the step's pending
+tokens first; 0 for most drafters) and T(n) the target's time to run n tokens in
+one forward (the pending token plus k drafts). Plain decoding emits 1 token for
+T(1). So the predicted speedup is
 
-    S(a, k) = E(a, k) * T(1) / (k * d + T(k+1))
+    S(a, k) = E(a, k) * T(1) / (D + k * d + T(k+1))
 
 and automatic k picks the k in 0..k_max that maximizes it, k = 0 meaning plain
 decoding. E(a, k) assumes every position is accepted with the same a; a draft
@@ -23,7 +25,7 @@ small CPU model), no k > 0 pays and the engine decodes plainly, drafting a probe
 now and then to notice when acceptance recovers.
 
 Trees (Medusa, EAGLE). For a tree drafter k is the number of nodes, verified in
-one forward of k + 1 rows, so the cost is still k * d + T(k+1). The expected
+one forward of k + 1 rows, so the cost is still D + k * d + T(k+1). The expected
 tokens are no longer E(a, k): a step emits 1 + (accepted depth), and
 
     E_tree = 1 + sum over depths d of  alpha_1 * ... * alpha_d
@@ -47,9 +49,12 @@ from dataclasses import dataclass, field
 from engine.errors import ConfigError
 
 K_LIMIT = 32  # longest draft anyone may ask for
+# How far past the cost of splitting a forward into timed smaller ones a load-time number must be
+# to count as a spike (CostModel._relevel): twice, since at a tile boundary T(2m) = 2 T(m) exactly
+# and timing noise must not flag a real cost.
+SPIKE_FACTOR = 2.0
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 33)
 DEPTH_PRIOR = 2.0  # tokens' worth of the run's acceptance that each draft position starts from
-SEED_WEIGHT = 3  # observations a load-time measurement (itself a median) counts as in CostModel
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -72,47 +77,70 @@ def expected_tokens_tree(depth_rates: list[float] | tuple[float, ...], depth: in
     return total
 
 
+def _on_curve(times: dict[int, float], sizes: list[int], n: int) -> float:
+    """T(n) from measured `times` (`sizes` = sorted keys): linear between two sizes, proportional
+    below the smallest; past the largest, the last segment's slope, or the curve's average slope
+    where that is steeper: two neighbouring timings a little noisy made the last segment flat, and
+    a long draft then looked as cheap to verify as a short one (predicted 59 ms for 8-17 rows,
+    timed 62-110 ms)."""
+    if n in times:
+        return times[n]
+    i = bisect.bisect_left(sizes, n)  # sizes[i - 1] < n < sizes[i]
+    if i == 0:
+        return times[sizes[0]] * n / sizes[0]
+    lower = sizes[i - 1]
+    if i == len(sizes):  # beyond the curve
+        if i == 1:
+            return times[lower] * n / lower
+        last = (times[lower] - times[sizes[i - 2]]) / (lower - sizes[i - 2])
+        average = (times[lower] - times[sizes[0]]) / (lower - sizes[0])
+        return times[lower] + max(last, average, 0.0) * (n - lower)
+    upper = sizes[i]
+    t = (n - lower) / (upper - lower)
+    return times[lower] * (1 - t) + times[upper] * t
+
+
 @dataclass
 class CostModel:
     """Seconds per target forward of n tokens, and per drafted token.
 
     Starts from a curve measured when the model loads and follows the times
     measured during decoding, so it adapts to context length and to whatever
-    else the machine is doing. Each number is the median of its last `window`
-    observations, the load-time measurement counting as `SEED_WEIGHT` of them:
-    a lasting change wins within a few steps, while one forward slowed by another
-    process (common on a shared 2-core machine) moves nothing. An exponential
-    average moved by such a spike made automatic k stop drafting for dozens of
-    steps, and a size k no longer chose kept its spiked T(k+1) for good.
+    else the machine is doing. Each number is the low median of its last `window`
+    timings, the value known before its first timing (the load-time measurement,
+    or the curve's guess for a size it lacks) counting as one of them: a lasting
+    change wins within a few steps, while one forward slowed by another process
+    (common on a shared 2-core machine) moves nothing. Such noise is one-sided
+    (a busy machine only ever makes a forward slower), so of two timings the model
+    believes the faster: a size's first timing replaces a dearer load-time number at
+    once, and a cheaper guess needs two timings against it. The load-time numbers
+    used to count as 3 timings each; one taken while another process held the CPU
+    (T(2) at 9x here) then outvoted every probe and automatic k decoded whole replies
+    plainly.
+
+    Sizes of the load-time curve that this session has not timed follow the ones it
+    has: each is its load-time value times the ratio of timed to load-time cost at
+    the nearest timed sizes (`_relevel`). So when plain steps find T(1) 20x cheaper
+    than the load measured, T(2..33) drop with it instead of keeping a spike from
+    the load; and when a longer context makes the timed sizes dearer, the untimed
+    ones are not left cheaper than they are.
     """
 
     verify_s: dict[int, float] = field(default_factory=dict)  # n tokens -> seconds
-    draft_s_per_token: float = 0.0
+    draft_s_per_token: float = 0.0  # a draft's cost per token (the marginal one, see draft_time)
     window: int = 7
+    draft_fixed_s: float = 0.0  # and its fixed cost per drafting step
     _sorted_sizes: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
     _recent: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # key -> deque
+    _seed: dict | None = field(default=None, init=False, repr=False, compare=False)  # the curve before any timing
+    _draft_seed: float | None = field(default=None, init=False, repr=False, compare=False)  # d before any timing
+    _draft_k: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # k -> seconds to draft k
 
     def verify_time(self, n: int) -> float:
         """T(n), interpolated linearly between measured sizes (and extrapolated past them)."""
-        times = self.verify_s
-        if not times:
+        if not self.verify_s:
             return float(n)  # unmeasured: assume no parallelism at all (the pessimistic case)
-        if n in times:
-            return times[n]
-        sizes = self._sizes()
-        i = bisect.bisect_left(sizes, n)  # sizes[i - 1] < n < sizes[i]
-        if i == 0:
-            return times[sizes[0]] * n / sizes[0]
-        lower = sizes[i - 1]
-        if i == len(sizes):  # beyond the curve: continue the last segment's slope
-            if i == 1:
-                return times[lower] * n / lower
-            prev = sizes[i - 2]
-            slope = (times[lower] - times[prev]) / (lower - prev)
-            return times[lower] + max(slope, 0.0) * (n - lower)
-        upper = sizes[i]
-        t = (n - lower) / (upper - lower)
-        return times[lower] * (1 - t) + times[upper] * t
+        return _on_curve(self.verify_s, self._sizes(), n)
 
     def _sizes(self) -> list[int]:
         # Called for every candidate k on every step: keep the sorted sizes until a new one
@@ -122,26 +150,79 @@ class CostModel:
         return self._sorted_sizes
 
     def observe_verify(self, n: int, seconds: float) -> None:
+        if self._seed is None:
+            self._seed = dict(self.verify_s)  # the load-time curve, which _relevel scales
         known = self.verify_time(n) if self.verify_s else None  # a size not yet measured: the curve's guess
         self.verify_s[n] = self._median_with(n, known, seconds)
+        self._relevel()
+
+    def _relevel(self) -> None:
+        """Each size of the load-time curve not timed since: its load-time value times the ratio
+        timed / load-time at the nearest timed sizes (interpolated between two, the nearest one's
+        beyond them), kept between the costs of those sizes. A value far dearer than running the
+        same rows as forwards of a timed smaller size (T(n) > SPIKE_FACTOR * ceil(n/m) * T(m))
+        is no cost of this backend but a spike during the load (T(3) at 845 ms beside T(2) at
+        32 ms here), so that size follows the curve of the others instead, and gets tried."""
+        seed = self._seed
+        timed = sorted(key for key in self._recent if isinstance(key, int))
+        if not seed or not timed:
+            return
+        seed_sizes = sorted(seed)
+        ratios = [self.verify_s[m] / _on_curve(seed, seed_sizes, m) for m in timed]
+        kept = {m: self.verify_s[m] for m in timed}  # the timed sizes, then each load-time one that passes
+        for m in seed_sizes:
+            if m in self._recent:
+                continue
+            i = bisect.bisect_left(timed, m)
+            if i == 0 or i == len(timed):
+                ratio = ratios[0] if i == 0 else ratios[-1]
+            else:
+                t = (m - timed[i - 1]) / (timed[i] - timed[i - 1])
+                ratio = ratios[i - 1] * (1 - t) + ratios[i] * t
+            # between its timed neighbours: more rows never cost less (a load-time spike that hit
+            # one size harder than another must not make T(2) look cheaper than T(1))
+            low = self.verify_s[timed[i - 1]] if i > 0 else 0.0
+            high = self.verify_s[timed[i]] if i < len(timed) else float("inf")
+            value = min(max(seed[m] * ratio, low), max(high, low))
+            if any(value > SPIKE_FACTOR * -(-m // j) * self.verify_s[j] for j in timed[:i]):
+                value = max(_on_curve(kept, sorted(kept), m), low)
+            kept[m] = self.verify_s[m] = value
 
     def observe_draft(self, tokens: int, seconds: float) -> None:
         """`tokens` drafted in `seconds`, catching up excluded (`Draft.catch_up_s`)."""
         if tokens <= 0:
             return
-        known = self.draft_s_per_token if self.draft_s_per_token > 0 else None
-        self.draft_s_per_token = self._median_with("draft", known, seconds / tokens)
+        if self._draft_seed is None:
+            self._draft_seed = self.draft_s_per_token  # the load-time decode (0: not measured)
+        known = self.draft_time(tokens) if self.draft_s_per_token > 0 else None
+        self._draft_k[tokens] = self._median_with(("draft", tokens), known, seconds)
+        self._fit_draft()
+
+    def _fit_draft(self) -> None:
+        """draft_time(k) = draft_fixed_s + k * draft_s_per_token from the timings per draft length:
+        the cost per token is the lowest per-token time of any length (the longest drafts spread
+        the fixed part thinnest) or the load-time decode if that is lower, and the fixed part the
+        median of what each length's time leaves beyond its tokens. A straight-line fit through a
+        few noisy lengths said 6 ms per token where drafts timed 13-14 ms, with a fixed part big
+        enough that automatic k decoded plainly until its first probe."""
+        per_token = min(t / k for k, t in self._draft_k.items())
+        d = min(self._draft_seed, per_token) if self._draft_seed else per_token
+        self.draft_s_per_token = d
+        self.draft_fixed_s = statistics.median_low([max(0.0, t - k * d) for k, t in self._draft_k.items()])
+
+    def draft_time(self, k: int) -> float:
+        """Seconds to draft k tokens: the draft's fixed cost per step (feeding it the step's
+        pending tokens, the drafter's own work) plus k times its cost per token."""
+        return self.draft_fixed_s + k * self.draft_s_per_token if k > 0 else 0.0
 
     def _median_with(self, key, known: float | None, value: float) -> float:
-        """The median of the last `window` values of `key` after adding `value`; the value known
-        before the first observation (the load-time curve, or its interpolation) seeds the
-        window as SEED_WEIGHT observations."""
+        """The low median of the last `window` values of `key` after adding `value`; the value
+        known before the first one (the load-time curve, or its guess) starts the window."""
         recent = self._recent.get(key)
         if recent is None:
-            recent = self._recent[key] = collections.deque([known] * SEED_WEIGHT if known is not None else [],
-                                                           maxlen=self.window)  # fmt: skip
+            recent = self._recent[key] = collections.deque([known] if known is not None else [], maxlen=self.window)
         recent.append(value)
-        return statistics.median(recent)
+        return statistics.median_low(recent)
 
     def draft_ratio(self) -> float:
         """c_d = d / T(1)."""
@@ -152,16 +233,19 @@ class CostModel:
         return self.verify_time(n) / self.verify_time(1)
 
     def speedup(self, a: float, k: int) -> float:
-        """S(a, k) = E(a, k) / (k * c_d + T(k+1) / T(1))."""
+        """S(a, k) = E(a, k) / ((D + k * d + T(k+1)) / T(1))."""
         if k <= 0:
             return 1.0
         return self.speedup_for(expected_tokens(a, k), k)
 
     def speedup_for(self, expected: float, k: int) -> float:
-        """expected tokens per step / (k * c_d + T(k+1) / T(1)): any drafter, chain or tree."""
+        """expected tokens per step / ((draft_time(k) + T(k+1)) / T(1)): any drafter, chain or tree.
+        draft_time(k) is k * d plus the draft's fixed cost per step: charged per token, that
+        cost (7 ms of a 20 ms one-token draft here, against 13 ms per token of a long one) made
+        short drafts look no dearer per token than long ones and held automatic k at 1."""
         if k <= 0:
             return 1.0
-        return expected / (k * self.draft_ratio() + self.verify_ratio(k + 1))
+        return expected / ((self.draft_time(k) + self.verify_time(k + 1)) / self.verify_time(1))
 
 
 def break_even_acceptance(costs: CostModel, k: int) -> float | None:
@@ -274,6 +358,7 @@ class DraftLength:
         self._plain_steps = 0
         self._probe_interval = probe_every
         self._probing = False
+        self._unproven = True  # no draft of this run verified yet
         self._costs: CostModel | None = None
         self._tree_expected = None  # nodes -> expected tokens, for tree drafters (see use_tree_estimate)
 
@@ -315,9 +400,13 @@ class DraftLength:
         # starts quoting its input, say). A probe stays open until the drafter actually
         # drafts (an n-gram drafter with no match costs nothing), and each probe that
         # finds nothing doubles the wait, so where drafting never pays probes cost ~0.
+        # A reply whose drafts have not been tried yet starts with a probe where drafts that
+        # land would pay: its acceptance is only the prior's guess (0.67), which for a draft
+        # model accepted at 0.98 meant 16 plain tokens before the first draft, on 3 of 6 prompts.
         if not self._probing:
+            probe = self._unproven and self._best_k(costs, 0.9) > 0
             self._plain_steps += 1
-            if self._plain_steps < self._probe_interval:
+            if self._plain_steps < self._probe_interval and not probe:
                 return 0
             self._plain_steps = 0
             self._probing = True
@@ -341,6 +430,7 @@ class DraftLength:
     def observe(self, tested: int, accepted: int, decay: float = 0.85) -> None:
         if tested <= 0:
             return
+        self._unproven = False
         self._accepted = self._accepted * decay + accepted
         self._tested = self._tested * decay + tested
         grow = max(0, tested - len(self._depth_tested))

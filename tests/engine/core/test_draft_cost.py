@@ -191,3 +191,118 @@ def test_auto_k_stops_where_acceptance_falls_off_with_depth():
         chosen.append(k)
         length.observe(tested=min(k, 6), accepted=min(k, 5))
     assert chosen[-10:] == [5] * 10
+
+
+def test_a_verify_curve_measured_while_the_cpu_was_busy_does_not_keep_auto_k_plain(clock):
+    """Another process held the CPU while the engine loaded, less and less: the load-time
+    curve's one-row forwards ran 20x slower, its two-row ones 9x, the draft's decode 3x, and the
+    3-second budget stopped the curve there (seen on this machine: {1: 1052 ms, 2: 368 ms}). A
+    vanilla run then timed T(1) right, but T(2) stayed 9x too dear: each load-time number counted
+    as 3 of the 7 timings in its window, the rare probes could never outvote it, and automatic k
+    decoded the whole reply plainly (1.01 tokens per forward). The loop's own timings overrule
+    a load-time number: most of the reply comes as accepted drafts."""
+    target, drafter = pair(clock)
+    t1, t2 = TARGET_CALL_S + TARGET_TOKEN_S, TARGET_CALL_S + 2 * TARGET_TOKEN_S
+    costs = CostModel(verify_s={1: 20 * t1, 2: 9 * t2}, draft_s_per_token=3 * (DRAFT_CALL_S + DRAFT_TOKEN_S))
+    prompt = [i % VOCAB for i in range(20)]
+    sampling = SamplingConfig(max_tokens=128)
+    collect(list(decode_steps(target, prompt, sampling, costs=costs)))  # --compare runs vanilla first
+    result = collect(list(decode_steps(target, prompt, sampling, drafter=drafter,
+                                       draft_length=DraftLength("auto"), costs=costs)))  # fmt: skip
+    assert result.stats.drafted >= 96  # three quarters of the reply came as drafts
+    assert costs.verify_time(2) == pytest.approx(t2, rel=0.05)
+    assert costs.draft_s_per_token == pytest.approx(DRAFT_CALL_S + DRAFT_TOKEN_S, rel=0.05)
+
+
+def test_a_spike_that_hit_longer_forwards_at_load_does_not_hold_auto_k_at_one(clock):
+    """The spike of the load hit only the 3- and 4-row forwards (seen here: {1: 31.6 ms, 2: 32.3,
+    3: 844.7, 4: 267.0}). Steps of k = 1 timed T(2) right, but k = 2 and 3 looked 27x and 8x
+    dearer, were never tried and so never timed, and automatic k drafted 1 token a step for the
+    whole reply (0.68x the tokens per second of k = 5). Costs dearer than running the same rows
+    as two forwards of two are not this backend's: automatic k tries those sizes and drafts long."""
+    target, drafter = pair(clock)
+    t = {n: TARGET_CALL_S + TARGET_TOKEN_S * n for n in (1, 2, 3, 4)}
+    costs = CostModel(verify_s={1: t[1], 2: t[2], 3: 27 * t[3], 4: 8 * t[4]},
+                      draft_s_per_token=DRAFT_CALL_S + DRAFT_TOKEN_S)  # fmt: skip
+    prompt = [i % VOCAB for i in range(20)]
+    sampling = SamplingConfig(max_tokens=128)
+    collect(list(decode_steps(target, prompt, sampling, costs=costs)))  # --compare runs vanilla first
+    result = collect(list(decode_steps(target, prompt, sampling, drafter=drafter,
+                                       draft_length=DraftLength("auto"), costs=costs)))  # fmt: skip
+    assert result.stats.tokens_per_step >= 6
+    assert costs.verify_time(4) < 1.5 * t[4]
+
+
+def test_a_drafts_fixed_cost_per_step_is_not_charged_per_token():
+    """Each drafting step costs the draft a fixed part (here 1 s, feeding it the step's pending
+    tokens and the drafter's own work) besides 0.12 s per token, as this machine's draft does
+    (7 ms beside 13 ms per token). Timed on steps of one token, all of it looked like the cost
+    of that token (1.12 s), which makes every draft length look too dear to pay: automatic k
+    stayed plain. Charged as the step's fixed part, long drafts pay and automatic k drafts them."""
+    costs = flat_costs()
+    costs.draft_s_per_token = DRAFT_CALL_S + DRAFT_TOKEN_S  # the one-token decode measured at load
+    for _ in range(7):
+        costs.observe_draft(1, 1.0 + costs.draft_s_per_token)
+    assert costs.draft_time(1) == pytest.approx(1.12) and costs.draft_time(9) == pytest.approx(1.0 + 9 * 0.12)
+    length = DraftLength("auto", k_max=16)
+    for _ in range(10):
+        length.observe(tested=8, accepted=8)
+    assert length.choose(costs) >= 8
+    for k in (4, 8):  # timings at other lengths: a line through them
+        costs.observe_draft(k, 1.0 + k * 0.12)
+        costs.observe_draft(k, 1.0 + k * 0.12)
+    assert costs.draft_s_per_token == pytest.approx(0.12) and costs.draft_fixed_s == pytest.approx(1.0)
+
+
+def test_auto_k_drafts_no_longer_than_pays_when_verify_costs_jump_past_6_rows(clock):
+    """Verifying costs the same up to 6 rows and twice that from 7 (a backend whose forward goes
+    from one tile of rows to two, say): drafting past 5 pays for its tokens with a second tile.
+    Automatic k, with the curve measured at load as Engine.load does, settles on the k that
+    maximizes tokens per second and is within 0.9x of the best fixed k's tokens per second."""
+    target, drafter = pair(clock)
+    tile = 6
+
+    def forward(tokens, all_logits, _forward=target._forward):
+        clock.now += TARGET_CALL_S * ((len(tokens) - 1) // tile)  # one more call's cost per extra tile
+        return _forward(tokens, all_logits)
+
+    target._forward = forward
+    one_decode = DRAFT_CALL_S + DRAFT_TOKEN_S
+
+    def t(n):
+        return TARGET_CALL_S * (1 + (n - 1) // tile) + TARGET_TOKEN_S * n
+
+    best = max(range(1, 17), key=lambda k: (k + 1) / (k * one_decode + t(k + 1)))
+    prompt = [i % VOCAB for i in range(20)]
+    sampling = SamplingConfig(max_tokens=128)
+
+    def tokens_per_s(k):
+        costs = CostModel(verify_s=draft_length.measure_verify_curve(target, budget_s=1e9))  # every size
+        costs.draft_s_per_token = measure_draft_cost(drafter.backend)
+        drafter.backend.rollback(0)  # each run feeds the draft the prompt (docs/bench/self_draft.py)
+        result = collect(list(decode_steps(target, prompt, sampling, drafter=drafter,
+                                           draft_length=DraftLength(k), costs=costs)))  # fmt: skip
+        return result.stats.tokens_per_s, [event.drafted for event in result.events]
+
+    auto, lengths = tokens_per_s("auto")
+    fixed = {k: tokens_per_s(k)[0] for k in range(1, 17)}
+    assert best == 5 and max(fixed, key=fixed.get) == best
+    assert max(lengths) <= best and lengths[-4:-1] == [best] * 3
+    assert auto >= 0.9 * fixed[best]
+
+
+def test_a_reply_starts_with_a_probe_where_drafts_that_land_would_pay():
+    """Before any draft of a reply is verified its acceptance is the prior's guess (0.67). Where
+    that guess says drafting does not pay but drafts that land would (a draft model that the
+    target accepts at 0.98), the reply's first step tries a draft instead of waiting 16 plain
+    steps for the first probe; where not even landing drafts would pay, it decodes plainly."""
+    costs = CostModel(verify_s={1: 1.0, 2: 1.3, 4: 1.9, 8: 3.1, 16: 5.5, 33: 10.6}, draft_s_per_token=0.4)
+    assert DraftLength("auto")._best_k(costs) == 0 < DraftLength("auto")._best_k(costs, 0.9)
+    length = DraftLength("auto")
+    chosen = []
+    for _ in range(8):
+        chosen.append(length.choose(costs))
+        length.observe(tested=chosen[-1], accepted=chosen[-1])  # every draft lands
+    assert chosen[0] > 0 and min(chosen) > 0 and chosen[-1] >= 2
+    linear = CostModel(verify_s={n: 0.01 * n for n in (1, 2, 4, 8, 16)})
+    assert DraftLength("auto").choose(linear) == 0
