@@ -3,7 +3,11 @@
 Decoding must never wait for drawing. `add_step` only appends a row to a ring
 buffer and arms a single-shot timer; the redraw runs at most ~25 times a second,
 and not at all while nothing new arrives (an idle app does not wake up 25 times
-a second for nothing). Call everything from the GUI thread: the main window gets
+a second for nothing). While steps stream in, the charts keep to a budget: the
+GUI thread may use GUI_BUDGET of a core in all (painting the six panels costs
+10-20 ms on a small CPU, and every millisecond of it is taken from a core the
+engine process decodes on), so the interval between redraws grows until the
+window's share is within it (`RedrawPace`). Call everything from the GUI thread: the main window gets
 steps from its worker through a queued signal.
 
 Panels (three columns when wide, two when tall):
@@ -25,6 +29,7 @@ import csv
 import html
 import json
 import os
+import time
 
 from PySide6.QtCore import QBuffer, QIODevice, QPoint, QRect, Qt, QTimer, Signal
 from PySide6.QtGui import QPainter, QPalette
@@ -47,7 +52,42 @@ from app.charts.panels import (
 )
 from app.charts.theory import TheoryPanel
 
-REDRAW_MS = 40  # 25 Hz: smooth to the eye, a few ms of work per frame
+REDRAW_MS = 40  # 25 Hz at most: smooth to the eye
+SLOWEST_REDRAW_MS = 1000  # at least once a second while steps arrive, whatever drawing costs
+FIRST_REDRAW_MS = 200  # a reply's first interval, before its drawing has been measured
+GUI_BUDGET = 0.05  # of one core, for everything the GUI thread does while a reply streams
+
+
+class RedrawPace:
+    """The interval between redraws that keeps the GUI thread's CPU share near `budget`.
+
+    After each redraw, the GUI thread's CPU time since the previous one (drawing,
+    painting, inserting tokens, everything) over the wall time between them is its
+    share; the interval is scaled by share / budget, within REDRAW_MS..SLOWEST_REDRAW_MS.
+    A pause (no steps for a while) starts the measurement over, at FIRST_REDRAW_MS: a short
+    reply is over before a pace starting at 25 Hz would have slowed down.
+    """
+
+    def __init__(self, budget: float = GUI_BUDGET, clock=time.monotonic, cpu=time.thread_time) -> None:
+        self.budget = budget
+        self.interval_ms = FIRST_REDRAW_MS
+        self._clock, self._cpu = clock, cpu
+        self._last: tuple[float, float] | None = None  # (wall, GUI thread CPU) at the last redraw
+
+    def redrawn(self) -> int:
+        """Call after a redraw (on the GUI thread); returns the interval before the next one, in ms."""
+        now = (self._clock(), self._cpu())
+        if self._last is not None:
+            wall = now[0] - self._last[0]
+            if wall > 3 * SLOWEST_REDRAW_MS / 1000:  # an idle gap, not a stream of steps
+                self.interval_ms = FIRST_REDRAW_MS
+            elif wall > 0:
+                share = (now[1] - self._last[1]) / wall
+                wanted = self.interval_ms * share / self.budget
+                # Halfway there each time: one slow frame (a resize, a first paint) moves it less.
+                self.interval_ms = round(min(max((self.interval_ms + wanted) / 2, REDRAW_MS), SLOWEST_REDRAW_MS))
+        self._last = now
+        return self.interval_ms
 LABELS = ("speculative", "vanilla")
 
 
@@ -94,6 +134,7 @@ class LiveCharts(QWidget):
         self._timer.setSingleShot(True)
         self._timer.setInterval(REDRAW_MS)
         self._timer.timeout.connect(self.redraw)
+        self.pace = RedrawPace()
         self.redraw()  # empty axes and the theory curve before any step
 
     # -- feeding -------------------------------------------------------------------
@@ -167,6 +208,7 @@ class LiveCharts(QWidget):
         for panel in self.panels:
             panel.show_series(data)
         self.summary.setText(summary_html(data, self.palette().color(QPalette.ColorRole.Text).name()))
+        self._timer.setInterval(self.pace.redrawn())
         self.sig_redrawn.emit()
 
     def _schedule(self) -> None:
