@@ -155,7 +155,8 @@ class EngineController(QObject):
 
         def job(cancel: threading.Event, report):
             client = self._loaded_client()
-            return self._call(lambda: client.generate(messages, sampling, cancel=cancel, on_step=_reporter(report)))
+            with StepBatches(report) as on_step:
+                return self._call(lambda: client.generate(messages, sampling, cancel=cancel, on_step=on_step))
 
         self._start(CHAT, job)
 
@@ -164,7 +165,8 @@ class EngineController(QObject):
 
         def job(cancel: threading.Event, report):
             client = self._loaded_client()
-            return self._call(lambda: client.compare(messages, sampling, cancel=cancel, on_step=_reporter(report)))
+            with StepBatches(report) as on_step:
+                return self._call(lambda: client.compare(messages, sampling, cancel=cancel, on_step=on_step))
 
         self._start(COMPARE, job)
 
@@ -330,10 +332,10 @@ class EngineController(QObject):
         if worker.name == LOAD:
             self.sig_load_progress.emit(*value)
         else:
-            label, event, stats, costs = value
-            # The charts (on sig_step_stats) have the step by the time sig_step's listeners run.
-            self.sig_step_stats.emit(label, event, stats, costs)
-            self.sig_step.emit(label, event)
+            for label, event, stats, costs in value:  # a StepBatches batch
+                # The charts (on sig_step_stats) have the step by the time sig_step's listeners run.
+                self.sig_step_stats.emit(label, event, stats, costs)
+                self.sig_step.emit(label, event)
 
     @Slot(object)
     def _on_returned(self, result: Any) -> None:
@@ -380,11 +382,39 @@ class EngineController(QObject):
             self.sig_busy_changed.emit(busy)
 
 
-def _reporter(report) -> Callable[[str, Any, Any, Any], None]:
-    """The client's `on_step`: each step with the drafter's statistics and the cost model the engine
-    sent beside it, the cost model frozen here (the charts compare snapshots)."""
+class StepBatches:
+    """The client's `on_step`, handing steps to the GUI thread in batches, at most every BATCH_S.
 
-    def on_step(label: str, step, drafter_stats: dict | None, costs) -> None:
-        report((label, step, drafter_stats, CostSnapshot.of(costs)))
+    Each hand-over wakes the GUI thread, and each wake-up takes a core from the engine
+    process for a moment: with llama.cpp's threads waiting for each other at every
+    barrier, a reply at 80 steps a second woken step by step ran 10-20% slower than with
+    the GUI asleep. Batched, the window still shows each step, about 20 times a second.
+    The last step of a run goes at once, and whatever is held when the job ends
+    (an engine that died mid-reply) is handed over then: nothing received is lost.
+    Each step carries the drafter's statistics and the cost model the engine sent beside
+    it, the cost model frozen here (the charts compare snapshots).
+    """
 
-    return on_step
+    BATCH_S = 0.05
+
+    def __init__(self, report, clock=time.monotonic) -> None:
+        self._report, self._clock = report, clock
+        self._held: list = []
+        self._last = float("-inf")  # the first step goes at once: the reply starts without delay
+
+    def __enter__(self) -> Callable[[str, Any, Any, Any], None]:
+        return self.on_step
+
+    def __exit__(self, *exc) -> None:
+        self.flush()
+
+    def on_step(self, label: str, step, drafter_stats: dict | None, costs) -> None:
+        self._held.append((label, step, drafter_stats, CostSnapshot.of(costs)))
+        if step.finish_reason is not None or self._clock() - self._last >= self.BATCH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._held:
+            batch, self._held = self._held, []
+            self._report(batch)
+        self._last = self._clock()
