@@ -50,9 +50,9 @@ from engine.errors import ConfigError
 
 K_LIMIT = 32  # longest draft anyone may ask for
 # How far past the cost of splitting a forward into timed smaller ones a load-time number must be
-# to count as a spike (CostModel._relevel): twice, since at a tile boundary T(2m) = 2 T(m) exactly
-# and timing noise must not flag a real cost.
-SPIKE_FACTOR = 2.0
+# to count as a spike (CostModel._relevel): a quarter more, since at a tile boundary T(2m) = 2 T(m)
+# exactly and a timing's noise must not flag a real cost. Twice let T(3) = 3.6 x T(2) through.
+SPIKE_FACTOR = 1.25
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 33)
 DEPTH_PRIOR = 2.0  # tokens' worth of the run's acceptance that each draft position starts from
 

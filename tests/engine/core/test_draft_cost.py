@@ -233,6 +233,26 @@ def test_a_spike_that_hit_longer_forwards_at_load_does_not_hold_auto_k_at_one(cl
     assert costs.verify_time(4) < 1.5 * t[4]
 
 
+def test_a_curve_spiked_in_its_shape_does_not_hold_auto_k_at_one(clock):
+    """The load measured {1: 127.8 ms, 2: 314.1, 3: 1152.0} (seen here): after a vanilla run
+    timed T(1) at 50 ms and steps of k = 1 timed T(2) at 43, scaling the load-time T(3) by the
+    level of T(2) still left it at 158 ms, 3.6 x T(2), and the curve's slope past it made every
+    longer draft look dear: automatic k drafted 1 token a step for a whole reply. No backend
+    runs 3 rows slower than 3 forwards of one row; such a number is the spike's, not a cost.
+    (T(2) at 2.5 x T(1) could still be a backend without parallelism, so plain steps may come
+    first, until a probe times it.)"""
+    target, drafter = pair(clock)
+    t1 = TARGET_CALL_S + TARGET_TOKEN_S
+    costs = CostModel(verify_s={1: 2.56 * t1, 2: 6.3 * t1, 3: 23.0 * t1}, draft_s_per_token=DRAFT_CALL_S + DRAFT_TOKEN_S)
+    prompt = [i % VOCAB for i in range(20)]
+    sampling = SamplingConfig(max_tokens=128)
+    collect(list(decode_steps(target, prompt, sampling, costs=costs)))  # --compare runs vanilla first
+    result = collect(list(decode_steps(target, prompt, sampling, drafter=drafter,
+                                       draft_length=DraftLength("auto"), costs=costs)))  # fmt: skip
+    assert result.stats.tokens_per_step >= 4 and max(event.drafted for event in result.events) >= 12
+    assert costs.verify_time(3) < 1.5 * (TARGET_CALL_S + 3 * TARGET_TOKEN_S)
+
+
 def test_a_drafts_fixed_cost_per_step_is_not_charged_per_token():
     """Each drafting step costs the draft a fixed part (here 1 s, feeding it the step's pending
     tokens and the drafter's own work) besides 0.12 s per token, as this machine's draft does
