@@ -19,7 +19,7 @@ imported on first use, so importing one of them, or `engine.bench.results`,
 does not load the runner (torch).
 """
 
-from importlib import import_module
+from engine.lazy import lazy_getattr
 
 # name -> the module under engine.bench that defines it
 _LAZY = {
@@ -36,12 +36,6 @@ _LAZY = {
 }  # fmt: skip
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'engine.bench' has no attribute {name!r}")
-
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 __all__ = sorted(_LAZY)

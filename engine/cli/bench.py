@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 
 from engine.cli import interrupt as cli_interrupt
-from engine.cli.options import add_drafter_options, add_load_options, drafter_choice
+from engine.cli.options import add_drafter_options, add_load_options, drafter_choice, refuse_pair_options
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -130,28 +130,18 @@ def _autotune(config, prompts, max_tokens: int, client=None) -> int:
     return 0
 
 
-# The pair's options: with --server the server's loaded pair decides them (as generate --server).
-_PAIR_OPTIONS = ("target", "drafter", "backend", "device", "dtype", "n_ctx", "threads", "gpu_layers", "k", "k_max")
-
-
 def _bench_on_server(args: argparse.Namespace) -> int:
     """The benchmark (or auto-tune) of the pair the server has loaded, through EngineClient: the server
     keeps its pair, and the output is local bench's."""
     import os
 
     from engine.cli.serve import ENV_KEY
-    from engine.drafters.registry import all_drafters, option_settings
     from engine.errors import ConfigError
     from engine.service.client import EngineClient
 
     parser = argparse.ArgumentParser()
     defaults = add_bench_parser(parser.add_subparsers()).parse_args([])
-    pair_options = [*_PAIR_OPTIONS, *(s.dest for spec in all_drafters() for s in option_settings(spec))]
-    given = [name for name in pair_options if getattr(args, name) != getattr(defaults, name)]
-    if given:
-        flag = "--" + given[0].replace("_", "-")
-        raise ConfigError(f"{flag} is about the pair loaded here, but with --server the server's loaded pair is "
-                          f"benchmarked: drop {flag}, or run without --server.")  # fmt: skip
+    refuse_pair_options(args, defaults, "the server's loaded pair is benchmarked")
     path, prompts, settings = _prompts_and_settings(args)
     client = EngineClient(args.server, api_key=args.api_key or os.environ.get(ENV_KEY) or None)
     pair = client.loaded()

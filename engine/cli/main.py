@@ -32,7 +32,7 @@ from pathlib import Path  # noqa: E402
 
 from engine.cli.bench import add_bench_parser  # noqa: E402
 from engine.cli.chat import add_chat_parser  # noqa: E402
-from engine.cli.options import add_drafter_options, add_load_options, drafter_choice  # noqa: E402
+from engine.cli.options import add_drafter_options, add_load_options, drafter_choice, refuse_pair_options  # noqa: E402
 from engine.cli.serve import add_serve_parser  # noqa: E402
 from engine.cli.train import add_train_parser  # noqa: E402
 from engine.errors import ConfigError, SpecDeckError  # noqa: E402
@@ -200,9 +200,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-# The pair's options of generate: with --server the server's loaded pair decides them.
-_PAIR_OPTIONS = ("target", "drafter", "backend", "device", "dtype", "n_ctx", "threads", "gpu_layers", "k", "k_max",
-                 "model_sampling")  # fmt: skip
 TREE_DRAFTERS = ("medusa", "eagle", "lookahead")  # their summary adds the acceptance per depth (drafts_trees)
 
 
@@ -210,16 +207,11 @@ def _generate_on_server(args: argparse.Namespace, messages: list[dict]) -> int:
     """generate through EngineClient: the same output and statistics, from the server's pair."""
     import os
 
-    from engine.drafters.registry import all_drafters, option_settings
     from engine.service.client import EngineClient
 
     defaults = build_parser().parse_args(["generate", "-p", "-"])
-    pair_options = [*_PAIR_OPTIONS, *(s.dest for spec in all_drafters() for s in option_settings(spec))]
-    given = [name for name in pair_options if getattr(args, name) != getattr(defaults, name)]
-    if given:
-        flag = "--" + given[0].replace("_", "-")
-        raise ConfigError(f"{flag} is about the model loaded here, but with --server the server's loaded pair "
-                          f"is used: drop {flag}, or run without --server.")  # fmt: skip
+    refuse_pair_options(args, defaults, "the server's loaded pair is used", extra=("model_sampling",),
+                        subject="model")
     if args.raw:
         raise ConfigError("--raw feeds text without the chat template, which a server's generate does not offer: "
                           "drop --raw, or run without --server.")  # fmt: skip

@@ -104,3 +104,19 @@ def _value(text):
     if word == AUTO:
         return AUTO
     return int(word) if word.lstrip("+-").isdigit() else text
+
+
+# The loaded pair's options (and every drafter's): with --server the server's loaded pair decides them.
+PAIR_OPTIONS = ("target", "drafter", "backend", "device", "dtype", "n_ctx", "threads", "gpu_layers", "k", "k_max")
+
+
+def refuse_pair_options(args: argparse.Namespace, defaults: argparse.Namespace, what: str,
+                        extra: tuple[str, ...] = (), subject: str = "pair") -> None:  # fmt: skip
+    """With --server: a pair option the user set is a ConfigError (`what`: what the server then uses;
+    `subject`: what the option is about, "the {subject} loaded here")."""
+    names = [*PAIR_OPTIONS, *extra, *(s.dest for spec in all_drafters() for s in option_settings(spec))]
+    given = [name for name in names if getattr(args, name) != getattr(defaults, name)]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ConfigError(f"{flag} is about the {subject} loaded here, but with --server {what}: drop {flag}, or run "
+                          "without --server.")

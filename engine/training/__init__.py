@@ -14,7 +14,7 @@ Names are imported on first use, so importing a record, or
 `engine.training.records`, does not load the training code (torch).
 """
 
-from importlib import import_module
+from engine.lazy import lazy_getattr
 
 # name -> the module under engine.training that defines it
 _LAZY = {
@@ -24,12 +24,6 @@ _LAZY = {
 }  # fmt: skip
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'engine.training' has no attribute {name!r}")
-
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 __all__ = sorted(_LAZY)
