@@ -6,9 +6,11 @@ lost its core. On a 2-core machine with one core kept busy elsewhere, 2 threads
 decode at 27 tok/s and 1 thread at 63 (quiet: 103 and 73). torch's OpenMP threads
 stall the same way. So before each generation the backends ask `decode_threads`,
 which looks at how busy the allowed cores were over a short window and leaves out
-those another process keeps busy. The engine's own CPU time (its threads, the app's
-GUI when it runs in the same process) is subtracted: a core we keep busy ourselves is
-ours to use.
+those another process keeps busy. The engine's own CPU time (its threads) is
+subtracted, and so is that of its companions (`add_companion`): the desktop window
+whose private engine this is. A core we keep busy ourselves is ours to use: the
+window is busy for a moment when Send is clicked, exactly while the engine measures,
+and counted as another program it left the reply with one thread of two.
 
 Light on purpose (no torch, no llama.cpp): the app and the CLI can import it.
 """
@@ -26,6 +28,27 @@ CACHE_S = 1.5  # generations that follow each other quickly reuse the last decis
 BUSY_SHARE = 0.5  # a core counts as taken when other processes use at least this share of it
 
 _PROC_STAT = "/proc/stat"
+_companions: set[int] = set()
+
+
+def add_companion(pid: int) -> None:
+    """Count process `pid`'s CPU time as this process's own (the app's window for its engine)."""
+    _companions.add(pid)
+
+
+def _companion_seconds() -> float:
+    """CPU seconds the companions have used (user + system, from /proc/<pid>/stat); a companion
+    that is gone counts 0, as does one where /proc is missing."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0.0
+    for pid in tuple(_companions):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after "(comm)", which may hold spaces
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 @dataclass(frozen=True)
@@ -88,7 +111,7 @@ def measure(window_s: float = WINDOW_S) -> CoreCount:
     """Cores of this process's affinity that other processes leave free, over `window_s` seconds.
 
     Others' load = the allowed cores' busy time over the window minus this process's own CPU
-    time (all its threads), in cores; each whole core of it (rounded at BUSY_SHARE) is taken.
+    time (all its threads) and its companions', in cores; each whole core of it (rounded at BUSY_SHARE) is taken.
     Always at least 1 free: a process that runs at all has a share of some core.
     """
     allowed = _allowed_count()
@@ -98,10 +121,10 @@ def measure(window_s: float = WINDOW_S) -> CoreCount:
     before = _busy_seconds(cpus)
     if before is None:
         return CoreCount(allowed, allowed, measured=False)
-    own_before, wall_before = time.process_time(), time.monotonic()
+    own_before, wall_before = time.process_time() + _companion_seconds(), time.monotonic()
     time.sleep(window_s)
     after = _busy_seconds(cpus)
-    own = time.process_time() - own_before
+    own = time.process_time() + _companion_seconds() - own_before
     wall = time.monotonic() - wall_before
     if after is None or wall <= 0:
         return CoreCount(allowed, allowed, measured=False)

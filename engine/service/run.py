@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+from engine.backends import threads
 from engine.errors import ConfigError
 from engine.service.host import Host
 
@@ -103,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.parent_pid:
         exit_with_parent(args.parent_pid)
+        # The window's CPU is the engine's own when choosing threads: it is busy for a moment at
+        # each Send, just when the engine measures the free cores.
+        threads.add_companion(args.parent_pid)
     # The key comes by environment, not the command line, where every user of the machine can read it.
     api_key = os.environ.get("SPECDECK_API_KEY") or None
     try:
