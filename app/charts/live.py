@@ -207,7 +207,12 @@ class LiveCharts(QWidget):
         data = self.series()
         for panel in self.panels:
             panel.show_series(data)
+            # pyqtgraph fits auto ranges while it paints, and a range that moves there asks for a
+            # second paint: fitted now, each panel is painted once per redraw (half the cost).
+            for plot in getattr(panel, "plots", (panel,)):
+                plot.plot.getViewBox().prepareForPaint()
         self.summary.setText(summary_html(data, self.palette().color(QPalette.ColorRole.Text).name()))
+        self._fit_summary()
         self._timer.setInterval(self.pace.redrawn())
         self.sig_redrawn.emit()
 
@@ -216,8 +221,17 @@ class LiveCharts(QWidget):
         if not self._timer.isActive():
             self._timer.start()
 
+    def _fit_summary(self, shrink: bool = False) -> None:
+        """Give the summary line the height its text needs, growing only (unless `shrink`): a
+        height that follows every new number re-lays the panels out and repaints them all,
+        which took as long again as the redraw itself."""
+        needed = self.summary.heightForWidth(max(1, self.summary.width()))
+        if needed > 0 and (needed > self.summary.maximumHeight() or shrink):
+            self.summary.setFixedHeight(needed)
+
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
+        self._fit_summary(shrink=True)
         # Beside a chat pane the charts are often taller than wide: 2 columns then.
         size = event.size()
         self._arrange(3 if size.width() >= 1.15 * size.height() else 2)
