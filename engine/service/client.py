@@ -26,7 +26,6 @@ import socket
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
-from urllib.parse import urlsplit
 
 from engine import errors
 from engine.backends.info import ModelInfo
@@ -35,6 +34,7 @@ from engine.core.draft_length import CostModel
 from engine.core.events import Comparison, GenerationResult, StepEvent
 from engine.core.sampling_config import SamplingConfig
 from engine.errors import SpecDeckError
+from engine.remote.http import parse_address, sse_payloads
 from engine.service import wire
 from engine.service.host import JOB_HEADER
 
@@ -67,17 +67,9 @@ class LoadedPair:
 
 class EngineClient:
     def __init__(self, url: str, api_key: str | None = None) -> None:
-        parts = urlsplit(url if "//" in url else f"http://{url}")
-        try:
-            port = parts.port  # ValueError for a port that is not a number ("...:8000:")
-        except ValueError:
-            port = -1
-        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
-            raise errors.ConfigError(f"{url!r} is not a server address: give one like http://127.0.0.1:8000.")
-        self.url = f"{parts.scheme}://{parts.netloc}"
-        self._https = parts.scheme == "https"
-        self._address = (parts.hostname, port or (443 if self._https else 80))
-        self._base = parts.path.rstrip("/")
+        address = parse_address(url)
+        self.url, self._https, self._base = address.url, address.https, address.base
+        self._address = (address.host, address.port)
         self._headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -247,7 +239,7 @@ class EngineClient:
                              name="specdeck-cancel-watch").start()  # fmt: skip
         try:
             response = self._send(connection, "POST", path, body, {JOB_HEADER: job})
-            for data in _events(response):
+            for data in sse_payloads(response):
                 if data == "[DONE]":
                     return
                 item = json.loads(data)
@@ -312,24 +304,6 @@ class EngineClient:
             return EngineUnavailable(f"The connection to the engine at {self.url} broke off ({_reason(error)}): "
                                      "the server stopped or was stopped.")  # fmt: skip
         return EngineUnavailable(f"Cannot reach the server at {self.url} ({_reason(error)}).")
-
-
-def _events(response: http.client.HTTPResponse) -> Iterator[str]:
-    """The `data:` payloads of a server-sent event stream, one per event."""
-    lines: list[str] = []
-    while True:
-        raw = response.readline()
-        if not raw:
-            if lines:
-                yield "\n".join(lines)
-            return
-        line = raw.decode("utf-8").rstrip("\r\n")
-        if not line:
-            if lines:
-                yield "\n".join(lines)
-                lines = []
-        elif line.startswith("data:"):
-            lines.append(line[5:].removeprefix(" "))
 
 
 def _engine_error(error: dict) -> SpecDeckError:
