@@ -44,7 +44,7 @@ from engine import Source, TokenInfo
 DATA_DIR_ENV = "SPECDECK_DATA_DIR"
 DATABASE = "conversations.db"
 SCHEMA_VERSION = 1
-_SOURCE_CODES = {Source.ACCEPTED: "a", Source.RESAMPLED: "r", Source.BONUS: "b", Source.PLAIN: "p"}
+_SOURCE_CODES = {Source.ACCEPTED: "a", Source.RESAMPLED: "r", Source.BONUS: "b", Source.PLAIN: "p", Source.UNREPORTED: "u"}
 _SOURCES = {code: source for source, code in _SOURCE_CODES.items()}
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (

@@ -34,7 +34,7 @@ from engine import Source, TokenInfo
 
 JOURNAL_SUFFIX = ".jsonl"
 IMPORTED_FOLDER = "imported-journals"
-_SOURCES = {"a": Source.ACCEPTED, "r": Source.RESAMPLED, "b": Source.BONUS, "p": Source.PLAIN}
+_SOURCES = {"a": Source.ACCEPTED, "r": Source.RESAMPLED, "b": Source.BONUS, "p": Source.PLAIN, "u": Source.UNREPORTED}
 _RECORD_START = '{"type":'  # how every record of the old writer began (compact separators)
 
 

@@ -17,6 +17,7 @@ SOURCE_COLOURS: dict[Source, QColor | None] = {
     Source.RESAMPLED: QColor(255, 127, 14, 110),  # orange: the target overruled the draft
     Source.BONUS: QColor(31, 119, 180, 80),  # blue: free token after a fully accepted draft
     Source.PLAIN: None,
+    Source.UNREPORTED: None,  # a remote server that does not say: no tint rather than a guess
 }
 
 SOURCE_NAMES = {
@@ -24,6 +25,7 @@ SOURCE_NAMES = {
     Source.RESAMPLED: "resampled",
     Source.BONUS: "bonus",
     Source.PLAIN: "plain target",
+    Source.UNREPORTED: "unreported",
 }
 
 SOURCE_DESCRIPTIONS = {
@@ -31,12 +33,14 @@ SOURCE_DESCRIPTIONS = {
     Source.RESAMPLED: "Drawn by the target after it rejected a draft token (greedy: the target's argmax).",
     Source.BONUS: "Drawn from the target after every drafted token was accepted: one more for free.",
     Source.PLAIN: "An ordinary target token: nothing was drafted for this step.",
+    Source.UNREPORTED: "From a remote server that does not say where each token came from.",
 }
 
 
 def token_tooltip(info: TokenInfo) -> str:
     """p(x), q(x) and min(1, p/q) where they are defined, in plain text."""
-    lines = [f"{SOURCE_NAMES[info.source]} token {info.text!r}", f"p(x) = {info.p:.4f}  (target)"]
+    p = f"{info.p:.4f}" if info.p == info.p else "not reported (a remote server)"  # NaN: not sent
+    lines = [f"{SOURCE_NAMES[info.source]} token {info.text!r}", f"p(x) = {p}  (target)"]
     if info.q is not None:
         lines.append(f"q(x) = {info.q:.4f}  (draft)")
     elif info.source is Source.ACCEPTED:
@@ -59,7 +63,8 @@ class Legend(QWidget):
         self.toggle.setToolTip("Tint each generated token by where it came from (Ctrl+Shift+C)")
         layout.addWidget(self.toggle)
         for source in Source:
-            layout.addWidget(_swatch(source))
+            if source is not Source.UNREPORTED:  # a local engine always says
+                layout.addWidget(_swatch(source))
         layout.addStretch(1)
 
 

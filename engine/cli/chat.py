@@ -33,10 +33,11 @@ COLOURS = {  # ANSI foreground colours, the app's tints where a terminal has the
     Source.RESAMPLED: "\033[33m",  # yellow (the app's orange): the target overruled the draft
     Source.BONUS: "\033[34m",  # blue: the free token after a fully accepted draft
     Source.PLAIN: "",  # an ordinary target token: plain text
+    Source.UNREPORTED: "",  # a remote server that does not say
 }
 RESET = "\033[0m"
 SOURCE_NAMES = {Source.ACCEPTED: "accepted draft", Source.RESAMPLED: "resampled", Source.BONUS: "bonus",
-                Source.PLAIN: "plain target"}  # fmt: skip
+                Source.PLAIN: "plain target", Source.UNREPORTED: "unreported"}  # fmt: skip
 
 HELP = """commands:
   /stats    the last reply's statistics: speed, acceptance, the speedup the formula predicts
@@ -116,7 +117,7 @@ class Chat:
         self._say(f"chat with {self.engine.target.info.name} ({drafter}): /help lists the commands, "
                   "Ctrl+D or /quit leaves")  # fmt: skip
         if self.colour:
-            legend = ", ".join(paint(SOURCE_NAMES[s], s, True) for s in Source)
+            legend = ", ".join(paint(SOURCE_NAMES[s], s, True) for s in Source if s is not Source.UNREPORTED)
             print(f"colours: {legend}", file=self.out, flush=True)
         while True:
             try:

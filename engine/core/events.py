@@ -20,6 +20,7 @@ class Source(str, enum.Enum):
     RESAMPLED = "resampled"  # drawn from norm(max(0, p - q)) after a rejection (greedy: the target's argmax)
     BONUS = "bonus"  # drawn from p after all drafted tokens were accepted
     PLAIN = "plain"  # an ordinary target token: nothing was drafted this step
+    UNREPORTED = "unreported"  # from a remote server that does not say (engine/remote/steps.py)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class TokenInfo:
     @property
     def acceptance(self) -> float | None:
         """min(1, p/q) for a drafted token, None otherwise."""
-        if self.q is None or self.source is Source.PLAIN:
+        if self.q is None or self.source in (Source.PLAIN, Source.UNREPORTED):
             return None
         return 1.0 if self.q <= 0 else min(1.0, self.p / self.q)
 
@@ -185,6 +186,8 @@ class Comparison:
 
     @property
     def identical(self) -> bool:
+        if -1 in self.vanilla.tokens or -1 in self.speculative.tokens:  # a remote server's: text, no ids
+            return self.vanilla.text == self.speculative.text
         return self.vanilla.tokens == self.speculative.tokens
 
     @property
