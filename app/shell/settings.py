@@ -6,7 +6,9 @@ folder. Reads are typed (`value(key, default, type)`), as in Frescobaldi.
 
 The model pair is ONE key, `engine/config`: the engine's own versioned JSON
 (`EngineConfig.to_dict()`), which the window loads, the pair dialog edits and
-the presets keep. Sampling is `engine/sampling`. Anything unreadable (a hand
+the presets keep. Sampling is `engine/sampling`. Where the pair runs (the
+window's own engine process, or a server) is `engine/choice`, an `EngineChoice`;
+a store without it reads as Local, so adding it needed no version step. Anything unreadable (a hand
 edit, a newer version's config) falls back to the defaults rather than
 stopping the app from starting.
 
@@ -37,6 +39,7 @@ from engine import ConfigError, EngineConfig, SamplingConfig, config_from_legacy
 VERSION = "settings/version"  # which of MIGRATIONS this store has been through
 ENGINE_CONFIG = "engine/config"  # the model pair: EngineConfig.to_dict(), versioned by the engine
 SAMPLING_CONFIG = "engine/sampling"
+ENGINE_CHOICE = "engine/choice"  # where the pair runs: EngineChoice as JSON; missing = Local
 PRESETS = "pair/presets"  # named pairs: {name: {"config": ..., "sampling": ...}}
 GEOMETRY = "window/geometry"
 WINDOW_STATE = "window/state"
@@ -51,6 +54,7 @@ EXPORT_FOLDER = "files/export_folder"
 LABELS = {
     ENGINE_CONFIG: "model pair",
     SAMPLING_CONFIG: "sampling settings",
+    ENGINE_CHOICE: "engine choice",
     GEOMETRY: "window size and position",
     WINDOW_STATE: "panel layout",
     CURRENT_TAB: "open tab",
@@ -66,6 +70,41 @@ DEFAULT_ENGINE_CONFIG = EngineConfig()
 DEFAULT_SAMPLING = SamplingConfig()  # greedy, seed 0, up to 256 tokens: the pair dialog's defaults too
 
 T = TypeVar("T")
+
+# The kinds of engine the window can run on, in the pair dialog's order, with their names there.
+ENGINE_KINDS = {"local": "Local", "specdeck": "SpecDeck server", "llama-server": "llama-server", "vllm": "vLLM",
+                "sglang": "SGLang"}  # fmt: skip
+SERVER_ADAPTERS = ("llama-server", "vllm", "sglang")  # servers with their own model and speculation
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineChoice:
+    """Where the window's pair runs: its own engine process ("local"), or a server at `url`.
+
+    "specdeck": a SpecDeck server, which loads the dialog's pair (its paths are the server's);
+    "llama-server", "vllm", "sglang": a server that serves its own model, and for the side by
+    side's vanilla run `vanilla_url`, a second server of that model without speculation.
+    The API key is kept in the settings as typed, like the rest of them."""
+
+    kind: str = "local"
+    url: str = ""
+    api_key: str = ""
+    vanilla_url: str = ""
+
+    @property
+    def remote(self) -> bool:
+        return self.kind != "local"
+
+    @property
+    def adapter(self) -> bool:
+        """A server that brings its own model: the dialog's pair is not used."""
+        return self.kind in SERVER_ADAPTERS
+
+    def label(self) -> str:
+        return ENGINE_KINDS.get(self.kind, self.kind)
+
+
+LOCAL = EngineChoice()
 
 
 def _write(settings: QSettings, key: str, config) -> None:
@@ -185,6 +224,23 @@ def config_from_json(raw) -> EngineConfig | None:
         return EngineConfig.from_dict(json.loads(raw) if isinstance(raw, str) else raw)
     except (ValueError, TypeError, AttributeError, KeyError, ConfigError):
         return None
+
+
+def engine_choice(settings: QSettings | None = None, resets: list[str] | None = None) -> EngineChoice:
+    """The saved engine choice; Local when there is none, or it cannot be read (then `resets` says so)."""
+    settings = settings or QSettings()
+    migrate(settings)
+    choice = _read(settings, ENGINE_CHOICE, EngineChoice, LOCAL, resets)
+    if choice.kind not in ENGINE_KINDS:  # a newer SpecDeck's kind, or a hand edit
+        reset(ENGINE_CHOICE, resets)
+        return LOCAL
+    return choice
+
+
+def set_engine_choice(choice: EngineChoice, settings: QSettings | None = None) -> None:
+    settings = settings or QSettings()
+    migrate(settings)
+    _write(settings, ENGINE_CHOICE, choice)
 
 
 def sampling_config(settings: QSettings | None = None, resets: list[str] | None = None) -> SamplingConfig:
