@@ -30,6 +30,16 @@ Other work on the engine (the benchmark) runs through `lend`, in turn with
 everything else: today in this process, after the engine process has freed its
 models, so that the machine never holds two copies of them; or, `on_server`,
 on the engine process itself, through its client.
+
+Where the pair runs is `choice` (an EngineChoice, from the pair dialog): the
+engine process ("local"), or a server. On a SpecDeck server the same client
+loads the same config there, and nothing starts here. llama-server, vLLM and
+SGLang serve their own model: the load connects (`app/runtime/remote.py`),
+`loaded` is a `ServerPair`, replies and comparisons go through the engine's
+adapter, and their steps come without drafter statistics or costs; the
+benchmark and training need an engine of SpecDeck's, and `lend` says so. A
+server that cannot be reached, or breaks off a reply, is an error like any
+other (what was shown stays), and the next reply connects again first.
 """
 
 from __future__ import annotations
@@ -43,15 +53,22 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from engine import (EngineClient, EngineConfig, EngineProcess, EngineUnavailable, LoadedPair, SamplingConfig,
                     SpecDeckError)  # fmt: skip
+from app.runtime import remote
 from app.runtime.costs import CostSnapshot
 from app.runtime.worker import GeneratorWorker, TaskRunner
+from app.shell.settings import LOCAL, EngineChoice
 
 LOAD, CHAT, COMPARE = "load", "chat", "compare"
 DEATH_WAIT_S = 3.0  # a dropped connection waits this long for the process to be seen gone
 log = logging.getLogger(__name__)
 
+
 class EngineStopped(EngineUnavailable):
     """The engine process ended while a job used it (or between two jobs)."""
+
+
+class NotLoaded(SpecDeckError):
+    """A reply or comparison was asked for with no pair loaded."""
 
 
 class EngineController(QObject):
@@ -104,9 +121,12 @@ class EngineController(QObject):
         super().__init__(parent)
         self.process = process if process is not None else EngineProcess()
         self._owns_process = process is None
-        self.loaded: LoadedPair | None = None  # what the engine process holds for this window; GUI thread
+        self.loaded: LoadedPair | remote.ServerPair | None = None  # what the engine holds for this window; GUI thread
         self.config: EngineConfig | None = None  # the pair asked for last: loaded again after a stop
+        self.choice: EngineChoice = LOCAL  # where it runs: the engine process, or a server (set by load)
+        self._server = None  # with a remote choice: the EngineClient or adapter that loaded `loaded`
         self._restart = False  # the engine stopped under a run: the next run loads `config` first
+        self._load_failed = False  # the last load failed: a run queued behind it adds no second error
         self._runner = TaskRunner(self)
         self._runner.sig_started.connect(self._on_started)
         self._runner.sig_done.connect(self._on_done)
@@ -133,20 +153,37 @@ class EngineController(QObject):
         """The engine process's client while it runs (for jobs on the worker thread)."""
         return self.process.client if self.process.running else None
 
+    @property
+    def retries(self) -> bool:
+        """A server could not be reached: the next reply or comparison connects (and loads) again first."""
+        return self._restart and self.choice.remote
+
     # -- requests ----------------------------------------------------------------------
 
-    def load(self, config: EngineConfig) -> None:
-        """Load `config` in the engine process (started first if it is not running); the engine
-        process frees the old pair before it loads the new one."""
-        self.config, self._restart = config, False
-        self.loaded = None  # at once: nothing new may use the old pair
+    def load(self, config: EngineConfig, choice: EngineChoice | None = None) -> None:
+        """Load `config` where `choice` says (default: where the last load did): in the engine
+        process (started first if it is not running; it frees the old pair before it loads the
+        new one), on a SpecDeck server, or, for llama-server, vLLM or SGLang, connect to the
+        server's own pair (`config` is then kept only for a later local load)."""
+        if choice is not None:
+            self.choice = choice
+        choice = self.choice
+        self.config, self._restart, self._load_failed = config, False, False
+        self.loaded = self._server = None  # at once: nothing new may use the old pair
 
-        def job(cancel: threading.Event, report) -> LoadedPair:
+        def job(cancel: threading.Event, report):
             def progress(message: str, fraction: float) -> None:
                 report((message, fraction))
 
-            client = self._started_client()
-            return self._call(lambda: client.load(config, progress=progress))
+            if not choice.remote:
+                client = self._started_client()
+                return None, self._call(lambda: client.load(config, progress=progress))
+            self._free_local()  # a remote pair: the machine need not hold a local one too
+            report((f"Connecting to the {choice.label()} at {choice.url}", 0.0))
+            if choice.adapter:
+                return remote.connect(choice)
+            client = remote.server_client(choice)
+            return client, client.load(config, progress=progress)
 
         self._start(LOAD, job, config)
 
@@ -156,7 +193,8 @@ class EngineController(QObject):
         def job(cancel: threading.Event, report):
             client = self._loaded_client()
             with StepBatches(report) as on_step:
-                return self._call(lambda: client.generate(messages, sampling, cancel=cancel, on_step=on_step))
+                return self._call(lambda: client.generate(messages, sampling, cancel=cancel, on_step=on_step),
+                                  local=client is not self._server)  # fmt: skip
 
         self._start(CHAT, job)
 
@@ -166,7 +204,8 @@ class EngineController(QObject):
         def job(cancel: threading.Event, report):
             client = self._loaded_client()
             with StepBatches(report) as on_step:
-                return self._call(lambda: client.compare(messages, sampling, cancel=cancel, on_step=on_step))
+                return self._call(lambda: client.compare(messages, sampling, cancel=cancel, on_step=on_step),
+                                  local=client is not self._server)  # fmt: skip
 
         self._start(COMPARE, job)
 
@@ -185,9 +224,14 @@ class EngineController(QObject):
         window's counts as freed (sig_unloaded once the job has ended, or as soon as the job's
         caller hears it and calls `freed_by_job`).
 
-        Raises SpecDeckError while a load waits behind a running job: only the newest request
-        waits, and the load must not be lost.
+        On a SpecDeck server (`choice`), `lent` is that server's client. Raises SpecDeckError while
+        a load waits behind a running job (only the newest request waits, and the load must not be
+        lost), and where the window runs on llama-server, vLLM or SGLang, which run no SpecDeck job.
         """
+        if self.choice.adapter:
+            what = {"bench": "The benchmark", "autotune": "Auto-tune", "train": "Training"}.get(name, "This job")
+            raise SpecDeckError(remote.NEEDS_ENGINE.format(what=what, server=f"the {self.choice.label()} at "
+                                                                            f"{self.choice.url}"))  # fmt: skip
         pending = self._runner.pending
         if pending is not None and pending.name == LOAD:
             raise SpecDeckError("The window is about to load a model pair: try again once it has loaded.")
@@ -204,13 +248,13 @@ class EngineController(QObject):
             if on_server:
                 client = self._started_client()
                 try:
-                    return self._call(lambda: job(client, cancel, report))
+                    return self._call(lambda: job(client, cancel, report), local=not self.choice.remote)
                 finally:
                     try:
                         after.append(client.loaded())
                     except SpecDeckError:
                         after.append(None)
-            client = self.client
+            client = self.client if not self.choice.remote else None  # a server's pair is not ours to free
             if client is not None:
                 try:
                     client.unload()
@@ -261,23 +305,45 @@ class EngineController(QObject):
     # -- the engine process --------------------------------------------------------------
 
     def _started_client(self) -> EngineClient:
-        """The engine process's client, the process started first if need be; on the worker thread."""
+        """The engine process's client, the process started first if need be (with a SpecDeck server
+        chosen, that server's client); on the worker thread."""
+        if self.choice.remote:
+            return remote.server_client(self.choice)
         client = self.client
         return client if client is not None else self.process.start()
 
-    def _loaded_client(self) -> EngineClient:
-        """For a run: the client of the process that holds the window's pair; on the worker thread
-        (`loaded` was set by the load before it, whose signals were handled before this job began)."""
+    def _free_local(self) -> None:
+        """On the worker thread, before a remote load: the engine process stops (or, one shared with
+        this controller, frees its models)."""
+        if not self.process.running:
+            return
+        if self._owns_process:
+            self.process.stop()
+            return
+        try:
+            self.process.client.unload()
+        except EngineUnavailable:
+            pass  # it has ended: it holds nothing
+
+    def _loaded_client(self):
+        """For a run: the client of the process that holds the window's pair, or the server's client
+        or adapter; on the worker thread (`loaded` was set by the load before it, whose signals were
+        handled before this job began)."""
         if self.loaded is None:
-            raise SpecDeckError("No model is loaded. Choose a model pair (Models ▸ Model pair…) and load it.")
+            raise NotLoaded("No model is loaded. Choose a model pair (Models ▸ Model pair…) and load it.")
+        if self._server is not None:
+            return self._server
         client = self.client
         if client is None:
             raise EngineStopped(self.process.death_message())
         return client
 
-    def _call(self, call: Callable[[], Any]) -> Any:
+    def _call(self, call: Callable[[], Any], local: bool = True) -> Any:
         """`call()`, with a broken connection to a process that has ended told as its end
-        (EngineStopped, saying how it ended) rather than as a network error."""
+        (EngineStopped, saying how it ended) rather than as a network error. A server's errors
+        (not `local`) are its client's own."""
+        if not local:
+            return call()
         try:
             return call()
         except EngineStopped:
@@ -294,14 +360,14 @@ class EngineController(QObject):
     def _restart_if_stopped(self) -> None:
         """Before a run (GUI thread): an engine process that ended since the last run is started
         again, and the window's pair loaded there, before the run starts."""
-        if self.loaded is not None and not self.process.running and not self._runner.busy:
+        if self.loaded is not None and not self.choice.remote and not self.process.running and not self._runner.busy:
             # It ended between two runs: nothing reported it yet.
             self.loaded, self._restart = None, True
             message = f"{self.process.death_message()} Starting it again."
             self.sig_engine_stopped.emit(message)
             self.sig_error.emit(message)
-        if self._restart and self.config is not None and self.loaded is None:
-            self.load(self.config)
+        if self._restart and self.config is not None and (self.loaded is None or self.choice.remote):
+            self.load(self.config)  # a server: connect again (a SpecDeck server's loaded pair answers at once)
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -343,8 +409,8 @@ class EngineController(QObject):
         if worker is None:
             return
         if worker.name == LOAD:
-            self.loaded = result
-            self.sig_loaded.emit(result.config)
+            self._server, self.loaded = result
+            self.sig_loaded.emit(self.loaded.config)  # None for a llama-server, vLLM or SGLang pair
         else:
             self.sig_run_finished.emit(worker.name, result)
 
@@ -359,6 +425,13 @@ class EngineController(QObject):
             log.error("unexpected error in a %s job", worker.name if worker else "finished", exc_info=error)
             message = f"Unexpected error ({type(error).__name__}: {error}). Please report it."
         loading = worker is not None and worker.name == LOAD
+        if self.choice.remote and remote.retried(error):
+            self._restart = True  # the next reply connects again first
+            message += " Everything shown so far is kept; Send tries again." if not loading else " Send tries again."
+        if isinstance(error, NotLoaded) and self._load_failed and worker is not None:
+            # Queued behind a load that failed (a Send that reconnected): the load has said why.
+            self.sig_run_finished.emit(worker.name, None)
+            return
         if isinstance(error, EngineStopped):
             self.loaded = None
             if not loading:  # a pair that had loaded: the next run loads it again (a load says it failed)
@@ -366,6 +439,7 @@ class EngineController(QObject):
                 message = f"{message} Everything shown so far is kept; Send starts it again."
                 self.sig_engine_stopped.emit(message)
         if loading:
+            self._load_failed = True
             self.sig_load_failed.emit(message)
             return
         self.sig_error.emit(message)
@@ -392,7 +466,8 @@ class StepBatches:
     The last step of a run goes at once, and whatever is held when the job ends
     (an engine that died mid-reply) is handed over then: nothing received is lost.
     Each step carries the drafter's statistics and the cost model the engine sent beside
-    it, the cost model frozen here (the charts compare snapshots).
+    it, the cost model frozen here (the charts compare snapshots); a server that sends
+    neither (llama-server, vLLM, SGLang) gives None for both.
     """
 
     BATCH_S = 0.05
@@ -409,7 +484,8 @@ class StepBatches:
         self.flush()
 
     def on_step(self, label: str, step, drafter_stats: dict | None, costs) -> None:
-        self._held.append((label, step, drafter_stats, CostSnapshot.of(costs)))
+        # costs None: a llama-server, vLLM or SGLang step, which comes with no cost model.
+        self._held.append((label, step, drafter_stats, None if costs is None else CostSnapshot.of(costs)))
         if step.finish_reason is not None or self._clock() - self._last >= self.BATCH_S:
             self.flush()
 
