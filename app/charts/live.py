@@ -21,6 +21,8 @@ beside the last panel, or on a row of its own when only one column is left.
 `set_drafter` says which drafter is loaded; the worker's snapshots of its
 statistics and of the cost model come with each step (`add_step`'s
 `drafter_stats` and `costs`), so nothing here reads the engine while it decodes.
+A remote server (llama-server, vLLM, SGLang) sends neither, nor p and q: what the
+charts cannot show for it is said in sentences under the summary (`set_notes`).
 """
 
 from __future__ import annotations
@@ -120,10 +122,18 @@ class LiveCharts(QWidget):
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.RichText)
         self.summary.setContentsMargins(6, 2, 6, 2)
+        # What the engine's numbers cannot show (a remote server's), in its own words; set per pair.
+        self.notes = QLabel(self)
+        self.notes.setWordWrap(True)
+        self.notes.setTextFormat(Qt.PlainText)
+        self.notes.setContentsMargins(6, 0, 6, 2)
+        self.notes.hide()
+        self._notes: tuple[str, ...] = ()
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.setSpacing(2)
         outer.addWidget(self.summary)
+        outer.addWidget(self.notes)
         self._grid = QGridLayout()
         self._grid.setSpacing(4)
         outer.addLayout(self._grid, 1)
@@ -187,6 +197,18 @@ class LiveCharts(QWidget):
         self.depth.set_label(label)
         self._schedule()
 
+    def set_notes(self, notes: tuple[str, ...]) -> None:
+        """Sentences about what the loaded engine's numbers cannot show (e.g. a remote server's: no
+        p and q, no cost model), shown under the summary until the next pair; () for none."""
+        self._notes = tuple(notes)
+        self.notes.setText("\n".join(self._notes))
+        self.notes.setVisible(bool(self._notes))
+        self._schedule()
+
+    @property
+    def shown_notes(self) -> tuple[str, ...]:
+        return self._notes
+
     def set_cost_model(self, costs: CostModel | None) -> None:
         """The cost model to draw the theory from until a step brings a newer snapshot. Each redraw
         reads it and nothing here changes it; hand over one that no other thread updates (the
@@ -211,7 +233,7 @@ class LiveCharts(QWidget):
             # second paint: fitted now, each panel is painted once per redraw (half the cost).
             for plot in getattr(panel, "plots", (panel,)):
                 plot.plot.getViewBox().prepareForPaint()
-        self.summary.setText(summary_html(data, self.palette().color(QPalette.ColorRole.Text).name()))
+        self.summary.setText(summary_html(data, self.palette().color(QPalette.ColorRole.Text).name(), self._notes))
         self._fit_summary()
         self._timer.setInterval(self.pace.redrawn())
         self.sig_redrawn.emit()
@@ -404,8 +426,9 @@ def _slug(title: str) -> str:
     return "-".join(words) or "panel"
 
 
-def summary_html(series: dict, text_colour: str) -> str:
-    """The headline numbers: throughput per run, acceptance, measured vs predicted speedup, break-even."""
+def summary_html(series: dict, text_colour: str, shown_notes: tuple[str, ...] = ()) -> str:
+    """The headline numbers: throughput per run, acceptance, measured vs predicted speedup, break-even;
+    the run's notes but those `shown_notes` (said under the summary already)."""
     stats = series["stats"]
     if not stats:
         return f"<span style='color:{text_colour}'>No run yet: the charts fill in as tokens are generated.</span>"
@@ -433,7 +456,8 @@ def summary_html(series: dict, text_colour: str) -> str:
         line += f"<br>{html.escape(drafter)}"
     spec = stats.get("speculative")
     for note in getattr(spec, "notes", ()) if spec is not None else ():  # the engine's own words, as text
-        line += f"<br>{html.escape(note)}"
+        if note not in shown_notes:
+            line += f"<br>{html.escape(note)}"
     if t["speedup"] is not None and t["break_even"] is None:
         # The article's failure mode 2, with this machine's numbers.
         why = f"verifying {t['k'] + 1} tokens costs {t['verify_ratio']:.1f} plain steps"
