@@ -51,6 +51,9 @@ def verdict_html(comparison: Comparison, greedy: bool) -> str:
     elif comparison.identical:
         lines.append('<b style="color:#2ca02c">Outputs identical</b> (greedy): '
                      "speculative decoding changed nothing but the speed.")  # fmt: skip
+    elif comparison.divergence is None:  # a remote server's runs: text, without token ids to compare
+        lines.append("<b>Outputs differ</b>: the server sends text, not tokens, so the first difference "
+                     "cannot be named or explained.")  # fmt: skip
     else:
         d = comparison.divergence
         where = (f"Outputs differ from token {d.index}: vanilla {html.escape(_token_text(vanilla, d.index))}, "
