@@ -4,8 +4,8 @@ Layout: a banner for messages, then tabs (Chat, Side by side); the saved
 conversations in a dock on the left and the live charts in a dock on the right;
 the loaded models and loading progress in the status bar.
 
-The window loads the engine (in the engine process its controller starts),
-runs comparisons, feeds every step to the charts, and remembers its settings;
+The window loads the engine (in the engine process its controller starts, or
+on the server the pair dialog chose: `keys.EngineChoice`), runs comparisons, feeds every step to the charts, and remembers its settings;
 the chat's bookkeeping (which conversation, what is saved when) is ChatSession's.
 Every error reaches the user through `show_error`: a banner that leaves the
 window usable. An engine process that dies
@@ -40,6 +40,7 @@ from app.chat.conversation_panel import ConversationPanel
 from app.chat.conversations import ConversationStore, StoreError, default_data_dir, is_valid_id
 from app.runtime.costs import CostSnapshot
 from app.runtime.engine_controller import COMPARE, EngineController
+from app.runtime.remote import ServerPair
 from app.pair.dialog import PairDialog
 from app.pair.heads import engine_notes
 from app.pair.model_drop import ModelDrops
@@ -48,8 +49,11 @@ from app.training.dialog import TrainDialog
 log = logging.getLogger(__name__)
 
 
-def describe_engine(loaded: LoadedPair) -> str:
-    """The status bar's summary of what is loaded."""
+def describe_engine(loaded: LoadedPair | ServerPair, choice: keys.EngineChoice = keys.LOCAL) -> str:
+    """The status bar's summary of what is loaded, and where when it is not the window's own engine."""
+    if isinstance(loaded, ServerPair):  # llama-server, vLLM, SGLang: the server's own words
+        return loaded.describe()
+    where = f" · on the SpecDeck server at {choice.url}" if choice.remote else ""
     config, info = loaded.config, loaded.target
     names = {"ngram": "n-gram drafter", "none": "no drafter", "model": "draft model", "medusa": "Medusa heads",
              "eagle": "EAGLE head", "lookahead": "lookahead decoding", "early-exit": "early exit"}  # fmt: skip
@@ -58,7 +62,7 @@ def describe_engine(loaded: LoadedPair) -> str:
                                                 config.drafter)  # fmt: skip
     if loaded.speculative and config.drafter == "model" and config.draft:
         drafter = f"draft {config.draft}"
-    return f"{info.name} ({info.dtype}, {info.backend}) · {drafter} · k {config.k}"
+    return f"{info.name} ({info.dtype}, {info.backend}) · {drafter} · k {config.k}{where}"
 
 
 class MainWindow(QMainWindow):
@@ -143,9 +147,10 @@ class MainWindow(QMainWindow):
 
     # -- start-up and settings -----------------------------------------------------------
 
-    def start(self, config: EngineConfig | None = None) -> None:
-        """Load the model pair from the settings (on a first start: the embedded model)."""
-        self.load_engine(config or keys.engine_config())
+    def start(self, config: EngineConfig | None = None, choice: keys.EngineChoice | None = None) -> None:
+        """Load the model pair from the settings (on a first start: the embedded model), where the
+        settings say (on a first start: the window's own engine process)."""
+        self.load_engine(config or keys.engine_config(), choice or keys.engine_choice())
 
     def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -270,7 +275,8 @@ class MainWindow(QMainWindow):
 
     # -- the engine --------------------------------------------------------------------
 
-    def load_engine(self, config: EngineConfig) -> None:
+    def load_engine(self, config: EngineConfig, choice: keys.EngineChoice | None = None) -> None:
+        """Load `config` where `choice` says (default: where the last load did)."""
         self._freed = None
         if not self._keep_banner:  # a new load clears the old one's messages, not what start-up found
             self.banner.hide()
@@ -279,7 +285,7 @@ class MainWindow(QMainWindow):
         self.engine_label.setText("Loading…")
         self.progress.setValue(0)
         self.progress.show()
-        self.controller.load(config)
+        self.controller.load(config, choice)
 
     def choose_models(self) -> None:
         """Open the model pair dialog; on OK, reload with its models and use its sampling settings."""
@@ -289,7 +295,8 @@ class MainWindow(QMainWindow):
             return
         dialog = self.pair_dialog = PairDialog(self, settings=QSettings())
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.accepted.connect(lambda: self.apply_pair(dialog.engine_config(), dialog.sampling_config()))
+        dialog.accepted.connect(lambda: self.apply_pair(dialog.engine_config(), dialog.sampling_config(),
+                                                        dialog.engine_choice()))  # fmt: skip
         dialog.finished.connect(self._forget_pair_dialog)
         dialog.open()  # window-modal: the rest of the app (other windows, the tray) stays usable
 
@@ -301,13 +308,18 @@ class MainWindow(QMainWindow):
         self.choose_models()
         self.pair_dialog.use_model(path, role)
 
-    def apply_pair(self, config: EngineConfig, sampling: SamplingConfig) -> None:
+    def apply_pair(self, config: EngineConfig, sampling: SamplingConfig, choice: keys.EngineChoice | None = None) -> None:
+        """Use this pair and sampling, where `choice` says (default: where the window runs now)."""
+        choice = choice or self.controller.choice
         keys.set_engine_config(config)
         keys.set_sampling_config(sampling)
+        keys.set_engine_choice(choice)
         self.sampling = sampling
         loaded = self.controller.loaded
-        if loaded is None or loaded.config != config:
-            self.load_engine(config)
+        # On llama-server, vLLM or SGLang the server's pair is used whatever the dialog's says.
+        same = loaded is not None and choice == self.controller.choice and (choice.adapter or loaded.config == config)
+        if not same:
+            self.load_engine(config, choice)
 
     def _on_load_started(self, config: EngineConfig) -> None:
         """A load began: asked for here, or the controller's own after the engine process stopped."""
@@ -328,14 +340,22 @@ class MainWindow(QMainWindow):
         self.engine_label.setText("Engine stopped")
         self._set_ready(True)  # the next Send starts it again
 
-    def _on_loaded(self, config: EngineConfig) -> None:
+    def _on_loaded(self, config: EngineConfig | None) -> None:
         loaded = self.controller.loaded
         self.progress.hide()
-        self.engine_label.setText(describe_engine(loaded))
-        self.statusBar().showMessage("Model loaded.", 5000)
+        self.engine_label.setText(describe_engine(loaded, self.controller.choice))
+        self.engine_label.setToolTip(self.engine_label.text())  # a server's description can be long
+        self.statusBar().showMessage("Connected." if config is None else "Model loaded.", 5000)
         if self._engine_stopped and self.banner.text() == self._engine_stopped:
             self._show_info("The engine process was started again; the models are loaded.")
         self._engine_stopped = ""
+        if isinstance(loaded, ServerPair):  # no config, no cost model: the charts say what they lack
+            self.charts.set_cost_model(None)
+            self.charts.set_drafter(None)
+            self.charts.set_notes(loaded.notes)
+            self._set_ready(True)
+            return
+        self.charts.set_notes(())
         self.charts.set_cost_model(CostSnapshot.of(loaded.costs).model())  # the charts' own copy
         # A draft model given by name makes the drafter "model", whatever config.drafter says.
         self.charts.set_drafter("model" if config.draft else config.drafter)
@@ -348,10 +368,17 @@ class MainWindow(QMainWindow):
         self.progress.hide()
         self.engine_label.setText("No model loaded")
         self.statusBar().showMessage("The model did not load.", 5000)
-        self._set_ready(False, "No model loaded: choose a model pair (Models ▸ Model pair…, Ctrl+M).")
         actions = [("Choose models…", self.choose_models)]
-        if keys.engine_config() != keys.DEFAULT_ENGINE_CONFIG:
+        choice = self.controller.choice
+        if choice.remote:
+            self.engine_label.setText(f"Not connected to the {choice.label()}")
+            actions.append(("Use the local engine", self._use_local_engine))
+        elif keys.engine_config() != keys.DEFAULT_ENGINE_CONFIG:
             actions.append(("Use the built-in model", self._use_default_models))
+        if self.controller.retries:  # the server did not answer: Send connects again
+            self._set_ready(True)
+        else:
+            self._set_ready(False, "No model loaded: choose a model pair (Models ▸ Model pair…, Ctrl+M).")
         self.show_error(f"The model did not load. {message}", actions)
 
     def _on_unloaded(self, freed: EngineConfig) -> None:
@@ -366,6 +393,10 @@ class MainWindow(QMainWindow):
         bench = self.findChild(BenchDialog)
         if not training and (bench is None or not bench.isVisible()):
             self._after_benchmark()
+
+    def _use_local_engine(self) -> None:
+        keys.set_engine_choice(keys.LOCAL)
+        self.load_engine(keys.engine_config(), keys.LOCAL)
 
     def _use_default_models(self) -> None:
         keys.set_engine_config(keys.DEFAULT_ENGINE_CONFIG)
@@ -485,7 +516,8 @@ class MainWindow(QMainWindow):
             existing.activateWindow()
             return existing
         loaded = self.controller.loaded
-        dialog = BenchDialog(self, config=loaded.config if loaded is not None else keys.engine_config(),
+        config = loaded.config if loaded is not None and loaded.config is not None else keys.engine_config()
+        dialog = BenchDialog(self, config=config,
                              host=self.controller, apply_config=lambda chosen: self.apply_pair(chosen, self.sampling))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.finished.connect(self._after_benchmark)
