@@ -6,6 +6,13 @@ or to the settings the check looks at voids it. Checks read metadata only, but
 even half a second is too long to freeze a window, so they run on a worker
 thread and report back through a queued signal; a newer check makes older
 results stale (a generation counter drops them).
+
+The Engine row at the top says where the pair runs (app/pair/engine_row.py).
+On a server, Load waits for a connection test of exactly the URL and key shown.
+On a SpecDeck server the pair below loads there: its paths are the server's, so
+the check here (of this computer's files) informs without holding Load back,
+and the server checks its own when it loads. llama-server, vLLM and SGLang
+serve their own model: the pair is not used, and only sampling applies.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from PySide6.QtWidgets import (
 from engine import EngineConfig, Finding, PairReport, Preflight, SamplingConfig, list_models, preflight
 
 from app.shell import settings as keys
+from app.pair.engine_row import EngineRow
 from app.pair.model_drop import DRAFT, TARGET, ModelDrops
 from app.pair.form import PairForm
 from app.pair.widgets import SEVERITY_COLOURS, FindingsView
@@ -38,6 +46,7 @@ from app.pair.presets import PresetStore
 PREFIX = "pair_dialog"
 
 AUTO_CHECK_MS = 300  # after a settled change; long enough to skip the steps of a spin box held down
+SERVER_PAIR = "The server's model and speculative decoding are used."
 
 
 class PairDialog(QDialog):
@@ -61,6 +70,13 @@ class PairDialog(QDialog):
         self.form = PairForm(list_models(), self, settings=self.settings)
         self.form.sig_key_edited.connect(self._invalidate)
         self.form.sig_key_changed.connect(self._invalidate_and_schedule)
+
+        self._was_adapter = False  # the engine row chose a server with its own pair
+        self.engine_row = EngineRow(self)
+        self.engine_row.sig_changed.connect(self._on_engine_changed)
+        self.engine_row.sig_tested.connect(lambda ok: self._update_buttons())
+        self.server_pair = QLabel(SERVER_PAIR, self)  # in place of the pair's check, for such a server
+        self.server_pair.hide()
 
         presets_row = self._make_presets_row()
 
@@ -86,6 +102,8 @@ class PairDialog(QDialog):
         self.notice.hide()
         layout = QVBoxLayout(self)
         layout.addWidget(self.notice)
+        layout.addWidget(self.engine_row)
+        layout.addWidget(self.server_pair)
         layout.addLayout(presets_row)
         layout.addWidget(self.form)
         layout.addLayout(check_row)
@@ -94,6 +112,7 @@ class PairDialog(QDialog):
 
         resets: list[str] = []
         self.form.set_config(keys.engine_config(self.settings, resets), keys.sampling_config(self.settings, resets))
+        self.engine_row.set_choice(keys.engine_choice(self.settings, resets))
         self._show_notice(keys.describe_resets(resets) if resets else "")
         self.form.set_browse_dir(keys.read(self.settings, f"{PREFIX}/browse_dir", ""))
         self._auto_check.stop()  # the first check runs when the dialog is shown, not while it is built
@@ -118,6 +137,10 @@ class PairDialog(QDialog):
     def sampling_config(self) -> SamplingConfig:
         return self.form.sampling()
 
+    def engine_choice(self) -> keys.EngineChoice:
+        """Where the pair runs: the window's own engine, or a server."""
+        return self.engine_row.choice()
+
     def set_config(self, config: EngineConfig, sampling: SamplingConfig | None = None) -> None:
         """Show `config` (and `sampling`, when given); nothing loads until Load."""
         self.form.set_config(config, sampling)
@@ -130,12 +153,17 @@ class PairDialog(QDialog):
         return self._result.findings if self._result is not None else ()
 
     def can_load(self) -> bool:
-        """True when the last check passed and nothing it looked at has changed since."""
+        """True when the last check passed and nothing it looked at has changed since; on a server,
+        when the last connection test succeeded for exactly the choice shown."""
+        if self.engine_choice().remote:
+            return self.engine_row.tested()
         return self._result is not None and self._result.compatible and self._checked_key == self.form.check_key()
 
     def check(self) -> None:
         """Check the current selection on a worker thread; `sig_check_finished` says how it went."""
         self._auto_check.stop()
+        if self.engine_choice().adapter:
+            return  # the server's own pair: nothing here to check
         self._generation += 1
         generation, config = self._generation, self.form.config()
         self._set_busy(True)
@@ -145,15 +173,20 @@ class PairDialog(QDialog):
 
     def accept(self) -> None:
         if not self.can_load():
-            # Enter in a field, or a caller, can get here with Load disabled: check instead.
-            self.check()
+            # Enter in a field, or a caller, can get here with Load disabled: check (or test) instead.
+            if self.engine_choice().remote:
+                self.engine_row.test()
+            else:
+                self.check()
             return
         keys.set_engine_config(self.form.config(), self.settings)  # the one pair the window loads, too
         keys.set_sampling_config(self.form.sampling(), self.settings)
+        keys.set_engine_choice(self.engine_choice(), self.settings)
         super().accept()
 
     def done(self, result: int) -> None:
         self._auto_check.stop()  # a closed dialog checks nothing (it would show a busy cursor over the window)
+        self.engine_row.forget()
         self._set_busy(False)
         self._generation += 1  # a check still running reports to nobody
         self.settings.setValue(f"{PREFIX}/geometry", self.saveGeometry())
@@ -280,7 +313,22 @@ class PairDialog(QDialog):
 
     def _update_buttons(self) -> None:
         self.load_button.setEnabled(self.can_load() and not self._busy)
-        self.load_button.setToolTip("" if self.can_load() else "Check the pair first: Load is enabled when it passes")
+        first = ("Test the connection first: Load is enabled once the server answers" if self.engine_choice().remote
+                 else "Check the pair first: Load is enabled when it passes")  # fmt: skip
+        self.load_button.setToolTip("" if self.can_load() else first)
+
+    def _on_engine_changed(self) -> None:
+        """The engine row changed: a server with its own pair leaves nothing here to check or edit
+        but the sampling."""
+        adapter = self.engine_choice().adapter
+        if self._was_adapter and not adapter:  # the pair is used again: check it
+            self._invalidate_and_schedule()
+        self._was_adapter = adapter
+        self.form.set_pair_enabled(not adapter)
+        self.check_button.setEnabled(not adapter)
+        self.server_pair.setVisible(adapter)
+        self.findings.setVisible(not adapter)
+        self._update_buttons()
 
     def _set_busy(self, busy: bool) -> None:
         if busy == self._busy:

@@ -89,7 +89,7 @@ class PairForm(QWidget):
         self.drafter = _combo([(spec.choice_label or spec.label, spec.name) for spec in self.specs.values()], self)
         for i, spec in enumerate(self.specs.values()):
             self.drafter.setItemData(i, spec.summary, Qt.ToolTipRole)
-        models_box = QGroupBox("Models", self)
+        models_box = self.models_box = QGroupBox("Models", self)
         form = self._models_form = QFormLayout(models_box)
         form.addRow("&Backend:", self.backend)
         form.addRow("&Target:", self.target)
@@ -110,7 +110,7 @@ class PairForm(QWidget):
         self.k_max = _spin(1, K_LIMIT, self)
         self.k = _spin(1, K_LIMIT, self)
         self.k.setValue(4)  # fixed k's usual start, until a config sets one
-        length_box = QGroupBox("Draft length k", self)
+        length_box = self.length_box = QGroupBox("Draft length k", self)
         length = QFormLayout(length_box)
         length.addRow(self.k_auto)
         length.addRow("Largest k:", self.k_max)
@@ -165,7 +165,7 @@ class PairForm(QWidget):
         self.gpu_layers.setToolTip("llama.cpp: layers to offload to the GPU (0 = none)")
         self.n_ctx = _spin(0, 1_048_576, self, special="model default", step=1024)
         self.n_ctx.setToolTip("Tokens the context holds; model default is min(trained context, 4096)")
-        hardware_box = QGroupBox("Hardware", self)
+        hardware_box = self.hardware_box = QGroupBox("Hardware", self)
         hardware = QFormLayout(hardware_box)
         hardware.addRow("De&vice:", self.device)
         hardware.addRow("D&type:", self.dtype)
@@ -249,6 +249,12 @@ class PairForm(QWidget):
         self._update_recommended()
         # Typed-in specs emit nothing when set in code; say that the selection moved.
         self.sig_key_changed.emit()
+
+    def set_pair_enabled(self, enabled: bool) -> None:
+        """Whether the models, the draft length and the hardware can be edited: not while a server
+        that serves its own model is chosen (sampling still applies there)."""
+        for box in (self.models_box, self.length_box, self.hardware_box):
+            box.setEnabled(enabled)
 
     def field(self, drafter: str, option: str) -> QWidget:
         """The widget of one drafter option (for the dialog and tests)."""
