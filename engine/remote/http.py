@@ -109,6 +109,12 @@ class JsonServer:
                 if data == "[DONE]":
                     return
                 yield _json(data, self.name)
+            if cancel is None or not cancel.is_set():
+                # Every one of these servers ends a stream with [DONE]: without it the server went
+                # away, and the reply is cut short, not finished.
+                raise ServerUnavailable(f"The connection to the {self.name} broke off in the middle of the answer "
+                                        "(the stream ended without its end mark): the server stopped or was "
+                                        "stopped. What arrived is kept.")  # fmt: skip
         except (OSError, http.client.HTTPException, ValueError) as error:
             if cancel is not None and cancel.is_set():
                 return  # we closed it

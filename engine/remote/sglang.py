@@ -30,14 +30,12 @@ http_server.py `get_server_info`), and so what SpecDeck shows:
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Iterator
+from typing import Any
 
 from engine.errors import SpecDeckError
-from engine.remote.base import RemoteEngine, RemotePair
+from engine.remote.base import RemoteEngine, RemotePair, model_cards, usage_counters
 from engine.remote.http import JsonServer, ServerRefused
 from engine.remote.steps import StepBuilder
-from engine.remote.vllm import model_cards, usage_counters
 
 NOTES = (
     "SGLang sends no probabilities: p and q are not shown.",
@@ -63,6 +61,7 @@ class SglangEngine(RemoteEngine):
         super().__init__(url, api_key, vanilla_url=vanilla_url, model=model)
         self.draft_length = 0  # the draft's depth, once connect() has read it
         self._plain_run = False  # one generate call's: nothing drafts in it (vanilla, or no speculation)
+        self._sglext: dict = {}  # one generate call's: what its chunks' `sglext` said
 
     def _describe(self) -> RemotePair:
         cards = model_cards(self.server)
@@ -110,8 +109,16 @@ class SglangEngine(RemoteEngine):
     def _counters(self, chunk: dict, builder: StepBuilder) -> dict:
         return usage_counters(chunk, builder, self._plain_run)
 
+    def _before(self, server: JsonServer) -> Any:
+        self._sglext = {}
+
+    def _observe(self, chunk: dict) -> None:
+        # SGLang sends the request's counts in a chunk of neither choices nor usage.
+        if isinstance(chunk.get("sglext"), dict):
+            self._sglext.update(chunk["sglext"])
+
     def _after(self, server: JsonServer, before: Any, timings: dict) -> dict:
-        details = (getattr(server, "sglext", None) or {}).get("spec_tokens_details")
+        details = self._sglext.get("spec_tokens_details")
         if self._plain_run or not isinstance(details, dict):
             return {}
         proposed = details.get("spec_num_proposed_drafts", details.get("spec_proposed_drafts"))
@@ -120,10 +127,10 @@ class SglangEngine(RemoteEngine):
             return {}
         return {"drafted": int(proposed), "accepted": int(correct)}
 
-    def _server(self, vanilla: bool) -> JsonServer | _KeepsSglext:
+    def _server(self, vanilla: bool) -> JsonServer:
         if vanilla and self.vanilla is None:
             raise SpecDeckError(NO_VANILLA)
-        return _KeepsSglext(super()._server(vanilla))
+        return super()._server(vanilla)
 
     # -- what the server says --------------------------------------------------------------
 
@@ -137,25 +144,3 @@ class SglangEngine(RemoteEngine):
         if isinstance(info, dict) and isinstance(info.get("decode"), list) and info["decode"]:
             info = info["decode"][0]  # a prefill/decode disaggregated router: the decode side speculates
         return info if isinstance(info, dict) else {}
-
-
-class _KeepsSglext:
-    """One request's server: streams as the JsonServer does, and keeps each chunk's `sglext`, which SGLang
-    sends in a chunk with neither choices nor usage (base.generate hands only those to `_counters`)."""
-
-    def __init__(self, server: JsonServer) -> None:
-        self.server, self.name, self.url = server, server.name, server.url
-        self.sglext: dict = {}
-
-    def events(self, path: str, body: Any, cancel: threading.Event | None = None,
-               timeout: float | None = 300.0) -> Iterator[dict]:  # fmt: skip
-        for chunk in self.server.events(path, body, cancel=cancel, timeout=timeout):
-            if isinstance(chunk.get("sglext"), dict):
-                self.sglext.update(chunk["sglext"])
-            yield chunk
-
-    def get(self, path: str, timeout: float = 30.0) -> Any:
-        return self.server.get(path, timeout)
-
-    def get_text(self, path: str, timeout: float = 30.0) -> str:
-        return self.server.get_text(path, timeout)

@@ -99,20 +99,25 @@ class StepBuilder:
         return [self._close(self._open)] if self._open is not None else []
 
     def finish(self, reason: str, *, wall_s: float | None = None, prefill_s: float | None = None,
-               drafted: int | None = None, accepted: int | None = None) -> GenerationResult:  # fmt: skip
+               drafted: int | None = None, accepted: int | None = None,
+               depth_tested: tuple[int, ...] | None = None, depth_accepted: tuple[int, ...] | None = None,
+               ) -> GenerationResult:  # fmt: skip
         """End the run: `reason` ("stop", "length", "cancelled"...), the server's own timings (seconds)
-        where it sent them, and the final totals (a server that reports them only at the end)."""
+        where it sent them, and its own totals for the run where it has them (they replace what the
+        chunks suggested: two steps sent as one chunk read as one), per draft position too."""
         if self._open is not None:
             self._close(self._open)  # a step cut short: the end-of-turn token or the limit came first
         stats = self._stats
         changes: dict = {"wall_s": wall_s if wall_s else max(0.0, self.clock() - self._start - self._first_token_s)}
         if prefill_s is not None:
             changes["prefill_s"] = prefill_s
-        if drafted is not None and drafted > stats.drafted:
+        if drafted is not None:
             changes["drafted"] = drafted
-        if accepted is not None and accepted > stats.accepted:
+        if accepted is not None:
             changes["accepted"] = accepted
-            changes["tested"] = max(stats.tested, accepted)  # the rejections are not known: at least these
+            changes["tested"] = accepted + (stats.tested - stats.accepted)  # the rejections the chunks showed
+        if depth_tested is not None and depth_accepted is not None:
+            changes["depth_tested"], changes["depth_accepted"] = tuple(depth_tested), tuple(depth_accepted)
         stats = replace(stats, **changes)
         if not self.steps:
             self.steps.append(StepEvent(0, (), "", 0, 0, 0, 0.0, 0.0, 0.0, stats, finish_reason=reason))

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import SpecDeckError
-from engine.remote.base import RemoteEngine, RemotePair
+from engine.remote.base import RemoteEngine, RemotePair, model_cards, usage_counters
 from engine.remote.http import JsonServer, ServerRefused, ServerUnavailable
 from engine.remote.prometheus import Scrape, difference, parse
 from engine.remote.steps import StepBuilder
@@ -87,36 +87,6 @@ def reported_counts(metrics: dict) -> SpecCounts | None:
                           int(metrics["num_accepted_draft_tokens"]), per_pos)  # fmt: skip
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def model_cards(server: JsonServer) -> list[dict]:
-    """The model cards of /v1/models (vLLM's and SGLang's carry `max_model_len`)."""
-    data = server.get("/v1/models")
-    cards = [m for m in (data.get("data") or []) if isinstance(m, dict) and m.get("id")]
-    if not cards:
-        raise SpecDeckError(f"The {server.name} lists no model at /v1/models: has it finished loading?")
-    return cards
-
-
-def usage_counters(chunk: dict, builder: StepBuilder, plain: bool) -> dict:
-    """StepBuilder.add's counters from a chunk's running `usage.completion_tokens` (vLLM's and SGLang's
-    continuous usage stats), for a builder made with `step_per_chunk`; `plain`: nothing drafts."""
-    usage = chunk.get("usage") or {}
-    if usage.get("completion_tokens") is None:
-        if any((choice.get("delta") or {}).get("content") for choice in chunk.get("choices") or ()):
-            # A server that ignores continuous_usage_stats: a chunk's tokens are not known, so neither is
-            # what its step accepted. One token a chunk, of unreported source, to the end (the last
-            # chunk's total would make up a step).
-            builder.step_per_chunk = False
-        return {}
-    if not builder.step_per_chunk:
-        return {}
-    tokens = int(usage["completion_tokens"])
-    if plain or (not builder.steps and tokens == 1):
-        # Nothing drafts on a vanilla server; the first token comes from the prefill, which verifies no
-        # draft. Running totals that do not move make plain tokens.
-        return {"tokens": tokens, "drafted": 0, "accepted": 0}
-    return {"tokens": tokens}
 
 
 class VllmEngine(RemoteEngine):
@@ -192,7 +162,14 @@ class VllmEngine(RemoteEngine):
             except ServerUnavailable:  # the reply arrived; only its totals are lost
                 after = None
             counts = spec_counts(before, after) if after is not None else None
-        return {"drafted": counts.draft_tokens, "accepted": counts.accepted} if counts else {}
+        if counts is None:
+            return {}
+        out = {"drafted": counts.draft_tokens, "accepted": counts.accepted}
+        if counts.accepted_per_pos:
+            # Position i is tested when the drafts before it were all accepted: by every draft at 0.
+            tested = (counts.drafts, *counts.accepted_per_pos[:-1])
+            out.update(depth_tested=tested, depth_accepted=counts.accepted_per_pos)
+        return out
 
     def _server(self, vanilla: bool) -> JsonServer:
         if vanilla and self.vanilla is None:

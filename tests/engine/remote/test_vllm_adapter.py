@@ -199,8 +199,6 @@ def test_two_steps_in_one_chunk_take_the_drafted_total_from_the_metrics():
     assert result.stats.drafted == 12  # 4 verify steps of 3 drafts, from the metrics difference
 
 
-@pytest.mark.xfail(strict=True, reason="StepBuilder.finish only raises totals: the chunks' estimate of 8 accepted "
-                                       "stays above the server's 7 (see the report)")  # fmt: skip
 def test_two_steps_in_one_chunk_take_the_accepted_total_from_the_metrics():
     with vllm_server(MERGED) as server:
         result = VllmEngine(server.url).generate(ASK, SAMPLING)
@@ -239,8 +237,6 @@ def test_a_stream_that_breaks_off_raises_and_keeps_the_text_that_arrived():
     assert "".join(told) == "The quick brown fox jumps over"
 
 
-@pytest.mark.xfail(strict=True, reason="JsonServer.events takes a stream closed before [DONE] for its end "
-                                       "(http.client's chunked readline hides the missing last chunk; see the report)")  # fmt: skip
 def test_a_stream_closed_before_done_is_an_error_not_a_finished_reply():
     with vllm_server(break_after=4, how="close") as server:
         with pytest.raises(ServerUnavailable, match="broke off"):
