@@ -128,18 +128,27 @@ def _summarize(prompt: BenchPrompt, outputs: list[PeerOutput], reference) -> Pee
 # -- which peers -------------------------------------------------------------------------
 
 
-def default_peers(engine) -> list[PeerSpec]:
-    """The peers matching the engine's target backend (see the module docstring)."""
+def default_peers(engine, llama_server: str | None = None) -> list[PeerSpec]:
+    """The peers matching the engine's target backend (see the module docstring); on llama.cpp also
+    llama-server's (engine/bench/llama_server_peers.py) when a binary is found (`llama_server`: its
+    path, which must exist)."""
     target = engine.target
     if target.info.backend == "llama.cpp":
         from engine.backends.llama_cpp import default_threads
+        from engine.bench.llama_server_peers import llama_server_peers
+        from engine.remote.llama_server_binary import find_llama_server
 
         path, n_ctx, threads = target.info.path, target.n_ctx, engine.config.threads or default_threads()
-        return [
+        specs = [
             PeerSpec("llama-cpp-python chat completion", VANILLA, lambda: LlamaChatPeer(path, n_ctx, threads)),
             PeerSpec(f"llama-cpp-python prompt lookup ({LOOKUP_TOKENS})", SPECULATIVE,
                      lambda: LlamaChatPeer(path, n_ctx, threads, lookup=True)),
         ]  # fmt: skip
+        binary = find_llama_server(llama_server)
+        if binary is not None:
+            draft = getattr(getattr(getattr(engine.drafter, "backend", None), "info", None), "path", None)
+            specs += llama_server_peers(binary, path, n_ctx, threads, draft)
+        return specs
     specs = [
         PeerSpec("transformers generate", VANILLA, lambda: TransformersPeer(engine)),
         PeerSpec(f"transformers prompt lookup ({LOOKUP_TOKENS})", SPECULATIVE,

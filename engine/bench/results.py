@@ -75,6 +75,7 @@ class BenchSettings:
     warmup: int = 1  # warm-up generations per mode (and per peer) before measuring
     peers: bool = False
     measure_bandwidth: bool = True
+    llama_server: str | None = None  # a llama-server binary for the peers (None: found, or none)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -143,7 +143,7 @@ def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_sour
 
     peer_results = ()
     if with_peers:
-        specs = peer_specs if peer_specs is not None else default_peers(engine)
+        specs = peer_specs if peer_specs is not None else default_peers(engine, settings.llama_server)
         reference = {r.prompt_id: (r.text, r.token_ids) for r in runs if r.mode == VANILLA and r.repeat == 0}
         peer_results = run_peers(
             specs, prompts, ids, reference, settings.max_tokens, settings.repeat, warmup=min(settings.warmup, 1),

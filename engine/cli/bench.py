@@ -25,7 +25,8 @@ import threading
 from pathlib import Path
 
 from engine.cli import interrupt as cli_interrupt
-from engine.cli.options import add_drafter_options, add_load_options, drafter_choice, refuse_pair_options
+from engine.cli.options import (add_drafter_options, add_load_options, add_server_options, drafter_choice,
+                                refuse_pair_options, server_key)  # fmt: skip
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -46,15 +47,16 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench.add_argument("--peers", action="store_true",
                        help="also run, on the same model file, what the target's backend offers: llama-cpp-python's "
                             "chat completion and prompt lookup (llama.cpp); transformers' generate, prompt lookup "
-                            "and assistant model (torch)")  # fmt: skip
+                            "and assistant model (torch); and llama-server plain, with each n-gram type and with "
+                            "the draft model, where a llama-server binary is found (llama.cpp)")  # fmt: skip
+    bench.add_argument("--llama-server", default=None, metavar="PATH",
+                       help="the llama-server binary for --peers (default: $SPECDECK_LLAMA_SERVER, $PATH, or the "
+                            "one `specdeck-cli llama-server build` made)")  # fmt: skip
     bench.add_argument("--json", type=Path, default=None, metavar="OUT", help="write everything measured to OUT")
     bench.add_argument("--autotune", action="store_true",
                        help="instead: try every drafter the target allows with a few k, once each (--max-tokens 48 for "
                             "a quick run), and print them ranked by speedup over plain decoding")  # fmt: skip
-    bench.add_argument("--server", default=None, metavar="URL",
-                       help="benchmark the pair a SpecDeck server (specdeck-cli serve) has loaded, on that machine, "
-                            "instead of loading one here")  # fmt: skip
-    bench.add_argument("--api-key", default=None, help="the server's API key (default: $SPECDECK_API_KEY)")
+    add_server_options(bench, "benchmark on")
     bench.set_defaults(func=cmd_bench)
     return bench
 
@@ -96,8 +98,24 @@ def _prompts_and_settings(args: argparse.Namespace):
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) if args.kinds else None
     path = args.prompts or default_prompts_path()
-    settings = BenchSettings(max_tokens=args.max_tokens, repeat=args.repeat, warmup=args.warmup, peers=args.peers)
+    if args.peers and not args.server:
+        _say_llama_server(args.llama_server)
+    settings = BenchSettings(max_tokens=args.max_tokens, repeat=args.repeat, warmup=args.warmup, peers=args.peers,
+                             llama_server=args.llama_server)  # fmt: skip
     return path, load_prompts(path, kinds), settings
+
+
+def _say_llama_server(explicit: str | None) -> None:
+    """Before anything loads: a --llama-server that is not there is an error; none found, a note."""
+    from engine.remote.llama_server_binary import find_llama_server
+
+    binary = find_llama_server(explicit)
+    if binary is None:
+        print("note: no llama-server binary found ($SPECDECK_LLAMA_SERVER, $PATH, the cache): its peers are left "
+              "out. `specdeck-cli llama-server build` builds one (10-30 minutes), or give --llama-server PATH.",
+              file=sys.stderr, flush=True)  # fmt: skip
+    else:
+        print(f"llama-server peers: {binary}", file=sys.stderr, flush=True)
 
 
 def _print_report(report, json_path: Path | None) -> int:
@@ -133,17 +151,19 @@ def _autotune(config, prompts, max_tokens: int, client=None) -> int:
 def _bench_on_server(args: argparse.Namespace) -> int:
     """The benchmark (or auto-tune) of the pair the server has loaded, through EngineClient: the server
     keeps its pair, and the output is local bench's."""
-    import os
-
-    from engine.cli.serve import ENV_KEY
     from engine.errors import ConfigError
+    from engine.remote import detect_kind
     from engine.service.client import EngineClient
 
     parser = argparse.ArgumentParser()
     defaults = add_bench_parser(parser.add_subparsers()).parse_args([])
     refuse_pair_options(args, defaults, "the server's loaded pair is benchmarked")
     path, prompts, settings = _prompts_and_settings(args)
-    client = EngineClient(args.server, api_key=args.api_key or os.environ.get(ENV_KEY) or None)
+    key = server_key(args)
+    kind = args.server_kind if args.server_kind != "auto" else detect_kind(args.server, key)
+    if kind != "specdeck":
+        return _bench_remote(args, kind, key, path, prompts, settings)
+    client = EngineClient(args.server, api_key=key)
     pair = client.loaded()
     if pair is None:
         raise ConfigError(f"The server at {client.url} has no model loaded: load one there first.")
@@ -157,6 +177,31 @@ def _bench_on_server(args: argparse.Namespace) -> int:
                               cancel=cancel)  # fmt: skip
     except KeyboardInterrupt:
         cancel.set()  # the server stops at its next step (and when the connection closes)
+        raise
+    finally:
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+    return _print_report(report, args.json)
+
+
+def _bench_remote(args, kind: str, key: str | None, path, prompts, settings) -> int:
+    """The benchmark on llama-server, vLLM or SGLang, through its remote adapter."""
+    from engine.bench.remote import run_remote_benchmark
+    from engine.errors import ConfigError
+    from engine.remote import open_remote
+
+    if args.autotune or args.peers:
+        raise ConfigError(f"--{'autotune' if args.autotune else 'peers'} needs a SpecDeck engine (here or at --server); "
+                          f"a {kind} server benchmarks only as it was started.")  # fmt: skip
+    remote = open_remote(kind, args.server, key, vanilla_url=args.vanilla_server)
+    pair = remote.connect()
+    print(f"benchmarking on {pair.describe()}", file=sys.stderr, flush=True)
+    cancel = threading.Event()
+    try:
+        report = run_remote_benchmark(remote, prompts, settings, prompts_source=str(path), progress=_progress(),
+                                      cancel=cancel)  # fmt: skip
+    except KeyboardInterrupt:
+        cancel.set()
         raise
     finally:
         if sys.stderr.isatty():

@@ -32,7 +32,9 @@ from pathlib import Path  # noqa: E402
 
 from engine.cli.bench import add_bench_parser  # noqa: E402
 from engine.cli.chat import add_chat_parser  # noqa: E402
-from engine.cli.options import add_drafter_options, add_load_options, drafter_choice, refuse_pair_options  # noqa: E402
+from engine.cli.llama_server import add_llama_server_parser  # noqa: E402
+from engine.cli.options import (add_drafter_options, add_load_options, add_server_options, drafter_choice,  # noqa: E402
+                                refuse_pair_options, server_key)  # fmt: skip
 from engine.cli.serve import add_serve_parser  # noqa: E402
 from engine.cli.train import add_train_parser  # noqa: E402
 from engine.errors import ConfigError, SpecDeckError  # noqa: E402
@@ -74,11 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="feed --prompt as plain text, without the chat template")
     gen.add_argument("--compare", action="store_true", help="also run vanilla decoding and report the speedup")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    gen.add_argument("--server", default=None, metavar="URL",
-                     help="generate on a SpecDeck server (specdeck-cli serve) with the pair it has loaded, "
-                          "instead of loading a model here")  # fmt: skip
-    gen.add_argument("--api-key", default=None,
-                     help="the server's API key (default: $SPECDECK_API_KEY)")
+    add_server_options(gen, "generate on")
     gen.set_defaults(func=cmd_generate)
 
     doc = sub.add_parser("doctor", help="check whether a draft/target pair can work, before loading it")
@@ -96,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_parser(sub)
     add_train_parser(sub)
     add_serve_parser(sub)
+    add_llama_server_parser(sub)
     return parser
 
 
@@ -204,11 +203,8 @@ TREE_DRAFTERS = ("medusa", "eagle", "lookahead")  # their summary adds the accep
 
 
 def _generate_on_server(args: argparse.Namespace, messages: list[dict]) -> int:
-    """generate through EngineClient: the same output and statistics, from the server's pair."""
-    import os
-
-    from engine.service.client import EngineClient
-
+    """generate on a server: a SpecDeck server's loaded pair (EngineClient), or llama-server, vLLM or
+    SGLang (engine/remote): the same output and statistics, as far as the server reports them."""
     defaults = build_parser().parse_args(["generate", "-p", "-"])
     refuse_pair_options(args, defaults, "the server's loaded pair is used", extra=("model_sampling",),
                         subject="model")
@@ -216,13 +212,9 @@ def _generate_on_server(args: argparse.Namespace, messages: list[dict]) -> int:
         raise ConfigError("--raw feeds text without the chat template, which a server's generate does not offer: "
                           "drop --raw, or run without --server.")  # fmt: skip
     sampling = _sampling_config(args, say=False)
-    client = EngineClient(args.server, api_key=args.api_key or os.environ.get("SPECDECK_API_KEY") or None)
-    pair = client.loaded()
-    if pair is None:
-        raise ConfigError(f"The server at {client.url} has no model loaded: load one there first.")
+    engine, n_ctx, described, per_depth = _server_engine(args)
     if not args.json:
-        print(f"generating on {client.url}: {pair.target.name} ({pair.target.backend}), drafter {pair.config.drafter}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"generating on {described}", file=sys.stderr, flush=True)
     cancel = threading.Event()
 
     def on_step(label, step, drafter_stats, costs) -> None:
@@ -231,21 +223,45 @@ def _generate_on_server(args: argparse.Namespace, messages: list[dict]) -> int:
 
     try:
         if args.compare:
-            comparison = client.compare(messages, sampling, cancel=cancel, on_step=on_step)
+            comparison = engine.compare(messages, sampling, cancel=cancel, on_step=on_step)
             result = comparison.speculative
         else:
-            result, comparison = client.generate(messages, sampling, cancel=cancel, on_step=on_step), None
+            result, comparison = engine.generate(messages, sampling, cancel=cancel, on_step=on_step), None
     except KeyboardInterrupt:
         cancel.set()
         raise
     if args.json:
         with cli_interrupt.held():
-            report = {**_json_report(result, comparison, pair.n_ctx), "sampling": _sampling_report(sampling)}
+            report = {**_json_report(result, comparison, n_ctx), "sampling": _sampling_report(sampling)}
             print(json.dumps(report, ensure_ascii=False), flush=True)
     else:
         _write("\n")
-        _print_summary(result, comparison, pair.n_ctx, per_depth=pair.config.drafter in TREE_DRAFTERS)
+        _print_summary(result, comparison, n_ctx, per_depth=per_depth)
     return 0
+
+
+def _server_engine(args: argparse.Namespace):
+    """(engine, n_ctx, a description, per_depth) for --server: an EngineClient for a SpecDeck server,
+    else the remote adapter of --server-kind (detected by default)."""
+    from engine.remote import detect_kind, open_remote
+
+    key = server_key(args)
+    kind = args.server_kind if args.server_kind != "auto" else detect_kind(args.server, key)
+    if kind != "specdeck":
+        remote = open_remote(kind, args.server, key, vanilla_url=args.vanilla_server)
+        pair = remote.connect()
+        return remote, pair.n_ctx or 0, pair.describe(), False
+    if args.vanilla_server:
+        raise ConfigError("--vanilla-server is for llama-server, vLLM and SGLang: a SpecDeck server runs the "
+                          "vanilla side of --compare itself. Drop --vanilla-server.")  # fmt: skip
+    from engine.service.client import EngineClient
+
+    client = EngineClient(args.server, api_key=key)
+    pair = client.loaded()
+    if pair is None:
+        raise ConfigError(f"The server at {client.url} has no model loaded: load one there first.")
+    described = f"{client.url}: {pair.target.name} ({pair.target.backend}), drafter {pair.config.drafter}"
+    return client, pair.n_ctx, described, pair.config.drafter in TREE_DRAFTERS
 
 
 def _read_prompt(prompt: str | None) -> str:

@@ -11,6 +11,7 @@ n-gram drafter.
 from __future__ import annotations
 
 import argparse
+import os
 import typing
 
 from engine.drafters.registry import AUTO, Setting, all_drafters, option_settings
@@ -120,3 +121,26 @@ def refuse_pair_options(args: argparse.Namespace, defaults: argparse.Namespace, 
         flag = "--" + given[0].replace("_", "-")
         raise ConfigError(f"{flag} is about the {subject} loaded here, but with --server {what}: drop {flag}, or run "
                           "without --server.")
+
+
+# -- a server instead of a local pair (generate, bench) ---------------------------------------
+
+SERVER_KINDS = ("auto", "specdeck", "llama-server", "vllm", "sglang")
+ENV_KEY = "SPECDECK_API_KEY"
+
+
+def add_server_options(parser: argparse.ArgumentParser, verb: str) -> None:
+    """--server URL, --server-kind, --vanilla-server URL, --api-key."""
+    parser.add_argument("--server", default=None, metavar="URL",
+                        help=f"{verb} a server instead of loading a model here: a SpecDeck server (specdeck-cli "
+                             "serve) with the pair it has loaded, llama-server, vLLM or SGLang")  # fmt: skip
+    parser.add_argument("--server-kind", choices=SERVER_KINDS, default="auto",
+                        help="what runs at --server (default: found out by asking it)")
+    parser.add_argument("--vanilla-server", default=None, metavar="URL",
+                        help="llama-server, vLLM, SGLang: a second server of the same model without speculative "
+                             "decoding, for the vanilla side of a comparison")  # fmt: skip
+    parser.add_argument("--api-key", default=None, help=f"the server's API key (default: ${ENV_KEY})")
+
+
+def server_key(args: argparse.Namespace) -> str | None:
+    return args.api_key or os.environ.get(ENV_KEY) or None

@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-ENV_KEY = "SPECDECK_API_KEY"
+from engine.cli.options import ENV_KEY  # noqa: E402 (one name for the key everywhere)
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:

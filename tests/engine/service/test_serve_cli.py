@@ -76,3 +76,15 @@ def test_generate_on_a_server_refuses_the_options_of_a_local_model(server, capsy
     assert "--k" in capsys.readouterr().err
     assert main(["generate", "--server", server.url, "--api-key", "wrong", "-p", "Hi"]) == 2
     assert "The API key is wrong" in capsys.readouterr().err
+
+
+def test_generate_on_a_server_says_what_cannot_work_there(server, capsys):
+    """The kind is found out by asking the server: a SpecDeck server runs --compare's vanilla side itself,
+    and an address where nothing listens is said, with what to do."""
+    from engine.remote.llama_server_process import free_port
+
+    base = ["generate", "--server", server.url, "--api-key", server.key, "-p", "Hi"]
+    assert main([*base, "--vanilla-server", "http://127.0.0.1:9"]) == 2
+    assert "--vanilla-server is for llama-server, vLLM and SGLang" in capsys.readouterr().err
+    assert main(["generate", "--server", f"http://127.0.0.1:{free_port()}", "-p", "Hi"]) == 2
+    assert "connection refused): start the server, or check the address and port" in capsys.readouterr().err
