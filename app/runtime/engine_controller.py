@@ -229,7 +229,8 @@ class EngineController(QObject):
         lost), and where the window runs on llama-server, vLLM or SGLang, which run no SpecDeck job.
         """
         if self.choice.adapter:
-            what = {"bench": "The benchmark", "autotune": "Auto-tune", "train": "Training"}.get(name, "This job")
+            what = "Training" if name.startswith("train") else {"bench": "The benchmark", "autotune": "Auto-tune"}.get(
+                name, "This job")  # fmt: skip
             raise SpecDeckError(remote.NEEDS_ENGINE.format(what=what, server=f"the {self.choice.label()} at "
                                                                             f"{self.choice.url}"))  # fmt: skip
         pending = self._runner.pending
