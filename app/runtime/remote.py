@@ -77,8 +77,9 @@ def check_connection(choice: EngineChoice) -> tuple[str, tuple[str, ...]]:
     loaded = client.loaded()
     if loaded is None:
         return f"SpecDeck server at {client.url}, no pair loaded yet: Load loads the pair below there.", ()
-    return (f"SpecDeck server at {client.url}, holding {loaded.target.name} with drafter {loaded.config.drafter}; "
-            "Load loads the pair below there (its paths are the server's).", loaded.notes)  # fmt: skip
+    text = (f"SpecDeck server at {client.url}, holding {loaded.target.name} with drafter {loaded.config.drafter}; "
+            "Load loads the pair below there (its paths are the server's).")  # fmt: skip
+    return text, loaded.notes
 
 
 def _describe_server(pair: RemotePair) -> tuple[str, tuple[str, ...]]:

@@ -5,8 +5,8 @@ conversations in a dock on the left and the live charts in a dock on the right;
 the loaded models and loading progress in the status bar.
 
 The window loads the engine (in the engine process its controller starts, or
-on the server the pair dialog chose: `keys.EngineChoice`), runs comparisons, feeds every step to the charts, and remembers its settings;
-the chat's bookkeeping (which conversation, what is saved when) is ChatSession's.
+on the server the pair dialog chose: `keys.EngineChoice`), runs comparisons,
+feeds every step to the charts, and remembers its settings; the chat's bookkeeping (which conversation, what is saved when) is ChatSession's.
 Every error reaches the user through `show_error`: a banner that leaves the
 window usable. An engine process that dies
 is one more error: the banner says how it ended, the chat keeps what it showed,
@@ -308,7 +308,8 @@ class MainWindow(QMainWindow):
         self.choose_models()
         self.pair_dialog.use_model(path, role)
 
-    def apply_pair(self, config: EngineConfig, sampling: SamplingConfig, choice: keys.EngineChoice | None = None) -> None:
+    def apply_pair(self, config: EngineConfig, sampling: SamplingConfig,
+                   choice: keys.EngineChoice | None = None) -> None:  # fmt: skip
         """Use this pair and sampling, where `choice` says (default: where the window runs now)."""
         choice = choice or self.controller.choice
         keys.set_engine_config(config)

@@ -111,6 +111,6 @@ def llama_servers(llama_server_binary, default_gguf):
     """(speculative, vanilla): llama-server on the embedded model with n-gram drafting, and without."""
     from engine.remote.llama_server_process import LlamaServerProcess
 
-    with LlamaServerProcess(llama_server_binary, default_gguf, threads=2, n_ctx=2048, spec=LLAMA_SPEC) as spec:
-        with LlamaServerProcess(llama_server_binary, default_gguf, threads=2, n_ctx=2048) as vanilla:
-            yield spec, vanilla
+    with (LlamaServerProcess(llama_server_binary, default_gguf, threads=2, n_ctx=2048, spec=LLAMA_SPEC) as spec,
+          LlamaServerProcess(llama_server_binary, default_gguf, threads=2, n_ctx=2048) as vanilla):  # fmt: skip
+        yield spec, vanilla

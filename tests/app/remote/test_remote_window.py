@@ -114,7 +114,8 @@ def test_the_benchmark_and_training_say_they_need_a_specdeck_engine_on_llama_ser
     controller = EngineController(process=EngineProcess())
     controller.choice = EngineChoice("llama-server", nowhere)
     with pytest.raises(Exception, match="Training runs on a local engine or a SpecDeck server") as refused:
-        controller.lend("train-heads", FAST_CONFIG, lambda lent, cancel, report: None, lambda worker: None, on_server=True)
+        controller.lend("train-heads", FAST_CONFIG, lambda lent, cancel, report: None, lambda worker: None,
+                        on_server=True)  # fmt: skip
     assert f"the llama-server at {nowhere}" in str(refused.value)
     assert not controller.busy and controller.process.pid is None
     controller.shutdown()
