@@ -6,7 +6,8 @@ the loaded models and loading progress in the status bar.
 
 The window loads the engine (in the engine process its controller starts, or
 on the server the pair dialog chose: `keys.EngineChoice`), runs comparisons,
-feeds every step to the charts, and remembers its settings; the chat's bookkeeping (which conversation, what is saved when) is ChatSession's.
+feeds every step to the charts, and remembers its settings; the chat's
+bookkeeping (which conversation, what is saved when) is ChatSession's.
 Every error reaches the user through `show_error`: a banner that leaves the
 window usable. An engine process that dies
 is one more error: the banner says how it ended, the chat keeps what it showed,
