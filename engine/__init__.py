@@ -56,6 +56,10 @@ _LAZY = {
     "break_even_acceptance": ("core.draft_length", None), "expected_tokens": ("core.draft_length", None),
     # the engine as a service: its client, and the private engine process the app starts (light)
     "EngineClient": ("service.client", None), "EngineUnavailable": ("service.client", None),
+    # other servers: llama-server, vLLM, SGLang (light)
+    "open_remote": ("remote", None), "detect_kind": ("remote", None), "RemoteEngine": ("remote", None),
+    "RemotePair": ("remote", None), "REMOTE_KINDS": ("remote", "KINDS"),
+    "ServerUnavailable": ("remote.http", None), "ServerRefused": ("remote.http", None),
     "LoadedPair": ("service.client", None), "EngineProcess": ("service.process", None),
     # trained heads and training
     "read_medusa_config": ("heads.medusa", "read_config"), "read_eagle_config": ("heads.eagle", "read_config"),

@@ -17,12 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import EngineClient, EngineUnavailable, SpecDeckError
-
-# engine/__init__.py does not export the remote adapters yet (tests/app/shell/test_layering.py says
-# so): this is the one app module that reaches into engine.remote, until it does.
-from engine.remote import RemoteEngine, RemotePair, open_remote
-from engine.remote.http import ServerRefused, ServerUnavailable
+from engine import (EngineClient, EngineUnavailable, RemoteEngine, RemotePair, ServerRefused, ServerUnavailable,
+                    SpecDeckError, open_remote)  # fmt: skip
 
 from app.shell.settings import EngineChoice
 
