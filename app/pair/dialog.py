@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QMessageBox,
     QPushButton,
+    QSizePolicy,
     QVBoxLayout,
 )
 
@@ -76,6 +77,8 @@ class PairDialog(QDialog):
         self.engine_row.sig_changed.connect(self._on_engine_changed)
         self.engine_row.sig_tested.connect(lambda ok: self._update_buttons())
         self.server_pair = QLabel(SERVER_PAIR, self)  # in place of the pair's check, for such a server
+        # One line high: with the findings hidden it would otherwise take the dialog's spare height.
+        self.server_pair.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.server_pair.hide()
 
         presets_row = self._make_presets_row()
@@ -108,6 +111,7 @@ class PairDialog(QDialog):
         layout.addWidget(self.form)
         layout.addLayout(check_row)
         layout.addWidget(self.findings, 1)
+        layout.addStretch(0)  # the spare height while the findings are hidden (a server's own pair)
         layout.addWidget(self.buttons)
 
         resets: list[str] = []
