@@ -43,7 +43,7 @@ def test_garbage_settings_fall_back_to_defaults_and_the_banner_names_them(make_w
 
     window = make_window(load=False)
     loads = []
-    monkeypatch.setattr(window.controller, "load", loads.append)
+    monkeypatch.setattr(window.controller, "load", lambda config, choice=None: loads.append(config))
     window.start()
 
     assert window.isVisible()
@@ -136,7 +136,7 @@ def test_the_store_notices_are_shown_at_start(make_window, data_dir, monkeypatch
     window.close()
 
     again = make_window(load=False)  # reopens it: says so again, and the load does not hide it
-    monkeypatch.setattr(again.controller, "load", lambda config: None)
+    monkeypatch.setattr(again.controller, "load", lambda config, choice=None: None)
     again.start()
     assert again.chats.conversation.title == "Old chat" and "1 damaged record" in again.banner.text()
 

@@ -297,8 +297,13 @@ def test_a_real_short_run_reports_both_modes_identity_and_peers(one_thread_llama
     assert report.memory.vanilla_peak_bytes and report.memory.draft_bytes == 0
     assert progress[-1] == 1.0 and progress == sorted(progress)
 
-    chat, lookup, broken_row = report.peers
+    chat, lookup, *servers, broken_row = report.peers
     assert chat.ok and lookup.ok, (chat.error, lookup.error)
+    # llama-server beside ours (README's install command builds it): plain, then each n-gram type.
+    assert [p.name for p in servers] == ["llama-server", "llama-server ngram-simple", "llama-server ngram-map-k",
+                                         "llama-server ngram-mod", "llama-server ngram-cache"]  # fmt: skip
+    assert all(p.ok and p.tokens_per_s > 0 for p in servers), [p.error for p in servers]
+    assert [p.mode for p in servers] == [VANILLA] + [SPECULATIVE] * 4
     assert chat.tokens_per_s > 0 and all(p.tokens == 16 and isinstance(p.identical, bool) for p in chat.prompts)
     assert not broken_row.ok and broken_row.error == "RuntimeError: this peer always fails"
 
@@ -307,7 +312,7 @@ def test_a_real_short_run_reports_both_modes_identity_and_peers(one_thread_llama
     assert "broken peer" in text and "FAILED: RuntimeError: this peer always fails" in text
     data = json.loads(to_json(report))
     assert data["prompts"][0]["identical"] is True and len(data["runs"]) == 4
-    assert data["peers"][2]["ok"] is False and data["floor"]["ratio"] > 0
+    assert data["peers"][-1]["ok"] is False and data["floor"]["ratio"] > 0
     # Both rates, by their names: accepted / drafted never exceeds accepted / tested.
     assert "drafts acc." in text and 0 < data["prompts"][0]["draft_acceptance"] <= data["prompts"][0]["acceptance"]
     assert one_thread_llama.tokenize("still open")  # an engine handed in is the caller's to close
