@@ -126,16 +126,10 @@ class JsonServer:
     # -- plumbing ------------------------------------------------------------------------
 
     def open(self, timeout: float | None) -> http.client.HTTPConnection:
-        kind = http.client.HTTPSConnection if self.address.https else http.client.HTTPConnection
-        connection = kind(self.address.host, self.address.port, timeout=CONNECT_TIMEOUT_S)
         try:
-            connection.connect()
+            return open_connection(self.address, timeout)
         except OSError as error:
-            connection.close()
             raise self.unavailable(error) from error
-        connection.sock.settimeout(timeout)
-        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return connection
 
     def send(self, connection, method: str, path: str, body: Any = None, headers: dict | None = None
              ) -> http.client.HTTPResponse:  # fmt: skip
@@ -177,6 +171,21 @@ class JsonServer:
             return ServerUnavailable(f"The connection to the {self.name} broke off in the middle of the answer "
                                      f"({_reason(error)}): the server stopped or was stopped. What arrived is kept.")  # fmt: skip
         return ServerUnavailable(f"Cannot reach the {self.name} ({_reason(error)}).")
+
+
+def open_connection(address: Address, timeout: float | None) -> http.client.HTTPConnection:
+    """A connected socket to `address` (OSError where it cannot connect in CONNECT_TIMEOUT_S), then
+    reading with `timeout` (None: a load or a long reply may take minutes between two items)."""
+    kind = http.client.HTTPSConnection if address.https else http.client.HTTPConnection
+    connection = kind(address.host, address.port, timeout=CONNECT_TIMEOUT_S)
+    try:
+        connection.connect()
+    except OSError:
+        connection.close()
+        raise
+    connection.sock.settimeout(timeout)
+    connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # an event goes out at once
+    return connection
 
 
 def sse_payloads(response) -> Iterator[str]:

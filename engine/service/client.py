@@ -34,7 +34,7 @@ from engine.core.draft_length import CostModel
 from engine.core.events import Comparison, GenerationResult, StepEvent
 from engine.core.sampling_config import SamplingConfig
 from engine.errors import SpecDeckError
-from engine.remote.http import parse_address, sse_payloads
+from engine.remote.http import open_connection, parse_address, sse_payloads
 from engine.service import wire
 from engine.service.host import JOB_HEADER
 
@@ -67,9 +67,8 @@ class LoadedPair:
 
 class EngineClient:
     def __init__(self, url: str, api_key: str | None = None) -> None:
-        address = parse_address(url)
-        self.url, self._https, self._base = address.url, address.https, address.base
-        self._address = (address.host, address.port)
+        self._address = address = parse_address(url)
+        self.url, self._base = address.url, address.base
         self._headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -268,16 +267,10 @@ class EngineClient:
                 return
 
     def _open(self, timeout: float | None) -> http.client.HTTPConnection:
-        kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        connection = kind(*self._address, timeout=CONNECT_TIMEOUT_S)
         try:
-            connection.connect()
+            return open_connection(self._address, timeout)
         except OSError as error:
-            connection.close()
             raise self._unavailable(error) from error
-        connection.sock.settimeout(timeout)
-        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return connection
 
     def _send(self, connection, method: str, path: str, body: Any, headers: dict | None = None
               ) -> http.client.HTTPResponse:  # fmt: skip
