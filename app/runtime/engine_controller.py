@@ -169,6 +169,7 @@ class EngineController(QObject):
             self.choice = choice
         choice = self.choice
         self.config, self._restart, self._load_failed = config, False, False
+        self._close_server()
         self.loaded = self._server = None  # at once: nothing new may use the old pair
 
         def job(cancel: threading.Event, report):
@@ -300,8 +301,16 @@ class EngineController(QObject):
         given to this controller). Call once, on close."""
         self._runner.shutdown()
         self.loaded = None
+        self._close_server()
         if self._owns_process:
             self.process.stop()
+
+    def _close_server(self) -> None:
+        """What the last remote adapter started (llama-server's vanilla twin) stops with it. A running
+        job still holding it ends first: TaskRunner cancels it before a new load starts."""
+        close = getattr(self._server, "close", None)  # an adapter has close(); an EngineClient has none
+        if close is not None:
+            close()
 
     # -- the engine process --------------------------------------------------------------
 

@@ -27,6 +27,8 @@ def run_remote_benchmark(remote: RemoteEngine, prompts: tuple[BenchPrompt, ...],
                          cancel: threading.Event | None = None) -> BenchReport:  # fmt: skip
     report = progress or (lambda message, fraction: None)
     pair = remote.pair or remote.connect()
+    remote.ensure_vanilla()
+    pair = remote.pair or pair  # with the vanilla twin it started, if it did
     greedy = SamplingConfig(max_tokens=settings.max_tokens)
     for _ in range(settings.warmup):
         for speculative in (False, True):

@@ -204,6 +204,7 @@ def _bench_remote(args, kind: str, key: str | None, path, prompts, settings) -> 
         cancel.set()
         raise
     finally:
+        remote.close()
         if sys.stderr.isatty():
             print(file=sys.stderr)
     return _print_report(report, args.json)

@@ -127,11 +127,18 @@ class RemoteEngine:
         if not pair.speculative:
             raise SpecDeckError(f"The {self.server.name} does not decode speculatively: there is nothing to compare "
                                 "(start it with a draft model or a speculative type).")  # fmt: skip
+        self.ensure_vanilla()
         vanilla = self.generate(messages, sampling, speculative=False, cancel=cancel, on_step=on_step)
         if cancel is not None and cancel.is_set():
             return Comparison(vanilla, vanilla, None)
         speculative = self.generate(messages, sampling, speculative=True, cancel=cancel, on_step=on_step)
         return Comparison(vanilla, speculative, None)
+
+    def ensure_vanilla(self) -> None:
+        """Before vanilla runs: start what they need where an adapter can (llama-server's twin)."""
+
+    def close(self) -> None:
+        """Stop what this engine started (llama-server's vanilla twin); the servers themselves stay."""
 
     # -- what an adapter changes ---------------------------------------------------------------
 

@@ -17,7 +17,9 @@ What it says, and so what SpecDeck shows (llama.cpp build 11434, tools/server):
 - The vanilla run of a side by side: this build reads no per-request speculative
   options (its `speculative.n_max` field is compiled out: server-schema.cpp, `#if 0`),
   so it needs a second server started without `--spec-type` / `--model-draft`
-  (`vanilla_url`; `specdeck-cli bench --peers` starts one itself). A request sent
+  (`vanilla_url`). For a server on this machine whose model file is here too, SpecDeck
+  starts that twin itself (the same file and context, a free loopback port, stopped by
+  `close()` or when this process exits), if a llama-server binary is found. A request sent
   with `speculative.n_max: 0` is still tried where no second server is given: a build
   that honours it gives the vanilla run, one that does not is caught by its draft
   counters and the user told to give a vanilla URL.
@@ -25,6 +27,7 @@ What it says, and so what SpecDeck shows (llama.cpp build 11434, tools/server):
 
 from __future__ import annotations
 
+import atexit
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,9 @@ from engine.remote.steps import StepBuilder
 METRICS = {"drafts": "llamacpp:spec_decode_num_drafts_total",  # verification steps that had drafts
            "drafted": "llamacpp:spec_decode_num_draft_tokens_total",
            "accepted": "llamacpp:spec_decode_num_accepted_tokens_total"}  # fmt: skip
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+TWIN_NOTE = ("The side by side's vanilla run is on a second llama-server SpecDeck started on the same model file "
+             "without speculative options ({url}): this build reads no per-request draft settings.")  # fmt: skip
 UNNAMED = "speculative decoding (its type is named after a first reply)"  # /slots says it only then
 NOTES = (
     "llama-server sends its draft counters with each token: the token colours are rebuilt from them, "
@@ -49,6 +55,36 @@ class LlamaServerEngine(RemoteEngine):
     kind = "llama-server"
     name = "llama-server"
     last_metrics: dict[str, int] | None = None  # the last reply's /metrics difference (--metrics only)
+    start_twin = True  # a side by side without vanilla_url starts a vanilla twin where it can
+    _twin = None  # the LlamaServerProcess started for it
+
+    def ensure_vanilla(self) -> None:
+        if self.vanilla is None and self.start_twin:
+            self._start_vanilla_twin()
+
+    def close(self) -> None:
+        if self._twin is not None:
+            self._twin.stop()
+            self._twin = None
+
+    def _start_vanilla_twin(self) -> None:
+        """The vanilla twin of a server on this machine whose model file is here: the same file and
+        context without speculative options; nothing where that is not so (the counters then tell)."""
+        pair = self.pair or self.connect()
+        path = pair.details.get("model_path")
+        if self.server.address.host not in LOOPBACK or not path or not Path(path).is_file():
+            return
+        from engine.remote.llama_server_binary import find_llama_server
+        from engine.remote.llama_server_process import LlamaServerProcess
+
+        binary = find_llama_server()
+        if binary is None:
+            return
+        self._twin = LlamaServerProcess(binary, path, n_ctx=pair.n_ctx or 4096).start()
+        atexit.register(self.close)  # never left running after this process
+        self.vanilla = JsonServer(self._twin.url, None, "vanilla llama-server (started by SpecDeck)")
+        self.pair = replace(pair, vanilla_url=self._twin.url,
+                            notes=(*pair.notes, TWIN_NOTE.format(url=self._twin.url)))  # fmt: skip
 
     def _describe(self) -> RemotePair:
         props = self.server.get("/props")

@@ -83,10 +83,24 @@ def test_the_vanilla_side_of_a_comparison_runs_on_the_second_server(speculative_
     assert comparison.vanilla.text.startswith(comparison.speculative.text[:10])
 
 
-def test_without_a_vanilla_server_the_side_by_side_says_what_to_give(speculative_server):
+def test_without_a_vanilla_server_specdeck_starts_the_twin_of_a_local_one(speculative_server):
+    remote = open_remote("llama-server", speculative_server.url)
+    try:
+        comparison = remote.compare(COPY, SamplingConfig(max_tokens=16))
+        twin = remote.pair.vanilla_url
+        assert twin and twin != speculative_server.url and "started on the same model file" in remote.pair.notes[-1]
+        assert comparison.vanilla.stats.drafted == 0 and comparison.speculative.stats.drafted > 0
+    finally:
+        remote.close()
+    with pytest.raises(ServerUnavailable, match="connection refused"):
+        open_remote("llama-server", twin).connect()  # stopped with the engine
+
+
+def test_without_a_twin_a_vanilla_run_that_drafts_is_said(speculative_server):
     """This llama.cpp build reads no per-request speculative.n_max (compiled out), so a request that
     asks for no drafts still drafts: caught by its counters, and said."""
     remote = open_remote("llama-server", speculative_server.url)
+    remote.start_twin = False  # a server elsewhere, or its model file not on this machine
     with pytest.raises(SpecDeckError, match="give a vanilla URL"):
         remote.compare(COPY, SamplingConfig(max_tokens=16))
 
@@ -161,3 +175,23 @@ def test_the_metrics_of_a_server_started_with_metrics_agree_with_the_rebuilt_ste
     drafting_steps = sum(1 for step in result.events if step.drafted)
     assert remote.last_metrics == {"drafts": drafting_steps, "drafted": stats.drafted, "accepted": stats.accepted}
     assert stats.drafted > 0
+
+
+def test_the_benchmark_runs_on_a_llama_server_with_its_vanilla_twin(speculative_server):
+    from engine.bench import format_text
+    from engine.bench.prompts import BenchPrompt
+    from engine.bench.remote import run_remote_benchmark
+    from engine.bench.results import BenchSettings
+
+    remote = open_remote("llama-server", speculative_server.url)
+    prompts = (BenchPrompt("copy", "reuse", tuple(COPY)), BenchPrompt("hi", "open", ({"role": "user", "content": "Hi!"},)))
+    try:
+        report = run_remote_benchmark(remote, prompts, BenchSettings(max_tokens=16, repeat=1, warmup=0))
+    finally:
+        remote.close()
+    vanilla = [r for r in report.runs if r.mode == "vanilla"]
+    speculative = [r for r in report.runs if r.mode == "speculative"]
+    assert len(vanilla) == len(speculative) == 2 and all(r.drafted == 0 for r in vanilla)
+    assert speculative[0].drafted > 0 and all(r.tokens_per_s > 0 for r in report.runs)
+    text = format_text(report)
+    assert "llama-server" in text and "copy" in text and report.settings["vanilla_url"]
