@@ -308,9 +308,8 @@ class EngineController(QObject):
     def _close_server(self) -> None:
         """What the last remote adapter started (llama-server's vanilla twin) stops with it. A running
         job still holding it ends first: TaskRunner cancels it before a new load starts."""
-        close = getattr(self._server, "close", None)  # an adapter has close(); an EngineClient has none
-        if close is not None:
-            close()
+        if self._server is not None:
+            self._server.close()
 
     # -- the engine process --------------------------------------------------------------
 

@@ -231,7 +231,7 @@ def _generate_on_server(args: argparse.Namespace, messages: list[dict]) -> int:
         cancel.set()
         raise
     finally:
-        getattr(engine, "close", lambda: None)()  # what a remote adapter started (llama-server's vanilla twin)
+        engine.close()  # what a remote adapter started (llama-server's vanilla twin)
     if args.json:
         with cli_interrupt.held():
             report = {**_json_report(result, comparison, n_ctx), "sampling": _sampling_report(sampling)}

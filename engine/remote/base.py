@@ -220,3 +220,35 @@ def usage_counters(chunk: dict, builder: StepBuilder, plain: bool) -> dict:
         # draft. Running totals that do not move make plain tokens.
         return {"tokens": tokens, "drafted": 0, "accepted": 0}
     return {"tokens": tokens}
+
+
+class StepPerChunkEngine(RemoteEngine):
+    """A server that streams each decoding step as one chunk with its running usage (vLLM, SGLang:
+    `continuous_usage_stats`), and reads no per-request option that stops drafting, so that its side
+    by side needs `vanilla_url` (`no_vanilla` says so). `draft_length` is the server's k, once
+    `_describe` has read it."""
+
+    no_vanilla = "The side by side needs a vanilla URL: a second server of the same model without speculation."
+
+    def __init__(self, url: str, api_key: str | None = None, *, vanilla_url: str | None = None,
+                 model: str | None = None) -> None:  # fmt: skip
+        super().__init__(url, api_key, vanilla_url=vanilla_url, model=model)
+        self.draft_length = 0
+        self._plain_run = False  # one generate call's: nothing drafts in it (vanilla, or no speculation)
+
+    def _body(self, messages: list[dict], sampling: SamplingConfig, vanilla: bool) -> dict:
+        body = super()._body(messages, sampling, vanilla)
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        return body
+
+    def _builder_options(self, vanilla: bool) -> dict:
+        self._plain_run = vanilla or not (self.pair and self.pair.speculative)
+        return {"step_per_chunk": True, "draft_length": 0 if self._plain_run else self.draft_length}
+
+    def _counters(self, chunk: dict, builder: StepBuilder) -> dict:
+        return usage_counters(chunk, builder, self._plain_run)
+
+    def _server(self, vanilla: bool) -> JsonServer:
+        if vanilla and self.vanilla is None:
+            raise SpecDeckError(self.no_vanilla)
+        return super()._server(vanilla)

@@ -33,9 +33,8 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import SpecDeckError
-from engine.remote.base import RemoteEngine, RemotePair, model_cards, usage_counters
+from engine.remote.base import RemotePair, StepPerChunkEngine, model_cards
 from engine.remote.http import JsonServer, ServerRefused
-from engine.remote.steps import StepBuilder
 
 NOTES = (
     "SGLang sends no probabilities: p and q are not shown.",
@@ -52,15 +51,14 @@ NO_VANILLA = ("SGLang cannot turn speculative decoding off for one request: the 
               "a second SGLang server with the same model started without --speculative-algorithm.")  # fmt: skip
 
 
-class SglangEngine(RemoteEngine):
+class SglangEngine(StepPerChunkEngine):
     kind = "sglang"
     name = "SGLang server"
+    no_vanilla = NO_VANILLA
 
     def __init__(self, url: str, api_key: str | None = None, *, vanilla_url: str | None = None,
                  model: str | None = None) -> None:  # fmt: skip
         super().__init__(url, api_key, vanilla_url=vanilla_url, model=model)
-        self.draft_length = 0  # the draft's depth, once connect() has read it
-        self._plain_run = False  # one generate call's: nothing drafts in it (vanilla, or no speculation)
         self._sglext: dict = {}  # one generate call's: what its chunks' `sglext` said
 
     def _describe(self) -> RemotePair:
@@ -97,17 +95,9 @@ class SglangEngine(RemoteEngine):
 
     def _body(self, messages, sampling, vanilla: bool) -> dict:
         body = super()._body(messages, sampling, vanilla)
-        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         if not vanilla:
             body["return_spec_tokens_details"] = True  # ignored by builds before it
         return body
-
-    def _builder_options(self, vanilla: bool) -> dict:
-        self._plain_run = vanilla or not (self.pair and self.pair.speculative)
-        return {"step_per_chunk": True, "draft_length": 0 if self._plain_run else self.draft_length}
-
-    def _counters(self, chunk: dict, builder: StepBuilder) -> dict:
-        return usage_counters(chunk, builder, self._plain_run)
 
     def _before(self, server: JsonServer) -> Any:
         self._sglext = {}
@@ -126,11 +116,6 @@ class SglangEngine(RemoteEngine):
         if proposed is None or correct is None:
             return {}
         return {"drafted": int(proposed), "accepted": int(correct)}
-
-    def _server(self, vanilla: bool) -> JsonServer:
-        if vanilla and self.vanilla is None:
-            raise SpecDeckError(NO_VANILLA)
-        return super()._server(vanilla)
 
     # -- what the server says --------------------------------------------------------------
 

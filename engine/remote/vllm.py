@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import SpecDeckError
-from engine.remote.base import RemoteEngine, RemotePair, model_cards, usage_counters
+from engine.remote.base import RemotePair, StepPerChunkEngine, model_cards
 from engine.remote.http import JsonServer, ServerRefused, ServerUnavailable
 from engine.remote.prometheus import Scrape, difference, parse
 from engine.remote.steps import StepBuilder
@@ -89,19 +89,15 @@ def reported_counts(metrics: dict) -> SpecCounts | None:
         return None
 
 
-class VllmEngine(RemoteEngine):
+class VllmEngine(StepPerChunkEngine):
     kind = "vllm"
     name = "vLLM server"
+    no_vanilla = NO_VANILLA
 
     def __init__(self, url: str, api_key: str | None = None, *, vanilla_url: str | None = None,
                  model: str | None = None) -> None:  # fmt: skip
         super().__init__(url, api_key, vanilla_url=vanilla_url, model=model)
-        self.draft_length = 0  # the server's k, once connect() has read it
-        # One generate call's state, from _builder_options (its first hook after _body) to _after: whether
-        # nothing drafts in it (the vanilla server, or a server that does not speculate), and the counts
-        # the server reported for it.
-        self._plain_run = False
-        self._reported: dict | None = None
+        self._reported: dict | None = None  # one generate call's: the counts the server reported for it
 
     def _describe(self) -> RemotePair:
         cards = model_cards(self.server)
@@ -134,20 +130,15 @@ class VllmEngine(RemoteEngine):
                           details={"models": [c["id"] for c in cards], "speculative_config": config,
                                    "root": card.get("root")})  # fmt: skip
 
-    def _body(self, messages, sampling, vanilla: bool) -> dict:
-        body = super()._body(messages, sampling, vanilla)
-        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-        return body
-
     def _builder_options(self, vanilla: bool) -> dict:
-        self._plain_run, self._reported = vanilla or not (self.pair and self.pair.speculative), None
-        return {"step_per_chunk": True, "draft_length": 0 if self._plain_run else self.draft_length}
+        self._reported = None
+        return super()._builder_options(vanilla)
 
     def _counters(self, chunk: dict, builder: StepBuilder) -> dict:
         metrics = chunk.get("metrics")
         if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
             self._reported = metrics["speculative_decoding"]  # rides the last usage chunk
-        return usage_counters(chunk, builder, self._plain_run)
+        return super()._counters(chunk, builder)
 
     def _before(self, server: JsonServer) -> Any:
         return None if self._plain_run else self._scrape(server)
@@ -170,11 +161,6 @@ class VllmEngine(RemoteEngine):
             tested = (counts.drafts, *counts.accepted_per_pos[:-1])
             out.update(depth_tested=tested, depth_accepted=counts.accepted_per_pos)
         return out
-
-    def _server(self, vanilla: bool) -> JsonServer:
-        if vanilla and self.vanilla is None:
-            raise SpecDeckError(NO_VANILLA)
-        return super()._server(vanilla)
 
     # -- what the server says --------------------------------------------------------------
 

@@ -34,12 +34,11 @@ from engine.core.draft_length import CostModel
 from engine.core.events import Comparison, GenerationResult, StepEvent
 from engine.core.sampling_config import SamplingConfig
 from engine.errors import SpecDeckError
-from engine.remote.http import open_connection, parse_address, sse_payloads
+from engine.remote.http import CONNECT_TIMEOUT_S, open_connection, parse_address, sse_payloads
 from engine.service import wire
 from engine.service.host import JOB_HEADER
 
 StepCallback = Callable[[str, StepEvent, "dict | None", CostModel], None]  # (run label, step, drafter stats, costs)
-CONNECT_TIMEOUT_S = 10.0
 CANCEL_POLL_S = 0.05
 
 
@@ -121,6 +120,9 @@ class EngineClient:
             if on_step is not None:
                 on_step(item["run"], step, item["drafter_stats"], wire.costs_from_dict(item["costs"]))
         raise EngineUnavailable(f"The server at {self.url} ended the comparison before its result.")
+
+    def close(self) -> None:
+        """Nothing to stop: a SpecDeck server starts nothing for its clients (as RemoteEngine.close)."""
 
     def cancel(self, job: str | None = None) -> bool:
         """Stop job `job` (a stream's; default: whatever runs on the server) at its next step."""

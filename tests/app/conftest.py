@@ -124,3 +124,19 @@ def send_and_wait(qtbot, window, text: str, timeout: int = REPLY_TIMEOUT_MS):
     with qtbot.waitSignal(window.controller.sig_run_finished, timeout=timeout) as blocker:
         window.send_message(text)
     return blocker.args[1]
+
+
+@pytest.fixture
+def settings(tmp_path) -> QSettings:
+    """A settings file of the test's own, for the dialogs that take one."""
+    return QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat)
+
+
+@pytest.fixture
+def dialog(qtbot, settings):
+    """The pair dialog on the test's own settings (a test module may define its own `dialog`)."""
+    from app.pair.dialog import PairDialog
+
+    d = PairDialog(settings=settings)
+    qtbot.addWidget(d)
+    return d

@@ -6,7 +6,6 @@ import dataclasses
 import json
 
 import pytest
-from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication, QDialog
 
 from app.pair.dialog import AUTO_CHECK_MS, PairDialog
@@ -19,18 +18,6 @@ from tests.app.conftest import STRICT_QT_LOG
 CHECK_TIMEOUT_MS = 20_000  # metadata only, but a busy test machine is slow to read a 90 MB GGUF's vocabulary
 
 pytestmark = STRICT_QT_LOG  # Qt warnings fail a test; tests/app/conftest.py keeps settings out of the user's
-
-
-@pytest.fixture
-def settings(tmp_path) -> QSettings:
-    return QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat)
-
-
-@pytest.fixture
-def dialog(qtbot, settings):
-    d = PairDialog(settings=settings)
-    qtbot.addWidget(d)
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 
 from app.shell import settings as keys
 from app.pair.heads import heads_root, known_heads, remember_trained
@@ -26,18 +26,6 @@ BASE = EngineConfig(backend="torch", k=5)
 EVERYTHING = {"eagle": BASE.with_drafter("eagle", heads="/heads/eagle-x", tree_depth=6),
               "lookahead": BASE.with_drafter("lookahead", window=7, ngram="auto", candidates=5),
               "early-exit": BASE.with_drafter("early-exit", exit_layer=12)}  # fmt: skip
-
-
-@pytest.fixture
-def settings(tmp_path) -> QSettings:
-    return QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat)
-
-
-@pytest.fixture
-def dialog(qtbot, settings):
-    d = PairDialog(settings=settings)
-    qtbot.addWidget(d)
-    return d
 
 
 @pytest.fixture(scope="module")

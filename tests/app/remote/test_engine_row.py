@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication, QLineEdit
 
 from app.pair.dialog import SERVER_PAIR, PairDialog
@@ -16,18 +14,6 @@ from tests.app.conftest import STRICT_QT_LOG
 
 pytestmark = STRICT_QT_LOG
 TEST_TIMEOUT_MS = 30_000
-
-
-@pytest.fixture
-def settings(tmp_path) -> QSettings:
-    return QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat)
-
-
-@pytest.fixture
-def dialog(qtbot, settings):
-    d = PairDialog(settings=settings)
-    qtbot.addWidget(d)
-    return d
 
 
 def choose(dialog, choice: EngineChoice) -> None:
