@@ -2,9 +2,10 @@
 
 `ChatSession` sits between the conversation store, the engine controller and the
 two chat widgets (the transcript and the conversation list). It is the only
-writer of the store. A reply is written to the store step by step as it is
-shown, so a crash loses nothing on screen; it keeps going into its own
-conversation even when the user opens another one meanwhile. A message sent
+writer of the store. A reply is written to the store as it is shown (a batch
+of steps at a time, about 10 times a second), so a crash loses nothing on
+screen; it keeps going into its own conversation even when the user opens
+another one meanwhile. A message sent
 while something is decoding stops that run first and goes out once it has
 ended, so the store never mixes the end of one reply with the next question.
 
@@ -22,11 +23,12 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from engine import GenerationResult, SamplingConfig, StepEvent
+from engine import GenerationResult, SamplingConfig
 from app.chat.view import ChatView
 from app.chat.conversation_panel import ConversationPanel
 from app.chat.conversations import Conversation, ConversationStore, StoreError
 from app.runtime.engine_controller import CHAT, EngineController
+from app.runtime.steps import Step
 
 NEW_CHAT_TITLE = "New chat"
 _NOT_SENT = "Your message was not sent (it is still in the message box)."
@@ -65,7 +67,7 @@ class ChatSession(QObject):
         self._save_failing = False  # in a streak of failed writes: said once, not once per token
         self._engine_stopped = False  # the engine process died under the running reply
         controller.sig_run_started.connect(self._on_run_started)
-        controller.sig_step.connect(self._on_step)
+        controller.sig_steps.connect(self._on_steps)
         controller.sig_run_finished.connect(self._on_run_finished)
         controller.sig_busy_changed.connect(self._on_busy_changed)
         controller.sig_engine_stopped.connect(self._on_engine_stopped)
@@ -161,12 +163,14 @@ class ChatSession(QObject):
             if self.replying_to is self.conversation:
                 self.view.begin_reply()
 
-    def _on_step(self, label: str, event: StepEvent) -> None:
+    def _on_steps(self, steps: list[Step]) -> None:
         # Only chat runs have a conversation to reply to (comparisons leave it None).
-        if self.replying_to is not None and event.tokens:
-            self._write("", self.store.add_reply_tokens, self.replying_to, event.tokens)
+        # One write and one insertion per batch: each has a cost of its own, whatever its size.
+        tokens = tuple(token for step in steps for token in step.event.tokens)
+        if self.replying_to is not None and tokens:
+            self._write("", self.store.add_reply_tokens, self.replying_to, tokens)
             if self.replying_to is self.conversation:
-                self.view.append_tokens(event.tokens)
+                self.view.append_tokens(tokens)
 
     def _on_run_finished(self, kind: str, result: GenerationResult | None) -> None:
         if kind != CHAT or self.replying_to is None:

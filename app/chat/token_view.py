@@ -97,11 +97,17 @@ class TokenView(QTextBrowser):
     def append_tokens(self, tokens: list[TokenInfo] | tuple[TokenInfo, ...]) -> None:
         entry = self._entries[-1]
         follow = self._at_bottom()
-        for info in tokens:
-            start = self._end_cursor().position()
-            self._write(info.text, self._token_format(info, len(entry.tokens)))
-            entry.tokens.append(info)
-            entry.spans.append((start, self._end_cursor().position()))
+        # One edit block: the document lays the paragraph out once for the batch, not per token.
+        batch = self._end_cursor()
+        batch.beginEditBlock()
+        try:
+            for info in tokens:
+                start = self._end_cursor().position()
+                self._write(info.text, self._token_format(info, len(entry.tokens)))
+                entry.tokens.append(info)
+                entry.spans.append((start, self._end_cursor().position()))
+        finally:
+            batch.endEditBlock()
         if follow:
             self._scroll_to_bottom()
 

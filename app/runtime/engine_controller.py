@@ -15,7 +15,7 @@ starts with the first load, inside that job, so the GUI never waits for it.
 
 Each step comes with what the engine copied beside it, between two steps, on its
 own thread: the drafter's statistics (a dict, or None) and the cost model,
-frozen here into a `CostSnapshot` (`sig_step_stats`). What the window shows
+frozen into a `CostSnapshot`, handed to the window in batches (`sig_steps`). What the window shows
 about the loaded pair is the server's `LoadedPair`.
 
 Every `SpecDeckError` becomes `sig_error` with the engine's own message; any
@@ -54,7 +54,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 from engine import (EngineClient, EngineConfig, EngineProcess, EngineUnavailable, LoadedPair, SamplingConfig,
                     SpecDeckError)  # fmt: skip
 from app.runtime import remote
-from app.runtime.costs import CostSnapshot
+from app.runtime.steps import StepBatches
 from app.runtime.worker import GeneratorWorker, TaskRunner
 from app.shell.settings import LOCAL, EngineChoice
 
@@ -90,13 +90,10 @@ class EngineController(QObject):
     sig_run_started = Signal(str)
     """A chat reply ("chat") or a comparison ("compare") started decoding."""
 
-    sig_step = Signal(str, object)
-    """One decoding step: the run's label ("speculative" or "vanilla") and the StepEvent."""
-
-    sig_step_stats = Signal(str, object, object, object)
-    """The same step (emitted just before sig_step) with what the engine copied just after it: the
-    drafter's statistics (a dict, or None: a plain run, no drafter, stats() failed) and the cost
-    model (a CostSnapshot)."""
+    sig_steps = Signal(object)
+    """Decoding steps, in order, a batch at a time (about 10 a second; a list of `Step`s: each
+    one's run label, StepEvent, and what the engine copied just after it: the drafter's
+    statistics and the cost model). Listeners do their work once per batch."""
 
     sig_run_finished = Signal(str, object)
     """A run ended: its kind and its result (GenerationResult / Comparison), None if it failed."""
@@ -407,10 +404,7 @@ class EngineController(QObject):
         if worker.name == LOAD:
             self.sig_load_progress.emit(*value)
         else:
-            for label, event, stats, costs in value:  # a StepBatches batch
-                # The charts (on sig_step_stats) have the step by the time sig_step's listeners run.
-                self.sig_step_stats.emit(label, event, stats, costs)
-                self.sig_step.emit(label, event)
+            self.sig_steps.emit(value)  # a StepBatches batch
 
     @Slot(object)
     def _on_returned(self, result: Any) -> None:
@@ -463,43 +457,3 @@ class EngineController(QObject):
         if busy != self._busy:
             self._busy = busy
             self.sig_busy_changed.emit(busy)
-
-
-class StepBatches:
-    """The client's `on_step`, handing steps to the GUI thread in batches, at most every BATCH_S.
-
-    Each hand-over wakes the GUI thread, and each wake-up takes a core from the engine
-    process for a moment: with llama.cpp's threads waiting for each other at every
-    barrier, a reply at 80 steps a second woken step by step ran 10-20% slower than with
-    the GUI asleep. Batched, the window still shows each step, about 20 times a second.
-    The last step of a run goes at once, and whatever is held when the job ends
-    (an engine that died mid-reply) is handed over then: nothing received is lost.
-    Each step carries the drafter's statistics and the cost model the engine sent beside
-    it, the cost model frozen here (the charts compare snapshots); a server that sends
-    neither (llama-server, vLLM, SGLang) gives None for both.
-    """
-
-    BATCH_S = 0.05
-
-    def __init__(self, report, clock=time.monotonic) -> None:
-        self._report, self._clock = report, clock
-        self._held: list = []
-        self._last = float("-inf")  # the first step goes at once: the reply starts without delay
-
-    def __enter__(self) -> Callable[[str, Any, Any, Any], None]:
-        return self.on_step
-
-    def __exit__(self, *exc) -> None:
-        self.flush()
-
-    def on_step(self, label: str, step, drafter_stats: dict | None, costs) -> None:
-        # costs None: a llama-server, vLLM or SGLang step, which comes with no cost model.
-        self._held.append((label, step, drafter_stats, None if costs is None else CostSnapshot.of(costs)))
-        if step.finish_reason is not None or self._clock() - self._last >= self.BATCH_S:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._held:
-            batch, self._held = self._held, []
-            self._report(batch)
-        self._last = self._clock()

@@ -27,7 +27,7 @@ from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import (QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QTabWidget,
                                QVBoxLayout, QWidget)  # fmt: skip
 
-from engine import EngineConfig, EngineProcess, LoadedPair, SamplingConfig, StepEvent, all_drafters
+from engine import EngineConfig, EngineProcess, LoadedPair, SamplingConfig, all_drafters
 from app.bench.dialog import BenchDialog
 from app.shell import settings as keys
 from app.shell.actions import create_actions
@@ -42,6 +42,7 @@ from app.chat.conversations import ConversationStore, StoreError, default_data_d
 from app.runtime.costs import CostSnapshot
 from app.runtime.engine_controller import COMPARE, EngineController
 from app.runtime.remote import ServerPair
+from app.runtime.steps import Step
 from app.pair.dialog import PairDialog
 from app.pair.heads import engine_notes
 from app.pair.model_drop import ModelDrops
@@ -234,7 +235,7 @@ class MainWindow(QMainWindow):
         c.sig_load_failed.connect(self._on_load_failed)
         c.sig_run_started.connect(self._on_run_started)
         c.sig_unloaded.connect(self._on_unloaded)
-        c.sig_step_stats.connect(self._on_step)  # sig_step with the drafter's statistics and the costs
+        c.sig_steps.connect(self._on_steps)
         c.sig_run_finished.connect(self._on_run_finished)
         c.sig_busy_changed.connect(self._on_busy_changed)
         c.sig_error.connect(self.show_error)
@@ -450,12 +451,11 @@ class MainWindow(QMainWindow):
             self.compare_view.begin()
         self._run_kind = kind
 
-    def _on_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None,
-                 costs: CostSnapshot | None = None) -> None:  # fmt: skip
-        # drafter_stats, costs: copied by the engine right after this step (EngineController).
-        self.charts.add_step(label, event, drafter_stats, costs)
+    def _on_steps(self, steps: list[Step]) -> None:
+        self.charts.add_steps(steps)
         if self._run_kind == COMPARE:
-            self.compare_view.add_step(label, event)
+            for step in steps:
+                self.compare_view.add_step(step.label, step.event)
 
     def _on_run_finished(self, kind: str, result) -> None:
         self._run_kind = None

@@ -28,7 +28,7 @@ def test_lookahead_pool_reaches_the_charts_from_the_engine_process(qtbot, make_w
         "lookahead", window=2, ngram=3, candidates=2)  # fmt: skip
     window = make_window(config, sampling=SamplingConfig(max_tokens=24))
     snapshots = []
-    window.controller.sig_step_stats.connect(lambda label, event, s: snapshots.append((label, s)))
+    window.controller.sig_steps.connect(lambda steps: snapshots.extend((step.label, step.stats) for step in steps))
 
     result = send_and_wait(qtbot, window, PROMPT)
     assert result is not None and result.stats.steps > 0

@@ -51,8 +51,8 @@ def test_a_full_disk_mid_reply_keeps_the_reply_streaming_and_saves_it_once_there
     window.chats.sig_save_failed.connect(failures.append)
     steps_after_failure = []
 
-    def on_step(label, event):
-        # Runs after ChatSession (connected first) has shown and tried to save this step.
+    def on_steps(steps):
+        # Runs after ChatSession (connected first) has shown and tried to save these steps.
         if not shown:
             filler.append(fill(disk))
         shown.append(window.chat_view.transcript.toPlainText())
@@ -61,7 +61,7 @@ def test_a_full_disk_mid_reply_keeps_the_reply_streaming_and_saves_it_once_there
             if len(steps_after_failure) == 3:
                 filler[0].unlink()
 
-    window.controller.sig_step.connect(on_step)
+    window.controller.sig_steps.connect(on_steps)
     with qtbot.waitSignal(window.controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS) as finished:
         window.send_message("Count from one to forty in words, separated by commas.")
     result = finished.args[1]

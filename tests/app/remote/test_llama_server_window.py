@@ -62,7 +62,7 @@ def test_a_reply_on_llama_server_comes_step_by_step_without_costs_or_drafter_sta
     assert isinstance(pair, ServerPair) and pair.speculative and pair.n_ctx == 2048
     assert pair.config is None and pair.costs is None and "p and q are not shown" in pair.notes[0]
     steps = []
-    controller.sig_step_stats.connect(lambda label, event, stats, costs: steps.append((label, event, stats, costs)))
+    controller.sig_steps.connect(steps.extend)
 
     with qtbot.waitSignal(controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS) as finished:
         controller.chat(COPY, SamplingConfig(max_tokens=48))

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from app.charts.live import LiveCharts
 from app.chat.compare_view import verdict_html
-from app.runtime.engine_controller import StepBatches
+from app.runtime.steps import StepBatches
 from engine import Comparison, GenerationResult, RunStats, StepEvent
 from tests.app.conftest import STRICT_QT_LOG
 

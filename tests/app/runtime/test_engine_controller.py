@@ -31,9 +31,9 @@ def controller(qtbot, engine_process):
 
 def test_signals_arrive_on_the_gui_thread_with_every_token_s_provenance(qtbot, controller):
     threads = set()
-    controller.sig_step.connect(lambda label, event: threads.add(QThread.currentThread()))
+    controller.sig_steps.connect(lambda batch: threads.add(QThread.currentThread()))
     steps = []
-    controller.sig_step_stats.connect(lambda label, event, stats: steps.append((event, stats)))
+    controller.sig_steps.connect(lambda batch: steps.extend((step.event, step.stats) for step in batch))
 
     with qtbot.waitSignal(controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS) as finished:
         controller.chat(CHAT, SamplingConfig(max_tokens=12))
@@ -53,8 +53,8 @@ def test_signals_arrive_on_the_gui_thread_with_every_token_s_provenance(qtbot, c
 
 def test_stop_mid_reply_ends_it_with_the_engines_cancelled_step_and_keeps_the_text(qtbot, controller):
     shown = []
-    controller.sig_step.connect(lambda label, event: shown.append(event))
-    with qtbot.waitSignal(controller.sig_step, timeout=REPLY_TIMEOUT_MS):
+    controller.sig_steps.connect(lambda steps: shown.extend(step.event for step in steps))
+    with qtbot.waitSignal(controller.sig_steps, timeout=REPLY_TIMEOUT_MS):
         controller.chat(CHAT, LONG)
 
     with qtbot.waitSignal(controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS) as finished:
@@ -69,12 +69,12 @@ def test_stop_mid_reply_ends_it_with_the_engines_cancelled_step_and_keeps_the_te
 def test_a_comparison_requested_mid_reply_cancels_the_reply_then_runs(qtbot, controller):
     finished = []
     controller.sig_run_finished.connect(lambda kind, result: finished.append((kind, result)))
-    with qtbot.waitSignal(controller.sig_step, timeout=REPLY_TIMEOUT_MS):
+    with qtbot.waitSignal(controller.sig_steps, timeout=REPLY_TIMEOUT_MS):
         controller.chat(CHAT, LONG)
 
     compared = []
     controller.sig_run_started.connect(lambda kind: compared.clear())  # the comparison's steps only
-    controller.sig_step_stats.connect(lambda label, event, stats: compared.append((label, stats)))
+    controller.sig_steps.connect(lambda steps: compared.extend((step.label, step.stats) for step in steps))
     controller.compare(CHAT, SamplingConfig(max_tokens=6))
     qtbot.waitUntil(lambda: len(finished) == 2, timeout=REPLY_TIMEOUT_MS)
 
@@ -89,7 +89,7 @@ def test_a_comparison_requested_mid_reply_cancels_the_reply_then_runs(qtbot, con
 
 
 def test_stop_keeps_a_load_queued_behind_a_reply(qtbot, controller):
-    with qtbot.waitSignal(controller.sig_step, timeout=REPLY_TIMEOUT_MS):
+    with qtbot.waitSignal(controller.sig_steps, timeout=REPLY_TIMEOUT_MS):
         controller.chat(CHAT, LONG)
     old = controller.loaded
 
@@ -116,7 +116,7 @@ def test_without_a_model_a_chat_is_an_error_message_and_no_engine_starts(qtbot):
 
 def test_each_step_brings_a_frozen_copy_of_the_engines_cost_model(qtbot, controller):
     snapshots = []
-    controller.sig_step_stats.connect(lambda label, event, stats, costs: snapshots.append(costs))
+    controller.sig_steps.connect(lambda steps: snapshots.extend(step.costs for step in steps))
     with qtbot.waitSignal(controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS) as finished:
         controller.chat(CHAT, SamplingConfig(max_tokens=6))
 
@@ -176,7 +176,7 @@ def test_a_job_that_leaves_another_pair_in_the_engine_process_frees_the_windows(
 
 
 def test_a_job_is_not_lent_the_engine_while_a_load_waits(qtbot, controller):
-    with qtbot.waitSignal(controller.sig_step, timeout=REPLY_TIMEOUT_MS):
+    with qtbot.waitSignal(controller.sig_steps, timeout=REPLY_TIMEOUT_MS):
         controller.chat(CHAT, LONG)
     controller.load(FAST_CONFIG)  # queued behind the reply: a lent job must not replace it
 

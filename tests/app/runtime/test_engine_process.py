@@ -87,7 +87,7 @@ def test_killed_mid_reply_the_run_ends_with_the_signal_and_the_next_chat_starts_
     controller.sig_engine_stopped.connect(stopped.append)
     controller.sig_error.connect(errors.append)
     controller.sig_run_finished.connect(lambda kind, result: finished.append((kind, result)))
-    with qtbot.waitSignal(controller.sig_step, timeout=REPLY_TIMEOUT_MS):
+    with qtbot.waitSignal(controller.sig_steps, timeout=REPLY_TIMEOUT_MS):
         controller.chat(CHAT, LONG)
     killed = controller.process.pid
 
@@ -130,8 +130,8 @@ def test_killed_between_two_runs_the_next_comparison_says_so_and_starts_it_again
 def test_the_window_survives_its_engine_killed_mid_reply_and_keeps_the_reply(qtbot, make_window, data_dir):
     window = make_window(sampling=LONG, own_engine=True)
     shown = []
-    window.controller.sig_step.connect(lambda label, event: shown.append(event.text))
-    with qtbot.waitSignal(window.controller.sig_step, timeout=REPLY_TIMEOUT_MS):
+    window.controller.sig_steps.connect(lambda steps: shown.extend(step.event.text for step in steps))
+    with qtbot.waitSignal(window.controller.sig_steps, timeout=REPLY_TIMEOUT_MS):
         window.send_message("Write a long poem about rivers.")
     qtbot.waitUntil(lambda: len("".join(shown).strip()) > 0, timeout=REPLY_TIMEOUT_MS)
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from engine.core.draft_length import CostModel
 
-from app.runtime.engine_controller import StepBatches
+from app.runtime.steps import StepBatches
 
 
 def step(index: int, finish_reason: str | None = None):

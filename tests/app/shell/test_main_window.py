@@ -84,7 +84,7 @@ def test_a_saved_model_pair_that_no_longer_loads_offers_the_built_in_model(qtbot
 
 def test_closing_while_a_reply_streams_cancels_it_and_ends_it_in_the_journal(qtbot, make_window, data_dir):
     window = make_window(sampling=SamplingConfig(max_tokens=400))
-    with qtbot.waitSignal(window.controller.sig_step, timeout=REPLY_TIMEOUT_MS):
+    with qtbot.waitSignal(window.controller.sig_steps, timeout=REPLY_TIMEOUT_MS):
         window.send_message("Write a long poem about rivers.")
 
     window.close()
@@ -230,7 +230,7 @@ def test_a_reply_keeps_going_into_its_own_chat_while_another_is_open(qtbot, make
     other = ConversationStore(data_dir).create("Other chat")
     window = make_window(sampling=SamplingConfig(max_tokens=16))
     finished = qtbot.waitSignal(window.controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS)  # listening from now
-    with qtbot.waitSignal(window.controller.sig_step, timeout=REPLY_TIMEOUT_MS):
+    with qtbot.waitSignal(window.controller.sig_steps, timeout=REPLY_TIMEOUT_MS):
         window.send_message("Count from one to twenty.")
     replying = window.chats.conversation
 
