@@ -4,11 +4,15 @@ Decoding must never wait for drawing. `add_step` only appends a row to a ring
 buffer and arms a single-shot timer; the redraw runs at most ~25 times a second,
 and not at all while nothing new arrives (an idle app does not wake up 25 times
 a second for nothing). While steps stream in, the charts keep to a budget: the
-GUI thread may use GUI_BUDGET of a core in all (painting the six panels costs
-10-20 ms on a small CPU, and every millisecond of it is taken from a core the
-engine process decodes on), so the interval between redraws grows until the
-window's share is within it (`RedrawPace`). Call everything from the GUI thread: the main window gets
-steps from its worker through a queued signal.
+GUI thread may use GUI_BUDGET of a core in all (a redraw of the panels costs
+20-60 ms on a small CPU while the engine decodes, and every millisecond of it is
+taken from a core the engine process decodes on: on two cores, llama.cpp's
+threads wait for each other, so it costs the engine twice that), so the interval
+between redraws grows until the window's share is within it (`RedrawPace`). The
+summary line's numbers are cheap and follow the steps every SUMMARY_MS between
+redraws. Ranges move in steps (`Panel.fit`) and the axes are cached, so most
+redraws repaint no axis. Call everything from the GUI thread: the main window
+gets steps from its worker through a queued signal.
 
 Panels (three columns when wide, two when tall):
   tokens per second | acceptance rate (rolling)  | tokens accepted per step
@@ -55,9 +59,10 @@ from app.charts.panels import (
 from app.charts.theory import TheoryPanel
 
 REDRAW_MS = 40  # 25 Hz at most: smooth to the eye
-SLOWEST_REDRAW_MS = 1000  # at least once a second while steps arrive, whatever drawing costs
+SLOWEST_REDRAW_MS = 2000  # at least every two seconds while steps arrive, whatever drawing costs
 FIRST_REDRAW_MS = 200  # a reply's first interval, before its drawing has been measured
-GUI_BUDGET = 0.05  # of one core, for everything the GUI thread does while a reply streams
+GUI_BUDGET = 0.03  # of one core, for everything the GUI thread does while a reply streams
+SUMMARY_MS = 300  # the summary line's numbers, between the plots' redraws
 
 
 class RedrawPace:
@@ -145,6 +150,11 @@ class LiveCharts(QWidget):
         self._timer.setInterval(REDRAW_MS)
         self._timer.timeout.connect(self.redraw)
         self.pace = RedrawPace()
+        # The headline numbers cost a hundredth of a redraw: they follow the steps at their own pace.
+        self._summary_timer = QTimer(self)
+        self._summary_timer.setSingleShot(True)
+        self._summary_timer.setInterval(SUMMARY_MS)
+        self._summary_timer.timeout.connect(self._show_summary)
         self.redraw()  # empty axes and the theory curve before any step
 
     # -- feeding -------------------------------------------------------------------
@@ -175,6 +185,11 @@ class LiveCharts(QWidget):
         if costs is not None and costs != self._costs_taken:
             self._costs_taken, self._costs = costs, costs.model()
         self._schedule()
+
+    def add_steps(self, steps) -> None:
+        """Record a batch of steps (`Step`s, as the engine controller hands them over)."""
+        for step in steps:
+            self.add_step(step.label, step.event, step.stats, step.costs)
 
     def set_drafter(self, kind: str | None) -> None:
         """The loaded drafter (EngineConfig.drafter: "eagle", "lookahead", "early-exit",
@@ -233,15 +248,22 @@ class LiveCharts(QWidget):
             # second paint: fitted now, each panel is painted once per redraw (half the cost).
             for plot in getattr(panel, "plots", (panel,)):
                 plot.plot.getViewBox().prepareForPaint()
-        self.summary.setText(summary_html(data, self.palette().color(QPalette.ColorRole.Text).name(), self._notes))
-        self._fit_summary()
+        self._show_summary(data)
         self._timer.setInterval(self.pace.redrawn())
         self.sig_redrawn.emit()
+
+    def _show_summary(self, data: dict | None = None) -> None:
+        self._summary_timer.stop()
+        data = self.series() if data is None else data
+        self.summary.setText(summary_html(data, self.palette().color(QPalette.ColorRole.Text).name(), self._notes))
+        self._fit_summary()
 
     def _schedule(self) -> None:
         self._dirty = True
         if not self._timer.isActive():
             self._timer.start()
+        if not self._summary_timer.isActive():
+            self._summary_timer.start()
 
     def _fit_summary(self, shrink: bool = False) -> None:
         """Give the summary line the height its text needs, growing only (unless `shrink`): a

@@ -12,7 +12,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QPalette
-from PySide6.QtWidgets import QHBoxLayout, QWidget
+from PySide6.QtWidgets import QGraphicsItem, QHBoxLayout, QWidget
 
 from engine import all_drafters
 from app.charts.data import drafter_columns_of
@@ -27,6 +27,18 @@ RUN_ORDER = ("speculative", "vanilla")
 HEADROOM = 1.4  # y range over the data's top, so a top-right legend never covers data
 HISTOGRAM_HEADROOM = 1.6  # its legend is wide: beside a tall bar in a narrow panel it needs more
 RISING_HEADROOM = 1.7  # counts that rise from the bottom left, under a two-row legend at the top left
+STEPS = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)  # range tops: these times a power of ten
+
+
+def stepped(value: float) -> float:
+    """The smallest of STEPS times a power of ten at or above `value` (1.0 for nothing positive)."""
+    if not np.isfinite(value) or value <= 0:
+        return 1.0
+    scale = 10.0 ** np.floor(np.log10(value))
+    for step in STEPS:
+        if step * scale >= value * (1 - 1e-9):
+            return step * scale
+    return 10.0 * scale
 EMPTY = (np.zeros(0), np.zeros(0))
 
 
@@ -48,6 +60,9 @@ class Panel(pg.PlotWidget):
             axis.setTextPen(pg.mkPen(self.fg))
             axis.setTickFont(tick_font)
             axis.enableAutoSIPrefix(False)  # it labels an empty 0..1 step axis "(x0.001)"
+            # Ticks, labels and the grid (which the axes draw) are painted from a pixmap until the
+            # range moves: half of what painting a panel cost while a reply streams.
+            axis.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         # No `units=`: pyqtgraph would SI-scale them into "ktokens/s".
         label_style = {"color": self.fg.name(), "font-size": "9pt"}
         self.plot.setLabel("bottom", x_label, **label_style)
@@ -63,6 +78,29 @@ class Panel(pg.PlotWidget):
         )  # fmt: skip
         # Small enough that a splitter can squeeze three columns to where LiveCharts reflows to two.
         self.setMinimumSize(170, 140)
+        self._fitted: dict[int, tuple[float, float]] = {}  # axis (0 x, 1 y) -> what fit() asked for
+        self._shown: dict[int, list[float]] = {}  # axis -> the view range that gave
+
+    def fit(self, axis: str, low: float, high: float, padding: float = 0.02) -> None:
+        """Show `low`..`high` on `axis` ("x" or "y"), the top rounded up to a `stepped` value, so
+        that a growing run moves the range (and redraws the cached axis) a few times, not at
+        every frame. A range the user has zoomed or panned since is left alone until
+        `unfit` (a new run)."""
+        index = 0 if axis == "x" else 1
+        wanted = (low, stepped(high - low) + low)
+        if self._fitted.get(index) == wanted:
+            return
+        box = self.plot.getViewBox()
+        shown = self._shown.get(index)
+        if shown is not None and not np.allclose(box.viewRange()[index], shown):
+            return  # the user's zoom
+        (box.setXRange if index == 0 else box.setYRange)(*wanted, padding=padding)
+        self._fitted[index], self._shown[index] = wanted, list(box.viewRange()[index])
+
+    def unfit(self) -> None:
+        """Forget what `fit` showed: the next run fits its ranges from scratch, zoomed or not."""
+        self._fitted.clear()
+        self._shown.clear()
 
     def set_title(self, title: str) -> None:
         self.plot.setTitle(title, color=self.fg.name(), size="10pt", bold=True)
@@ -154,13 +192,21 @@ class ThroughputPanel(Panel):
         self.curves = {}
         for label in RUN_ORDER:
             self.curves[label] = self.plot.plot([], [], pen=pg.mkPen(RUN_COLOURS[label], width=2), antialias=True)
+        self.plot.enableAutoRange(enable=False)
 
     def show_series(self, series: dict) -> None:
+        right, top = 0.0, 0.0
         for label, curve in self.curves.items():
-            set_curve(curve, *series["throughput"].get(label, EMPTY))
+            x, y = series["throughput"].get(label, EMPTY)
+            set_curve(curve, x, y)
+            if len(x):
+                right, top = max(right, float(x[-1])), max(top, float(np.nanmax(y, initial=0.0)))
+        self.fit("x", 0.0, right)
+        self.fit("y", 0.0, top * 1.05)
 
     def clear_data(self) -> None:
         self.show_series({"throughput": {}})
+        self.unfit()
 
 
 class AcceptancePanel(Panel):
@@ -181,11 +227,12 @@ class AcceptancePanel(Panel):
             self.plot.addItem(line)
         self.plot.setYRange(0.0, 1.0, padding=0.03)
         self.plot.getViewBox().setLimits(yMin=-0.05, yMax=1.05)
-        self.plot.enableAutoRange(axis="y", enable=False)
+        self.plot.enableAutoRange(enable=False)
 
     def show_series(self, series: dict) -> None:
         x, y = series["acceptance"].get("speculative", EMPTY)
         set_curve(self.curve, x, y)
+        self.fit("x", 0.0, float(x[-1]) if len(x) else 1.0)  # the draft length panel's x too (linked)
         measured = series["theory"]["measured"]
         self.overall.setVisible(measured is not None)
         if measured is not None:
@@ -207,6 +254,7 @@ class AcceptancePanel(Panel):
         self.curve.setData([], [])
         self.overall.setVisible(False)
         self.break_even.setVisible(False)
+        self.unfit()
 
 
 class HistogramPanel(Panel):
@@ -232,7 +280,7 @@ class HistogramPanel(Panel):
             # Headroom above the tallest bar, and the legend over the lower half of the
             # bars, keep the legend off the data.
             top = max(float(h["measured"].max()), float(h["predicted"].max()))
-            self.plot.setYRange(0.0, min(1.0, top) * HISTOGRAM_HEADROOM, padding=0.0)
+            self.fit("y", 0.0, min(1.0, top) * HISTOGRAM_HEADROOM, padding=0.0)
             tallest_on_right = int(np.argmax(h["measured"])) >= len(h["bins"]) / 2
             self.legend.setOffset((6, 6) if tallest_on_right else (-6, 6))
         else:
@@ -244,6 +292,7 @@ class HistogramPanel(Panel):
         self.bars.setOpts(x=[], height=[])
         self.model.setData([], [])
         self.plot.setXRange(-0.5, 3.5, padding=0.02)
+        self.unfit()
 
 
 class DraftLengthPanel(Panel):
@@ -269,7 +318,7 @@ class DraftLengthPanel(Panel):
         self.drafted.setZValue(-1)
         self.accepted = self.plot.plot([], [], pen=pg.mkPen(ACCEPTED, width=1.5), stepMode="left")
         self.accepted.setVisible(False)
-        self.plot.enableAutoRange(axis="y", enable=False)
+        self.plot.enableAutoRange(enable=False)  # x: the acceptance panel's (linked)
         self.plot.setYRange(0.0, 4.0 * HEADROOM)
         self._fill_legend()
 
@@ -303,12 +352,13 @@ class DraftLengthPanel(Panel):
         else:
             self.accepted.setData([], [])
         top = max(float(lengths["k"][1].max()), float(lengths["drafted"][1].max()), 1.0)
-        self.plot.setYRange(0.0, top * self.legend_headroom(HEADROOM), padding=0.02)
+        self.fit("y", 0.0, top * self.legend_headroom(HEADROOM))
 
     def clear_data(self) -> None:
         self.asked.setData([], [])
         self.drafted.setData([], [])
         self.accepted.setData([], [])
+        self.unfit()
 
 
 class TimeSplitPanel(Panel):
@@ -354,7 +404,7 @@ class TimeSplitPanel(Panel):
             if label in split:
                 note.setHtml(self._shares(split[label]))
         longest = max((sum(parts.values()) for parts in split.values()), default=1.0) or 1.0
-        self.plot.setXRange(0, longest, padding=0.03)
+        self.fit("x", 0.0, longest, padding=0.03)
         self._lay_out()
 
     def _lay_out(self, *_) -> None:
@@ -390,6 +440,7 @@ class TimeSplitPanel(Panel):
 
     def clear_data(self) -> None:
         self.show_series({"time_split": {}})
+        self.unfit()
 
 
 class DepthPanel(Panel):
@@ -500,11 +551,12 @@ class PoolPanel(Panel):
         xt, text = _finite(d["step"], d["pool_text"])
         set_curve(self.text, xt, text)
         top = max(float(total.max()) if len(total) else 0.0, 10.0)
-        self.plot.setYRange(0.0, top * RISING_HEADROOM, padding=0.02)
+        self.fit("y", 0.0, top * RISING_HEADROOM)
 
     def clear_data(self) -> None:
         self.total.setData([], [])
         self.text.setData([], [])
+        self.unfit()
 
 
 class PoolHitsPanel(Panel):
@@ -534,11 +586,12 @@ class PoolHitsPanel(Panel):
         self.set_title("Pool hits" if last_hits is None or not last_steps
                        else f"Pool hits: {last_hits} of {last_steps} steps")  # fmt: skip
         top = max(float(steps.max()) if len(steps) else 0.0, float(hits.max()) if len(hits) else 0.0, 10.0)
-        self.plot.setYRange(0.0, top * RISING_HEADROOM, padding=0.02)
+        self.fit("y", 0.0, top * RISING_HEADROOM)
 
     def clear_data(self) -> None:
         self.hits.setData([], [])
         self.steps.setData([], [])
+        self.unfit()
 
 
 class ExitLayerPanel(Panel):
@@ -652,11 +705,12 @@ class StatsPanel(Panel):
             set_curve(curve, x, y)
             if len(y):
                 low, top = min(low, float(y.min())), max(top, float(y.max()))
-        self.plot.setYRange(low, top * RISING_HEADROOM, padding=0.02)
+        self.fit("y", low, top * RISING_HEADROOM)
 
     def clear_data(self) -> None:
         for curve in self.curves.values():
             curve.setData([], [])
+        self.unfit()
 
 
 class DrafterPanel(QWidget):

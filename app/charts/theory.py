@@ -18,6 +18,7 @@ from app.charts.panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, set_label
 
 # The legend (up to five rows, top left) needs more room than other panels' two.
 THEORY_HEADROOM = 2.2
+LABEL_POSITIONS = (0.94, 0.84, 0.74, 0.64, 0.54, 0.44, 0.34, 0.24, 0.14, 0.06)  # along the break-even line, best first
 
 
 class TheoryPanel(Panel):
@@ -57,6 +58,7 @@ class TheoryPanel(Panel):
         self._data_top = 1.0
         self.plot.getViewBox().sigResized.connect(self._refit)
         self.note = ""  # what the legend says when there is no break-even line; tests read it
+        self._placed = None  # what the break-even label was last placed for (it only moves when that changes)
 
     def show_series(self, series: dict) -> None:
         t = series["theory"]
@@ -137,27 +139,55 @@ class TheoryPanel(Panel):
         view = box.sceneBoundingRect()
         legend = self._legend_rows()
         points = self._drawn_points()
+        # The search moves the label up to 60 times: it is done again only when something it
+        # avoids has moved by a few pixels (while a run streams, the measured points and the
+        # cost model's curve move a little at every frame), or the line by a pixel.
+        key = (round(value, 3), view.getRect(), tuple(row.getRect() for row in legend),
+               np.round(points / 4).tobytes())  # fmt: skip
+        if self._placed is None or self._placed[0] != key:
+            self._placed = (key, self._search(texts, value, view, legend, points))
+        rank, position, side = self._placed[1]
+        label.setFormat(texts[min(rank, len(texts) - 1)])
+        label.setPosition(position)
+        set_label_anchor(self.break_even, side)
+
+    def _search(self, texts: list[str], value: float, view: QRectF, legend: list[QRectF],
+                points: np.ndarray) -> tuple[int, float, tuple[int, int]]:  # fmt: skip
+        """The first (wording, position, side) whose label covers nothing, else the one covering least.
+
+        The label moves linearly along the line with its position, so each wording and side is
+        placed twice and the rest of its places are interpolated: moving it through all 60
+        candidates one by one cost more than the rest of a redraw."""
         sides = [(0, 1), (1, 1)] if value <= 0.5 else [(1, 1), (0, 1)]
         best = None
         for rank, text in enumerate(texts):
-            label.setFormat(text)
-            for position in (0.94, 0.84, 0.74, 0.64, 0.54, 0.44, 0.34, 0.24, 0.14, 0.06):
+            self.break_even.label.setFormat(text)
+            rects = {side: self._label_rects(side) for side in sides}
+            for index, position in enumerate(LABEL_POSITIONS):
                 for side in sides:
-                    label.setPosition(position)
-                    set_label_anchor(self.break_even, side)
-                    rect = label.sceneBoundingRect()
+                    rect = rects[side][index]
                     hits = int(np.count_nonzero((points[:, 0] >= rect.left()) & (points[:, 0] <= rect.right())
                                                 & (points[:, 1] >= rect.top()) & (points[:, 1] <= rect.bottom())))
                     # Cut off is worse than over the legend, which is worse than over a curve.
                     hits += 1000 * any(rect.intersects(row) for row in legend) + 100_000 * (not view.contains(rect))
                     if hits == 0:
-                        return
+                        return rank, position, side
                     if best is None or (hits, rank) < best[:2]:
                         best = (hits, rank, position, side)
-        _, rank, position, side = best
-        label.setFormat(texts[rank])
-        label.setPosition(position)
+        return best[1:]
+
+    def _label_rects(self, side: tuple[int, int]) -> list[QRectF]:
+        """The break-even label's scene rectangle at each of LABEL_POSITIONS, with its text as set."""
+        label = self.break_even.label
         set_label_anchor(self.break_even, side)
+        measured = []
+        for position in (LABEL_POSITIONS[0], LABEL_POSITIONS[-1]):
+            label.setPosition(position)
+            measured.append(label.sceneBoundingRect())
+        first, last = measured
+        shift = last.topLeft() - first.topLeft()
+        span = LABEL_POSITIONS[-1] - LABEL_POSITIONS[0]
+        return [first.translated(shift * ((position - LABEL_POSITIONS[0]) / span)) for position in LABEL_POSITIONS]
 
     def _legend_rows(self) -> list[QRectF]:
         """Where the legend's samples and words are drawn (scene coordinates): in a short
