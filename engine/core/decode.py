@@ -94,6 +94,7 @@ def decode_steps(
     eos = target.eos_ids
     if drafter is not None:
         drafter.reset()
+        drafter.begin(list(prompt))
         if drafter.drafts_trees and has(target, TreeForward):  # else trees are verified as their best branch
             draft_length.use_tree_estimate(drafter.tree_expected_tokens)  # k = node budget
 

@@ -119,6 +119,14 @@ class Drafter(abc.ABC):
     def reset(self) -> None:
         """Forget per-conversation state (called at the start of each generation)."""
 
+    def begin(self, prompt: list[int]) -> None:
+        """The prompt a generation starts from (its token ids, the pending token last), told
+        right after `reset`: what the reply will be appended to (suffix decoding keeps replies)."""
+
+    def forget(self) -> None:
+        """Forget what was learned from earlier generations (suffix decoding's earlier replies):
+        a benchmark's runs must not draft from each other's replies."""
+
     def stats(self) -> DrafterStats:
         """Drafter-specific numbers for the UI (pool size, hits...): the frozen dataclass its
         registry spec names as `stats` (engine/drafters/registry.py), fields labelled for the charts."""

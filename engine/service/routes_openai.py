@@ -336,6 +336,12 @@ class BoundedDrafter(Drafter):
     def reset(self) -> None:
         self.inner.reset()
 
+    def begin(self, prompt) -> None:
+        self.inner.begin(prompt)
+
+    def forget(self) -> None:
+        self.inner.forget()
+
     def stats(self) -> Any:
         return self.inner.stats()
 

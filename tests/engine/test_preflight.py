@@ -51,7 +51,7 @@ def test_each_rule_is_a_finding(config, title, severity):
     [
         (EngineConfig(target="/nowhere/model.gguf"), "Cannot use the target"),
         (EngineConfig(target=" "), "No target chosen"),
-        (EngineConfig(target="default", drafter="suffix"), "Cannot use this drafter"),
+        (EngineConfig(target="default", drafter="telepathy"), "Cannot use this drafter"),
         (BASE.with_drafter("model", draft="/nowhere/draft.gguf"), "Cannot use the draft model"),
         (EngineConfig(target="default", drafter="ngram", options=BASE.with_drafter("model", dtype="fp16").options),
          "Cannot use this drafter"),

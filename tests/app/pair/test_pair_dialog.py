@@ -58,7 +58,7 @@ def test_lists_the_default_model(dialog):
 def test_every_drafter_can_be_chosen_and_none_is_a_placeholder(dialog):
     combo = dialog.form.drafter
     drafters = [combo.itemData(i) for i in range(combo.count())]
-    assert drafters == ["model", "ngram", "medusa", "eagle", "lookahead", "early-exit", "none"]
+    assert drafters == ["model", "ngram", "suffix", "medusa", "eagle", "lookahead", "early-exit", "none"]
     assert all(combo.model().item(i).isEnabled() for i in range(combo.count()))
     assert not any("coming" in combo.itemText(i) for i in range(combo.count()))
 

@@ -105,7 +105,7 @@ def test_the_dialogs_keys_count_where_the_window_saved_nothing(qtbot, tmp_path):
 
 
 @pytest.mark.parametrize("saved", [
-    {"version": CONFIG_VERSION + 1, "target": "default", "drafter": "suffix", "options": {"depth": 3}},
+    {"version": CONFIG_VERSION + 1, "target": "default", "drafter": "telepathy", "options": {"depth": 3}},
     "{not json",
     {"version": CONFIG_VERSION, "target": "default", "drafter": "ngram", "options": {"max_ngram": "three"}},
 ])  # fmt: skip

@@ -50,8 +50,8 @@ def test_every_drafter_describes_its_options_and_statistics():
 
 
 def test_an_unknown_drafter_names_the_known_ones():
-    with pytest.raises(ConfigError, match="none, ngram, model"):
-        drafter_spec("suffix")
+    with pytest.raises(ConfigError, match="none, ngram, suffix, model"):
+        drafter_spec("telepathy")
 
 
 # -- a toy drafter from one new module ------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_changed_options_go_to_plain_data_and_back():
 @pytest.mark.parametrize(
     "change, says",
     [
-        ({"drafter": "suffix"}, "'suffix'"),
+        ({"drafter": "telepathy"}, "'telepathy'"),
         ({"k_max": "many"}, "k_max"),
         ({"options": {"window": [1]}}, "window"),
         ({"options": {"depth": 3}}, "'depth'"),
