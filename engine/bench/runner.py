@@ -115,6 +115,8 @@ def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_sour
                 report(f"Repeat {repeat + 1}/{settings.repeat}: {prompt.id}, {mode}",
                        0.15 + (ours_end - 0.15) * done / total)  # fmt: skip
                 system.reset_peak_rss()
+                if mode == SPECULATIVE:
+                    engine.drafter.forget()  # each run meets its prompt afresh: none drafts from another's reply
                 result = engine.generate(ids[prompt.id], greedy, speculative=mode == SPECULATIVE, cancel=cancel)
                 peak = system.peak_rss_bytes()
                 _check(cancel)

@@ -19,6 +19,7 @@ from engine.bench.results import (SPECULATIVE, VANILLA, FloorCheck, MemoryCheck,
 from engine.bench.system import copy_bandwidth, floor_s_per_token, peak_rss_bytes, reset_peak_rss
 from engine.cli.main import build_parser, main
 from engine.core.draft_length import CostModel
+from engine.core.sampling import SamplingConfig
 from engine.drafters.ngram import NgramDrafter
 from engine.api import Engine
 
@@ -361,3 +362,20 @@ def test_both_acceptance_rates_are_reported_by_their_names():
 
     assert copy.acceptance == pytest.approx(60 / 80) and copy.draft_acceptance == pytest.approx(60 / 120)
     assert reuse.draft_acceptance == pytest.approx(0.5)
+
+
+def test_a_benchmarks_repeats_do_not_draft_from_each_others_replies(one_thread_llama, two_prompts):
+    """Suffix decoding remembers replies; the benchmark's second run of a prompt must not copy the first's."""
+    from engine.drafters.suffix import SuffixDrafter
+
+    config = EngineConfig(drafter="suffix", k=4, measure_costs=False, threads=1)
+    drafter = SuffixDrafter(trees=False)
+    engine = Engine(one_thread_llama, drafter, config, CostModel())
+    report = run_benchmark(engine.config, two_prompts[1:], BenchSettings(max_tokens=24, repeat=2, warmup=1),
+                           engine=engine)  # fmt: skip
+    first, second = [r for r in report.runs if r.mode == SPECULATIVE]
+    assert first.token_ids == second.token_ids  # greedy: the same reply twice
+    assert (second.drafted, second.accepted) == (first.drafted, first.accepted)  # drafted as if for the first time
+    # Outside the benchmark it does remember: the same prompt again drafts its whole earlier reply.
+    again = engine.generate(engine.prompt_ids(list(two_prompts[1].messages)), SamplingConfig(max_tokens=24))
+    assert again.stats.accepted > second.accepted and drafter.stats()["from_history"] > 0
