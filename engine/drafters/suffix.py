@@ -300,7 +300,7 @@ class SuffixDrafter(Drafter):
     def stats(self) -> SuffixStats:
         c = self._stats
         return SuffixStats(lookups=c.lookups, hits=c.hits, from_history=c.from_history, match_length=c.last_match,
-                           nodes=c.last_nodes, history_tokens=self.history.tokens)  # fmt: skip
+                           draft_size=c.last_nodes, history_tokens=self.history.tokens)  # fmt: skip
 
     def close(self) -> None:
         self.history.clear()

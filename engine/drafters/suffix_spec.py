@@ -29,7 +29,7 @@ class SuffixStats(DrafterStats):
     hits: int = stat(label="Drafts", chart=False)
     from_history: int = stat(label="Drafts from earlier replies", chart=False)
     match_length: int = stat(label="Match length", unit="tokens")
-    nodes: int = stat(label="Draft size", unit="tokens")
+    draft_size: int = stat(label="Draft size", unit="tokens")
     history_tokens: int = stat(label="Earlier replies", unit="tokens", chart=False)
 
 
