@@ -124,16 +124,14 @@ class SuffixHistory:
         self.capacity = capacity
         self.replies: list[list[int]] = []
         self.index = SuffixIndex()
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(reply) for reply in self.replies)
+        self.tokens = 0  # in `replies`
 
     def add(self, reply: list[int]) -> None:
         if self.capacity <= 0 or not reply:
             return
         reply = list(reply[-self.capacity :])
         self.replies.append(reply)
+        self.tokens += len(reply)
         if self.tokens <= self.capacity:
             self.index.extend(reply)
             self.index.end_sequence()
@@ -141,7 +139,7 @@ class SuffixHistory:
         # Over budget: drop the oldest replies down to three quarters of it, and index the rest anew
         # (a rebuild once per quarter of the budget, not per reply).
         while len(self.replies) > 1 and self.tokens > 0.75 * self.capacity:
-            self.replies.pop(0)
+            self.tokens -= len(self.replies.pop(0))
         self.index = SuffixIndex()
         for kept in self.replies:
             self.index.extend(kept)
@@ -150,6 +148,7 @@ class SuffixHistory:
     def clear(self) -> None:
         self.replies.clear()
         self.index = SuffixIndex()
+        self.tokens = 0
 
 
 class Tree:
