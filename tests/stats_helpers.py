@@ -6,6 +6,12 @@ import numpy as np
 from scipy.stats import chisquare
 
 
+def three_token_law(transition, first: int) -> np.ndarray:
+    """P(a, b, c) of a Markov chain's next three tokens after `first`, flat at index (a * V + b) * V + c."""
+    p = np.asarray(transition, dtype=np.float64)
+    return np.einsum("a,ab,bc->abc", p[first], p, p).reshape(-1)
+
+
 def chi_square_pvalue(observed: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
     """p-value of `observed` counts against `probs`; sparse cells are pooled into one."""
     observed = np.asarray(observed, dtype=np.float64)

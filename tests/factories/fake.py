@@ -85,6 +85,14 @@ class MarkovDrafter(Drafter):
         return Draft(tokens, torch.stack(rows), tuple(float(r[t]) for r, t in zip(rows, tokens)))
 
 
+def cycle_transition(vocab: int, noise: float = 0.02) -> torch.Tensor:
+    """A chain that almost always goes from token i to i + 1 (mod vocab): a text that repeats itself."""
+    t = torch.full((vocab, vocab), noise)
+    for i in range(vocab):
+        t[i, (i + 1) % vocab] = 1.0
+    return t / t.sum(dim=-1, keepdim=True)
+
+
 def random_transition(vocab: int, seed: int, sharpness: float = 2.0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.softmax(torch.randn(vocab, vocab, generator=gen) * sharpness, dim=-1)

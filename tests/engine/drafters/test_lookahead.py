@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
@@ -23,8 +22,9 @@ from engine.errors import ConfigError
 from engine.core.sampling import SamplingConfig, make_generator
 from engine.api import collect
 from tests.factories.fake import MarkovBackend, MarkovTreeBackend, random_transition
+from tests.factories.fake import cycle_transition as cycle
 from tests.factories.hf_models import make_tiny_model
-from tests.stats_helpers import chi_square_pvalue
+from tests.stats_helpers import chi_square_pvalue, three_token_law
 
 GREEDY = SamplingConfig(max_tokens=40)
 REPEAT = "Repeat after me, word for word: the early bird catches the worm, but the second mouse gets the cheese."
@@ -60,13 +60,6 @@ class MaskedMarkovBackend(MarkovTreeBackend):
         del self.tokens[base:]
         self.tokens.extend(kept)
         self._block = None
-
-
-def cycle(vocab: int, noise: float = 0.02) -> torch.Tensor:
-    t = torch.full((vocab, vocab), noise)
-    for i in range(vocab):
-        t[i, (i + 1) % vocab] = 1.0
-    return t / t.sum(dim=-1, keepdim=True)
 
 
 def run(backend, prompt, sampling, drafter=None, k=8, costs=None):
@@ -257,9 +250,7 @@ def test_sampled_lookahead_is_lossless():
         a, b, c = result.tokens
         counts[(a * vocab + b) * vocab + c] += 1
         accepted += result.stats.accepted
-    exact = np.array(
-        [target[0, a] * target[a, b] * target[b, c] for a, b, c in itertools.product(range(vocab), repeat=3)]
-    )
+    exact = three_token_law(target, prompt[-1])
     assert accepted > draws // 4  # candidates were accepted (and rejected: the law holds anyway)
     assert chi_square_pvalue(counts, exact) > 1e-3
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from engine.api import Engine, EngineConfig, collect
@@ -13,20 +11,12 @@ from engine.core.sampling import SamplingConfig
 from engine.drafters.suffix import SuffixDrafter, SuffixHistory
 from tests.engine.drafters.build import make_drafter
 from tests.factories.fake import MarkovBackend, MarkovTreeBackend, random_transition
-from tests.stats_helpers import chi_square_pvalue
+from tests.factories.fake import cycle_transition as cycle
+from tests.stats_helpers import chi_square_pvalue, three_token_law
 
 GREEDY = SamplingConfig(max_tokens=40)
 EDIT = ("Here is a function:\n\ndef area(width, height):\n    return width * height\n\n"
         "Rename width to w and height to h, and show the whole function again.")  # fmt: skip
-
-
-def cycle(vocab: int, noise: float = 0.02):
-    import torch
-
-    t = torch.full((vocab, vocab), noise)
-    for i in range(vocab):
-        t[i, (i + 1) % vocab] = 1.0
-    return t / t.sum(dim=-1, keepdim=True)
 
 
 def propose(drafter: SuffixDrafter, context: list[int], k: int = 16):
@@ -139,11 +129,8 @@ def test_sampled_suffix_decoding_is_lossless_with_trees():
         a, b, c = result.tokens
         counts[(a * vocab + b) * vocab + c] += 1
         accepted += result.stats.accepted
-    exact = np.array(
-        [target[0, a] * target[a, b] * target[b, c] for a, b, c in itertools.product(range(vocab), repeat=3)]
-    )
     assert accepted > draws // 4
-    assert chi_square_pvalue(counts, exact) > 1e-3
+    assert chi_square_pvalue(counts, three_token_law(target, prompt[-1])) > 1e-3
 
 
 def test_float32_greedy_suffix_equals_vanilla_on_the_embedded_model_as_a_tree(embedded_hf_dir):
