@@ -53,6 +53,7 @@ from app.charts.panels import (
     DrafterPanel,
     DraftLengthPanel,
     HistogramPanel,
+    Panel,
     ThroughputPanel,
     TimeSplitPanel,
 )
@@ -164,6 +165,8 @@ class LiveCharts(QWidget):
         self._runs.clear()
         for panel in self.panels:
             panel.clear_data()
+        for plot in self.findChildren(Panel):  # the drafter panel's plots too
+            plot.unfit()
         self._schedule()
 
     def add_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None,

@@ -85,7 +85,7 @@ class Panel(pg.PlotWidget):
         """Show `low`..`high` on `axis` ("x" or "y"), the top rounded up to a `stepped` value, so
         that a growing run moves the range (and redraws the cached axis) a few times, not at
         every frame. A range the user has zoomed or panned since is left alone until
-        `unfit` (a new run)."""
+        `unfit` (LiveCharts.reset: a new run)."""
         index = 0 if axis == "x" else 1
         wanted = (low, stepped(high - low) + low)
         if self._fitted.get(index) == wanted:
@@ -206,7 +206,6 @@ class ThroughputPanel(Panel):
 
     def clear_data(self) -> None:
         self.show_series({"throughput": {}})
-        self.unfit()
 
 
 class AcceptancePanel(Panel):
@@ -254,7 +253,6 @@ class AcceptancePanel(Panel):
         self.curve.setData([], [])
         self.overall.setVisible(False)
         self.break_even.setVisible(False)
-        self.unfit()
 
 
 class HistogramPanel(Panel):
@@ -292,7 +290,6 @@ class HistogramPanel(Panel):
         self.bars.setOpts(x=[], height=[])
         self.model.setData([], [])
         self.plot.setXRange(-0.5, 3.5, padding=0.02)
-        self.unfit()
 
 
 class DraftLengthPanel(Panel):
@@ -358,7 +355,6 @@ class DraftLengthPanel(Panel):
         self.asked.setData([], [])
         self.drafted.setData([], [])
         self.accepted.setData([], [])
-        self.unfit()
 
 
 class TimeSplitPanel(Panel):
@@ -440,7 +436,6 @@ class TimeSplitPanel(Panel):
 
     def clear_data(self) -> None:
         self.show_series({"time_split": {}})
-        self.unfit()
 
 
 class DepthPanel(Panel):
@@ -556,7 +551,6 @@ class PoolPanel(Panel):
     def clear_data(self) -> None:
         self.total.setData([], [])
         self.text.setData([], [])
-        self.unfit()
 
 
 class PoolHitsPanel(Panel):
@@ -591,7 +585,6 @@ class PoolHitsPanel(Panel):
     def clear_data(self) -> None:
         self.hits.setData([], [])
         self.steps.setData([], [])
-        self.unfit()
 
 
 class ExitLayerPanel(Panel):
@@ -710,7 +703,6 @@ class StatsPanel(Panel):
     def clear_data(self) -> None:
         for curve in self.curves.values():
             curve.setData([], [])
-        self.unfit()
 
 
 class DrafterPanel(QWidget):

@@ -405,3 +405,23 @@ def test_an_svg_panel_draws_what_the_screen_shows(charts, qtbot):
     b = np.frombuffer(drawing.constBits(), np.uint8).reshape(drawing.height(), -1)[:, : drawing.width() * 4]
     differing = (np.abs(a.astype(int) - b.astype(int)) > 80).reshape(screen.height(), screen.width(), 4).any(axis=2)
     assert differing.mean() < 0.03, differing.mean()
+
+
+def test_the_step_axis_grows_in_steps_and_a_zoom_stays_until_the_next_run(charts):
+    steps = make_run([(4, 4, 3)] * 130)
+    box = charts.acceptance.plot.getViewBox()
+    feed(charts, "speculative", steps[:47])
+    charts.redraw()
+    first = box.viewRange()[0]
+    assert first[1] >= 46 and first[1] < 60  # a round top above the last step (50), not the last step itself
+    feed(charts, "speculative", steps[47:49])
+    charts.redraw()
+    assert box.viewRange()[0] == first  # two more steps inside it: the axis did not move
+    box.setXRange(10, 20, padding=0)  # the user zooms in
+    feed(charts, "speculative", steps[49:130])
+    charts.redraw()
+    assert box.viewRange()[0] == [10, 20]  # the run went past the top, the zoom stayed
+    charts.reset()
+    feed(charts, "speculative", steps[:47])
+    charts.redraw()
+    assert box.viewRange()[0] == first  # a new run fits its steps again
