@@ -67,7 +67,11 @@ def test_a_candidates_config_keeps_the_loaded_target_and_its_backend():
     assert config_for(with_draft, Candidate("model", 8), "llama.cpp").draft == "draft.gguf"
 
 
-def test_ngram_wins_on_prompts_that_copy_their_input_and_the_ranking_is_by_speedup():
+def test_ngram_drafts_copies_whole_and_the_ranking_is_by_measured_speedup():
+    # Which candidate is fastest is timed on a shared 2-core machine, so it is the benchmark's to
+    # say (docs/benchmarks.md); what holds in every run is asserted: the ranking follows the
+    # measured speedups, plain decoding is their unit, greedy output is lossless, and n-gram lookup
+    # drafts a copied paragraph nearly whole (several tokens per target forward, not timed).
     progress = []
     result = run_autotune(CONFIG, COPY_PROMPTS, SHORT, candidates=NGRAM,
                           progress=lambda message, fraction: progress.append(fraction))  # fmt: skip
@@ -76,12 +80,15 @@ def test_ngram_wins_on_prompts_that_copy_their_input_and_the_ranking_is_by_speed
     assert speedups == sorted(speedups, reverse=True)
     assert {r.candidate for r in result.ranked} == {*NGRAM, PLAIN}
     assert next(r for r in result.ranked if r.candidate == PLAIN).speedup == 1.0
-    assert result.best.candidate.drafter == "ngram" and result.best.speedup > 1.0 and result.beats_vanilla
     assert all(r.identical == 2 for r in result.ranked)  # greedy speculative decoding is lossless
-    assert result.best_config == dataclasses.replace(CONFIG, k=result.best.candidate.k)
+    assert all(r.tokens_per_forward > 2.0 for r in result.ranked if r.candidate != PLAIN)
+    assert result.beats_vanilla == (result.best.speedup > 1.0)
+    best = result.best.candidate
+    assert result.best_config == dataclasses.replace(CONFIG.with_drafter(best.drafter), k=best.k)
     assert progress == sorted(progress) and progress[-1] == 1.0
     text = format_autotune(result)
-    assert f"Best: ngram, k {result.best.candidate.k}, {result.best.speedup:.2f}×" in text
+    assert f"Best: {best.label}, {result.best.speedup:.2f}×" in text
+    assert ("no candidate beat plain decoding" in text) == (best == PLAIN)
     Engine.load(result.best_config).close()  # the proposal is a config that loads
 
 
