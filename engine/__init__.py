@@ -77,7 +77,8 @@ _LAZY = {
     "bench_progress_to_dict": ("bench.results", "progress_to_dict"),
     "bench_progress_from_dict": ("bench.results", "progress_from_dict"),
     "BenchPrompt": ("bench.prompts", None), "default_prompts_path": ("bench.prompts", None),
-    "load_prompts": ("bench.prompts", None), "write_json": ("bench.report", None),
+    "load_prompts": ("bench.prompts", None), "count_prompts": ("bench.prompts", None),
+    "write_json": ("bench.report", None),
     "run_autotune": ("bench.autotune", None), "run_benchmark": ("bench.runner", None),
 }  # fmt: skip
 

@@ -30,8 +30,8 @@ from PySide6.QtWidgets import (QCheckBox, QDialog, QFileDialog, QFormLayout, QHB
                                QProgressBar, QPushButton, QSpinBox, QSplitter, QVBoxLayout)  # fmt: skip
 
 from engine import (AutotuneResult, AutotuneSettings, BenchmarkCancelled, BenchReport, BenchSettings, Candidate,
-                    EngineClient, EngineConfig, EngineUnavailable, SpecDeckError, default_prompts_path,
-                    load_prompts, write_json)  # fmt: skip
+                    EngineClient, EngineConfig, EngineUnavailable, SpecDeckError, count_prompts,
+                    default_prompts_path, load_prompts, write_json)  # fmt: skip
 from app.bench.autotune_view import AutotunePanel
 from app.bench.view import BenchChart, BenchTable, checks_html
 from app.runtime.engine_controller import EngineController
@@ -67,7 +67,9 @@ class BenchDialog(QDialog):
 
         settings = QSettings()
         self.prompts_edit = QLineEdit(settings.value(PROMPTS_FILE, "", type=str))
-        self.prompts_edit.setPlaceholderText("the built-in set: 6 prompts that reuse their input, 6 open ones")
+        self.prompts_edit.setPlaceholderText(
+            "the built-in set: prompts that reuse their input, open ones, and conversations"
+        )
         browse = QPushButton("Choose…", clicked=self.choose_prompts)
         builtin = QPushButton("Built-in set", clicked=self.prompts_edit.clear)
         files = QHBoxLayout()
@@ -162,7 +164,7 @@ class BenchDialog(QDialog):
                                 progress=lambda message, fraction: report((message, fraction)),
                                 on_unloaded=report)  # fmt: skip
 
-        self._start(job, "bench", self._on_report, f"Benchmarking {len(prompts)} prompts from {path.name}…")
+        self._start(job, "bench", self._on_report, f"Benchmarking {count_prompts(prompts)} from {path.name}…")
 
     def autotune(self) -> None:
         """Start auto-tune on the form's prompts; the ranked candidates replace the last ones."""
@@ -181,7 +183,7 @@ class BenchDialog(QDialog):
                                    on_unloaded=report)  # fmt: skip
 
         self._start(job, "autotune", self._on_tuned,
-                    f"Finding the best settings on {len(prompts)} prompts from {path.name}…")  # fmt: skip
+                    f"Finding the best settings on {count_prompts(prompts)} from {path.name}…")  # fmt: skip
 
     def _load_prompts(self) -> tuple[Path, tuple] | None:
         """The form's prompt file and its prompts, or None with the error in the status line."""

@@ -25,7 +25,8 @@ from engine.lazy import lazy_getattr
 _LAZY = {
     "AutotuneResult": "autotune_results", "AutotuneSettings": "autotune_results", "Candidate": "autotune_results",
     "CandidateResult": "autotune_results", "format_autotune": "autotune_results",
-    "BenchPrompt": "prompts", "PromptFileError": "prompts", "default_prompts_path": "prompts",
+    "BenchPrompt": "prompts", "PromptFileError": "prompts", "count_prompts": "prompts",
+    "default_prompts_path": "prompts",
     "load_prompts": "prompts", "parse_prompts": "prompts",
     "format_text": "report", "to_json": "report", "write_json": "report",
     "BenchmarkCancelled": "results", "BenchReport": "results", "BenchSettings": "results", "GroupSummary": "results",

@@ -24,13 +24,13 @@ import threading
 from typing import Callable
 
 from engine.core.draft_length import CostModel
-from engine.errors import ConfigError, SpecDeckError
+from engine.errors import ConfigError
 from engine.drafters.registry import drafter_spec, make_drafter
 from engine.core.sampling import SamplingConfig
 from engine.api import Engine, EngineConfig
 from engine.models.shipped import default_heads_dir
-from engine.bench.prompts import BenchPrompt
-from engine.bench.runner import engine_for
+from engine.bench.prompts import BenchPrompt, Turns
+from engine.bench.runner import check_context_room, encode_prompt, engine_for
 from engine.bench.results import BenchmarkCancelled
 from engine.bench.autotune_results import (CHAIN_KS, PLAIN, TREE_DRAFTERS, TREE_KS, AutotuneResult,  # noqa: F401
                                            AutotuneSettings, Candidate, CandidateResult, format_autotune)  # fmt: skip
@@ -100,30 +100,35 @@ def run_autotune(
 
 
 def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> AutotuneResult:
-    ids = []
+    first_ids = {}
     for prompt in prompts:
-        try:
-            ids.append(engine.prompt_ids(list(prompt.messages)))
-        except SpecDeckError as error:
-            raise ConfigError(f"Prompt {prompt.id!r}: {error}") from error
+        first_ids[prompt.id] = encode_prompt(engine, prompt)
+        check_context_room(engine, prompt, len(first_ids[prompt.id]), settings.max_tokens)
     greedy = SamplingConfig(max_tokens=settings.max_tokens)
     warm = SamplingConfig(max_tokens=min(WARMUP_TOKENS, settings.max_tokens))
-    total = len(prompts) * (1 + len(candidates))
+    total = sum(p.turns for p in prompts) * (1 + len(candidates))
     done = 0
 
     def step(what: str) -> None:
         _check(cancel)
         report(what, 0.1 + 0.9 * done / total)
 
-    # ---- the baseline: plain decoding, once per prompt --------------------------------------
+    # ---- the baseline: plain decoding, once per prompt (a conversation turn by turn) ----------
     if settings.warmup:
         step("Warming up plain decoding")
-        engine.generate(ids[0], warm, speculative=False, cancel=cancel)
-    vanilla = []
-    for prompt, prompt_ids in zip(prompts, ids):
-        step(f"Plain decoding: {prompt.id}")
-        vanilla.append(engine.generate(prompt_ids, greedy, speculative=False, cancel=cancel))
-        done += 1
+        engine.generate(first_ids[prompts[0].id], warm, speculative=False, cancel=cancel)
+    vanilla, asked = [], []  # asked: (the turn, its token ids, whether it starts a conversation)
+    turns = Turns()
+    for prompt in prompts:
+        replies: list[str] = []
+        for index in range(prompt.turns):
+            turn, _ = turns.get(prompt, index, replies)
+            turn_ids = first_ids[prompt.id] if index == 0 else encode_prompt(engine, turn)
+            step(f"Plain decoding: {turn.id}")
+            vanilla.append(engine.generate(turn_ids, greedy, speculative=False, cancel=cancel))
+            asked.append((turn, turn_ids, index == 0))
+            replies.append(vanilla[-1].text)
+            done += 1
 
     # ---- every candidate on every prompt, on the same target ---------------------------------
     results = []
@@ -142,11 +147,13 @@ def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> Auto
                                costs)  # fmt: skip
                 if settings.warmup:
                     step(f"Warming up {candidate.label}")
-                    tuned.generate(ids[0], warm, cancel=cancel)
+                    tuned.generate(asked[0][1], warm, cancel=cancel)
                 runs = []
-                for prompt, prompt_ids in zip(prompts, ids):
-                    step(f"{candidate.label}: {prompt.id}")
-                    runs.append(tuned.generate(prompt_ids, greedy, cancel=cancel))
+                for turn, turn_ids, starts in asked:
+                    step(f"{candidate.label}: {turn.id}")
+                    if starts and drafter is not None:
+                        drafter.forget()  # each conversation meets the drafter afresh, as in the benchmark
+                    runs.append(tuned.generate(turn_ids, greedy, cancel=cancel))
                     done += 1
                 _check(cancel)
                 results.append(_score(candidate, runs, vanilla))
@@ -157,14 +164,14 @@ def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> Auto
                 drafter.costs = engine.costs  # the engine's own drafter: back on the engine's cost model
     report("Done", 1.0)
     baseline = CandidateResult(PLAIN, 1.0, statistics.median(r.stats.tokens_per_s for r in vanilla), 0.0, 1.0,
-                               len(prompts), len(prompts))  # fmt: skip
+                               len(vanilla), len(vanilla))  # fmt: skip
     ranked = tuple(sorted([*results, baseline], key=lambda r: r.speedup, reverse=True))
     best = ranked[0].candidate
     return AutotuneResult(
         ranked=ranked,
         vanilla_tps=baseline.tokens_per_s,
         best_config=config_for(engine.config, best, engine.target.info.backend),
-        prompts=len(prompts),
+        prompts=len(vanilla),
         max_tokens=settings.max_tokens,
     )
 

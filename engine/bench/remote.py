@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from engine.bench.prompts import BenchPrompt
+from engine.bench.prompts import BenchPrompt, Turns
 from engine.bench.results import (SPECULATIVE, VANILLA, BenchmarkCancelled, BenchReport, BenchSettings, RunRecord,
                                   memory_check, summarize)  # fmt: skip
 from engine.core.sampling_config import SamplingConfig
@@ -36,28 +36,35 @@ def run_remote_benchmark(remote: RemoteEngine, prompts: tuple[BenchPrompt, ...],
             report("Warming up", 0.02)
             remote.generate(list(prompts[0].messages), SamplingConfig(max_tokens=WARMUP_TOKENS), speculative=speculative)
     runs: list[RunRecord] = []
-    total, done = settings.repeat * len(prompts) * 2, 0
+    turns = Turns()  # a conversation turn by turn, as run_benchmark runs it (runner.py)
+    total, done = settings.repeat * sum(p.turns for p in prompts) * 2, 0
     for repeat in range(settings.repeat):
         for prompt in prompts:
-            vanilla_text = None
-            for mode in (VANILLA, SPECULATIVE):
-                _check(cancel)
-                report(f"Repeat {repeat + 1}/{settings.repeat}: {prompt.id}, {mode}", 0.05 + 0.95 * done / total)
-                result = remote.generate(list(prompt.messages), greedy, speculative=mode == SPECULATIVE, cancel=cancel)
-                _check(cancel)
-                s = result.stats
-                identical = None if mode == VANILLA else result.text == vanilla_text
-                vanilla_text = result.text if mode == VANILLA else vanilla_text
-                runs.append(RunRecord(
-                    prompt_id=prompt.id, kind=prompt.kind, mode=mode, repeat=repeat, tokens=s.tokens, wall_s=s.wall_s,
-                    prefill_s=s.prefill_s, steps=s.steps, drafted=s.drafted, accepted=s.accepted, tested=s.tested,
-                    predicted_speedup=1.0, finish_reason=result.finish_reason, peak_rss_bytes=None,
-                    identical=identical, text=result.text,
-                ))  # fmt: skip
-                done += 1
+            replies: list[str] = []
+            for index in range(prompt.turns):
+                asked, _ = turns.get(prompt, index, replies)
+                vanilla_text = None
+                for mode in (VANILLA, SPECULATIVE):
+                    _check(cancel)
+                    report(f"Repeat {repeat + 1}/{settings.repeat}: {asked.id}, {mode}", 0.05 + 0.95 * done / total)
+                    result = remote.generate(list(asked.messages), greedy, speculative=mode == SPECULATIVE,
+                                             cancel=cancel)  # fmt: skip
+                    _check(cancel)
+                    s = result.stats
+                    identical = None if mode == VANILLA else result.text == vanilla_text
+                    vanilla_text = result.text if mode == VANILLA else vanilla_text
+                    runs.append(RunRecord(
+                        prompt_id=asked.id, kind=asked.kind, mode=mode, repeat=repeat, tokens=s.tokens,
+                        wall_s=s.wall_s, prefill_s=s.prefill_s, steps=s.steps, drafted=s.drafted,
+                        accepted=s.accepted, tested=s.tested, predicted_speedup=1.0,
+                        finish_reason=result.finish_reason, peak_rss_bytes=None, identical=identical,
+                        text=result.text,
+                    ))  # fmt: skip
+                    done += 1
+                replies.append(vanilla_text)
     prompt_summaries, kinds, overall = summarize(runs)
     counts: dict[str, int] = {}
-    for prompt in prompts:
+    for prompt in turns.rows(prompts):
         counts[prompt.kind] = counts.get(prompt.kind, 0) + 1
     report("Done", 1.0)
     described = {
@@ -65,7 +72,7 @@ def run_remote_benchmark(remote: RemoteEngine, prompts: tuple[BenchPrompt, ...],
                    "device": "remote", "weight_bytes": None, "n_params": None},
         "draft": None, "drafter": pair.speculation or "none", "drafter_name": pair.speculation, "k": "the server's",
         "k_max": None, "threads": None, "max_tokens": settings.max_tokens, "repeat": settings.repeat,
-        "warmup": settings.warmup, "greedy": True, "prompts_file": prompts_source, "prompts": len(prompts),
+        "warmup": settings.warmup, "greedy": True, "prompts_file": prompts_source, "prompts": len(turns.rows(prompts)),
         "kinds": counts, "server": pair.describe(), "vanilla_url": pair.vanilla_url, "notes": list(pair.notes),
     }  # fmt: skip
     return BenchReport(settings=described, prompts=prompt_summaries, kinds=kinds, overall=overall, floor=None,

@@ -6,8 +6,17 @@ Order per repeat: for each prompt, vanilla then speculative, so that slow
 phases of a busy machine hit both modes alike. Before the measured runs, each
 mode is warmed up on the first prompt (caches, thread pools, the cost model).
 
+A conversation (a prompt with follow-ups) runs turn by turn, each turn a row of
+the report: the context of turn t+1 is turn t's context, the vanilla reply and
+the next follow-up, so both modes decode the same tokens at every turn (in
+greedy float32 the speculative reply is the same anyway). The drafter forgets
+what it learnt at each conversation's first turn only: what it keeps from
+earlier turns is what a user's chat gives it. Contexts are built in the first
+repeat and reused after, so every repeat measures the same prompts.
+
 Each run starts a new resident-memory peak and reads it at the end (see
-system.py). Peers, when asked for, run last, on the same prompt token ids.
+system.py). Peers, when asked for, run last, on the same prompt token ids
+(every turn's, in order).
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from engine.core.sampling import SamplingConfig
 from engine.api import Engine, EngineConfig
 from engine.bench import system
 from engine.bench.peers import PeerSpec, default_peers, run_peers
-from engine.bench.prompts import BenchPrompt
+from engine.bench.prompts import BenchPrompt, Turns
 from engine.bench.results import (SPECULATIVE, VANILLA, BenchmarkCancelled, BenchReport, BenchSettings, FloorCheck,
                                   RunRecord, memory_check, summarize)  # fmt: skip
 
@@ -32,6 +41,7 @@ from engine.bench.results import (SPECULATIVE, VANILLA, BenchmarkCancelled, Benc
 # from 0.0 to 1.0; the last call is ("Done", 1.0). As JSON: results.progress_to_dict / progress_from_dict.
 Progress = Callable[[str, float], None]
 WARMUP_TOKENS = 16
+REPLY_FRAMING_TOKENS = 8  # what a chat template adds around a message in the context (role markers, ends)
 
 
 def run_benchmark(
@@ -84,10 +94,8 @@ def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_sour
         )
     ids = {}
     for prompt in prompts:
-        try:
-            ids[prompt.id] = engine.prompt_ids(list(prompt.messages))
-        except SpecDeckError as error:
-            raise ConfigError(f"Prompt {prompt.id!r}: {error}") from error
+        ids[prompt.id] = encode_prompt(engine, prompt)
+        check_context_room(engine, prompt, len(ids[prompt.id]), settings.max_tokens)
 
     report("Measuring the memory bandwidth", 0.1)
     bandwidth = system.copy_bandwidth(*_bandwidth_device(engine)) if settings.measure_bandwidth else None
@@ -102,33 +110,41 @@ def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_sour
 
     with_peers = settings.peers or peer_specs is not None
     ours_end = 0.7 if with_peers else 1.0
-    total = settings.repeat * len(prompts) * 2
+    total = settings.repeat * sum(p.turns for p in prompts) * 2
     per_run = system.reset_peak_rss()
     bound = rounding_bound(engine.target.info)
+    turns = Turns()
     runs: list[RunRecord] = []
     done = 0
     for repeat in range(settings.repeat):
         for prompt in prompts:
-            vanilla = None
-            for mode in (VANILLA, SPECULATIVE):
-                _check(cancel)
-                report(f"Repeat {repeat + 1}/{settings.repeat}: {prompt.id}, {mode}",
-                       0.15 + (ours_end - 0.15) * done / total)  # fmt: skip
-                system.reset_peak_rss()
-                if mode == SPECULATIVE:
-                    engine.drafter.forget()  # each run meets its prompt afresh: none drafts from another's reply
-                result = engine.generate(ids[prompt.id], greedy, speculative=mode == SPECULATIVE, cancel=cancel)
-                peak = system.peak_rss_bytes()
-                _check(cancel)
-                identical = divergence = None
-                if mode == VANILLA:
-                    vanilla = result
-                else:
-                    identical = result.tokens == vanilla.tokens
-                    if not identical:
-                        divergence = first_divergence(result, vanilla, bound).as_dict()
-                runs.append(_record(prompt, mode, repeat, result, peak, identical, divergence))
-                done += 1
+            replies: list[str] = []
+            for index in range(prompt.turns):
+                asked, new = turns.get(prompt, index, replies)
+                if new:
+                    ids.setdefault(asked.id, encode_prompt(engine, asked))
+                vanilla = None
+                for mode in (VANILLA, SPECULATIVE):
+                    _check(cancel)
+                    report(f"Repeat {repeat + 1}/{settings.repeat}: {asked.id}, {mode}",
+                           0.15 + (ours_end - 0.15) * done / total)  # fmt: skip
+                    system.reset_peak_rss()
+                    if mode == SPECULATIVE and index == 0:
+                        engine.drafter.forget()  # each conversation meets the drafter afresh
+                    result = engine.generate(ids[asked.id], greedy, speculative=mode == SPECULATIVE, cancel=cancel)
+                    peak = system.peak_rss_bytes()
+                    _check(cancel)
+                    identical = divergence = None
+                    if mode == VANILLA:
+                        vanilla = result
+                    else:
+                        identical = result.tokens == vanilla.tokens
+                        if not identical:
+                            divergence = first_divergence(result, vanilla, bound).as_dict()
+                    runs.append(_record(asked, mode, repeat, result, peak, identical, divergence))
+                    done += 1
+                replies.append(vanilla.text)
+    asked_prompts = turns.rows(prompts)
 
     prompt_summaries, kinds, overall = summarize(runs)
     floor = None
@@ -148,12 +164,12 @@ def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_sour
         specs = peer_specs if peer_specs is not None else default_peers(engine, settings.llama_server)
         reference = {r.prompt_id: (r.text, r.token_ids) for r in runs if r.mode == VANILLA and r.repeat == 0}
         peer_results = run_peers(
-            specs, prompts, ids, reference, settings.max_tokens, settings.repeat, warmup=min(settings.warmup, 1),
+            specs, asked_prompts, ids, reference, settings.max_tokens, settings.repeat, warmup=min(settings.warmup, 1),
             progress=lambda message, fraction: report(message, ours_end + (1 - ours_end) * fraction), cancel=cancel,
         )  # fmt: skip
     report("Done", 1.0)
     return BenchReport(
-        settings=_describe(engine, settings, prompts, prompts_source, bandwidth),
+        settings=_describe(engine, settings, asked_prompts, prompts_source, bandwidth),
         prompts=prompt_summaries,
         kinds=kinds,
         overall=overall,
@@ -162,6 +178,32 @@ def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_sour
         peers=peer_results,
         runs=tuple(runs),
     )
+
+
+def encode_prompt(engine, prompt: BenchPrompt) -> list[int]:
+    """The prompt's token ids in its chat template; a ConfigError that names the prompt otherwise."""
+    try:
+        return engine.prompt_ids(list(prompt.messages))
+    except SpecDeckError as error:
+        raise ConfigError(f"Prompt {prompt.id!r}: {error}") from error
+
+
+def check_context_room(engine, prompt: BenchPrompt, first: int, max_tokens: int) -> None:
+    """Refuse, before anything is measured, a conversation whose last turn cannot fit the context:
+    the first turn's `first` tokens, each follow-up, each earlier reply at up to `max_tokens`, and
+    the last reply (every message with room for what the chat template puts around it)."""
+    if not prompt.follow_ups:
+        return
+    framing = REPLY_FRAMING_TOKENS
+    messages = first + sum(len(engine.target.tokenize(m["content"])) + framing for m in prompt.follow_ups)
+    needed = messages + prompt.turns * (max_tokens + framing)
+    if needed > engine.target.n_ctx:
+        raise ConfigError(
+            f"Conversation {prompt.id!r} needs up to {needed} tokens of context by its turn {prompt.turns} "
+            f"({messages} of messages, {prompt.turns} replies of up to {max_tokens} tokens) but the "
+            f"context holds {engine.target.n_ctx}: load the model with a larger context, lower max tokens, "
+            "or leave out the multi-turn kind."
+        )
 
 
 def _check(cancel: threading.Event) -> None:

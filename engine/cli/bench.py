@@ -2,7 +2,7 @@
 
     specdeck-cli bench --prompts FILE.jsonl --target M [--draft M | --drafter ngram] [--backend ...]
                        [--dtype ...] [--k N|auto] [--max-tokens N] [--repeat R] [--warmup N]
-                       [--kinds reuse,open] [--threads N] [--peers] [--json OUT] [--autotune]
+                       [--kinds reuse,open,multi-turn] [--threads N] [--peers] [--json OUT] [--autotune]
     specdeck-cli bench --server URL [--api-key KEY] [--prompts ...] [--max-tokens N] [--repeat R] ...
 
 Progress goes to stderr, the report (tables, the bandwidth floor, memory,
@@ -32,8 +32,11 @@ from engine.cli.options import (add_drafter_options, add_load_options, add_serve
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench = subparsers.add_parser("bench", help="benchmark vanilla against speculative decoding on a prompt set")
     bench.add_argument("--prompts", type=Path, default=None,
-                       help='JSONL file, one {"id", "kind", "messages"} per line (default: the shipped set)')  # fmt: skip
-    bench.add_argument("--kinds", default=None, help="only these kinds of prompt, comma-separated (e.g. reuse)")
+                       help='JSONL file, one {"id", "kind", "messages"[, "follow_ups"]} per line '
+                            "(default: the shipped set)")  # fmt: skip
+    bench.add_argument("--kinds", default=None,
+                       help="only these kinds of prompt, comma-separated: the shipped set has reuse, open and "
+                            "multi-turn (conversations, run turn by turn)")  # fmt: skip
     bench.add_argument("-m", "--target", default="default",
                        help="'default', a GGUF file, a model folder or a repo id")
     add_drafter_options(bench)

@@ -304,6 +304,10 @@ def bench_prompts(path: Path = BENCH_PROMPTS) -> list[str]:
         if document is not None and document.messages:
             users = [c for r, c in document.messages if r == "user"]
             prompts += users[:1]
+            follow_ups = record.get("follow_ups") if isinstance(record, dict) else None  # a conversation's turns
+            for message in follow_ups if isinstance(follow_ups, list) else ():
+                if isinstance(message, dict) and isinstance(message.get("content"), str):
+                    prompts.append(message["content"])
         elif isinstance(record, dict) and isinstance(record.get("prompt"), str):
             prompts.append(record["prompt"])
     return [p for p in prompts if p.strip()]

@@ -184,14 +184,19 @@ def test_the_benchmark_runs_on_a_llama_server_with_its_vanilla_twin(speculative_
     from engine.bench.results import BenchSettings
 
     remote = open_remote("llama-server", speculative_server.url)
-    prompts = (BenchPrompt("copy", "reuse", tuple(COPY)), BenchPrompt("hi", "open", ({"role": "user", "content": "Hi!"},)))
+    hi = BenchPrompt("hi", "multi-turn", ({"role": "user", "content": "Hi!"},),
+                     follow_ups=({"role": "user", "content": "Say that again, word for word."},))  # fmt: skip
+    prompts = (BenchPrompt("copy", "reuse", tuple(COPY)), hi)
     try:
         report = run_remote_benchmark(remote, prompts, BenchSettings(max_tokens=16, repeat=1, warmup=0))
     finally:
         remote.close()
     vanilla = [r for r in report.runs if r.mode == "vanilla"]
     speculative = [r for r in report.runs if r.mode == "speculative"]
-    assert len(vanilla) == len(speculative) == 2 and all(r.drafted == 0 for r in vanilla)
+    # The conversation runs turn by turn, each turn a row: the server is asked again with its first reply.
+    assert [p.id for p in report.prompts] == ["copy", "hi/1", "hi/2"]
+    assert [k.name for k in report.kinds] == ["reuse", "multi-turn"] and report.settings["prompts"] == 3
+    assert len(vanilla) == len(speculative) == 3 and all(r.drafted == 0 for r in vanilla)
     assert speculative[0].drafted > 0 and all(r.tokens_per_s > 0 for r in report.runs)
     text = format_text(report)
     assert "llama-server" in text and "copy" in text and report.settings["vanilla_url"]
