@@ -37,7 +37,9 @@ _LAZY = {
     "Setting": ("drafters.registry", None), "Stat": ("drafters.registry", None),
     "all_drafters": ("drafters.registry", None), "drafter_spec": ("drafters.registry", None),
     "drafter_names": ("drafters.registry", None), "option_settings": ("drafters.registry", None),
-    "stat_fields": ("drafters.registry", None),
+    "stat_fields": ("drafters.registry", None), "stats_owner": ("drafters.registry", None),
+    "stats_specs": ("drafters.registry", None), "suggested_chains": ("drafters.registry", None),
+    "is_drafter": ("drafters.registry", None),
     # checking before loading (light)
     "preflight": ("preflight", None), "Preflight": ("preflight", None),
     "Finding": ("models.doctor", None), "PairReport": ("models.doctor", None),

@@ -32,7 +32,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # device.py's DTYPE
 @dataclass(frozen=True)
 class EngineConfig:
     target: str = "default"
-    drafter: str = "ngram"  # a registry name (engine.drafters.registry.all_drafters())
+    drafter: str = "ngram"  # a registry name (engine.drafters.registry.all_drafters()), or a chain: "suffix+model"
     options: Any = None  # the drafter's options (its spec's `options` type); None = its defaults
     backend: str = "auto"
     device: str = "auto"
@@ -47,10 +47,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         # None means the drafter's defaults: filled in, so that equal choices compare equal. So do
         # another drafter's untouched defaults (`replace(config, drafter=...)` switches drafters).
-        from engine.drafters.registry import drafter_names, drafter_spec, option_settings
+        from engine.drafters.registry import drafter_spec, is_drafter, option_settings
 
-        if self.drafter not in drafter_names():
-            return  # an unknown drafter: the load and preflight say so
+        if not is_drafter(self.drafter):
+            return  # an unknown drafter (or a chain that cannot be made): the load and preflight say so
         spec = drafter_spec(self.drafter)
         if isinstance(self.options, spec.options):
             return
@@ -124,7 +124,7 @@ class EngineConfig:
     def from_dict(cls, data: dict) -> "EngineConfig":
         """The config `to_dict` wrote. Raises ConfigError naming the field and what to do for an
         unknown drafter or field, a wrong type, or a newer version than this SpecDeck reads."""
-        from engine.drafters.registry import drafter_names, drafter_spec
+        from engine.drafters.registry import drafter_names, drafter_spec, is_drafter
 
         if not isinstance(data, dict):
             raise ConfigError(f"A saved engine configuration must be a JSON object, got {type(data).__name__}.")
@@ -142,10 +142,11 @@ class EngineConfig:
             raise ConfigError(f"The saved engine configuration has an unknown field {unknown[0]!r}: "
                               "remove it, or choose the pair again.")  # fmt: skip
         drafter = data.get("drafter", cls.drafter)
-        if drafter not in drafter_names():
+        if not is_drafter(drafter):
             raise ConfigError(
-                f"The saved drafter {drafter!r} is not one this SpecDeck knows ({', '.join(drafter_names())}): "
-                "choose another drafter, or install the module that provides it."
+                f"The saved drafter {drafter!r} is not one this SpecDeck knows ({', '.join(drafter_names())}, "
+                "or a chain of them such as suffix+model): choose another drafter, or install the module "
+                "that provides it."
             )
         values = {}
         for name, f in known.items():
@@ -210,9 +211,9 @@ def _plain(value):
 
 
 def _owner(options_type: type):
-    from engine.drafters.registry import all_drafters
+    from engine.drafters.registry import options_owner
 
-    return next((spec for spec in all_drafters() if spec.options is options_type), None)
+    return options_owner(options_type)
 
 
 def target_backend(config: EngineConfig) -> str:
@@ -244,12 +245,12 @@ def from_legacy(data: dict) -> EngineConfig:
     "model"; the drafter's own fields become its options, the other drafters' are dropped.
     Unknown fields are ignored; values, and an unknown drafter, are taken as they are (the load
     and preflight say what is wrong)."""
-    from engine.drafters.registry import drafter_names, drafter_spec
+    from engine.drafters.registry import drafter_spec, is_drafter
 
     drafter = "model" if data.get("draft") else data.get("drafter", EngineConfig.drafter)
     top = {f.name for f in dataclasses.fields(EngineConfig)} - {"drafter", "options"}
     values = {name: data[name] for name in top if name in data}
-    if drafter not in drafter_names():  # kept as it was: the load or preflight says it is unknown
+    if not is_drafter(drafter):  # kept as it was: the load or preflight says it is unknown
         return EngineConfig(drafter=drafter, **values)
     spec = drafter_spec(drafter)
     fields = {f.name for f in dataclasses.fields(spec.options)}

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine import (CostModel, DrafterStats, RunStats, Stat, StepEvent, all_drafters, break_even_acceptance,
-                    expected_tokens, stat_fields)  # fmt: skip
+from engine import (CostModel, DrafterStats, RunStats, Stat, StepEvent, break_even_acceptance, expected_tokens,
+                    stat_fields, stats_owner, stats_specs)  # fmt: skip
 
 # One row per step. The "total_*" and rate columns are RunStats running totals
 # after the step; the others belong to the step alone.
@@ -52,7 +52,7 @@ _EXPORT_NAMES = {("lookahead", "steps"): "pool_steps"}
 def _drafter_columns() -> tuple[DrafterColumn, ...]:
     """Every statistic some registered drafter charts, in the registry's order; a name two drafters
     share is qualified by the drafter's ("toy_steps")."""
-    charted = [(spec.name, s) for spec in all_drafters() for s in stat_fields(spec.stats) if s.chart]
+    charted = [(spec.name, s) for spec in stats_specs() for s in stat_fields(spec.stats) if s.chart]
     columns, taken = [], set(COLUMNS)
     for drafter, s in charted:
         name = _EXPORT_NAMES.get((drafter, s.name), s.name)
@@ -102,6 +102,11 @@ def drafter_view(kind: str | None) -> DrafterView:
     """The presentation of drafter `kind`. One the charts were not written for is drawn as a chain
     drafter; any drafter whose spec charts statistics gets the drafter panel (lookahead and early
     exit: their own plots; others: their charted statistics over the steps)."""
+    owner = stats_owner(kind)
+    if owner is not None and owner.name != kind:  # a chain ("suffix+model"): trees if a member drafts them
+        members = [drafter_view(name) for name in kind.split("+")]
+        tree = any(view.tree for view in members)
+        return DrafterView("depth" if tree else "position", tree, owner.name)
     view = DRAFTER_VIEWS.get(kind or "none") or DrafterView("position", False, None)
     if view.panel is None and drafter_columns_of(kind):
         view = dataclasses.replace(view, panel=kind)
@@ -111,9 +116,10 @@ def drafter_view(kind: str | None) -> DrafterView:
 def stats_kind(stats: DrafterStats | dict | None, kind: str | None = None) -> str | None:
     """The drafter whose statistics these are: `kind` when it is a registered drafter, else the one
     whose stats type `stats` is, or (a snapshot, plain data) whose stats type has all its fields."""
-    specs = {spec.name: spec for spec in all_drafters()}
-    if kind in specs or not stats:
-        return kind if kind in specs else None
+    specs = {spec.name: spec for spec in stats_specs()}
+    owner = stats_owner(kind)
+    if owner is not None or not stats:
+        return owner.name if owner is not None else None
     if isinstance(stats, DrafterStats):
         return next((name for name, spec in specs.items() if type(stats) is spec.stats), None)
     fields = set(stats)
@@ -134,9 +140,12 @@ def drafter_row(stats: DrafterStats | dict | None, kind: str | None = None) -> t
 def stats_text(kind: str | None, stats: DrafterStats | dict) -> str:
     """The statistics of drafter `kind` that are not charted, as "Label value unit" after the
     drafter's label ("Toy echo: Longest echo 7 tokens"), for a drafter with no words of its own here."""
-    spec = next((spec for spec in all_drafters() if spec.name == kind), None)
+    spec = stats_owner(kind)
     if spec is None:
         return ""
+    said = spec.stats.describe(stats.as_dict() if isinstance(stats, DrafterStats) else dict(stats))
+    if said:
+        return f"{spec.label}: {said}"
     parts = []
     for s in stat_fields(spec.stats):
         value = stats.get(s.name)
@@ -148,8 +157,9 @@ def stats_text(kind: str | None, stats: DrafterStats | dict) -> str:
 
 
 def drafter_columns_of(kind: str | None) -> tuple[DrafterColumn, ...]:
-    """The columns drafter `kind` charts (none for an unknown drafter)."""
-    return tuple(c for c in DRAFTER_STAT_COLUMNS if c.drafter == kind)
+    """The columns drafter `kind` charts (none for an unknown drafter; a chain's: "chain")."""
+    owner = stats_owner(kind)
+    return tuple(c for c in DRAFTER_STAT_COLUMNS if owner is not None and c.drafter == owner.name)
 
 
 def _number(value) -> float:

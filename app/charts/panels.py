@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QFont, QPalette
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPalette
 from PySide6.QtWidgets import QGraphicsItem, QHBoxLayout, QWidget
 
-from engine import all_drafters
+from engine import stats_owner
 from app.charts.data import drafter_columns_of
 
 RUN_COLOURS = {"speculative": "#0072B2", "vanilla": "#E69F00"}  # blue, orange
@@ -587,6 +587,51 @@ class PoolHitsPanel(Panel):
         self.steps.setData([], [])
 
 
+class ChainPanel(Panel):
+    """Chained drafters: which member drafted each step, one row per member (and "none" for a
+    step nobody drafted), in the member's colour; the title gives each member's steps."""
+
+    COLOURS = ("#009E73", "#0072B2", "#CC79A7", "#D55E00")  # Okabe-Ito; the first member green, as free drafts
+
+    def __init__(self, parent=None) -> None:
+        super().__init__("Drafted by", "step", "", parent)
+        self.legend.hide()
+        self.points = pg.ScatterPlotItem(size=6, pen=pg.mkPen(None))
+        self.plot.addItem(self.points)
+        self.plot.enableAutoRange(axis="y", enable=False)
+        self.members: tuple = ()
+        self._set_rows(("first", "second"))
+
+    def _set_rows(self, members: tuple) -> None:
+        self.members = members
+        ticks = [(0, "none"), *((i + 1, str(name)) for i, name in enumerate(members))]
+        axis = self.plot.getAxis("left")
+        axis.setTicks([ticks, []])
+        # Wide enough for the longest name: the axis grows only after a paint that dropped one.
+        metrics = QFontMetrics(axis.style["tickFont"] or self.font())
+        axis.setWidth(max(metrics.horizontalAdvance(label) for _, label in ticks) + 16)
+        self.plot.setYRange(-0.5, len(members) + 0.5, padding=0)
+
+    def show_series(self, series: dict) -> None:
+        d = series["drafter"]
+        stats = d["stats"] or {}
+        members = tuple(stats.get("members") or ())
+        if members and members != self.members:
+            self._set_rows(members)
+        steps = stats.get("steps") or ()
+        self.set_title("Drafted by" + (": " + ", ".join(f"{n} {s:,}" for n, s in zip(members, steps))
+                                       if steps else ""))  # fmt: skip
+        if "drafted_by" not in d:
+            self.clear_data()
+            return
+        x, y = _finite(d["step"], d["drafted_by"])
+        brushes = [pg.mkBrush(self.COLOURS[(int(v) - 1) % len(self.COLOURS)] if v > 0 else "#999999") for v in y]
+        self.points.setData(x, y, brush=brushes)
+
+    def clear_data(self) -> None:
+        self.points.setData([], [])
+
+
 class ExitLayerPanel(Panel):
     """Early exit: the layer the draft left the target at, step by step (auto mode explores, then settles)."""
 
@@ -679,7 +724,7 @@ class StatsPanel(Panel):
     def __init__(self, kind: str, parent=None) -> None:
         self.columns = drafter_columns_of(kind)
         units = {c.stat.unit for c in self.columns}
-        spec = next((spec for spec in all_drafters() if spec.name == kind), None)
+        spec = stats_owner(kind)
         super().__init__(spec.label if spec is not None else kind, "step",
                          units.pop() or "value" if len(units) == 1 else "value", parent)  # fmt: skip
         self.legend.setOffset((6, 6))  # top left: running counts rise to the right
@@ -715,7 +760,8 @@ class DrafterPanel(QWidget):
     and the panel is hidden. The plots are made the first time a kind needs them.
     """
 
-    KINDS = {"lookahead": (PoolPanel, PoolHitsPanel), "early-exit": (ExitLayerPanel, ExitAcceptancePanel)}
+    KINDS = {"lookahead": (PoolPanel, PoolHitsPanel), "early-exit": (ExitLayerPanel, ExitAcceptancePanel),
+             "chain": (ChainPanel,)}  # fmt: skip
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)

@@ -2,8 +2,9 @@
 hardware, as the engine's own `EngineConfig` and `SamplingConfig`.
 
 The drafter list and each drafter's fields come from the engine's registry
-(`all_drafters`, `option_settings`; the widgets in app/pair/options.py), so a new
-drafter appears here with its options and no drafter is named in this file.
+(`all_drafters`, the chains it suggests, `option_settings`; the widgets in
+app/pair/options.py), so a new drafter appears here with its options and no
+drafter is named in this file.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ from engine import (
     SpecDeckError,
     all_drafters,
     describe_recommended,
+    drafter_spec,
+    is_drafter,
     option_settings,
     recommended_sampling,
+    suggested_chains,
 )
 
 from app.pair.options import OptionField, make_field
@@ -85,7 +89,7 @@ class PairForm(QWidget):
         self.backend = _combo(BACKENDS, self)
         self.backend.setToolTip("auto: GGUF files run on llama.cpp, Hugging Face folders on PyTorch")
         self.target = ModelPicker(models, "target", self)
-        self.specs = {spec.name: spec for spec in dialog_order(all_drafters())}
+        self.specs = {spec.name: spec for spec in dialog_order([*all_drafters(), *suggested_chains()])}
         self.drafter = _combo([(spec.choice_label or spec.label, spec.name) for spec in self.specs.values()], self)
         for i, spec in enumerate(self.specs.values()):
             self.drafter.setItemData(i, spec.summary, Qt.ToolTipRole)
@@ -97,12 +101,9 @@ class PairForm(QWidget):
         # Each drafter's options, from its settings; their rows show while it is chosen.
         self.options: dict[str, dict[str, OptionField]] = {}
         self._drafter_rows: dict[QWidget, str] = {}
+        self._models, self._settings = models, settings
         for spec in self.specs.values():
-            fields = [make_field(spec, setting, self, models, settings) for setting in option_settings(spec)]
-            self.options[spec.name] = {field.name: field for field in fields}
-            for row_label, widget in _rows(fields, self):
-                form.addRow(row_label, widget)
-                self._drafter_rows[widget] = spec.name
+            self._add_fields(spec)
 
         # -- draft length
         self.k_auto = QCheckBox("&Automatic", self)
@@ -185,11 +186,6 @@ class PairForm(QWidget):
 
         self.target.sig_edited.connect(self.sig_key_edited)
         self.target.sig_chosen.connect(self.sig_key_changed)
-        for field in self._fields():
-            field.edited.connect(self.sig_key_edited)
-            field.chosen.connect(self.sig_key_changed)
-            if isinstance(field.widget, ModelPicker):
-                field.widget.sig_browsed.connect(self.set_browse_dir)
         for combo in (self.backend, self.drafter, self.dtype):
             combo.currentIndexChanged.connect(self.sig_key_changed)
         self.n_ctx.valueChanged.connect(self.sig_key_changed)
@@ -200,6 +196,29 @@ class PairForm(QWidget):
         self.k_auto.toggled.connect(self._enable)
         self._config, self._sampling = EngineConfig(), SamplingConfig()
         self.set_config(self._config, self._sampling)
+
+    def _add_fields(self, spec) -> None:
+        fields = [make_field(spec, setting, self, self._models, self._settings) for setting in option_settings(spec)]
+        self.options[spec.name] = {field.name: field for field in fields}
+        for row_label, widget in _rows(fields, self):
+            self._models_form.addRow(row_label, widget)
+            self._drafter_rows[widget] = spec.name
+        for field in fields:
+            field.edited.connect(self.sig_key_edited)
+            field.chosen.connect(self.sig_key_changed)
+            if isinstance(field.widget, ModelPicker):
+                field.widget.sig_browsed.connect(self.set_browse_dir)
+            if isinstance(field.widget, ModelPicker) and getattr(self.target, "start_dir", None):
+                field.widget.start_dir = self.target.start_dir
+
+    def _list_drafter(self, name: str) -> None:
+        """A drafter the list lacks (a chain chosen on the command line, "ngram+model"): listed, with its fields."""
+        if name in self.specs or not is_drafter(name):
+            return
+        spec = self.specs[name] = drafter_spec(name)
+        self.drafter.addItem(spec.choice_label or spec.label, spec.name)
+        self.drafter.setItemData(self.drafter.count() - 1, spec.summary, Qt.ToolTipRole)
+        self._add_fields(spec)
 
     def config(self) -> EngineConfig:
         """The pair as the engine takes it: what the widgets show, over the config last set
@@ -225,6 +244,7 @@ class PairForm(QWidget):
         """Show `config` (and `sampling`, when given). The other drafters' fields show their defaults."""
         self._config = config
         self.target.set_spec(config.target)
+        self._list_drafter(config.drafter)
         chosen = config.drafter_options()
         for name, fields in self.options.items():
             for field in fields.values():

@@ -14,6 +14,7 @@ import argparse
 import os
 import typing
 
+from engine.drafters.chain_spec import member_names
 from engine.drafters.registry import AUTO, Setting, all_drafters, option_settings
 from engine.errors import ConfigError
 
@@ -22,8 +23,10 @@ DEFAULT_DRAFTER = "ngram"
 
 def add_drafter_options(parser: argparse.ArgumentParser) -> None:
     names = [spec.name for spec in all_drafters()]
-    parser.add_argument("--drafter", choices=names, default=None,
-                        help=f"the drafter (default {DEFAULT_DRAFTER}; --draft implies model, --heads medusa)")
+    parser.add_argument("--drafter", type=_drafter_arg, default=None, metavar="NAME",
+                        help=f"the drafter: {', '.join(names)}, or a chain of them asked in order, "
+                             f"such as suffix+model (default {DEFAULT_DRAFTER}; --draft implies model, "
+                             "--heads medusa)")  # fmt: skip
     seen: set[str] = set()
     for spec in all_drafters():
         hints = typing.get_type_hints(spec.options)
@@ -66,6 +69,8 @@ def _drafter_name(args: argparse.Namespace) -> str:
     """--draft means a draft model; --heads means Medusa (over the default n-gram drafter)."""
     asked = args.drafter
     if getattr(args, "draft", None):
+        if asked is not None and "model" in member_names(asked):
+            return asked  # a chain with a draft model in it
         if asked not in (None, "model"):
             raise ConfigError(f"--draft gives a draft model, but --drafter {asked} drafts without one: "
                               "drop one of them.")  # fmt: skip
@@ -73,6 +78,18 @@ def _drafter_name(args: argparse.Namespace) -> str:
     if getattr(args, "heads", None) and asked in (None, DEFAULT_DRAFTER):
         return "medusa"
     return asked or DEFAULT_DRAFTER
+
+
+def _drafter_arg(text: str) -> str:
+    """--drafter's value: a registered drafter, or a chain of them ("suffix+model")."""
+    from engine.drafters.registry import drafter_spec
+
+    name = text.strip()
+    try:
+        drafter_spec(name)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return name
 
 
 def _foreign(s: Setting, owner, drafter: str) -> str:

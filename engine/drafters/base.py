@@ -83,6 +83,9 @@ class Drafter(abc.ABC):
     name: str = "drafter"
     uses_features: bool = False  # True when it needs observe_features() after every step
     drafts_trees: bool = False  # True when propose() returns trees; k is then a node budget
+    # True when proposing costs next to nothing and changes nothing a later call depends on (n-gram
+    # lookup, suffix decoding): a chain (chain.py) asks it every step and may leave its draft unused.
+    free: bool = False
     # The engine's CostModel (engine/core/draft_length.py), set by Engine: drafters that size
     # themselves from the verify-cost curve (lookahead's W, N, G; early exit's L) read it.
     costs = None

@@ -23,6 +23,7 @@ from engine.drafters.ngram_spec import NgramStats
 
 class NgramDrafter(Drafter):
     name = "ngram"
+    free = True  # a lookup in the text: a chain may ask every step
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram <= 16:

@@ -112,6 +112,12 @@ class DrafterStats:
     def get(self, name: str, default=None):
         return self.as_dict().get(name, default)
 
+    @classmethod
+    def describe(cls, values: dict) -> str | None:
+        """A sentence for the statistics a chart cannot draw (`values`: as_dict()'s), or None:
+        each uncharted number as "Label value unit" (app/charts/data.py stats_text)."""
+        return None
+
     def __contains__(self, name: str) -> bool:
         return name in self.keys()
 
@@ -180,10 +186,60 @@ def drafter_names() -> tuple[str, ...]:
 
 
 def drafter_spec(name: str) -> DrafterSpec:
+    """The entry of drafter `name`: a registered one, or a chain of them ("suffix+model", chain_spec.py)."""
     spec = _specs().get(name)
     if spec is None:
-        raise ConfigError(f"Unknown drafter {name!r}: choose one of {', '.join(_specs())}.")
+        from engine.drafters.chain_spec import chained_spec, is_chain
+
+        if is_chain(name):
+            return chained_spec(name, drafter_spec)
+        raise ConfigError(f"Unknown drafter {name!r}: choose one of {', '.join(_specs())}, "
+                          "or chain some with '+' (suffix+model).")  # fmt: skip
     return spec
+
+
+def is_drafter(name) -> bool:
+    """Whether `name` is a registered drafter or a chain of registered drafters that can be made."""
+    if name in _specs():
+        return True
+    try:
+        from engine.drafters.chain_spec import is_chain
+
+        return is_chain(name) and drafter_spec(name) is not None
+    except ConfigError:
+        return False
+
+
+def suggested_chains() -> tuple[DrafterSpec, ...]:
+    """The chains a list of choices offers beside the registered drafters (those whose members exist)."""
+    from engine.drafters.chain_spec import SUGGESTED
+
+    return tuple(drafter_spec(name) for name in SUGGESTED if is_drafter(name))
+
+
+def stats_specs() -> tuple[DrafterSpec, ...]:
+    """Every entry whose statistics may be charted: the registered drafters, then chains' (one
+    entry, "chain", for all of them: who drafted each step)."""
+    from engine.drafters.chain_spec import CHAIN_STATS
+
+    return (*all_drafters(), CHAIN_STATS)
+
+
+def stats_owner(name: str | None) -> DrafterSpec | None:
+    """The entry whose statistics drafter `name` reports: its own, or for a chain (and for the
+    name "chain" itself) the chains' one."""
+    from engine.drafters.chain_spec import CHAIN_STATS, STATS_NAME, is_chain
+
+    if is_chain(name) or name == STATS_NAME:
+        return CHAIN_STATS
+    return _specs().get(name)
+
+
+def options_owner(options_type: type) -> DrafterSpec | None:
+    """The drafter (or chain looked up so far) whose options type this is."""
+    from engine.drafters.chain_spec import made_chains
+
+    return next((spec for spec in (*all_drafters(), *made_chains()) if spec.options is options_type), None)
 
 
 def option_settings(spec: DrafterSpec | str) -> tuple[Setting, ...]:

@@ -223,6 +223,7 @@ def build_tree(continuations: list[list[int]], budget: int, min_share: float, ch
 
 class SuffixDrafter(Drafter):
     name = "suffix"
+    free = True  # a lookup in its indexes (it follows the context whether or not its draft is used)
 
     def __init__(self, *, trees: bool, max_depth: int = 24, max_match: int = 32, spec_factor: float = 8.0,
                  min_prob: float = 0.2, history_tokens: int = 200_000) -> None:  # fmt: skip

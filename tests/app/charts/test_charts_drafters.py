@@ -362,3 +362,25 @@ def test_theory_break_even_label_stays_inside_a_narrow_plot(qtbot):
     assert label.isVisible() and "break-even" in label.toPlainText() or label.toPlainText().startswith("0.")
     inside = theory.plot.getViewBox().sceneBoundingRect().adjusted(-1, -1, 1, 1)
     assert inside.contains(label.textItem.mapRectToScene(label.textItem.boundingRect()))
+
+
+def test_a_chain_shows_which_member_drafted_each_step_and_each_members_share(charts):
+    from app.charts.panels import ChainPanel
+
+    charts.set_drafter("suffix+model")
+    events = make_run([(4, 4, 3), (4, 2, 1), (4, 4, 4), (4, 3, 0)] * 3)
+    members = ("suffix", "model")
+    for i, event in enumerate(events):
+        by = 1 if i % 2 == 0 else 2
+        steps = ((i + 2) // 2, (i + 1) // 2)
+        charts.add_step("speculative", event, {"drafted_by": by, "members": members, "steps": steps,
+                                               "accepted": (3 * steps[0], steps[1])})  # fmt: skip
+    charts.redraw()
+    (panel,) = [p for p in charts.drafter.plots if p.isVisibleTo(charts)]
+    assert isinstance(panel, ChainPanel) and "Drafted by: suffix 6, model 6" in panel.plot.titleLabel.text
+    x, y = panel.points.getData()
+    np.testing.assert_array_equal(x, np.arange(12))
+    np.testing.assert_array_equal(y, [1, 2] * 6)  # one row per member
+    assert [label for _, label in panel.plot.getAxis("left")._tickLevels[0]] == ["none", "suffix", "model"]
+    assert "Chained drafters: suffix drafted 6 steps (18 tokens accepted), model 6 (6)" in charts.summary.text()
+    assert charts.depth.plot.titleLabel.text.startswith("Acceptance per draft position")  # both members chain here

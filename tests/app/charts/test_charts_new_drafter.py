@@ -86,7 +86,7 @@ def test_a_new_drafters_charted_statistics_are_drawn_and_exported(tmp_path):
     # Today's columns first, then the toy's; its pool_size is qualified, lookahead keeps the name.
     assert shown["columns"][:8] == ["match_length", "draft_size", "pool_size", "pool_jacobi", "pool_text", "pool_steps",
                                     "pool_hits", "exit_layer"]  # fmt: skip
-    assert shown["columns"][8:] == ["echoes", "toy_pool_size"]
+    assert shown["columns"][8:] == ["echoes", "toy_pool_size", "drafted_by"]  # a chain's: after every drafter
     assert shown["active"] and shown["plots"] == ["StatsPanel"] and shown["title"] == "Toy echo"
     assert shown["legend"] == ["Echoes proposed", "Echo pool"]
     assert shown["curves"] == {"echoes": [0, 2, 4, 6, 8, 10], "toy_pool_size": [10, 11, 12, 13, 14, 15]}

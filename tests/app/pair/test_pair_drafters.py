@@ -48,13 +48,15 @@ def test_the_drafter_list_offers_the_new_drafters_by_name(dialog):
 
 
 def test_the_app_knows_which_drafters_need_pytorch_as_the_engine_does(dialog):
-    from engine import all_drafters
+    from engine import all_drafters, suggested_chains
 
-    form = dialog.form  # the dialog's list is the engine's registry: nothing copied to drift
+    form = dialog.form  # the dialog's list is the engine's registry and its chains: nothing copied to drift
     DRAFTERS = [form.drafter.itemData(i) for i in range(form.drafter.count())]
     TORCH_DRAFTERS = [name for name in DRAFTERS if form.specs[name].needs_torch]
-    engine_drafters = {spec.name for spec in all_drafters()}
-    engine_torch = {spec.name for spec in all_drafters() if spec.needs_torch}
+    offered = [*all_drafters(), *suggested_chains()]
+    engine_drafters = {spec.name for spec in offered}
+    engine_torch = {spec.name for spec in offered if spec.needs_torch}
+    assert {"suffix+eagle", "suffix+medusa"} <= engine_torch and "suffix+model" not in engine_torch
     assert set(TORCH_DRAFTERS) == engine_torch and set(DRAFTERS) == engine_drafters
 
 

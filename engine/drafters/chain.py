@@ -1,0 +1,258 @@
+"""Chained drafters: several drafters, and each step the one expected to gain most drafts.
+
+llama.cpp's server tries its speculative types in order; TensorRT-LLM asks its
+suffix automaton before its neural drafter. Here a chain ("suffix+model") holds
+its members in order and, each step, lets the member draft whose draft is
+expected to pay best, by the article's formula with each member's own numbers:
+
+    S_i(n) = E_i(n) * T(1) / (D_i + n * d_i + T(n + 1))
+
+E_i(n) is member i's expected tokens per step for a draft of n tokens, from its
+own acceptance per draft position (a `DraftLength` per member, fed only by the
+steps that member drafted), or its own tree estimate for a tree drafter; D_i and
+d_i are its own drafting costs, timed here (catching a draft model's cache up
+excluded, as the decode loop does); T(n) is the target's verify-cost curve, the
+engine's (`Drafter.costs`), shared by all.
+
+Members that cost nothing to ask (`Drafter.free`: n-gram lookup, suffix decoding)
+are asked every step, in order, and their draft is scored at its length (cut to
+the length that scores best); a draft left unused changes nothing in them, and
+is checked against the tokens committed after it, so their acceptance is
+measured every step, not only on the steps they drafted. The others are scored
+without drafting, at their best n: the one chosen drafts then. A draft model that
+sat out steps catches its cache up in one prefill, as after plain steps; a member
+that reads the target's hidden states gets them after every step, whoever
+drafted. A member not measured yet is scored as if its drafts landed (a = 0.9,
+as automatic k's first probe), so each gets tried.
+
+Whether to draft at all is the decode loop's k (automatic or fixed, for the
+chain as a whole): asked for k > 0, the chain drafts with its best member, at
+most k tokens (a chain with a tree drafter in it takes k as a node budget, and
+its chain members draft their own best length within it); only a chain of free
+members that all found nothing makes the step plain. The verdict is the loop's,
+whoever drafted: a chain is as lossless as its members.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from engine.core.draft_length import K_LIMIT, CostModel, DraftLength, expected_tokens
+from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.chain_spec import CHAIN_MARK, ChainStats
+
+PROBE_ACCEPTANCE = 0.9  # a member not yet measured is scored as if drafts landed (as automatic k probes)
+
+
+@dataclass
+class MemberCosts(CostModel):
+    """One member's drafting costs, timed on its own steps, over the engine's verify-cost curve."""
+
+    shared: CostModel | None = None
+
+    def verify_time(self, n: int) -> float:
+        return self.shared.verify_time(n) if self.shared is not None else float(n)
+
+
+class _Member:
+    def __init__(self, name: str, drafter: Drafter) -> None:
+        self.name, self.drafter = name, drafter
+        self.costs = MemberCosts()
+        self.steps = self.accepted = 0
+        self.forget_run()
+
+    def forget_run(self) -> None:
+        """A new generation: what this member's drafts were worth starts again from the prior."""
+        self.length = DraftLength("auto", k_max=K_LIMIT)  # its acceptance per draft position
+        self.proven = False  # a draft of this member was verified (or, for a free one, checked) this run
+        self.shadow: tuple[int, list[int]] | None = None  # a free member's unused draft: (at length, tokens)
+
+    def expected(self, n: int, depth: int | None = None) -> float:
+        """Expected tokens per step of an n-token draft of this member, or of an n-node tree (its
+        own estimate, else the chain formula at the depth of its verified branch)."""
+        tree = self.drafter.tree_expected_tokens(n) if self.drafter.drafts_trees else None
+        if tree is not None:
+            return tree
+        n = depth or n
+        if not self.proven:  # nothing measured yet: a draft that lands would pay (DraftLength's probe)
+            return expected_tokens(PROBE_ACCEPTANCE, n)
+        return self.length.chain_expected_tokens()[min(n, K_LIMIT)]
+
+    def speedup(self, n: int, depth: int | None = None) -> float:
+        """S of an n-token draft, or of an n-node tree whose verified branch is `depth` deep."""
+        return self.costs.speedup_for(self.expected(n, depth), n) if n > 0 else 1.0
+
+    def best(self, k: int) -> tuple[int, float]:
+        """(n, S(n)) of the n <= k this member is expected to gain most with."""
+        best_n, best = 0, 1.0
+        for n in range(1, min(k, K_LIMIT) + 1):
+            s = self.speedup(n)
+            if s > best * 1.02:  # a clear gain before adding tokens, as automatic k asks
+                best_n, best = n, s
+        return best_n, best
+
+    def learn(self, tested: int, accepted: int) -> None:
+        self.proven = True
+        self.length.observe(tested, accepted)
+
+    def check_shadow(self, context: list[int]) -> None:
+        """Score the free member's last unused draft against what was committed since: the
+        committed token at a position is distributed as p, so it equals a point-mass draft's token
+        with the probability the rule would have accepted it (greedy: exactly when accepted)."""
+        if self.shadow is None:
+            return
+        start, tokens = self.shadow
+        committed = context[start:]
+        matched = 0
+        while matched < min(len(tokens), len(committed)) and tokens[matched] == committed[matched]:
+            matched += 1
+        if matched < len(committed) or matched == len(tokens):  # the verdict on it is known
+            self.learn(min(matched + 1, len(tokens)), matched)
+            self.shadow = None
+        elif matched:  # so far so good, and the rest not committed yet: those positions count
+            self.learn(matched, matched)
+            self.shadow = (start + matched, tokens[matched:])
+
+
+class ChainDrafter(Drafter):
+    def __init__(self, members: list[tuple[str, Drafter]]) -> None:
+        self.members = [_Member(name, drafter) for name, drafter in members]
+        self.name = CHAIN_MARK.join(m.name for m in self.members)
+        self.uses_features = any(m.drafter.uses_features for m in self.members)
+        self.drafts_trees = any(m.drafter.drafts_trees for m in self.members)
+        self._last: _Member | None = None  # the member that drafted the last proposal
+        self._last_depth = 0  # the depth of that draft's verified branch (what the verdict can test)
+        self._costs: CostModel | None = None
+
+    # The engine hands every drafter its one cost model (Drafter.costs): the members get it too
+    # (lookahead and early exit size themselves from it), and each member's costs read its curve.
+    @property
+    def costs(self) -> CostModel | None:
+        return self._costs
+
+    @costs.setter
+    def costs(self, costs: CostModel | None) -> None:
+        self._costs = costs
+        for m in self.members:
+            m.drafter.costs = costs
+            m.costs.shared = costs
+
+    def propose(self, context, k, sampling, generator) -> Draft:
+        if k <= 0:
+            return EMPTY_DRAFT
+        best: tuple[float, _Member, Draft | None, int] | None = None  # (S, member, its draft or None, n)
+        found: dict[int, Draft] = {}
+        for i, m in enumerate(self.members):
+            if m.drafter.free:
+                m.check_shadow(context)
+                draft, seconds = self._timed(m, context, k, sampling, generator)
+                if not len(draft):
+                    continue
+                m.costs.observe_draft(len(draft), seconds)
+                found[i] = draft = _cut(draft, m)
+                n = len(draft)
+                s = m.speedup(n, len(_branch(draft)) if draft.is_tree else None)
+            else:  # scored at its best length (the loop's k when none pays: the loop chose to draft)
+                n, s = m.best(k)
+                if n == 0:
+                    n, s = k, m.speedup(k)
+                draft = None
+            if best is None or s > best[0]:
+                best = (s, m, draft, n)
+        chosen = best[1] if best is not None else None
+        for i, draft in found.items():  # unused free drafts are checked against what comes
+            m = self.members[i]
+            m.shadow = None if m is chosen else (len(context), _branch(draft))
+        if best is None:
+            self._last = None
+            return EMPTY_DRAFT
+        _, m, draft, n = best
+        if draft is None:
+            draft, seconds = self._timed(m, context, n, sampling, generator)
+            m.costs.observe_draft(len(draft), seconds)
+        self._last = m if len(draft) else None
+        self._last_depth = len(_branch(draft))
+        return draft
+
+    @staticmethod
+    def _timed(m: _Member, context, k, sampling, generator) -> tuple[Draft, float]:
+        start = time.perf_counter()
+        draft = m.drafter.propose(context, k, sampling, generator)
+        return draft, max(time.perf_counter() - start - draft.catch_up_s, 0.0)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        m = self._last
+        if m is None:
+            return
+        m.drafter.observe(drafted, accepted)
+        m.steps += 1
+        m.accepted += accepted
+        # The verdict tests depth d only when depths 1..d-1 were accepted (a rejection ends it).
+        depth = min(drafted, self._last_depth or drafted)
+        m.learn(min(accepted + 1, depth), accepted)
+
+    def observe_features(self, features) -> None:
+        for m in self.members:
+            if m.drafter.uses_features:
+                m.drafter.observe_features(features)
+
+    def observe_extra(self, logits) -> None:
+        if self._last is not None:
+            self._last.drafter.observe_extra(logits)
+
+    def tree_expected_tokens(self, nodes: int) -> float | None:
+        """The best member's expected tokens at this budget (automatic k sizes the chain by it)."""
+        if not self.drafts_trees:
+            return None
+        return max(m.expected(nodes) for m in self.members)
+
+    def measure_token_cost(self) -> float | None:
+        """Each member's load-time cost per token seeds its own; the chain's is its dearest member's."""
+        costs = []
+        for m in self.members:
+            cost = m.drafter.measure_token_cost()
+            if cost:
+                m.costs.draft_s_per_token = cost
+                costs.append(cost)
+        return max(costs) if costs else None
+
+    def reset(self) -> None:
+        for m in self.members:
+            m.drafter.reset()
+            m.forget_run()
+        self._last = None
+
+    def begin(self, prompt: list[int]) -> None:
+        for m in self.members:
+            m.drafter.begin(prompt)
+
+    def forget(self) -> None:
+        for m in self.members:
+            m.drafter.forget()
+
+    def stats(self) -> ChainStats:
+        drafted_by = 0 if self._last is None else self.members.index(self._last) + 1
+        return ChainStats(drafted_by=drafted_by, members=tuple(m.name for m in self.members),
+                          steps=tuple(m.steps for m in self.members),
+                          accepted=tuple(m.accepted for m in self.members))  # fmt: skip
+
+    def close(self) -> None:
+        for m in self.members:
+            m.drafter.close()
+
+
+def _branch(draft: Draft) -> list[int]:
+    """The tokens of the branch a chain-only target would verify (the whole draft for a chain)."""
+    if draft.is_tree:
+        path = draft.best_path if draft.best_path is not None else ()
+        return [draft.tokens[i] for i in path]
+    return list(draft.tokens)
+
+
+def _cut(draft: Draft, m: _Member) -> Draft:
+    """A free member's point-mass chain, cut to the length it is expected to gain most with."""
+    if draft.is_tree or draft.q is not None or len(draft) <= 1:
+        return draft
+    n, _ = m.best(len(draft))
+    return Draft(tokens=list(draft.tokens[: max(n, 1)])) if n < len(draft) else draft
