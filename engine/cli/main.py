@@ -195,7 +195,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         _write("\n")
         per_depth = bool(getattr(engine.drafter, "drafts_trees", False))
-        _print_summary(result, comparison, n_ctx, per_depth=per_depth)
+        said = None if engine.drafter is None else _drafter_sentence(engine.drafter.stats())
+        _print_summary(result, comparison, n_ctx, per_depth=per_depth, drafter=said)
     return 0
 
 
@@ -380,11 +381,17 @@ def _json_report(result, comparison, n_ctx: int) -> dict:
     return report
 
 
-def _print_summary(result, comparison, n_ctx: int, per_depth: bool = False) -> None:
-    print("\n".join(_summary_lines(result, comparison, n_ctx, per_depth)), file=sys.stderr)
+def _print_summary(result, comparison, n_ctx: int, per_depth: bool = False, drafter: str | None = None) -> None:
+    print("\n".join(_summary_lines(result, comparison, n_ctx, per_depth, drafter)), file=sys.stderr)
 
 
-def _summary_lines(result, comparison, n_ctx: int, per_depth: bool = False) -> list[str]:
+def _drafter_sentence(stats) -> str | None:
+    """What the drafter's statistics say in words, where its type says anything (a chain: who drafted)."""
+    describe = getattr(type(stats), "describe", None)
+    return describe(stats.as_dict()) if describe is not None else None
+
+
+def _summary_lines(result, comparison, n_ctx: int, per_depth: bool = False, drafter: str | None = None) -> list[str]:
     """The run's statistics in sentences, and with a comparison the speedup and the verdict."""
     s = result.stats
     lines = [
@@ -399,6 +406,8 @@ def _summary_lines(result, comparison, n_ctx: int, per_depth: bool = False) -> l
         lines.append("acceptance per head: " + ", ".join(
             f"{d}: {a:.0%} of {t}" for d, (a, t) in enumerate(zip(s.depth_acceptance, s.depth_tested), start=1)
         ))  # fmt: skip
+    if drafter:
+        lines.append(f"drafters: {drafter}")
     notes = _notes(result, n_ctx)
     lines.extend(f"note: {note}" for note in notes)
     if comparison is not None:

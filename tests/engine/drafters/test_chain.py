@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -143,3 +145,15 @@ def test_float32_greedy_suffix_then_draft_model_equals_vanilla(embedded_hf_dir, 
         assert comparison.speculative.stats.steps < comparison.vanilla.stats.steps  # drafts landed
     finally:
         engine.close()
+
+
+def test_the_cli_says_which_member_drafted(capsys):
+    from engine.cli.main import main
+
+    prompt = "Repeat this list exactly: apples, pears, plums, cherries, grapes, lemons, limes, oranges."
+    assert main(["generate", "-p", prompt, "--drafter", "suffix+model", "--draft", "default", "--k", "4",
+                 "-n", "24", "-t", "1", "--draft-threads", "1"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if line.startswith("drafters: "))
+    steps = [int(n) for n in re.findall(r"(?:suffix drafted|model) (\d+)", line)]
+    assert line.startswith("drafters: suffix drafted") and len(steps) == 2 and sum(steps) > 0
