@@ -25,14 +25,14 @@ from typing import Callable
 
 from engine.core.draft_length import CostModel
 from engine.errors import ConfigError
-from engine.drafters.registry import drafter_spec, make_drafter
+from engine.drafters.registry import drafter_spec, make_drafter, node_budget
 from engine.core.sampling import SamplingConfig
 from engine.api import Engine, EngineConfig
 from engine.models.shipped import default_heads_dir
 from engine.bench.prompts import BenchPrompt, Turns
 from engine.bench.runner import check_context_room, encode_prompt, engine_for
 from engine.bench.results import BenchmarkCancelled
-from engine.bench.autotune_results import (CHAIN_KS, PLAIN, TREE_DRAFTERS, TREE_KS, AutotuneResult,  # noqa: F401
+from engine.bench.autotune_results import (CHAIN_KS, PLAIN, TREE_KS, AutotuneResult,  # noqa: F401
                                            AutotuneSettings, Candidate, CandidateResult, format_autotune)  # fmt: skip
 
 # progress(message, fraction), as run_benchmark's: what is being done ("Plain decoding: fix-typos",
@@ -58,8 +58,13 @@ def allowed_drafters(config: EngineConfig, target) -> tuple[str, ...]:
     return tuple(drafters)
 
 
-def candidates_for(drafters: tuple[str, ...]) -> tuple[Candidate, ...]:
-    return tuple(Candidate(d, k) for d in drafters for k in (TREE_KS if d in TREE_DRAFTERS else CHAIN_KS))
+def candidates_for(drafters: tuple[str, ...], backend: str = "torch") -> tuple[Candidate, ...]:
+    """Each drafter with the draft lengths tried, or the node budgets where it drafts trees on `backend`."""
+    found = []
+    for d in drafters:
+        budget = node_budget(d, backend)
+        found += [Candidate(d, k, budget) for k in (TREE_KS if budget else CHAIN_KS)]
+    return tuple(found)
 
 
 def config_for(config: EngineConfig, candidate: Candidate, target_backend: str) -> EngineConfig:
@@ -92,7 +97,7 @@ def run_autotune(
     cancel = cancel or threading.Event()
     with engine_for(config, engine, report) as engine:
         if candidates is None:
-            candidates = candidates_for(allowed_drafters(engine.config, engine.target))
+            candidates = candidates_for(allowed_drafters(engine.config, engine.target), engine.target.info.backend)
         candidates = tuple(c for c in candidates if c != PLAIN)  # measured anyway, as the baseline
         if not candidates:
             raise ConfigError("Auto-tune needs at least one candidate drafter.")

@@ -14,8 +14,7 @@ from engine.errors import ConfigError
 from engine.bench.results import known_fields
 
 CHAIN_KS = ("auto", 2, 4, 8)  # draft lengths tried for drafters that draft one chain
-TREE_KS = ("auto", 8, 16)  # node budgets tried for tree drafters
-TREE_DRAFTERS = frozenset({"medusa", "eagle", "lookahead"})
+TREE_KS = ("auto", 8, 16)  # node budgets tried for tree drafters (on a backend that verifies trees)
 
 
 @dataclass(frozen=True)
@@ -39,20 +38,20 @@ class AutotuneSettings:
 class Candidate:
     drafter: str  # a registry name; "model" = the loaded draft model
     k: int | str  # draft length, or node budget for a tree drafter; "auto" = chosen as it decodes
+    budget: bool = False  # k is a tree's node budget (registry.node_budget: trees, on a target that verifies them)
 
     @property
     def label(self) -> str:
         if self.drafter == "none":
             return "plain decoding"
-        what = "node budget" if self.drafter in TREE_DRAFTERS else "k"
-        return f"{self.drafter}, {what} {self.k}"
+        return f"{self.drafter}, {'node budget' if self.budget else 'k'} {self.k}"
 
     def to_dict(self) -> dict:
-        return {"drafter": self.drafter, "k": self.k}
+        return {"drafter": self.drafter, "k": self.k, "budget": self.budget}
 
     @classmethod
     def from_dict(cls, data: dict) -> Candidate:
-        return cls(data["drafter"], data["k"])
+        return cls(data["drafter"], data["k"], bool(data.get("budget", False)))
 
 
 PLAIN = Candidate("none", 0)  # the baseline, ranked with the others: it may be the fastest

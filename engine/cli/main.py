@@ -200,9 +200,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-TREE_DRAFTERS = ("medusa", "eagle", "lookahead")  # their summary adds the acceptance per depth (drafts_trees)
-
-
 def _generate_on_server(args: argparse.Namespace, messages: list[dict]) -> int:
     """generate on a server: a SpecDeck server's loaded pair (EngineClient), or llama-server, vLLM or
     SGLang (engine/remote): the same output and statistics, as far as the server reports them."""
@@ -264,7 +261,10 @@ def _server_engine(args: argparse.Namespace):
     if pair is None:
         raise ConfigError(f"The server at {client.url} has no model loaded: load one there first.")
     described = f"{client.url}: {pair.target.name} ({pair.target.backend}), drafter {pair.config.drafter}"
-    return client, pair.n_ctx, described, pair.config.drafter in TREE_DRAFTERS
+    from engine.drafters.registry import node_budget
+
+    # the summary adds the acceptance per depth for trees, as a local run's does (drafts_trees)
+    return client, pair.n_ctx, described, node_budget(pair.config.drafter, pair.target.backend)
 
 
 def _read_prompt(prompt: str | None) -> str:

@@ -149,7 +149,7 @@ def _make_spec(name: str, members: tuple[DrafterSpec, ...]) -> DrafterSpec:
         summary=(f"Each step, whichever of {', '.join(labels)} is expected to gain most drafts: the members "
                  "that cost nothing are asked first and kept when their draft pays best."),
         options=options, make=make, needs=needs, preflight=preflight, stats=ChainStats,
-        loads_model=any(member.loads_model for member in members),
+        loads_model=any(member.loads_model for member in members), trees=any(member.trees for member in members),
         torch_reason=next((member.torch_reason for member in members if member.needs), ""),
     )  # fmt: skip
     return spec

@@ -110,4 +110,5 @@ DRAFTER = DrafterSpec(
     stats=EagleStats,
     torch_reason=("An EAGLE head reads the target's hidden states and drafts a tree of candidates; "
                   "llama.cpp exposes neither."),
+    trees=True,
 )  # fmt: skip

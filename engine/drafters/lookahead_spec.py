@@ -81,4 +81,5 @@ DRAFTER = DrafterSpec(
     options=LookaheadOptions, needs=(TreeForward,), make=make, preflight=preflight, stats=LookaheadStats,
     torch_reason=("Lookahead decoding verifies its window and its candidate n-grams in one forward with a custom "
                   "attention mask, which llama.cpp does not offer here."),
+    trees=True,
 )  # fmt: skip

@@ -80,4 +80,5 @@ DRAFTER = DrafterSpec(
     summary="Medusa heads guess the next few tokens from the target's last hidden state (PyTorch only).",
     options=MedusaOptions, needs=(HiddenFeatures, ModelParts), make=make, preflight=preflight, stats=MedusaStats,
     torch_reason="Medusa heads read the target's hidden states, which llama.cpp does not expose.",
+    trees=True,
 )  # fmt: skip

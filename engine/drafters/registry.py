@@ -166,6 +166,7 @@ class DrafterSpec:
     loads_model: bool = False  # loads a model of its own (the draft model): a share of the load's progress
     torch_reason: str = ""  # why the target must run on PyTorch, one sentence (a spec with `needs`)
     choice_label: str = ""  # how the pair dialog lists it, where that says more than `label` ("" = label)
+    trees: bool = False  # drafts trees where the target verifies them (`node_budget`): k is then a node budget
 
     @property
     def needs_torch(self) -> bool:
@@ -196,6 +197,13 @@ def drafter_spec(name: str) -> DrafterSpec:
         raise ConfigError(f"Unknown drafter {name!r}: choose one of {', '.join(_specs())}, "
                           "or chain some with '+' (suffix+model).")  # fmt: skip
     return spec
+
+
+def node_budget(name: str, backend: str) -> bool:
+    """Whether drafter `name` on a target of `backend` takes k as a tree's node budget: a drafter of
+    trees (`DrafterSpec.trees`) on PyTorch, the backend that verifies trees (TreeForward); on
+    llama.cpp its trees are cut to their best branch, and k is a draft length."""
+    return drafter_spec(name).trees and backend == "torch"
 
 
 def is_drafter(name) -> bool:

@@ -56,5 +56,5 @@ DRAFTER = DrafterSpec(
     name="suffix", label="Suffix decoding (no draft model)",
     summary="Drafts what followed the longest earlier match of the text's end, in this conversation and "
             "in earlier replies, as many tokens as the match supports.",
-    options=SuffixOptions, make=make, preflight=preflight, stats=SuffixStats,
+    options=SuffixOptions, make=make, preflight=preflight, stats=SuffixStats, trees=True,
 )  # fmt: skip

@@ -52,9 +52,13 @@ def test_a_torch_target_also_allows_its_own_drafters_and_heads_where_they_exist(
 
 
 def test_tree_drafters_are_tried_with_node_budgets_and_chains_with_draft_lengths():
-    found = candidates_for(("ngram", "medusa"))
+    found = candidates_for(("ngram", "medusa", "suffix"), "torch")
     assert [c.k for c in found if c.drafter == "ngram"] == ["auto", 2, 4, 8]
     assert [c.k for c in found if c.drafter == "medusa"] == ["auto", 8, 16]
+    assert [c.label for c in found if c.drafter == "suffix"] == ["suffix, node budget auto", "suffix, node budget 8",
+                                                                 "suffix, node budget 16"]  # fmt: skip
+    # llama.cpp verifies a tree's best branch only: there suffix decoding's k is a draft length.
+    assert [c.label for c in candidates_for(("suffix",), "llama.cpp")][1] == "suffix, k 2"
 
 
 def test_a_candidates_config_keeps_the_loaded_target_and_its_backend():

@@ -123,7 +123,7 @@ def test_settings_and_prompts_come_back_equal(prompts):
         assert AutotuneSettings.from_dict(through_json(settings.to_dict())) == settings
     for prompt in load_prompts(default_prompts_path()):
         assert BenchPrompt.from_dict(through_json(prompt.to_dict())) == prompt
-    for candidate in (Candidate("ngram", 4), Candidate("medusa", "auto"), Candidate("none", 0)):
+    for candidate in (Candidate("ngram", 4), Candidate("medusa", "auto", True), Candidate("none", 0)):
         back = Candidate.from_dict(through_json(candidate.to_dict()))
         assert back == candidate and type(back.k) is type(candidate.k)
 
