@@ -314,12 +314,15 @@ class _Run:
         # The formula applied to the drafts this run actually made, against the sum of their
         # costs in units of one plain forward: chains E(a, n); trees 1 + sum over depths of
         # the product of the measured per-depth acceptance (draft_length.expected_tokens_tree),
-        # each step costing n * c_d + T(n+1+e) / T(1) for its n nodes and e extra rows.
+        # each step costing (D + n * d + T(n+1+e)) / T(1) for its n nodes and e extra rows, D the
+        # draft's fixed cost per drafting step (a draft model feeding itself the pending tokens:
+        # left out, it made a draft model's prediction 10-20% too high).
         rates = s.depth_acceptance
         gain = sum(c * expected_tokens(a, n) for (n, _), c in self.drafted_lengths.items())
         gain += sum(c * expected_tokens_tree(rates, depth) for (_, depth, _), c in self.tree_shapes.items())
         shapes = [*self.drafted_lengths.items(), *(((n, e), c) for (n, _, e), c in self.tree_shapes.items())]
-        cost = sum(c * (n * costs.draft_ratio() + costs.verify_ratio(n + 1 + e)) for (n, e), c in shapes)
+        one = costs.verify_time(1)
+        cost = sum(c * (costs.draft_time(n) / one + costs.verify_ratio(n + 1 + e)) for (n, e), c in shapes)
         mean_drafted = s.drafted / s.steps if s.steps else 0.0
         wall_s = time.perf_counter() - self.loop_start
         self.stats = replace(
