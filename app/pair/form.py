@@ -40,7 +40,7 @@ from engine import (
 )
 
 from app.pair.options import OptionField, make_field
-from app.pair.widgets import ModelPicker
+from app.pair.widgets import GpuLayersField, ModelPicker
 
 
 def dialog_order(specs) -> list:
@@ -161,8 +161,9 @@ class PairForm(QWidget):
         self.dtype = _combo(DTYPES, self)
         self.dtype.setToolTip("PyTorch only; a GGUF file on llama.cpp keeps its own quantization")
         self.threads = _spin(0, 256, self, special="auto")
-        self.gpu_layers = _spin(-1, 999, self, special="all")
-        self.gpu_layers.setToolTip("llama.cpp: layers to offload to the GPU (0 = none)")
+        self.gpu_layers = GpuLayersField(self)
+        self.gpu_layers.setToolTip("llama.cpp: layers to offload to the GPU. auto: every layer when this llama.cpp "
+                                   "build can offload, none otherwise; all; 0 = none; or a number of layers")
         self.n_ctx = _spin(0, 1_048_576, self, special="model default", step=1024)
         self.n_ctx.setToolTip("Tokens the context holds; model default is min(trained context, 4096)")
         hardware_box = self.hardware_box = QGroupBox("Hardware", self)
@@ -234,8 +235,8 @@ class PairForm(QWidget):
         for combo, value in combos:
             combo.setCurrentIndex(max(combo.findData(value), 0))
         self.k_auto.setChecked(config.k == "auto")
-        numbers = [(self.k_max, config.k_max), (self.threads, config.threads or 0),
-                   (self.gpu_layers, config.gpu_layers), (self.n_ctx, config.n_ctx or 0)]  # fmt: skip
+        self.gpu_layers.set_value(config.gpu_layers)
+        numbers = [(self.k_max, config.k_max), (self.threads, config.threads or 0), (self.n_ctx, config.n_ctx or 0)]
         if config.k != "auto":
             numbers.append((self.k, config.k))
         if sampling is not None:

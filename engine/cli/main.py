@@ -322,6 +322,8 @@ def _load_engine(config):
         raise
     took = f"{time.perf_counter() - started:.1f} s"
     print(f" {took}" if live else f"loading {summary}… {took}", file=sys.stderr, flush=True)
+    for line in engine.placement:  # what --gpu-layers auto chose
+        print(line, file=sys.stderr, flush=True)
     return engine
 
 

@@ -27,9 +27,10 @@ class ModelOptions:
                                      "a llama.cpp draft runs in its GGUF file's precision)")
     threads: int | None = setting(None, label="Draft threads", minimum=1, cli="--draft-threads",
                                   help="CPU threads of a llama.cpp draft model (default: --threads)")
-    gpu_layers: int | None = setting(None, label="Draft GPU layers", minimum=0, cli="--draft-gpu-layers",
-                                     help="layers of a llama.cpp draft model offloaded to the GPU "
-                                          "(default: --gpu-layers)")
+    gpu_layers: int | str | None = setting(None, label="Draft GPU layers", minimum=-1, auto=True,
+                                           cli="--draft-gpu-layers", kind="gpu-layers",
+                                           help="layers of a llama.cpp draft model offloaded to the GPU: auto, "
+                                                "-1 or all, 0 or a count (default: --gpu-layers)")
 
 
 def make(target, options: ModelOptions, load):
