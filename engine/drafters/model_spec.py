@@ -58,10 +58,14 @@ def preflight(ctx, options: ModelOptions) -> list:
     """The pair doctor on target and draft (the report the dialog shows), and the draft's load rules."""
     from engine.errors import SpecDeckError
     from engine.models.doctor import Finding, check_pair
+    from engine.models.load_options import draft_load_options, target_load_options
 
     draft = ctx.resolve("draft model", options.draft or "")
+    own = draft_load_options(options, target_load_options(ctx.config))
+    draft_on = ctx.placement(draft, options.backend, own["device"], own["gpu_layers"])
     try:
-        report = check_pair(ctx.target, draft, n_ctx=ctx.n_ctx, dtype=ctx.dtype)
+        report = check_pair(ctx.target, draft, n_ctx=ctx.n_ctx, dtype=ctx.dtype, target_on=ctx.target_placement(),
+                            draft_on=draft_on)  # fmt: skip
     except SpecDeckError as e:
         raise ctx.stop(Finding("error", "Cannot check this pair", str(e)))
     ctx.report = report

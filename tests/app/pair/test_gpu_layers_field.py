@@ -1,18 +1,27 @@
 """The pair dialog's GPU layers: "auto" by default, "all" or a count typed or picked, the draft's
-"as the target"; the status line says what llama.cpp did with them."""
+"as the target"; the check and the status line say what llama.cpp will do with them."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import llama_cpp
 import pytest
 from PySide6.QtCore import Qt
 
 from app.shell import main_window
 from engine import EngineConfig, ModelInfo
+from engine.backends import gpu_layers
 from tests.app.conftest import STRICT_QT_LOG
+from tests.app.pair.test_pair_dialog import run_check
 
 pytestmark = STRICT_QT_LOG
+
+
+def finding(dialog, title: str):
+    matches = [f for f in dialog.findings_list() if f.title == title]
+    assert matches, [f.title for f in dialog.findings_list()]
+    return matches[0]
 
 
 def type_into(qtbot, field, text: str) -> None:
@@ -48,6 +57,22 @@ def test_the_drafts_field_follows_the_target_until_told_otherwise(qtbot, dialog)
     assert draft.currentText() == "as the target" and dialog.engine_config().drafter_options().gpu_layers is None
     type_into(qtbot, draft, "auto")
     assert dialog.engine_config().drafter_options().gpu_layers == "auto"
+
+
+@pytest.mark.skipif(llama_cpp.llama_supports_gpu_offload(), reason="this llama-cpp-python build offloads")
+def test_the_check_says_a_cpu_only_build_keeps_the_layers_on_the_cpu(qtbot, dialog):
+    dialog.set_config(EngineConfig(target="default"))
+    assert run_check(qtbot, dialog) is True
+    said = finding(dialog, "Layers on the GPU (llama.cpp)")
+    assert said.severity == "info" and said.detail == "On the CPU: this llama.cpp build has no GPU offload."
+
+
+def test_the_check_says_a_gpu_build_offloads_every_layer(qtbot, dialog, monkeypatch):
+    monkeypatch.setattr(gpu_layers, "llama_cpp_offloads", lambda: True)
+    dialog.set_config(EngineConfig(target="default").with_drafter("model", draft="default", gpu_layers=10))
+    run_check(qtbot, dialog)
+    said = finding(dialog, "Layers on the GPU (llama.cpp)").detail
+    assert said == "Target: all 30 layers on the GPU; draft: 10 of 30 layers on the GPU, the rest on the CPU."
 
 
 def test_the_status_line_says_where_the_layers_went():
