@@ -102,3 +102,14 @@ def test_generate_says_where_the_layers_went(capsys):
     assert main(["generate", "--prompt", "Say hi.", "--max-tokens", "2", "--k", "2"]) == 0
     err = capsys.readouterr().err
     assert "SmolLM2-135M-Instruct" in err and "on the CPU: this llama.cpp build has no GPU offload" in err
+
+
+def test_the_choice_reaches_the_window_over_the_wire_and_an_older_server_still_reads(default_llama):
+    from dataclasses import asdict, replace
+
+    from engine.service.wire import model_info_from_dict, model_info_to_dict
+
+    info = replace(default_llama.info, placement="all 30 layers on the GPU")
+    assert model_info_from_dict(model_info_to_dict(info)) == info
+    older = {k: v for k, v in asdict(info).items() if k != "placement"}  # a server from before the field
+    assert model_info_from_dict(older).placement == ""
