@@ -191,8 +191,10 @@ class PairForm(QWidget):
             field.chosen.connect(self.sig_key_changed)
             if isinstance(field.widget, ModelPicker):
                 field.widget.sig_browsed.connect(self.set_browse_dir)
-        for combo in (self.backend, self.drafter, self.dtype):
+        for combo in (self.backend, self.drafter, self.dtype, self.device):
             combo.currentIndexChanged.connect(self.sig_key_changed)
+        self.gpu_layers.sig_edited.connect(self.sig_key_edited)
+        self.gpu_layers.sig_chosen.connect(self.sig_key_changed)
         self.n_ctx.valueChanged.connect(self.sig_key_changed)
         self.target.sig_browsed.connect(self.set_browse_dir)
         self.drafter.currentIndexChanged.connect(self._enable)
@@ -289,10 +291,10 @@ class PairForm(QWidget):
     @staticmethod
     def key_of(config: EngineConfig) -> EngineConfig:
         """What a check depends on: when this changes, the last check says nothing about the selection.
-        The draft length and the threads or GPU layers a backend runs with change nothing it checks."""
+        The draft length and the threads a backend runs with change nothing it checks; the device and
+        the GPU layers say where the models sit, whose memory the check looks at."""
         default = _DEFAULT
         return dataclasses.replace(config, k=default.k, k_max=default.k_max, threads=default.threads,
-                                   gpu_layers=default.gpu_layers, device=default.device,
                                    measure_costs=default.measure_costs)  # fmt: skip
 
     def check_key(self) -> EngineConfig:

@@ -75,6 +75,18 @@ def test_the_check_says_a_gpu_build_offloads_every_layer(qtbot, dialog, monkeypa
     assert said == "Target: all 30 layers on the GPU; draft: 10 of 30 layers on the GPU, the rest on the CPU."
 
 
+def test_changing_the_gpu_layers_checks_again(qtbot, dialog, monkeypatch):
+    """The check says where the layers go and looks at that memory: a new value makes it stale."""
+    monkeypatch.setattr(gpu_layers, "llama_cpp_offloads", lambda: True)
+    dialog.set_config(EngineConfig(target="default"))
+    assert run_check(qtbot, dialog) is True and dialog.can_load()
+    type_into(qtbot, dialog.form.gpu_layers, "0")
+    assert not dialog.can_load()  # the last check said the layers go on the GPU
+    assert run_check(qtbot, dialog) is True
+    assert finding(dialog, "Layers on the GPU (llama.cpp)").detail == "On the CPU (GPU layers 0)."
+    assert dialog.can_load()
+
+
 def test_the_status_line_says_where_the_layers_went():
     info = ModelInfo(name="SmolLM2", path="s.gguf", backend="llama.cpp", architecture="llama", n_params=1,
                      weight_bytes=1, vocab_size=8, n_layers=30, context_length=8192, dtype="Q4_1", device="cpu",
