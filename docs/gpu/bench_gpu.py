@@ -15,7 +15,8 @@ the backend's forward) and each "eager" and "compiled" where EngineConfig has a
   GGUF converted once to a safetensors folder: the PyTorch backend would dequantize the GGUF
   at every load) and for random-weight Llama-3.2-1B and -3B shapes (their layers, heads and
   widths; SmolLM2's 49152-token vocabulary, so that the shipped tokenizer fits: the real
-  ones have 128256 tokens, 0.26B and 0.39B more embedding parameters);
+  ones have 128256 tokens, 0.16B and 0.24B more parameters in the tied embedding that the LM
+  head reads at every token);
 - the verify-cost curve: ms per target forward of 1..32 rows after a 64-token context;
 - speculative efficiency with the draft equal to the target (acceptance about 1, k fixed):
   measured speedup / the speedup the engine's cost model predicts from the measured costs,
