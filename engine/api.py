@@ -107,6 +107,14 @@ class Engine:
         e.g. that a tree drafter's trees are cut to one branch on a chain-only backend."""
         return run_notes(self.target, self.drafter)
 
+    @property
+    def placement(self) -> tuple[str, ...]:
+        """Where the layers of each loaded model went, where its backend chose (llama.cpp's GPU
+        layers): "SmolLM2-135M-Instruct: all 30 layers on the GPU"."""
+        draft = getattr(self.drafter, "backend", None)  # the model drafter's draft model
+        models = [self.target] + ([draft] if isinstance(draft, Backend) else [])
+        return tuple(f"{m.info.name}: {m.info.placement}" for m in models if m.info.placement)
+
     def prompt_ids(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
         """Token ids for a plain string (as a user message when `chat`) or a list of chat messages."""
         if isinstance(prompt, str):

@@ -39,7 +39,7 @@ class EngineConfig:
     dtype: str = "auto"
     n_ctx: int | None = None
     threads: int | None = None
-    gpu_layers: int = 0
+    gpu_layers: int | str = "auto"  # llama.cpp: "auto" (every layer on a GPU build, else none) or a count
     k: int | str = "auto"
     k_max: int = 16
     measure_costs: bool = True  # time the target's verify-cost curve (and the drafter's token cost) at load
@@ -178,7 +178,7 @@ def options_from_dict(spec, data: dict):
 # JSON types each EngineConfig field may hold (an "auto"-or-number may hold any number the user typed).
 _FIELD_TYPES = {
     "target": (str,), "backend": (str,), "device": (str,), "dtype": (str,), "n_ctx": (int, type(None)),
-    "threads": (int, type(None)), "gpu_layers": (int,), "k": (int, str), "k_max": (int,), "measure_costs": (bool,),
+    "threads": (int, type(None)), "gpu_layers": (int, str), "k": (int, str), "k_max": (int,), "measure_costs": (bool,),
 }  # fmt: skip
 
 

@@ -93,6 +93,17 @@ class PreflightContext:
         return default_heads_dir(kind, info)
 
     @staticmethod
+    def placement(ref, backend: str, device: str, gpu_layers):
+        """Where the model `ref` will sit when loaded on `backend` with these load options
+        (engine/models/placement.py), for the doctor's memory check."""
+        from engine.models.placement import model_placement
+
+        return model_placement(ref, backend, device, gpu_layers)
+
+    def target_placement(self):
+        return self.placement(self.target, self.runs_on, self.config.device, self.config.gpu_layers)
+
+    @staticmethod
     def native_architectures() -> tuple[str, ...]:
         """The architectures the torch backend's native path runs (the one with every capability),
         so that a drafter's rules need not import a backend."""
@@ -142,7 +153,7 @@ def _check(ctx: PreflightContext, spec, options) -> list[Finding]:
     findings: list[Finding] = []
     if not spec.loads_model:
         try:
-            findings += check_model_findings(target, ctx.n_ctx, ctx.dtype)
+            findings += check_model_findings(target, ctx.n_ctx, ctx.dtype, ctx.target_placement())
         except SpecDeckError as e:  # a bad context size or dtype
             raise _Stop(Finding("error", "Cannot check this model", str(e)))
         if spec.needs:
@@ -167,10 +178,11 @@ def _draft_length_findings(config) -> list[Finding]:
     return []
 
 
-def check_model_findings(target, n_ctx: int, dtype: str | None) -> tuple[Finding, ...]:
+def check_model_findings(target, n_ctx: int, dtype: str | None, on=None) -> tuple[Finding, ...]:
     from engine.models.doctor import check_model
+    from engine.models.placement import CPU
 
-    return check_model(target, n_ctx=n_ctx, dtype=dtype)
+    return check_model(target, n_ctx=n_ctx, dtype=dtype, on=on or CPU)
 
 
 def _torch_findings(spec, target, backend: str) -> list[Finding]:

@@ -44,7 +44,7 @@ from engine import (
 )
 
 from app.pair.options import OptionField, make_field
-from app.pair.widgets import ModelPicker
+from app.pair.widgets import GpuLayersField, ModelPicker
 
 
 def dialog_order(specs) -> list:
@@ -162,8 +162,9 @@ class PairForm(QWidget):
         self.dtype = _combo(DTYPES, self)
         self.dtype.setToolTip("PyTorch only; a GGUF file on llama.cpp keeps its own quantization")
         self.threads = _spin(0, 256, self, special="auto")
-        self.gpu_layers = _spin(-1, 999, self, special="all")
-        self.gpu_layers.setToolTip("llama.cpp: layers to offload to the GPU (0 = none)")
+        self.gpu_layers = GpuLayersField(self)
+        self.gpu_layers.setToolTip("llama.cpp: layers to offload to the GPU. auto: every layer when this llama.cpp "
+                                   "build can offload, none otherwise; all; 0 = none; or a number of layers")
         self.n_ctx = _spin(0, 1_048_576, self, special="model default", step=1024)
         self.n_ctx.setToolTip("Tokens the context holds; model default is min(trained context, 4096)")
         hardware_box = self.hardware_box = QGroupBox("Hardware", self)
@@ -186,8 +187,10 @@ class PairForm(QWidget):
 
         self.target.sig_edited.connect(self.sig_key_edited)
         self.target.sig_chosen.connect(self.sig_key_changed)
-        for combo in (self.backend, self.drafter, self.dtype):
+        for combo in (self.backend, self.drafter, self.dtype, self.device):
             combo.currentIndexChanged.connect(self.sig_key_changed)
+        self.gpu_layers.sig_edited.connect(self.sig_key_edited)
+        self.gpu_layers.sig_chosen.connect(self.sig_key_changed)
         self.n_ctx.valueChanged.connect(self.sig_key_changed)
         self.target.sig_browsed.connect(self.set_browse_dir)
         self.drafter.currentIndexChanged.connect(self._enable)
@@ -254,8 +257,8 @@ class PairForm(QWidget):
         for combo, value in combos:
             combo.setCurrentIndex(max(combo.findData(value), 0))
         self.k_auto.setChecked(config.k == "auto")
-        numbers = [(self.k_max, config.k_max), (self.threads, config.threads or 0),
-                   (self.gpu_layers, config.gpu_layers), (self.n_ctx, config.n_ctx or 0)]  # fmt: skip
+        self.gpu_layers.set_value(config.gpu_layers)
+        numbers = [(self.k_max, config.k_max), (self.threads, config.threads or 0), (self.n_ctx, config.n_ctx or 0)]
         if config.k != "auto":
             numbers.append((self.k, config.k))
         if sampling is not None:
@@ -308,10 +311,10 @@ class PairForm(QWidget):
     @staticmethod
     def key_of(config: EngineConfig) -> EngineConfig:
         """What a check depends on: when this changes, the last check says nothing about the selection.
-        The draft length and the threads or GPU layers a backend runs with change nothing it checks."""
+        The draft length and the threads a backend runs with change nothing it checks; the device and
+        the GPU layers say where the models sit, whose memory the check looks at."""
         default = _DEFAULT
         return dataclasses.replace(config, k=default.k, k_max=default.k_max, threads=default.threads,
-                                   gpu_layers=default.gpu_layers, device=default.device,
                                    measure_costs=default.measure_costs)  # fmt: skip
 
     def check_key(self) -> EngineConfig:

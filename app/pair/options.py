@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit, Q
 from engine import BACKENDS, DEVICES, DTYPES
 
 from app.pair.heads import KINDS as HEAD_KINDS, HeadsPicker, newest_trained
-from app.pair.widgets import AUTO, AutoNumberField, ModelPicker, PathPicker, auto_or_number
+from app.pair.widgets import AUTO, AutoNumberField, GpuLayersField, ModelPicker, PathPicker, auto_or_number
 
 WIDE_KINDS = ("model", "path")  # a path is long: these get a row of their own
 CHOICES_OF_KIND = {"backend": BACKENDS, "device": DEVICES, "dtype": DTYPES}
@@ -78,6 +78,11 @@ def make_field(spec, setting, parent: QWidget, models=(), settings=None) -> Opti
         picker.sig_chosen.connect(field.chosen)
         if spec.name in HEAD_KINDS:
             field.unset = newest_trained(spec.name, settings) or None  # heads just trained: ready to pick
+    elif kind == "gpu-layers":
+        layers = GpuLayersField(parent, follows=SAME_AS_TARGET if default is None else "")
+        field = OptionField(setting, layers, layers.value, layers.set_value)
+        layers.sig_edited.connect(field.edited)
+        layers.sig_chosen.connect(field.chosen)
     elif setting.choices or kind in CHOICES_OF_KIND:
         field = _choice_field(setting, parent)
     elif setting.auto:

@@ -1,4 +1,5 @@
-"""Pieces of the pair dialog: a model picker, an "auto or a number" field and the view of the doctor's findings."""
+"""Pieces of the pair dialog: a model picker, an "auto or a number" field, llama.cpp's GPU layers field and the
+view of the doctor's findings."""
 
 from __future__ import annotations
 
@@ -208,6 +209,64 @@ class AutoNumberField(QComboBox):
     def _finished(self) -> None:
         if self.currentText() != self.value():  # "" or "AUTO" or "+3": show what it means
             self.setEditText(self.value())
+        self.sig_chosen.emit()
+
+
+class GpuLayersField(QComboBox):
+    """llama.cpp's GPU layers: "auto" (every layer when the llama.cpp build offloads, else none), "all"
+    (-1), or a number of layers; with `follows`, first "as the target" (None: the target's value).
+
+    Only those can be typed; what the engine chose shows once the pair is loaded.
+    """
+
+    sig_edited = Signal()
+    """Typing: the value is not settled yet."""
+    sig_chosen = Signal()
+    """A value was picked from the list, or typing finished."""
+
+    ALL = "all"
+
+    def __init__(self, parent=None, follows: str = "") -> None:
+        super().__init__(parent)
+        self.follows = follows  # the text of "as the target", or "" when there is nothing to follow
+        self.setEditable(True)
+        self.setInsertPolicy(QComboBox.NoInsert)
+        self.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.setMinimumContentsLength(len(follows) or 5)
+        for text in ((follows,) if follows else ()) + (AUTO, self.ALL, "0"):
+            self.addItem(text)
+        words = "|".join(QRegularExpression.escape(w) for w in ((follows,) if follows else ()) + (AUTO, self.ALL))
+        pattern = QRegularExpression(f"{words}|\\+?[0-9]{{1,4}}", QRegularExpression.CaseInsensitiveOption)
+        self.setValidator(QRegularExpressionValidator(pattern, self))
+        self.lineEdit().setPlaceholderText(follows or AUTO)  # what an empty field means
+        self.lineEdit().textEdited.connect(self.sig_edited)
+        self.lineEdit().editingFinished.connect(self._finished)
+        self.activated.connect(self.sig_chosen)
+
+    def value(self):
+        """"auto", -1 for "all", the number, or None for "as the target"; an unreadable text is "auto"."""
+        text = self.currentText().strip().lower()
+        if self.follows and text in (self.follows.lower(), ""):
+            return None
+        if text == self.ALL:
+            return -1
+        number = auto_or_number(text)
+        return AUTO if number == AUTO else int(number)
+
+    def set_value(self, value) -> None:
+        if value is None:
+            text = self.follows or AUTO
+        elif isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            text = self.ALL
+        else:
+            text = self.ALL if str(value).strip().lower() == self.ALL else auto_or_number(value)
+        index = self.findText(text, Qt.MatchExactly)
+        if index >= 0:
+            self.setCurrentIndex(index)
+        self.setEditText(text)
+
+    def _finished(self) -> None:
+        self.set_value(self.value())  # "" or "AUTO" or "+3": show what it means
         self.sig_chosen.emit()
 
 

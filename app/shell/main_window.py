@@ -64,7 +64,8 @@ def describe_engine(loaded: LoadedPair | ServerPair, choice: keys.EngineChoice =
                                                 config.drafter)  # fmt: skip
     if loaded.speculative and config.drafter == "model" and config.draft:
         drafter = f"draft {config.draft}"
-    return f"{info.name} ({info.dtype}, {info.backend}) · {drafter} · k {config.k}{where}"
+    placement = f", {info.placement}" if info.placement else ""  # llama.cpp: what GPU layers auto chose
+    return f"{info.name} ({info.dtype}, {info.backend}{placement}) · {drafter} · k {config.k}{where}"
 
 
 class MainWindow(QMainWindow):

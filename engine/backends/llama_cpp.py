@@ -29,6 +29,7 @@ import torch
 from engine.errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
 from engine.models.memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory, release_frames
 from engine.backends.base import Backend, LoadProgress, ModelInfo
+from engine.backends import gpu_layers  # its llama_cpp_offloads read at each call: tests fake a GPU build
 from engine.backends.threads import MAX_DEFAULT_THREADS, decode_threads
 from engine.core.text import plain_chat
 
@@ -143,7 +144,7 @@ class LlamaCppBackend(Backend):
         *,
         n_ctx: int | None = None,
         n_threads: int | None = None,
-        n_gpu_layers: int = 0,
+        n_gpu_layers: int | str = gpu_layers.AUTO,
         name: str | None = None,
         progress: LoadProgress | None = None,
     ) -> None:
@@ -154,7 +155,8 @@ class LlamaCppBackend(Backend):
             degrades into noise.
         n_threads: CPU threads for decoding, kept for the backend's life; default: chosen
             again before each generation (`prepare_threads`) from the cores free then.
-        n_gpu_layers: layers to offload (-1 = all); ignored by a CPU-only build.
+        n_gpu_layers: layers to offload: "auto" (every layer on a build that offloads, else none;
+            engine/backends/gpu_layers.py), -1 = all, 0 = none; a CPU-only build ignores it.
         name: display name; default the file name.
         progress: called with (what is happening, fraction of this load done), from
             llama.cpp's own progress callback while the weights are read.
@@ -166,8 +168,7 @@ class LlamaCppBackend(Backend):
             raise ConfigError(f"The context size must be at least {MIN_CONTEXT} tokens, got {n_ctx}.")
         if n_threads is not None and n_threads < 1:
             raise ConfigError(f"The number of threads must be at least 1, got {n_threads}.")
-        if n_gpu_layers < -1:
-            raise ConfigError(f"GPU layers must be -1 (all), 0 (none) or a positive count, got {n_gpu_layers}.")
+        n_gpu_layers = gpu_layers.resolve_gpu_layers(n_gpu_layers)
         _check_gguf_file(path)
 
         self._path = path
@@ -276,7 +277,8 @@ class LlamaCppBackend(Backend):
     def _make_info(self) -> ModelInfo:
         metadata = self._llm.metadata
         n_layers = llama_cpp.llama_model_n_layer(self._model)
-        if self._n_gpu_layers == 0 or not llama_cpp.llama_supports_gpu_offload():
+        offloads = gpu_layers.llama_cpp_offloads()
+        if self._n_gpu_layers == 0 or not offloads:
             device = "cpu"
         else:
             on_gpu = n_layers if self._n_gpu_layers < 0 else min(self._n_gpu_layers, n_layers)
@@ -293,6 +295,7 @@ class LlamaCppBackend(Backend):
             context_length=llama_cpp.llama_model_n_ctx_train(self._model),
             dtype=_file_type_name(llama_cpp.llama_model_ftype(self._model)),
             device=device,
+            placement=gpu_layers.describe_offload(self._n_gpu_layers, n_layers, offloads),
         )
 
     # -- model facts ---------------------------------------------------------------

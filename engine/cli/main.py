@@ -33,8 +33,8 @@ from pathlib import Path  # noqa: E402
 from engine.cli.bench import add_bench_parser  # noqa: E402
 from engine.cli.chat import add_chat_parser  # noqa: E402
 from engine.cli.llama_server import add_llama_server_parser  # noqa: E402
-from engine.cli.options import (add_drafter_options, add_load_options, add_server_options, drafter_choice,  # noqa: E402
-                                refuse_pair_options, server_key)  # fmt: skip
+from engine.cli.options import (add_drafter_options, add_gpu_layers_option, add_load_options,  # noqa: E402
+                                add_server_options, drafter_choice, refuse_pair_options, server_key)  # fmt: skip
 from engine.cli.serve import add_serve_parser  # noqa: E402
 from engine.cli.train import add_train_parser  # noqa: E402
 from engine.errors import ConfigError, SpecDeckError  # noqa: E402
@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--target", required=True)
     doc.add_argument("--draft", required=True)
     doc.add_argument("--n-ctx", type=int, default=4096)
+    doc.add_argument("--device", default="auto", help="where PyTorch models will run: auto, cuda, mps or cpu")
+    add_gpu_layers_option(doc)
     doc.add_argument("--json", action="store_true")
     doc.set_defaults(func=cmd_doctor)
 
@@ -323,6 +325,8 @@ def _load_engine(config):
         raise
     took = f"{time.perf_counter() - started:.1f} s"
     print(f" {took}" if live else f"loading {summary}… {took}", file=sys.stderr, flush=True)
+    for line in engine.placement:  # what --gpu-layers auto chose
+        print(line, file=sys.stderr, flush=True)
     return engine
 
 
@@ -434,9 +438,15 @@ def _verdict_lines(comparison) -> list[str]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from engine.backends.gpu_layers import parse_gpu_layers
     from engine.models.doctor import check_pair
+    from engine.models.locate import resolve
+    from engine.models.placement import model_placement
 
-    report = check_pair(args.target, args.draft, n_ctx=args.n_ctx)
+    parse_gpu_layers(args.gpu_layers)  # a bad value is said, not checked as if it were 0
+    target, draft = resolve(args.target), resolve(args.draft)
+    target_on, draft_on = (model_placement(ref, "auto", args.device, args.gpu_layers) for ref in (target, draft))
+    report = check_pair(target, draft, n_ctx=args.n_ctx, target_on=target_on, draft_on=draft_on)
     print(json.dumps(report.as_dict(), indent=2) if args.json else str(report))
     return 0 if report.compatible else 1
 

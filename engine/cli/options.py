@@ -45,7 +45,14 @@ def add_load_options(parser: argparse.ArgumentParser, threads: str = "CPU thread
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
     parser.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
     parser.add_argument("-t", "--threads", type=int, default=None, help=threads)
-    parser.add_argument("-ngl", "--gpu-layers", type=int, default=0, help="layers offloaded to the GPU (llama.cpp)")
+    add_gpu_layers_option(parser)
+
+
+def add_gpu_layers_option(parser: argparse.ArgumentParser) -> None:
+    """-ngl / --gpu-layers: "auto" (the default), or a count; a bad one is refused with the load options."""
+    parser.add_argument("-ngl", "--gpu-layers", type=_value, default=AUTO,
+                        help="layers offloaded to the GPU (llama.cpp): auto (default: every layer when this "
+                             "llama.cpp build can offload, else none), -1 or all, 0 (none) or a count")  # fmt: skip
 
 
 def drafter_choice(args: argparse.Namespace):

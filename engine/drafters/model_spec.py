@@ -27,9 +27,10 @@ class ModelOptions:
                                      "a llama.cpp draft runs in its GGUF file's precision)")
     threads: int | None = setting(None, label="Draft threads", minimum=1, cli="--draft-threads",
                                   help="CPU threads of a llama.cpp draft model (default: --threads)")
-    gpu_layers: int | None = setting(None, label="Draft GPU layers", minimum=0, cli="--draft-gpu-layers",
-                                     help="layers of a llama.cpp draft model offloaded to the GPU "
-                                          "(default: --gpu-layers)")
+    gpu_layers: int | str | None = setting(None, label="Draft GPU layers", minimum=-1, auto=True,
+                                           cli="--draft-gpu-layers", kind="gpu-layers",
+                                           help="layers of a llama.cpp draft model offloaded to the GPU: auto, "
+                                                "-1 or all, 0 or a count (default: --gpu-layers)")
 
 
 def make(target, options: ModelOptions, load):
@@ -57,10 +58,14 @@ def preflight(ctx, options: ModelOptions) -> list:
     """The pair doctor on target and draft (the report the dialog shows), and the draft's load rules."""
     from engine.errors import SpecDeckError
     from engine.models.doctor import Finding, check_pair
+    from engine.models.load_options import draft_load_options, target_load_options
 
     draft = ctx.resolve("draft model", options.draft or "")
+    own = draft_load_options(options, target_load_options(ctx.config))
+    draft_on = ctx.placement(draft, options.backend, own["device"], own["gpu_layers"])
     try:
-        report = check_pair(ctx.target, draft, n_ctx=ctx.n_ctx, dtype=ctx.dtype)
+        report = check_pair(ctx.target, draft, n_ctx=ctx.n_ctx, dtype=ctx.dtype, target_on=ctx.target_placement(),
+                            draft_on=draft_on)  # fmt: skip
     except SpecDeckError as e:
         raise ctx.stop(Finding("error", "Cannot check this pair", str(e)))
     ctx.report = report

@@ -57,7 +57,8 @@ class Setting:
     auto: bool = False  # "auto" is allowed besides a number
     choices: tuple | None = None
     cli: tuple[str, ...] = ()  # the flags, e.g. ("-md", "--draft"); () = "--" + the name with dashes
-    kind: str | None = None  # what the value is, for the app's input: "path", "model", "backend", "device", "dtype"
+    kind: str | None = None  # what the value is, for the app's input: "path", "model", "backend", "device", "dtype",
+    #                        "gpu-layers" (llama.cpp's: auto, all or a count)
     name: str = ""
     default: Any = None
 

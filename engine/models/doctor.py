@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from engine.errors import ConfigError, SpecDeckError
 from engine.models.metadata import ModelMeta, read_metadata
 from engine.models.locate import ModelRef, resolve
+from engine.models.placement import CPU, Placement
 
 RATIO_MIN, RATIO_MAX = 8, 70
 MEMORY_FRACTION = 0.8  # above this share of free memory, the OS starts paging or killing
@@ -77,30 +78,37 @@ def check_pair(
     *,
     n_ctx: int = 4096,
     dtype: str | None = None,
+    target_on: Placement = CPU,
+    draft_on: Placement = CPU,
 ) -> PairReport:
     """Check a target/draft pair from their files (or from metadata already read).
 
     `dtype` is the dtype Hugging Face models will be loaded in (None: as stored);
-    GGUF models keep their quantization. Raises ModelNotFoundError / ModelLoadError
-    when a model cannot be found or read, ConfigError for a bad n_ctx or dtype.
+    GGUF models keep their quantization. `target_on` and `draft_on` say where each will
+    sit (engine/models/placement.py): a GPU's memory is checked for what goes there,
+    system RAM for the rest. Raises ModelNotFoundError / ModelLoadError when a model
+    cannot be found or read, ConfigError for a bad n_ctx or dtype.
     """
     _check_n_ctx(n_ctx)
     t, d = _meta(target), _meta(draft)
+    placed = {"target": (t, target_on), "draft": (d, draft_on)}
     findings = (
         _vocabulary(t, d),
         _special_tokens(t, d),
         _chat_templates(t, d),
         _size_ratio(t, d),
         _context(n_ctx, {"the target": t, "the draft": d}),
-        _memory(n_ctx, dtype, {"target": t, "draft": d}),
+        *_offload(placed),
+        _memory(n_ctx, dtype, placed),
     )
     return PairReport(t, d, findings)
 
 
 def check_model(
-    spec: str | ModelRef | ModelMeta, *, n_ctx: int = 4096, dtype: str | None = None
+    spec: str | ModelRef | ModelMeta, *, n_ctx: int = 4096, dtype: str | None = None, on: Placement = CPU
 ) -> tuple[Finding, ...]:
-    """Findings for one model: can it be read, what is it, does it fit. Never raises for a bad model."""
+    """Findings for one model: can it be read, what is it, does it fit where it will sit (`on`).
+    Never raises for a bad model."""
     _check_n_ctx(n_ctx)
     try:
         meta = _meta(spec)
@@ -116,7 +124,8 @@ def check_model(
                 "For chat, pick an instruct/chat version of the model.",
             )
         )
-    findings.append(_memory(n_ctx, dtype, {"model": meta}))
+    placed = {"model": (meta, on)}
+    findings += [*_offload(placed), _memory(n_ctx, dtype, placed)]
     return tuple(findings)
 
 
@@ -272,24 +281,60 @@ def _context(n_ctx: int, models: dict[str, ModelMeta]) -> Finding:
     return Finding("ok", "Context fits", f"A context of {n_ctx} tokens is within what was trained ({known}).")
 
 
-def _memory(n_ctx: int, dtype: str | None, models: dict[str, ModelMeta]) -> Finding:
-    parts, total = [], 0
-    for role, meta in models.items():
+def _offload(models: dict[str, tuple[ModelMeta, Placement]]) -> list[Finding]:
+    """What llama.cpp's GPU layers chose for each model on it (none for PyTorch models)."""
+    said = [f"{role}: {on.said}" if len(models) > 1 else on.said for role, (_, on) in models.items() if on.said]
+    if not said:
+        return []
+    text = "; ".join(said)
+    return [Finding("info", "Layers on the GPU (llama.cpp)", f"{text[:1].upper()}{text[1:]}.")]
+
+
+def _memory(n_ctx: int, dtype: str | None, models: dict[str, tuple[ModelMeta, Placement]]) -> Finding:
+    """Does each model fit where it will sit: a GPU's free memory for what goes there, system RAM
+    for the rest (a llama.cpp model with some layers offloaded is split by its share of layers)."""
+    pools: dict[str, list] = {}  # device -> [bytes, parts]
+    for role, (meta, on) in models.items():
         weights, kv = estimate_memory(meta, n_ctx, dtype)
-        total += weights + kv
-        parts.append(f"{role} {format_bytes(weights)} of weights + {format_bytes(kv)} of KV cache")
-    needs = f"Needs about {format_bytes(total)} ({'; '.join(parts)}, at {n_ctx} tokens of context)."
-    available = available_memory_bytes()
-    if available is None:
-        return Finding("info", "Memory needed", f"{needs} Could not read how much memory is free.")
-    if total > MEMORY_FRACTION * available:
-        return Finding(
-            "warning",
-            "May not fit in memory",
-            f"{needs} That is more than {MEMORY_FRACTION:.0%} of the {format_bytes(available)} free now. "
-            "Close other programs, use a shorter context, or pick more quantized models.",
-        )
-    return Finding("ok", "Fits in memory", f"{needs} {format_bytes(available)} is free.")
+        share = 1.0 if not on.on_gpu or on.layers is None else min(on.layers / max(meta.n_layers, 1), 1.0)
+        for device, part in ((on.device, share), ("cpu", 1.0 - share)) if on.on_gpu else (("cpu", 1.0),):
+            if part <= 0:
+                continue
+            pool = pools.setdefault(device, [0, []])
+            pool[0] += round((weights + kv) * part)
+            pool[1].append(f"{role} {format_bytes(round(weights * part))} of weights + "
+                           f"{format_bytes(round(kv * part))} of KV cache")  # fmt: skip
+    gpu = any(device != "cpu" for device in pools)
+    verdicts = [_fits(device, needed, parts, n_ctx, gpu) for device, (needed, parts) in pools.items()]
+    rank = {"warning": 0, "info": 1, "ok": 2}
+    severity = min((v[0] for v in verdicts), key=rank.__getitem__)
+    titles = {"warning": "May not fit in memory", "info": "Memory needed", "ok": "Fits in memory"}
+    title = titles[severity] + (" (GPU and system RAM)" if gpu and "cpu" in pools else " (GPU)" if gpu else "")
+    return Finding(severity, title, " ".join(v[1] for v in verdicts))
+
+
+def _fits(device: str, needed: int, parts: list[str], n_ctx: int, gpu: bool) -> tuple[str, str]:
+    """(severity, sentences) for `needed` bytes on one device (`gpu`: some of the models go on a GPU)."""
+    where = f" on {device}" if device != "cpu" else " in system RAM" if gpu else ""
+    needs = f"Needs about {format_bytes(needed)}{where} ({'; '.join(parts)}, at {n_ctx} tokens of context)."
+    if device == "cpu":
+        available = available_memory_bytes()
+        if available is None:
+            return "info", f"{needs} Could not read how much memory is free."
+        if needed > MEMORY_FRACTION * available:
+            return "warning", (f"{needs} That is more than {MEMORY_FRACTION:.0%} of the {format_bytes(available)} "
+                               "free now. Close other programs, use a shorter context, or pick more quantized "
+                               "models.")  # fmt: skip
+        return "ok", f"{needs} {format_bytes(available)} is free."
+    memory = device_memory(device)
+    if memory is None:
+        return "info", f"{needs} Could not read how much memory {device} has free."
+    free, total = memory
+    if needed > MEMORY_FRACTION * free:
+        return "warning", (f"{needs} That is more than {MEMORY_FRACTION:.0%} of the {format_bytes(free)} of "
+                           f"{format_bytes(total)} free on {device}. Free the GPU (other programs, another model), "
+                           "use a shorter context, pick more quantized models, or put fewer layers on the GPU.")
+    return "ok", f"{needs} {format_bytes(free)} of {format_bytes(total)} is free on {device}."
 
 
 # -- estimates and helpers ---------------------------------------------------------------
@@ -355,6 +400,29 @@ def available_memory_bytes() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def device_memory(device: str) -> tuple[int, int] | None:
+    """(free, total) bytes of a GPU ("cuda", "cuda:1", "mps"), or None if they cannot be read.
+    CUDA: the driver's numbers (torch.cuda.mem_get_info); MPS: what Metal recommends as the
+    working set, less what torch holds now. Imports torch."""
+    try:
+        import torch
+
+        if device.startswith("cuda"):
+            if not torch.cuda.is_available():
+                return None
+            free, total = torch.cuda.mem_get_info(torch.device(device))
+            return int(free), int(total)
+        mps = getattr(torch, "mps", None)
+        recommended = getattr(mps, "recommended_max_memory", None)
+        allocated = getattr(mps, "current_allocated_memory", None)
+        if device == "mps" and recommended is not None and allocated is not None:
+            total = int(recommended())
+            return max(total - int(allocated()), 0), total
+    except Exception:  # no torch, no driver, an unusual system: the finding says it could not read
+        pass
+    return None
 
 
 def describe(meta: ModelMeta) -> str:

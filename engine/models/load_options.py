@@ -15,6 +15,7 @@ the draft must hold what the target holds.
 
 from __future__ import annotations
 
+from engine.backends.gpu_layers import parse_gpu_layers
 from engine.backends.hf.device import DTYPE_CHOICES, pick_device
 from engine.errors import ConfigError, SpecDeckError
 from engine.models.locate import resolve
@@ -57,6 +58,7 @@ def check_load_options(config, target_backend: str) -> None:
     target_on = chosen_backend(config.target, target_backend)
     _check_dtype("--dtype", config.dtype, target_on, "the target", "--backend")
     _check_threads("--threads", config.threads)
+    parse_gpu_layers(config.gpu_layers, "--gpu-layers")
     options = config.drafter_options()  # a draft option without the model drafter is refused here
     if config.drafter != "model":
         return
@@ -71,6 +73,8 @@ def check_load_options(config, target_backend: str) -> None:
     if options.dtype is not None:
         _check_dtype("--draft-dtype", options.dtype, draft_on, "the draft model", "--draft-backend")
     _check_threads("--draft-threads", options.threads)
+    if options.gpu_layers is not None:
+        parse_gpu_layers(options.gpu_layers, "--draft-gpu-layers")
     if options.device is not None and draft_on != LLAMA_CPP:
         try:
             pick_device(options.device)

@@ -19,7 +19,7 @@ def load_backend(
     dtype: str = "auto",
     n_ctx: int | None = None,
     threads: int | None = None,
-    gpu_layers: int = 0,
+    gpu_layers: int | str = "auto",
     trust_remote_code: bool = False,
     progress: LoadProgress | None = None,
 ) -> Backend:

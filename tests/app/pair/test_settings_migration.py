@@ -11,6 +11,8 @@ exactly what a user's disk holds:
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import shutil
 from pathlib import Path
@@ -46,18 +48,20 @@ def test_a_store_that_agreed_keeps_the_pair_its_sampling_and_presets(tmp_path):
     config = keys.engine_config(settings, resets)
 
     assert resets == []
+    # gpu_layers 0 was the only default before "auto": a saved 0 is kept as it was
     assert config == EngineConfig(target="/models/qwen.gguf", backend="torch", dtype="bfloat16", n_ctx=2048,
-                                  threads=4, k=5, k_max=12).with_drafter("eagle", heads="/heads/eagle-qwen",
-                                                                         tree_depth=6)  # fmt: skip
+                                  threads=4, gpu_layers=0, k=5, k_max=12).with_drafter("eagle",
+                                  heads="/heads/eagle-qwen", tree_depth=6)  # fmt: skip
     assert keys.sampling_config(settings) == SamplingConfig(temperature=0.7, top_p=0.9, seed=7, max_tokens=300)
     presets = PresetStore(settings)
     assert presets.names() == ["exit", "fast / greedy", "look", "pair"]
     fast, fast_sampling = presets.get("fast / greedy")
-    assert fast == EngineConfig(target="default", k=3).with_drafter("ngram", max_ngram=4)
+    assert fast == EngineConfig(target="default", k=3, gpu_layers=0).with_drafter("ngram", max_ngram=4)
     look, look_sampling = presets.get("look")
-    assert look == EngineConfig().with_drafter("lookahead", window=7, candidates=5)
+    assert look == EngineConfig(gpu_layers=0).with_drafter("lookahead", window=7, candidates=5)
     assert look_sampling.temperature == 0.5
-    assert presets.get("exit")[0] == EngineConfig(backend="torch").with_drafter("early-exit", exit_layer=12)
+    assert presets.get("exit")[0] == EngineConfig(backend="torch", gpu_layers=0).with_drafter("early-exit",
+                                                                                              exit_layer=12)
     pair, pair_sampling = presets.get("pair")
     assert (pair.draft, pair.options.backend, pair_sampling.top_k) == ("/models/small.gguf", "llama.cpp", 40)
     assert fast_sampling.max_tokens == 512  # the dialog's default then
@@ -89,7 +93,8 @@ def test_after_use_the_built_in_model_the_window_key_wins(qtbot, tmp_path):
     qtbot.addWidget(dialog)
 
     assert dialog.engine_config().target == "default" and dialog.engine_config().draft is None
-    assert dialog.engine_config() == keys.DEFAULT_ENGINE_CONFIG
+    # the built-in pair as it was saved then, GPU layers 0 included (0 was the default before "auto")
+    assert dialog.engine_config() == dataclasses.replace(keys.DEFAULT_ENGINE_CONFIG, gpu_layers=0)
     assert dialog.sampling_config().temperature == 0.3  # the window's sampling key was saved with the failed pair
     assert dialog.notice.isHidden()
 

@@ -65,6 +65,24 @@ def test_doctor_on_the_default_pair(capsys):
     assert report["compatible"] is True
 
 
+def test_doctor_checks_the_gpu_llama_cpp_offloads_to(capsys, monkeypatch):
+    from engine.backends import gpu_layers
+    from engine.models import doctor, placement
+
+    monkeypatch.setattr(gpu_layers, "llama_cpp_offloads", lambda: True)
+    monkeypatch.setattr(placement, "_offload_device", lambda: "cuda:0")
+    monkeypatch.setattr(doctor, "device_memory", lambda device: (100 * 2**20, 16 * 2**30))
+    code, out, _ = run_cli(capsys, "doctor", "--target", "default", "--draft", "default", "--json")
+    findings = {f["title"]: f for f in json.loads(out)["findings"]}
+    assert code == 0 and findings["Layers on the GPU (llama.cpp)"]["detail"].startswith("Target: all 30 layers")
+    assert findings["May not fit in memory (GPU)"]["severity"] == "warning"
+    assert "100 MiB of 16.0 GiB free on cuda:0" in findings["May not fit in memory (GPU)"]["detail"]
+    code, out, _ = run_cli(capsys, "doctor", "--target", "default", "--draft", "default", "-ngl", "0", "--json")
+    assert "on cuda:0" not in out  # no layer on the GPU: system RAM is the check
+    code, _, err = run_cli(capsys, "doctor", "--target", "default", "--draft", "default", "--gpu-layers", "lots")
+    assert code == 2 and "--gpu-layers lots" in err
+
+
 def test_models_lists_the_embedded_model(capsys):
     code, out, _ = run_cli(capsys, "models", "--json")
     assert code == 0

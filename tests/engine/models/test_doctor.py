@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +14,7 @@ from engine.models.doctor import check_model, check_pair, estimate_memory
 from engine.errors import ConfigError, ModelNotFoundError
 from engine.models.metadata import read_metadata
 from engine.models.locate import resolve
+from engine.models.placement import Placement
 from tests.engine.models.test_models import TOKENS, isolated_home, write_gguf, write_hf_folder  # noqa: F401 (fixture)
 
 
@@ -187,3 +189,83 @@ def test_memory_of_int8_weights_counts_a_byte_per_weight_and_the_cache_in_the_co
     cache = 2 * 2 * 2 * 4 * 100  # keys and values, 2 layers, 2 KV heads of 4, per byte of element
     assert estimate_memory(meta, 100, "int8 (weights) / float32") == (meta.n_params, cache * 4)
     assert estimate_memory(meta, 100, "int8") == (meta.n_params, cache * 2)  # the stored dtype's cache
+
+
+# -- memory on the device the models will sit on ----------------------------------------------------
+
+
+ON_CUDA = Placement("cuda:0")
+
+
+@pytest.fixture
+def gpu_memory(monkeypatch):
+    """A stub of the device query: set `free` and `total` (bytes), or None for a GPU it cannot read."""
+    asked = []
+    state = {"memory": (80 * 2**30, 80 * 2**30)}
+
+    def device_memory(device):
+        asked.append(device)
+        return state["memory"]
+
+    monkeypatch.setattr(doctor, "device_memory", device_memory)
+    monkeypatch.setattr(doctor, "available_memory_bytes", lambda: 1)  # RAM must not count for a GPU model
+    return SimpleNamespace(asked=asked, state=state)
+
+
+def test_models_on_a_gpu_are_checked_against_its_free_memory(gpu_memory):
+    gpu_memory.state["memory"] = (1400 * 2**20, 80 * 2**30)
+    memory = finding(check_pair("default", "default", target_on=ON_CUDA, draft_on=ON_CUDA), "memory")
+    assert memory.severity == "ok" and gpu_memory.asked == ["cuda:0"]
+    assert "Needs about 364 MiB on cuda:0" in memory.detail and "1.4 GiB of 80.0 GiB is free on cuda:0" in memory.detail
+
+
+def test_a_gpu_without_room_is_a_warning_that_names_it(gpu_memory):
+    gpu_memory.state["memory"] = (200 * 2**20, 8 * 2**30)  # the model needs 182 MiB
+    memory = finding(check_model("default", on=ON_CUDA), "memory")
+    assert memory.severity == "warning" and "cuda:0" in memory.detail and "200 MiB of 8.0 GiB free" in memory.detail
+
+
+def test_a_gpu_whose_memory_cannot_be_read_is_said(gpu_memory):
+    gpu_memory.state["memory"] = None
+    memory = finding(check_model("default", on=Placement("gpu")), "memory")
+    assert memory.severity == "info" and "Could not read how much memory gpu has free" in memory.detail
+
+
+def test_models_on_the_cpu_are_checked_against_system_ram_only(gpu_memory, monkeypatch):
+    monkeypatch.setattr(doctor, "available_memory_bytes", lambda: 300 * 2**20)
+    assert finding(check_pair("default", "default"), "memory").severity == "warning"
+    assert gpu_memory.asked == []
+
+
+def test_layers_left_on_the_cpu_count_against_system_ram(gpu_memory, monkeypatch, default_meta):
+    monkeypatch.setattr(doctor, "available_memory_bytes", lambda: 64 * 2**30)
+    weights, kv = estimate_memory(default_meta, 4096)
+    memory = finding(check_model("default", on=Placement("cuda:0", layers=10)), "memory")  # 10 of 30 layers
+    assert f"Needs about {doctor.format_bytes(round((weights + kv) / 3))} on cuda:0" in memory.detail
+    assert f"Needs about {doctor.format_bytes(round((weights + kv) * 2 / 3))} in system RAM" in memory.detail
+
+
+def test_the_pair_dialogs_check_looks_at_the_gpu_llama_cpp_offloads_to(gpu_memory, monkeypatch):
+    """Preflight threads the placement through: a GPU build of llama.cpp puts the default GGUF on the GPU."""
+    from engine import EngineConfig, preflight
+    from engine.backends import gpu_layers
+    from engine.models import placement
+
+    monkeypatch.setattr(gpu_layers, "llama_cpp_offloads", lambda: True)
+    monkeypatch.setattr(placement, "_offload_device", lambda: "cuda:0")
+    gpu_memory.state["memory"] = (100 * 2**20, 16 * 2**30)
+    memory = finding(preflight(EngineConfig()).findings, "memory")
+    assert memory.severity == "warning" and "on cuda:0" in memory.detail
+    assert finding(preflight(EngineConfig(gpu_layers=0)).findings, "memory").severity == "warning"  # RAM: 1 byte
+    assert gpu_memory.asked == ["cuda:0"]
+
+
+def test_the_device_query_reads_cuda_free_and_total_and_says_none_where_it_cannot(monkeypatch):
+    import torch
+
+    if not torch.cuda.is_available():
+        assert doctor.device_memory("cuda:0") is None  # no CUDA here: unreadable, not an exception
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 * 2**30, 80 * 2**30))
+    assert doctor.device_memory("cuda:1") == (3 * 2**30, 80 * 2**30)
+    assert doctor.device_memory("gpu") is None  # a llama.cpp GPU torch does not see

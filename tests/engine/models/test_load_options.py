@@ -68,7 +68,7 @@ def test_draft_options_are_the_drafts_own(loads):
     Engine.load(config)
     (_, _, target), (_, _, draft) = loads
     assert target["dtype"] == "float32" and draft["dtype"] == "bfloat16"
-    assert (draft["threads"], draft["gpu_layers"]) == (1, 3) and (target["threads"], target["gpu_layers"]) == (None, 0)
+    assert (draft["threads"], draft["gpu_layers"]) == (1, 3) and (target["threads"], target["gpu_layers"]) == (None, "auto")
 
 
 def test_a_torch_draft_follows_the_targets_dtype_unless_told_otherwise(loads):
@@ -86,6 +86,9 @@ def test_a_torch_draft_follows_the_targets_dtype_unless_told_otherwise(loads):
         (dict(QUANTIZED_SELF_DRAFT, threads=-1), "--threads -1"),
         (dict(target="default", backend="llama.cpp", dtype="bfloat16"), "--dtype bfloat16: the target runs on llama.cpp"),
         (dict(target="default", drafter="ngram", draft_dtype="bfloat16"), "--draft-dtype sets up a draft model"),
+        (dict(target="default", gpu_layers="lots"), "--gpu-layers lots: give auto"),
+        (dict(target="default", gpu_layers=-2), "--gpu-layers -2: give auto"),
+        (dict(QUANTIZED_SELF_DRAFT, draft_gpu_layers="lots"), "--draft-gpu-layers lots: give auto"),
     ],
 )  # fmt: skip
 def test_options_that_cannot_work_are_refused_before_anything_loads(loads, options, says):
