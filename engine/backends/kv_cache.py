@@ -9,6 +9,11 @@ The capacity starts small and doubles (up to `max_length`, the backend's n_ctx)
 when a forward needs more rows, so a 32k-context model does not allocate its
 whole cache up front; growing copies the live rows once, which amortises to
 O(1) per token.
+
+`StaticKVCache` is the static-shape forward's (engine/backends/hf/static.py): the
+same interface over one stacked buffer (n_layers, 2 * n_kv_heads, capacity,
+head_dim) allocated whole up front, so that every tensor address stays fixed
+(what a CUDA graph replays) and a layer is an index into one tensor.
 """
 
 from __future__ import annotations
@@ -87,3 +92,28 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.buffers)
+
+
+class StaticKVCache(KVCache):
+    """A KVCache whose capacity is fixed at creation: one stacked buffer for every layer.
+
+    `capacity` = max_length + `slack`: rows past max_length are scratch for the padding rows
+    of a bucketed forward, which write there and are never read. `buffers[layer]` views
+    the stacked buffer, so the eager forward runs on this cache unchanged.
+    """
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_length: int, dtype: torch.dtype,
+                 device: torch.device | str, slack: int = 0) -> None:  # fmt: skip
+        super().__init__(n_layers, n_kv_heads, head_dim, max_length, dtype, device)
+        self.capacity = max_length + slack
+        self.stacked = torch.zeros(n_layers, 2 * n_kv_heads, self.capacity, head_dim, dtype=dtype, device=device)
+        self.buffers = list(self.stacked.unbind(0))  # views, (2 * n_kv_heads, capacity, head_dim) each
+
+    def reserve(self, needed: int) -> None:
+        if needed > self.max_length:
+            raise ValueError(f"the cache holds at most {self.max_length} positions, {needed} were asked for")
+
+    def keep_rows(self, start: int, rows: torch.Tensor) -> None:
+        end = start + rows.numel()
+        self.stacked[:, :, start:end] = self.stacked[:, :, rows]  # one gather for every layer
+        self.length = end

@@ -14,7 +14,7 @@ Light: no torch, no llama.cpp, no Qt.
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields
 from typing import Any
 
 from engine.backends.info import ModelInfo
@@ -112,7 +112,8 @@ def model_info_to_dict(info: ModelInfo) -> dict:
 
 
 def model_info_from_dict(data: dict) -> ModelInfo:
-    return ModelInfo(**{f.name: data[f.name] for f in fields(ModelInfo)})
+    """The ModelInfo `model_info_to_dict` wrote; a field with a default may be missing (an older server)."""
+    return ModelInfo(**{f.name: data[f.name] for f in fields(ModelInfo) if f.name in data or f.default is MISSING})
 
 
 def costs_to_dict(costs: CostModel) -> dict:
