@@ -8,9 +8,9 @@ depend only on a bucket:
 
 - keys and values of all layers live in one stacked buffer (kv_cache.StaticKVCache),
   allocated whole: n_ctx rows, plus the largest bucket's rows as scratch for padding;
-- the query rows are padded up to a bucket (ROW_BUCKETS: 1-32 and the tree sizes the
-  drafters use); more rows than the largest bucket (a prefill) run the eager forward
-  on the same cache;
+- the query rows are padded up to a bucket (ROW_BUCKETS: powers of two up to 64, and
+  the k + 1 rows of verifying k_max or K_LIMIT drafts); more rows than the largest
+  bucket (a prefill) run the eager forward on the same cache;
 - the start position is a tensor: new keys are written at start + arange(rows) by
   index_copy_, rows sit at start + offsets, cos/sin are gathered from a table of every
   position;
@@ -45,7 +45,11 @@ from engine.backends.hf.native import NativeLlama, _sign_first_half
 from engine.backends.kv_cache import StaticKVCache
 from engine.config import COMPILES as COMPILE_CHOICES
 
-ROW_BUCKETS = (1, 2, 4, 8, 10, 16, 26, 32)  # 10 and 26: Medusa's and EAGLE's default tree sizes
+# A forward's rows: 1 for plain decoding and a draft model's steps; k + 1 to verify k drafts
+# (the pending token, then the chain or tree): powers of two for the k the draft length picks,
+# 17 and 33 for k = k_max (16 by default) and k = K_LIMIT (32) exactly, 64 for lookahead's
+# largest row budget. Beyond 64 (prefills) the eager forward runs.
+ROW_BUCKETS = (1, 2, 4, 8, 16, 17, 32, 33, 64)
 MIN_SPAN = 256
 
 

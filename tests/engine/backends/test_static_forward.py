@@ -81,11 +81,12 @@ def _script(backend) -> list[torch.Tensor]:
     backend.rollback(len(backend.tokens) - 3)
     for token in _ids(2, 3):
         seen.append(backend.forward([token]))
-    seen.append(backend.forward(_ids(40, 4)))  # past the largest bucket: eager, on the static cache
+    seen.append(backend.forward(_ids(70, 4)))  # past the largest bucket: eager, on the static cache
     seen.append(backend.forward(_ids(3, 5)))
     backend.rollback(5)
     seen.append(backend.forward(_ids(27, 6), all_logits=False))  # padded to 32, the last row only
-    seen.append(backend.forward([7]))
+    seen.append(backend.forward(_ids(20, 7)))  # padded to 33
+    seen.append(backend.forward([8]))
     return seen
 
 
@@ -173,6 +174,16 @@ def test_early_exit_on_the_static_path_equals_eager(fresh):
         assert len(backend.tokens) == len(prompt) + 4
     for name, got, want in zip(("one by one", "hidden", "a block", "its hidden", "verify"), *results):
         _close(got, want, f"early exit: {name}")
+
+
+def test_the_path_travels_to_the_app_and_an_older_servers_info_still_reads(pair):
+    from engine.service import wire
+
+    info = pair[1].info
+    sent = wire.model_info_to_dict(info)
+    assert wire.model_info_from_dict(sent) == info and "static shapes" in sent["forward"]
+    del sent["forward"]  # a server from before the field
+    assert wire.model_info_from_dict(sent).forward == ""
 
 
 def test_dynamic_rope_keeps_the_eager_path_and_says_why(tmp_path):
