@@ -7,7 +7,11 @@ same layers (NativeLlama's `_block`, on the same borrowed weights) with shapes t
 depend only on a bucket:
 
 - keys and values of all layers live in one stacked buffer (kv_cache.StaticKVCache),
-  allocated whole: n_ctx rows, plus the largest bucket's rows as scratch for padding;
+  with the largest bucket's rows past its capacity as scratch for padding. The
+  capacity doubles up to n_ctx as the eager cache's does, rather than being allocated
+  whole: at the trained context of current models (128k tokens) that would be several
+  GB for a 1B model and 15 GB for a 3B one. A growth moves the buffer, so the graphs
+  captured on it are dropped and captured again (a handful of times per context);
 - the query rows are padded up to a bucket (ROW_BUCKETS: powers of two up to 64, and
   the k + 1 rows of verifying k_max or K_LIMIT drafts); more rows than the largest
   bucket (a prefill) run the eager forward on the same cache;
@@ -89,12 +93,11 @@ class StaticForward:
         device, largest = native.device, ROW_BUCKETS[-1]
         self.cache = StaticKVCache(len(native.blocks), native.n_kv_heads, native.head_dim, native.n_ctx,
                                    native.dtype, device, slack=largest)  # fmt: skip
-        capacity = self.cache.capacity
-        positions = torch.arange(capacity, device=device)
+        positions = torch.arange(native.n_ctx + largest, device=device)
         cos, sin = native.rotary(native.final_norm, positions[None])  # every position a row can sit at
-        self._cos = cos[0, :, None]  # (capacity, 1, head_dim)
+        self._cos = cos[0, :, None]  # (n_ctx + largest, 1, head_dim)
         self._sin = _sign_first_half(sin[0, :, None])
-        self._key_index = positions  # (capacity,)
+        self._key_index = positions  # (n_ctx + largest,)
         self._row_index = positions[:largest]
         self._causal = torch.ones(largest, largest, dtype=torch.bool, device=device).tril()
         self._eye = torch.eye(largest, dtype=torch.bool, device=device)
@@ -116,8 +119,10 @@ class StaticForward:
             return self.native.forward(ids, cache, offsets, mask, last_only, n_layers, start_layer, hidden)
         start = cache.length
         cache.reserve(start + n)
+        if self.graphs is not None and self.graphs.buffer is not cache.stacked:  # new addresses: capture again
+            self.graphs.clear(cache.stacked)
         stop = len(self.native.blocks[:n_layers])
-        span = min(max(MIN_SPAN, 1 << (start + rows - 1).bit_length()), cache.capacity)
+        span = min(max(MIN_SPAN, 1 << (start + rows - 1).bit_length()), cache.capacity + cache.slack)
 
         # 1. The inputs, padded to `rows`, into the fixed buffers.
         self._start.fill_(start)
@@ -160,7 +165,7 @@ class StaticForward:
         write_at = start + self._row_index[:rows]  # (rows,)
 
         def attend(layer: int, q, kv):
-            buffer = cache.stacked[layer]  # (2 * kv_heads, capacity, dim)
+            buffer = cache.stacked[layer]  # (2 * kv_heads, capacity + slack, dim)
             buffer.index_copy_(1, write_at, kv.transpose(0, 1))
             keys, values = buffer[:kv_heads, :span], buffer[kv_heads:, :span]
             # Query heads sharing a KV head folded into rows, as NativeLlama._attend_cached does.
@@ -184,6 +189,11 @@ class _Graphs:
     """
 
     def __init__(self) -> None:
+        self.clear(None)
+
+    def clear(self, buffer) -> None:
+        """Drop every graph (and with them their pool): the KV buffer they wrote moved to `buffer`."""
+        self.buffer = buffer
         self.pool = None
         self.captured: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
 

@@ -176,6 +176,53 @@ def test_early_exit_on_the_static_path_equals_eager(fresh):
         _close(got, want, f"early exit: {name}")
 
 
+class ReplayLike:
+    """What CUDA graphs in one shared pool do to outputs, on the CPU: each shape's outputs live at
+    fixed addresses, every shape's in the same memory, and each run overwrites them."""
+
+    def __init__(self) -> None:
+        self.shared: list[torch.Tensor] = []
+        self.runs: dict[tuple, int] = {}
+        self.buffer, self.buffers_seen = None, 0
+
+    def clear(self, buffer) -> None:  # the KV buffer moved: a GPU would capture every shape again
+        self.buffer, self.buffers_seen, self.runs = buffer, self.buffers_seen + 1, {}
+
+    def run(self, key: tuple, step) -> tuple[torch.Tensor, ...]:
+        result = step()
+        if not self.shared:
+            self.shared = [torch.empty(64 * 49152) for _ in result]  # the largest bucket's logits fit
+        self.runs[key] = self.runs.get(key, 0) + 1
+        outputs = tuple(flat[: t.numel()].view_as(t) for flat, t in zip(self.shared, result))
+        for kept, new in zip(outputs, result):
+            kept.copy_(new)
+        return outputs
+
+
+def test_outputs_are_copied_out_before_the_next_replay_overwrites_them(folders):
+    eager = TorchBackend(folders["llama-tied"], dtype="float32", compile="off")
+    static = TorchBackend(folders["llama-tied"], dtype="float32", compile="on")
+    graphs = static._pass.__self__.graphs = ReplayLike()
+    for step, (got, want) in enumerate(zip(_script(static), _script(eager), strict=True)):
+        _close(got, want, f"call {step}")
+    for backend in (eager, static):
+        backend.rollback(20)
+        backend.forward_tree(_ids(8, 14), TREE_PARENTS)
+        backend.partial_forward([3], 1, len(backend.tokens))  # another replay, into the same memory
+    _close(static.last_features(), eager.last_features(), "the tree's features, after another replay")
+    _close(static.cached_features(), eager.cached_features(), "every cached feature")
+    # Decoding reuses one shape per span: a GPU captures a handful of graphs, not one per step.
+    assert len(graphs.runs) <= 10 and max(graphs.runs.values()) >= 5
+    assert graphs.buffers_seen == 1  # the first 256 rows: no growth yet
+    for backend in (eager, static):
+        backend.forward(_ids(250, 15), all_logits=False)
+    block = _ids(20, 16)  # crosses 256: the buffer doubles under the rows it holds
+    _close(static.forward(block), eager.forward(block), "after growing")
+    assert static._kv.capacity == eager._kv.capacity == 512 and graphs.buffers_seen == 2
+    eager.close()
+    static.close()
+
+
 def test_the_path_travels_to_the_app_and_an_older_servers_info_still_reads(pair):
     from engine.service import wire
 
