@@ -281,3 +281,24 @@ def test_greedy_eagle_trees_give_the_same_text(pair):
     assert comparison.identical, comparison.divergence
     assert comparison.speculative.tokens == _run(eager, prompt).tokens
     assert comparison.speculative.stats.drafted > 0
+
+
+# -- on a GPU (skipped without one) -------------------------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_cuda_graphs_give_the_eager_logits_and_text(folders):
+    eager = TorchBackend(folders["llama-tied"], device="cuda", dtype="float32", compile="off")
+    graphed = TorchBackend(folders["llama-tied"], device="cuda", dtype="float32")  # auto: graphs on CUDA
+    assert graphed.info.forward == "native forward, static shapes and CUDA graphs"
+    for step, (got, want) in enumerate(zip(_script(graphed), _script(eager), strict=True)):
+        _close(got, want, f"call {step}")
+    captured = graphed._pass.__self__.graphs.captured
+    assert 0 < len(captured) <= 12
+    prompt = eager.apply_chat_template([{"role": "user", "content": PROMPT}])
+    vanilla = _run(eager, prompt)
+    assert _run(graphed, prompt).tokens == vanilla.tokens
+    assert _run(graphed, prompt, make_drafter("ngram", graphed)).tokens == vanilla.tokens
+    assert _run(graphed, prompt, EarlyExitDrafter(graphed, 2)).tokens == vanilla.tokens
+    eager.close()
+    graphed.close()
