@@ -31,7 +31,7 @@ from engine.errors import (
 _LAZY = {
     # the configuration and the drafter registry (light)
     "EngineConfig": ("config", None), "CONFIG_VERSION": ("config", None), "BACKENDS": ("config", None),
-    "DEVICES": ("config", None), "DTYPES": ("config", None), "target_backend": ("config", None),
+    "DEVICES": ("config", None), "DTYPES": ("config", None), "COMPILES": ("config", None), "target_backend": ("config", None),
     "config_from_legacy": ("config", "from_legacy"), "options_from_dict": ("config", None),
     "DrafterSpec": ("drafters.registry", None), "DrafterStats": ("drafters.registry", None),
     "Setting": ("drafters.registry", None), "Stat": ("drafters.registry", None),

@@ -27,6 +27,9 @@ MODEL_DRAFTER = "model"  # the drafter of a draft model; a config with a draft m
 BACKENDS = ("auto", "torch", "llama.cpp")
 DEVICES = ("auto", "cpu", "cuda", "mps")  # engine/backends/hf/device.py's DEVICES, plus auto
 DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # device.py's DTYPE_CHOICES, without the aliases
+# The PyTorch native forward's path (engine/backends/hf/static.py): auto = static shapes and CUDA graphs on
+# CUDA, eager elsewhere; on = static shapes on any device; off = eager.
+COMPILES = ("auto", "off", "on")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class EngineConfig:
     backend: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
+    compile: str = "auto"  # one of COMPILES (PyTorch backend; a draft model follows the target)
     n_ctx: int | None = None
     threads: int | None = None
     gpu_layers: int | str = "auto"  # llama.cpp: "auto" (every layer on a GPU build, else none) or a count
@@ -153,6 +157,9 @@ class EngineConfig:
             if name in ("options", "drafter") or name not in data:
                 continue
             values[name] = _checked(name, data[name], _FIELD_TYPES[name])
+        if values.get("compile", "auto") not in COMPILES:
+            raise ConfigError(f"The saved compile setting must be one of {', '.join(COMPILES)}, got "
+                              f"{values['compile']!r}: fix it, or choose the pair again.")  # fmt: skip
         spec = drafter_spec(drafter)
         options = data.get("options") or {}
         if not isinstance(options, dict):
@@ -177,7 +184,7 @@ def options_from_dict(spec, data: dict):
 
 # JSON types each EngineConfig field may hold (an "auto"-or-number may hold any number the user typed).
 _FIELD_TYPES = {
-    "target": (str,), "backend": (str,), "device": (str,), "dtype": (str,), "n_ctx": (int, type(None)),
+    "target": (str,), "backend": (str,), "device": (str,), "dtype": (str,), "compile": (str,), "n_ctx": (int, type(None)),
     "threads": (int, type(None)), "gpu_layers": (int, str), "k": (int, str), "k_max": (int,), "measure_costs": (bool,),
 }  # fmt: skip
 

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 
 from engine import (
     BACKENDS,
+    COMPILES,
     DEVICES,
     DTYPES,
     K_LIMIT,
@@ -161,6 +162,9 @@ class PairForm(QWidget):
         self.device.setToolTip("PyTorch only; llama.cpp offloads with GPU layers instead")
         self.dtype = _combo(DTYPES, self)
         self.dtype.setToolTip("PyTorch only; a GGUF file on llama.cpp keeps its own quantization")
+        self.compile = _combo(COMPILES, self)
+        self.compile.setToolTip("PyTorch only: auto = static shapes and CUDA graphs on a CUDA GPU, eager elsewhere; "
+                                "on = static shapes on any device; off = eager")  # fmt: skip
         self.threads = _spin(0, 256, self, special="auto")
         self.gpu_layers = GpuLayersField(self)
         self.gpu_layers.setToolTip("llama.cpp: layers to offload to the GPU. auto: every layer when this llama.cpp "
@@ -171,6 +175,7 @@ class PairForm(QWidget):
         hardware = QFormLayout(hardware_box)
         hardware.addRow("De&vice:", self.device)
         hardware.addRow("D&type:", self.dtype)
+        hardware.addRow("Compile:", self.compile)
         hardware.addRow("Threads:", self.threads)
         hardware.addRow("GPU layers:", self.gpu_layers)
         hardware.addRow("Context size:", self.n_ctx)
@@ -187,7 +192,7 @@ class PairForm(QWidget):
 
         self.target.sig_edited.connect(self.sig_key_edited)
         self.target.sig_chosen.connect(self.sig_key_changed)
-        for combo in (self.backend, self.drafter, self.dtype, self.device):
+        for combo in (self.backend, self.drafter, self.dtype, self.device, self.compile):
             combo.currentIndexChanged.connect(self.sig_key_changed)
         self.gpu_layers.sig_edited.connect(self.sig_key_edited)
         self.gpu_layers.sig_chosen.connect(self.sig_key_changed)
@@ -231,7 +236,7 @@ class PairForm(QWidget):
         return dataclasses.replace(
             self._config, target=self.target.spec(), drafter=spec.name, options=spec.options(**values),
             backend=self.backend.currentData(), device=self.device.currentData(), dtype=self.dtype.currentData(),
-            n_ctx=self.n_ctx.value() or None, threads=self.threads.value() or None,
+            compile=self.compile.currentData(), n_ctx=self.n_ctx.value() or None, threads=self.threads.value() or None,
             gpu_layers=self.gpu_layers.value(), k="auto" if self.k_auto.isChecked() else self.k.value(),
             k_max=self.k_max.value(),
         )  # fmt: skip
@@ -253,7 +258,7 @@ class PairForm(QWidget):
             for field in fields.values():
                 field.set_value(getattr(chosen, field.name) if name == config.drafter else field.unset)
         combos = ((self.backend, config.backend), (self.drafter, config.drafter), (self.device, config.device),
-                  (self.dtype, config.dtype))  # fmt: skip
+                  (self.dtype, config.dtype), (self.compile, config.compile))  # fmt: skip
         for combo, value in combos:
             combo.setCurrentIndex(max(combo.findData(value), 0))
         self.k_auto.setChecked(config.k == "auto")

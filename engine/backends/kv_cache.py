@@ -9,6 +9,11 @@ The capacity starts small and doubles (up to `max_length`, the backend's n_ctx)
 when a forward needs more rows, so a 32k-context model does not allocate its
 whole cache up front; growing copies the live rows once, which amortises to
 O(1) per token.
+
+`StaticKVCache` is the static-shape forward's (engine/backends/hf/static.py): the
+same interface over one stacked buffer (n_layers, 2 * n_kv_heads, capacity,
+head_dim), so that a layer is an index into one tensor and addresses change only
+when the capacity doubles (what a CUDA graph replays).
 """
 
 from __future__ import annotations
@@ -87,3 +92,41 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.buffers)
+
+
+class StaticKVCache(KVCache):
+    """A KVCache in one stacked buffer (n_layers, 2 * n_kv_heads, capacity + slack, head_dim).
+
+    Rows past `capacity` are scratch for the padding rows of a bucketed forward, which
+    write there and are never read. The capacity grows by doubling as KVCache's does (a
+    model trained for 128k tokens does not allocate them all up front); each growth makes a
+    new stacked tensor, so `stacked` changing is the signal that tensor addresses moved.
+    `buffers[layer]` views the stacked buffer, so the eager forward runs on this cache too.
+    The buffer starts zeroed: rows the mask hides must still be finite (0 * NaN is NaN).
+    """
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_length: int, dtype: torch.dtype,
+                 device: torch.device | str, slack: int = 0) -> None:  # fmt: skip
+        super().__init__(n_layers, n_kv_heads, head_dim, max_length, dtype, device)
+        self.slack = slack
+        self.stacked: torch.Tensor | None = None
+
+    def reserve(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        if needed > self.max_length:
+            raise ValueError(f"the cache holds at most {self.max_length} positions, {needed} were asked for")
+        capacity = max(self.capacity, min(INITIAL_CAPACITY, self.max_length))
+        while capacity < needed:
+            capacity = min(capacity * 2, self.max_length)
+        heads, dim = self.shape
+        grown = torch.zeros(self.n_layers, 2 * heads, capacity + self.slack, dim, dtype=self.dtype, device=self.device)
+        if self.length:  # the rows in use, with any scratch below `length` (early-exit drafting)
+            grown[:, :, : self.length] = self.stacked[:, :, : self.length]
+        self.stacked, self.capacity = grown, capacity
+        self.buffers = list(grown.unbind(0))  # views, (2 * n_kv_heads, capacity + slack, head_dim) each
+
+    def keep_rows(self, start: int, rows: torch.Tensor) -> None:
+        end = start + rows.numel()
+        self.stacked[:, :, start:end] = self.stacked[:, :, rows]  # one gather for every layer
+        self.length = end

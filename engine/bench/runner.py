@@ -272,7 +272,8 @@ def _describe(engine, settings: BenchSettings, prompts, prompts_source: str, ban
         kinds[prompt.kind] = kinds.get(prompt.kind, 0) + 1
     return {
         "target": {"name": info.name, "path": info.path, "backend": info.backend, "dtype": info.dtype,
-                   "device": info.device, "weight_bytes": info.weight_bytes, "n_params": info.n_params},
+                   "device": info.device, "weight_bytes": info.weight_bytes, "n_params": info.n_params,
+                   "forward": info.forward},
         "draft": ({"name": draft.info.name, "path": draft.info.path, "backend": draft.info.backend,
                    "dtype": draft.info.dtype, "weight_bytes": draft.info.weight_bytes} if draft else None),
         "drafter": config.drafter if config.draft is None else "model",

@@ -79,7 +79,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     config = EngineConfig(
         target=args.target, drafter=drafter, options=options, backend=args.backend, device=args.device,
         dtype=args.dtype, n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k,
-        k_max=args.k_max,
+        k_max=args.k_max, compile=args.compile,
     )  # fmt: skip
     if args.autotune:
         return _autotune(config, prompts, args.max_tokens)

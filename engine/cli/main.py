@@ -157,7 +157,7 @@ def _engine_config(args: argparse.Namespace):
     return EngineConfig(
         target=args.target, drafter=drafter, options=options, backend=args.backend, device=args.device,
         dtype=args.dtype, n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k,
-        k_max=args.k_max,
+        k_max=args.k_max, compile=args.compile,
     )  # fmt: skip
 
 
@@ -307,7 +307,8 @@ def _read_messages(path: Path) -> list[dict]:
 
 
 def _load_engine(config):
-    """Engine.load with one line on stderr, "loading NAME (BACKEND)… 0.8 s": stdout stays the reply's."""
+    """Engine.load with one line on stderr, "loading NAME (BACKEND)… 0.8 s" (and the forward, where the
+    backend has several: ", native forward, eager"): stdout stays the reply's."""
     from engine.api import Engine, load_summary
 
     summary = load_summary(config)  # a missing model is said alone, before any loading line
@@ -324,6 +325,8 @@ def _load_engine(config):
             print("\r\033[K", end="", file=sys.stderr, flush=True)
         raise
     took = f"{time.perf_counter() - started:.1f} s"
+    if engine.target.info.forward:  # which forward runs (PyTorch: eager, or static shapes and CUDA graphs)
+        took += f", {engine.target.info.forward}"
     print(f" {took}" if live else f"loading {summary}… {took}", file=sys.stderr, flush=True)
     for line in engine.placement:  # what --gpu-layers auto chose
         print(line, file=sys.stderr, flush=True)

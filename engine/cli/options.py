@@ -14,6 +14,7 @@ import argparse
 import os
 import typing
 
+from engine.config import COMPILES
 from engine.drafters.chain_spec import member_names
 from engine.drafters.registry import AUTO, Setting, all_drafters, option_settings
 from engine.errors import ConfigError
@@ -43,6 +44,9 @@ def add_load_options(parser: argparse.ArgumentParser, threads: str = "CPU thread
     parser.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
     parser.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
+    parser.add_argument("--compile", choices=COMPILES, default="auto",
+                        help="the PyTorch forward: auto (static shapes and CUDA graphs on CUDA, eager elsewhere), "
+                             "on (static shapes on any device) or off (eager)")  # fmt: skip
     parser.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
     parser.add_argument("-t", "--threads", type=int, default=None, help=threads)
     add_gpu_layers_option(parser)
@@ -132,7 +136,8 @@ def _value(text):
 
 
 # The loaded pair's options (and every drafter's): with --server the server's loaded pair decides them.
-PAIR_OPTIONS = ("target", "drafter", "backend", "device", "dtype", "n_ctx", "threads", "gpu_layers", "k", "k_max")
+PAIR_OPTIONS = ("target", "drafter", "backend", "device", "dtype", "compile", "n_ctx", "threads", "gpu_layers", "k",
+                "k_max")
 
 
 def refuse_pair_options(args: argparse.Namespace, defaults: argparse.Namespace, what: str,

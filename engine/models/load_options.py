@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from engine.backends.gpu_layers import parse_gpu_layers
 from engine.backends.hf.device import DTYPE_CHOICES, pick_device
+from engine.config import COMPILES
+from engine.drafters.chain_spec import member_names
 from engine.errors import ConfigError, SpecDeckError
 from engine.models.locate import resolve
 
@@ -37,7 +39,7 @@ def chosen_backend(spec: str, backend: str) -> str:
 def target_load_options(config) -> dict:
     """load_backend's options for the target (an EngineConfig)."""
     return dict(device=config.device, dtype=config.dtype, n_ctx=config.n_ctx, threads=config.threads,
-                gpu_layers=config.gpu_layers)  # fmt: skip
+                gpu_layers=config.gpu_layers, compile=config.compile)  # fmt: skip
 
 
 def draft_load_options(options, target: dict) -> dict:
@@ -50,6 +52,7 @@ def draft_load_options(options, target: dict) -> dict:
         n_ctx=target["n_ctx"],
         threads=_either(options.threads, target["threads"]),
         gpu_layers=_either(options.gpu_layers, target["gpu_layers"]),
+        compile=target["compile"],  # a PyTorch draft's one-row steps are what CUDA graphs speed up most
     )
 
 
@@ -59,8 +62,9 @@ def check_load_options(config, target_backend: str) -> None:
     _check_dtype("--dtype", config.dtype, target_on, "the target", "--backend")
     _check_threads("--threads", config.threads)
     parse_gpu_layers(config.gpu_layers, "--gpu-layers")
+    _check_compile(config.compile, target_on)
     options = config.drafter_options()  # a draft option without the model drafter is refused here
-    if config.drafter != "model":
+    if "model" not in member_names(config.drafter):  # the model drafter, or a chain with it ("suffix+model")
         return
     if not options.draft:
         given = [name for name, value in _draft_options(options) if value is not None]
@@ -96,6 +100,14 @@ def _check_dtype(option: str, value: str, backend: str, model: str, backend_opti
             f"{option} {value}: {model} runs on llama.cpp, which runs a GGUF file in the precision it was "
             f"saved in. Leave {option} on auto, or load {model} with {backend_option} torch to choose one."
         )
+
+
+def _check_compile(value: str, backend: str) -> None:
+    if value not in COMPILES:
+        raise ConfigError(f"--compile {value}: choose one of {', '.join(COMPILES)}.")
+    if value == "on" and backend == LLAMA_CPP:
+        raise ConfigError("--compile on asks for the PyTorch backend's static-shape forward, but the target runs on "
+                          "llama.cpp: drop --compile, or load the target with --backend torch.")  # fmt: skip
 
 
 def _check_threads(option: str, value: int | None) -> None:

@@ -20,10 +20,12 @@ def load_backend(
     n_ctx: int | None = None,
     threads: int | None = None,
     gpu_layers: int | str = "auto",
+    compile: str = "auto",
     trust_remote_code: bool = False,
     progress: LoadProgress | None = None,
 ) -> Backend:
     """Load a model: GGUF files go to llama.cpp and folders to PyTorch unless `backend` says otherwise.
+    `compile` is the PyTorch native forward's path (auto, on, off: engine/backends/hf/static.py).
     `progress` hears what the load is doing and the fraction of it done."""
     if backend not in BACKENDS:
         raise ConfigError(f"Unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}.")
@@ -52,7 +54,7 @@ def load_backend(
     gguf = {"gguf_file": ref.path} if ref.kind == "gguf" else {}
     return TorchBackend(
         ref.path, device=device, dtype=dtype, n_ctx=n_ctx, name=ref.name, trust_remote_code=trust_remote_code,
-        progress=progress, **gguf,
+        progress=progress, compile=compile, **gguf,
     )
 
 

@@ -26,6 +26,7 @@ from engine.backends.hf.device import weight_format
 from engine.backends.hf.loader import load
 from engine.backends.hf.native import SUPPORTED_ARCHITECTURES, unsupported_reason
 from engine.backends.hf.native_backend import NativeBackend
+from engine.backends.hf.static import COMPILE_CHOICES
 from engine.backends.hf.transformers_backend import TransformersBackend
 from engine.errors import ConfigError
 
@@ -33,10 +34,14 @@ logger = logging.getLogger(__name__)
 IMPLEMENTATIONS = ("auto", "native", "transformers")
 
 
-def TorchBackend(path: str | os.PathLike, *, impl: str = "auto", **options) -> HFBackend:  # noqa: N802
+def TorchBackend(path: str | os.PathLike, *, impl: str = "auto", compile: str = "auto",  # noqa: N802
+                 **options) -> HFBackend:
     """Load `path` and return the backend that runs it: a NativeBackend or a TransformersBackend.
 
-    `impl`: "auto", "native" or "transformers". `options` are loader.load's: gguf_file,
+    `impl`: "auto", "native" or "transformers". `compile`: the native forward's path, "auto"
+    (static shapes and CUDA graphs on CUDA, eager elsewhere), "on" (static shapes on any
+    device) or "off" (eager); see engine/backends/hf/static.py. transformers' own forward
+    has one path. `options` are loader.load's: gguf_file,
     device, dtype, n_ctx, name, trust_remote_code, progress (which hears the phases of
     the load; transformers reports nothing finer). `dtype` "int8" keeps the linear weights
     in int8 (native implementation only) and computes in the device's default dtype.
@@ -44,6 +49,8 @@ def TorchBackend(path: str | os.PathLike, *, impl: str = "auto", **options) -> H
     """
     if impl not in IMPLEMENTATIONS:
         raise ConfigError(f"Unknown implementation {impl!r}: choose one of {', '.join(IMPLEMENTATIONS)}.")
+    if compile not in COMPILE_CHOICES:
+        raise ConfigError(f"Unknown compile setting {compile!r}: choose one of {', '.join(COMPILE_CHOICES)}.")
     int8 = weight_format(options.get("dtype", "auto")) is not None
     if int8 and impl == "transformers":
         raise ConfigError("int8 weights need the native implementation; use impl='auto' or 'native', or a float dtype.")
@@ -55,7 +62,7 @@ def TorchBackend(path: str | os.PathLike, *, impl: str = "auto", **options) -> H
             return TransformersBackend(loaded)
         reason = unsupported_reason(loaded.model, loaded.n_ctx)
         if reason is None:
-            return NativeBackend(loaded)
+            return NativeBackend(loaded, compile)
         if impl == "native" or int8:
             what = "int8 weights need" if int8 else "impl='native' needs"
             raise ConfigError(

@@ -35,9 +35,9 @@ class HFBackend(Backend):
 
     name = "torch"
 
-    def __init__(self, loaded: LoadedModel, weight_bytes: int | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, weight_bytes: int | None = None, forward: str = "") -> None:
         """`weight_bytes`: what a token reads when the forward holds the weights in another form
-        (int8), instead of the float weights as loaded."""
+        (int8), instead of the float weights as loaded; `forward`: how the forward runs (ModelInfo)."""
         super().__init__()
         self._model, self._tok = loaded.model, loaded.tokenizer
         self._device, self._dtype = loaded.device, loaded.dtype
@@ -59,6 +59,7 @@ class HFBackend(Backend):
             context_length=loaded.context_length,
             dtype=loaded.dtype_label,
             device=loaded.device,
+            forward=forward,
         )
 
     def prepare_threads(self) -> None:

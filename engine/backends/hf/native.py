@@ -30,16 +30,13 @@ kernel (a 4-D GQA call in bfloat16 or a 3-D call take the slow math path,
 bfloat16 they differ by rounding only (F.rms_norm, addcmul in RoPE and the
 residual adds folded into addmm round once where transformers rounds twice).
 
-torch.compile is not offered yet. The code has no data-dependent Python
-branches, but a compiled step needs more: wrapping `_block` in
-torch.compile(dynamic=True) on this 2-core CPU took 140 s for a 30-layer toy
-model, recompiled per layer (the layer index and the cache lists are guarded)
-until dynamo's recompile limit, and ran no faster than eager. What it would
-take: keys and values of all layers in one stacked buffer indexed by a tensor,
-a fixed capacity allocated up front, attention over the whole buffer with a
-length mask (static shapes per number of query rows), positions and lengths
-as tensors; then "reduce-overhead" (CUDA graphs) on GPUs, where per-step
-launch overhead is what compilation removes.
+This forward is eager: shapes follow the cache's length. torch.compile does not
+help it as it is: wrapping `_block` in torch.compile(dynamic=True) on the 2-core CPU
+took 140 s for a 30-layer toy model, recompiled per layer (the layer index and the
+cache lists are guarded) until dynamo's recompile limit, and ran no faster than
+eager. The static-shape path that CUDA graphs need (one stacked KV buffer indexed by
+tensors, a fixed capacity, a length mask, query rows padded to buckets) is
+engine/backends/hf/static.py, on these same blocks (`--compile`).
 
 `forward(..., n_layers=L)` runs the first L layers then the final norm and
 head (for a later early-exit drafter; it reads and writes the KV cache of

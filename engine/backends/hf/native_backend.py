@@ -11,7 +11,9 @@ length), it has every capability of engine/backends/capabilities.py:
   forward that picks up their residual stream (`forward_from_exit`);
 - ModelParts: the target's embeddings, rotary embedding and LM head;
 
-and optional int8 weights.
+and optional int8 weights. `compile` picks eager or the static-shape forward
+(engine/backends/hf/static.py: "auto" is static with CUDA graphs on CUDA, eager
+elsewhere); `info.forward` says which runs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from engine.backends.capabilities import HiddenFeatures, LayerExit, ModelParts, 
 from engine.backends.hf.base import HFBackend
 from engine.backends.hf.loader import LoadedModel, is_oom
 from engine.backends.hf.native import NativeLlama
+from engine.backends.hf.static import choose
 from engine.core.tree import ancestor_mask, check_parents, depths
 from engine.models.memory_errors import out_of_memory
 
@@ -32,10 +35,12 @@ class NativeBackend(HFBackend):
 
     capabilities = frozenset({TreeForward, HiddenFeatures, LayerExit, ModelParts})
 
-    def __init__(self, loaded: LoadedModel) -> None:
-        """Builds the forward on `loaded`'s weights (fused in place; int8 replaces the float ones)."""
+    def __init__(self, loaded: LoadedModel, compile: str = "auto") -> None:
+        """Builds the forward on `loaded`'s weights (fused in place; int8 replaces the float ones);
+        `compile`: "auto", "on" or "off" (static.choose)."""
         try:
             native = NativeLlama(loaded.model, loaded.n_ctx, loaded.weights)
+            static, path = choose(native, compile)
         except Exception as error:
             if not is_oom(error):
                 raise
@@ -43,9 +48,11 @@ class NativeBackend(HFBackend):
                 f"prepare {loaded.name}", path=loaded.path, backend="torch", dtype=loaded.dtype_label,
                 device=loaded.device, n_ctx=loaded.n_ctx,
             ) from error  # fmt: skip
-        super().__init__(loaded, weight_bytes=native.weight_bytes)
+        super().__init__(loaded, weight_bytes=native.weight_bytes, forward=path)
         self._native = native
-        self._kv = native.new_cache()
+        # The one forward every call goes through: NativeLlama's own (eager), or the static one.
+        self._pass = native.forward if static is None else static.forward
+        self._kv = native.new_cache() if static is None else static.cache
         self._features: torch.Tensor | None = None  # last_features(): rows of the last call
         # Final-norm hidden states of every cached position, row i for self.tokens[i]:
         # what EAGLE's head reads. Grown by doubling, like the KV cache.
@@ -82,7 +89,7 @@ class NativeBackend(HFBackend):
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
         start = self._kv.length
         with torch.inference_mode():
-            logits, features = self._native.forward(input_ids, self._kv, last_only=not all_logits)
+            logits, features = self._pass(input_ids, self._kv, last_only=not all_logits)
             self._store_features(start, features)
         self._features = features if all_logits else features[-1:]
         return logits
@@ -94,7 +101,7 @@ class NativeBackend(HFBackend):
         self._kv.truncate(len(self.tokens))
 
     def _drop_cache(self) -> None:
-        self._native = self._kv = self._features = self._feature_store = self._exit_hidden = None
+        self._native = self._pass = self._kv = self._features = self._feature_store = self._exit_hidden = None
 
     # -- trees and masked blocks (TreeForward) ------------------------------------------
 
@@ -130,7 +137,7 @@ class NativeBackend(HFBackend):
             ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
             positions = torch.tensor(offsets, dtype=torch.long, device=self._device)
             with torch.inference_mode():
-                logits, self._features = self._native.forward(
+                logits, self._features = self._pass(
                     ids, self._kv, offsets=positions, mask=mask.to(device=self._device, dtype=torch.bool)
                 )
                 self._store_features(base, self._features)
@@ -250,7 +257,7 @@ class NativeBackend(HFBackend):
             ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
             with torch.inference_mode():
                 self._kv.length = start  # NativeLlama.forward appends after `length` (and grows keep it)
-                logits, _ = self._native.forward(ids, self._kv, n_layers=n_layers)
+                logits, _ = self._pass(ids, self._kv, n_layers=n_layers)
                 self._exit_hidden = self._native.residual
         except BaseException as error:
             if is_oom(error):
@@ -294,10 +301,10 @@ class NativeBackend(HFBackend):
                 x = hidden.to(device=self._device, dtype=self._native.dtype)
                 if m < n:  # the tokens the draft did not run: the first layers here, after its rows
                     self._kv.length = base + m
-                    self._native.forward(ids[m:], self._kv, last_only=True, n_layers=exit_layer)
+                    self._pass(ids[m:], self._kv, last_only=True, n_layers=exit_layer)
                     x = torch.cat([x, self._native.residual])
                 self._kv.length = base
-                logits, features = self._native.forward(ids, self._kv, start_layer=exit_layer, hidden=x)
+                logits, features = self._pass(ids, self._kv, start_layer=exit_layer, hidden=x)
                 self._store_features(base, features)
         except BaseException as error:
             self._repair_cache()

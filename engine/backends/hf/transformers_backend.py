@@ -28,7 +28,7 @@ class TransformersBackend(HFBackend):
     capabilities = frozenset({ModelParts})
 
     def __init__(self, loaded: LoadedModel) -> None:
-        super().__init__(loaded)
+        super().__init__(loaded, forward="transformers' own forward (no static path)")
         # The model's forward names its cache argument differently across
         # versions and in remote code; look it up once, not on every step.
         params_of_forward = inspect.signature(self._model.forward).parameters

@@ -232,11 +232,15 @@ def test_presets_save_load_and_delete(dialog, settings):
 
 def test_a_choice_round_trips_through_the_engine_configs(dialog):
     config = EngineConfig(target="a.gguf", backend="llama.cpp", k=5, threads=8, n_ctx=2048,
-                          gpu_layers=-1).with_drafter("model", draft="b.gguf")  # fmt: skip
+                          gpu_layers=-1, compile="off").with_drafter("model", draft="b.gguf")  # fmt: skip
     sampling = SamplingConfig(temperature=0.5, top_k=20, seed=3, max_tokens=64)
     dialog.set_config(config, sampling)  # what the dialog shows is what it gives back
     assert dialog.engine_config() == config
     assert dialog.sampling_config() == sampling
+    compile_combo = dialog.form.compile  # the PyTorch forward: shown, and chosen there
+    assert compile_combo.currentData() == "off"
+    compile_combo.setCurrentIndex(compile_combo.findData("on"))
+    assert dialog.engine_config() == dataclasses.replace(config, compile="on")
 
 
 def test_damaged_settings_still_open_a_usable_dialog(qtbot, settings):

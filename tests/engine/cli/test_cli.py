@@ -108,3 +108,22 @@ def test_generate_says_on_stderr_what_it_loads_and_how_long_it_took(capsys):
     first = err.splitlines()[0]
     assert re.fullmatch(r"loading SmolLM2-135M-Instruct\S* \(llama\.cpp\)… \d+\.\d s", first), first
     assert "loading" not in out
+
+
+def test_compile_on_runs_the_static_forward_and_says_so(capsys, tmp_path):
+    from tests.factories.hf_models import make_tiny_llama
+
+    folder = make_tiny_llama(tmp_path / "tiny", seed=0)
+    capsys.readouterr()  # the factory's own progress bars
+    texts = {}
+    for choice in ("off", "on"):
+        code, out, err = run_cli(capsys, "generate", "--target", folder, "--compile", choice, "--prompt", "Say hello.",
+                                 "--max-tokens", "12", "--json")  # fmt: skip
+        assert code == 0, err
+        texts[choice] = json.loads(out)["text"]
+        line = next(line for line in err.splitlines() if line.startswith("loading "))  # after transformers' bars
+        said = "static shapes" if choice == "on" else "eager"
+        assert re.fullmatch(rf"loading tiny \(torch\)… \d+\.\d s, native forward, {said}.*", line), line
+    assert texts["on"] == texts["off"]  # greedy: the same reply on either path
+    code, _, err = run_cli(capsys, "generate", "--compile", "on", "--prompt", "hi")  # the embedded GGUF: llama.cpp
+    assert code == 2 and "--compile on" in err and "--backend torch" in err

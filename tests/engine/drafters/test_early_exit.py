@@ -153,10 +153,12 @@ def test_partial_forward_token_by_token_reads_its_own_scratch(llama):
     assert llama.tokens == prompt[:-1] and llama._kv.length == base
 
 
-def test_drafting_across_the_cache_growth_keeps_the_scratch_rows(models):
+@pytest.mark.parametrize("compile", ["off", "on"], ids=["eager", "static"])
+def test_drafting_across_the_cache_growth_keeps_the_scratch_rows(models, compile):
     """The cache doubles its capacity when a draft runs past it; the scratch rows written
-    before the growth are carried over (they lie below the length a partial call sets)."""
-    backend = TorchBackend(models["llama"], dtype="float32")
+    before the growth are carried over (they lie below the length a partial call sets).
+    The static forward's stacked cache too."""
+    backend = TorchBackend(models["llama"], dtype="float32", compile=compile)
     try:
         backend.prefill([100 + (7 * i) % 3000 for i in range(254)])  # capacity 256: rows 254, 255 left
         feed = [11, 12, 13, 14, 15]

@@ -117,7 +117,8 @@ def test_every_drafters_config_goes_to_plain_data_and_back(name):
 
 
 def test_changed_options_go_to_plain_data_and_back():
-    config = EngineConfig().with_drafter("lookahead", window=7, candidates=5)
+    config = EngineConfig(compile="on").with_drafter("lookahead", window=7, candidates=5)
+    assert config.to_dict()["compile"] == "on"
     assert config.to_dict()["options"] == {"window": 7, "ngram": "auto", "candidates": 5}
     assert EngineConfig.from_dict(config.to_dict()) == config
     assert config.with_drafter("lookahead", ngram=3).drafter_options().window == 7  # keeps the others
@@ -134,6 +135,8 @@ def test_changed_options_go_to_plain_data_and_back():
         ({"version": CONFIG_VERSION + 1}, "newer"),
         ({"version": None}, "version"),
         ({"colour": "red"}, "'colour'"),
+        ({"compile": "fast"}, "compile.*auto, off, on"),
+        ({"compile": True}, "compile"),
     ],
 )  # fmt: skip
 def test_bad_saved_data_names_the_field(change, says):

@@ -1,0 +1,218 @@
+"""The static-shape forward of `NativeLlama`, and the CUDA graphs it makes possible.
+
+The eager forward (native.py) slices the KV cache to the rows in use, so nearly every
+call has new shapes and a few hundred kernel launches from Python; on a GPU a small
+model's decode step is bound by those launches, not by memory. `StaticForward` runs the
+same layers (NativeLlama's `_block`, on the same borrowed weights) with shapes that
+depend only on a bucket:
+
+- keys and values of all layers live in one stacked buffer (kv_cache.StaticKVCache),
+  with the largest bucket's rows past its capacity as scratch for padding. The
+  capacity doubles up to n_ctx as the eager cache's does, rather than being allocated
+  whole: at the trained context of current models (128k tokens) that would be several
+  GB for a 1B model and 15 GB for a 3B one. A growth moves the buffer, so the graphs
+  captured on it are dropped and captured again (a handful of times per context);
+- the query rows are padded up to a bucket (ROW_BUCKETS: powers of two up to 64, and
+  the k + 1 rows of verifying k_max or K_LIMIT drafts); more rows than the largest
+  bucket (a prefill) run the eager forward on the same cache;
+- the start position is a tensor: new keys are written at start + arange(rows) by
+  index_copy_, rows sit at start + offsets, cos/sin are gathered from a table of every
+  position;
+- attention reads a span of the buffer, the smallest power of two (at least 256) that
+  holds start + rows, with a mask: every row before start, and among the new rows what
+  the chain (causal) or tree mask allows. Spans keep attention's cost following the
+  length, as in eager, instead of reading all n_ctx rows each step.
+
+Padding rows carry token 0 at offset 0 and attend to themselves; their keys land past
+the real rows (rows no real row reads: the mask) and their outputs are dropped. The
+buffer starts zeroed, so a masked-out row is never NaN (0 * NaN would leak through).
+Rollback and tree pruning are the cache's (`length`, `keep_rows`), as in eager.
+
+CUDA graphs, on CUDA only: one torch.cuda.CUDAGraph per (row bucket, span, layers run,
+hidden given), captured directly on first use into one shared memory pool, then
+replayed; inputs are copied into fixed buffers first, outputs copied out after. Direct
+capture rather than torch.compile(mode="reduce-overhead"): it records the kernels eager
+runs (the same numerics), costs two warm-up steps and one capture per shape where compile
+took minutes (140 s for a toy model on the 2-core CPU, recompiling per layer), needs no
+Triton, and has no guards on Python values to recompile on. A draft model gets the same
+path: its one-row steps are bucket 1. The graph code has not run on a GPU yet (the test
+that checks it is skipped without CUDA). On other devices the static path runs without
+graphs (`--compile on`), for tests and measurement; `auto` keeps the eager path there:
+on the 2-core CPU the static path's fastest decode step was ~5% slower than eager's
+(padded rows and spans, the mask built every call), and nothing there needs graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.backends.hf.native import NativeLlama, _sign_first_half
+from engine.backends.kv_cache import StaticKVCache
+from engine.config import COMPILES as COMPILE_CHOICES
+
+# A forward's rows: 1 for plain decoding and a draft model's steps; k + 1 to verify k drafts
+# (the pending token, then the chain or tree): powers of two for the k the draft length picks,
+# 17 and 33 for k = k_max (16 by default) and k = K_LIMIT (32) exactly, 64 for lookahead's
+# largest row budget. Beyond 64 (prefills) the eager forward runs.
+ROW_BUCKETS = (1, 2, 4, 8, 16, 17, 32, 33, 64)
+MIN_SPAN = 256
+
+
+def static_unsupported(native: NativeLlama) -> str | None:
+    """Why the static path cannot run `native`, or None when it can."""
+    if not native.static_rope:
+        return "its rope frequencies depend on the length (dynamic rope), so positions cannot be a table"
+    return None
+
+
+def bucket(n: int) -> int | None:
+    """The bucket of n query rows, None past the largest."""
+    return next((b for b in ROW_BUCKETS if b >= n), None)
+
+
+def choose(native: NativeLlama, compile: str) -> tuple["StaticForward | None", str]:
+    """(the static forward or None for eager, a description of the path) for `compile`:
+    "auto" (static with CUDA graphs on CUDA, eager elsewhere), "on" (static everywhere it can
+    run) or "off" (eager)."""
+    if compile not in COMPILE_CHOICES:
+        raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {compile!r}")
+    cuda = native.device.type == "cuda"
+    if compile == "off" or (compile == "auto" and not cuda):
+        return None, "native forward, eager"
+    reason = static_unsupported(native)
+    if reason:
+        return None, f"native forward, eager (no static path: {reason})"
+    static = StaticForward(native, graphs=cuda)
+    return static, "native forward, static shapes" + (" and CUDA graphs" if cuda else " (no CUDA graphs off CUDA)")
+
+
+class StaticForward:
+    """NativeLlama.forward with static shapes per bucket, over its own StaticKVCache (`cache`)."""
+
+    def __init__(self, native: NativeLlama, graphs: bool = False) -> None:
+        self.native = native
+        device, largest = native.device, ROW_BUCKETS[-1]
+        self.cache = StaticKVCache(len(native.blocks), native.n_kv_heads, native.head_dim, native.n_ctx,
+                                   native.dtype, device, slack=largest)  # fmt: skip
+        positions = torch.arange(native.n_ctx + largest, device=device)
+        cos, sin = native.rotary(native.final_norm, positions[None])  # every position a row can sit at
+        self._cos = cos[0, :, None]  # (n_ctx + largest, 1, head_dim)
+        self._sin = _sign_first_half(sin[0, :, None])
+        self._key_index = positions  # (n_ctx + largest,)
+        self._row_index = positions[:largest]
+        self._causal = torch.ones(largest, largest, dtype=torch.bool, device=device).tril()
+        self._eye = torch.eye(largest, dtype=torch.bool, device=device)
+        # The inputs of a step, at fixed addresses (what a captured graph reads).
+        self._ids = torch.zeros(largest, dtype=torch.long, device=device)
+        self._offsets = torch.zeros(largest, dtype=torch.long, device=device)
+        self._new_mask = torch.zeros(largest, largest, dtype=torch.bool, device=device)
+        self._start = torch.zeros((), dtype=torch.long, device=device)
+        self._hidden = torch.zeros(largest, native.hidden_size, dtype=native.dtype, device=device)
+        self.graphs = _Graphs() if graphs else None
+
+    def forward(self, ids: torch.Tensor, cache, offsets: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                last_only: bool = False, n_layers: int | None = None, start_layer: int = 0,
+                hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """NativeLlama.forward's arguments and results (its docstring), `cache` being `self.cache`."""
+        n = ids.shape[0]
+        rows = bucket(n)
+        if rows is None or cache is not self.cache:  # a prefill longer than the largest bucket
+            return self.native.forward(ids, cache, offsets, mask, last_only, n_layers, start_layer, hidden)
+        start = cache.length
+        cache.reserve(start + n)
+        if self.graphs is not None and self.graphs.buffer is not cache.stacked:  # new addresses: capture again
+            self.graphs.clear(cache.stacked)
+        stop = len(self.native.blocks[:n_layers])
+        span = min(max(MIN_SPAN, 1 << (start + rows - 1).bit_length()), cache.capacity + cache.slack)
+
+        # 1. The inputs, padded to `rows`, into the fixed buffers.
+        self._start.fill_(start)
+        self._ids[:rows].zero_()
+        self._ids[:n].copy_(ids)
+        if offsets is None:  # a chain: row i at start + i, attending to rows 0..i
+            self._offsets[:rows].copy_(self._row_index[:rows])
+            self._new_mask[:rows, :rows].copy_(self._causal[:rows, :rows])
+        else:  # a tree or any pattern; padding rows at offset 0, attending to themselves
+            self._offsets[:rows].zero_()
+            self._offsets[:n].copy_(offsets)
+            self._new_mask[:rows, :rows].copy_(self._eye[:rows, :rows])
+            self._new_mask[:n, :n].copy_(mask)
+        if hidden is not None:
+            self._hidden[:rows].zero_()
+            self._hidden[:n].copy_(hidden)
+
+        # 2. The step, replayed from a graph where there are graphs.
+        key = (rows, span, start_layer, stop, hidden is not None)
+        if self.graphs is None:
+            logits, features, residual = self._step(*key)
+        else:
+            logits, features, residual = (t[:n].clone() for t in self.graphs.run(key, lambda: self._step(*key)))
+        self.native.residual = residual[:n]
+        cache.length = start + n
+        return (logits[n - 1 : n] if last_only else logits[:n]), features[:n]
+
+    def _step(self, rows: int, span: int, first: int, stop: int, with_hidden: bool):
+        """Layers first..stop-1, the final norm and the head over the `rows` rows of the input
+        buffers: (logits (rows, V), features (rows, hidden), residual (rows, hidden))."""
+        native, cache = self.native, self.cache
+        kv_heads, groups, dim = native.n_kv_heads, native.n_heads // native.n_kv_heads, native.head_dim
+        start = self._start
+        positions = start + self._offsets[:rows]  # (rows,)
+        cos, sin = self._cos[positions], self._sin[positions]  # (rows, 1, head_dim)
+        rel = self._key_index[:span] - start  # (span,): key position relative to the first new row
+        new_cols = self._new_mask[:rows, :rows][:, rel.clamp(0, rows - 1)]  # (rows, span)
+        mask = (rel < 0) | ((rel < rows) & new_cols)  # (rows, span): the cache before start, then the pattern
+        group_mask = mask.repeat(groups, 1)  # (groups * rows, span)
+        write_at = start + self._row_index[:rows]  # (rows,)
+
+        def attend(layer: int, q, kv):
+            buffer = cache.stacked[layer]  # (2 * kv_heads, capacity + slack, dim)
+            buffer.index_copy_(1, write_at, kv.transpose(0, 1))
+            keys, values = buffer[:kv_heads, :span], buffer[kv_heads:, :span]
+            # Query heads sharing a KV head folded into rows, as NativeLlama._attend_cached does.
+            q = q.view(rows, kv_heads, groups, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, groups * rows, dim)
+            out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=group_mask)
+            return out.view(kv_heads, groups, rows, dim).permute(2, 0, 1, 3).reshape(rows, native.n_heads * dim)
+
+        x = self._hidden[:rows] if with_hidden else native._embed(self._ids[:rows])  # (rows, hidden)
+        for index in range(first, stop):
+            x = native._block(index, native.blocks[index], x, cos, sin, attend)
+        features = F.rms_norm(x, (native.hidden_size,), native.final_norm, native.eps)  # (rows, hidden)
+        return native.head(features), features, x
+
+
+class _Graphs:
+    """CUDA graphs of StaticForward._step, one per key, captured on first use into one pool.
+
+    Each replay overwrites the outputs of every graph sharing the pool, so the caller copies
+    what it needs right after `run`. The warm-up runs before capture repeat the step on the
+    same inputs: the keys and values they write are the ones the replay writes again.
+    """
+
+    def __init__(self) -> None:
+        self.clear(None)
+
+    def clear(self, buffer) -> None:
+        """Drop every graph (and with them their pool): the KV buffer they wrote moved to `buffer`."""
+        self.buffer = buffer
+        self.pool = None
+        self.captured: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+
+    def run(self, key: tuple, step) -> tuple[torch.Tensor, ...]:
+        entry = self.captured.get(key)
+        if entry is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # lazy initialisation (cuBLAS workspaces) happens outside the capture
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = step()
+            self.pool = graph.pool()
+            entry = self.captured[key] = (graph, outputs)
+        graph, outputs = entry
+        graph.replay()
+        return outputs
