@@ -62,6 +62,8 @@ ARCHITECTURES = {
     "qwen3_next": (QWEN3_NEXT, "qwen3_next", "Qwen3NextDecoderLayer", "Qwen3NextRMSNorm"),
 }
 SUPPORTED = "DeepSeek-V3 (deepseek_v3), GLM-4.5/4.6 (glm4_moe) and Qwen3-Next (qwen3_next)"
+# Names of the scales that come with quantized weights (DeepSeek-V3's FP8 blocks: weight_scale_inv).
+QUANT_SUFFIXES = ("_scale_inv", ".weight_scale", ".input_scale", ".qweight", ".scales")
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,13 @@ def find_mtp(folder: str, config: dict) -> MtpFiles:
             f"The config says this model has {declared or 1} MTP layer(s) ({LAYOUTS[layout]}), but its weights "
             f"lack {', '.join(missing)}: this copy was saved without them (converted and quantized copies "
             "often drop them). Use the original safetensors, or choose another drafter."
+        )
+    scaled = sorted(n for n in names if n.startswith(prefix) and n.endswith(QUANT_SUFFIXES))
+    if scaled:
+        raise ModelLoadError(
+            f"The MTP layer of this model is stored quantized ({scaled[0]}: FP8 or similar blocks with "
+            "their scales), and SpecDeck reads MTP weights in float only (bfloat16, float16, float32): "
+            "use a bfloat16 copy of the model, or choose another drafter."
         )
     if layout == DEEPSEEK:
         layers = declared
@@ -243,6 +252,11 @@ def load_mtp(folder: str, text_config, files: MtpFiles | None = None) -> MtpHead
             raise ModelLoadError(
                 f"The MTP weight {where} in {folder} has shape {tuple(value.shape)}, but the model's config "
                 f"makes it {tuple(tensor.shape)}: the config and the weights disagree."
+            )
+        if value.dtype.itemsize == 1 and name.endswith(".weight"):  # float8 or int8 storage, scales elsewhere
+            raise ModelLoadError(
+                f"The MTP weight {where} in {folder} is stored in {value.dtype}: SpecDeck reads MTP weights in "
+                "float only (bfloat16, float16, float32). Use a bfloat16 copy of the model, or choose another drafter."
             )
         state[name] = value.to(torch.float32) if value.is_floating_point() else value
     head.load_state_dict(state, strict=True)

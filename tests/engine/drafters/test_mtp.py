@@ -127,6 +127,20 @@ def test_a_config_whose_weights_lost_the_block_names_the_missing_tensor(models, 
         find_mtp(str(folder), read_model_config(str(folder)))
 
 
+def test_a_block_stored_in_fp8_is_refused_rather_than_read_without_its_scales(models, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "fp8"
+    shutil.copytree(models("deepseek_v3", "random"), folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    weights["model.layers.2.eh_proj.weight_scale_inv"] = torch.ones(1, 1)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"stored quantized \(model\.layers\.2\.eh_proj\.weight_scale_inv"):
+        find_mtp(str(folder), read_model_config(str(folder)))
+
+
 def test_the_spec_says_it_needs_the_targets_hidden_states():
     spec = drafter_spec("mtp")
     assert set(spec.needs) == {HiddenFeatures, ModelParts} and spec.torch_reason
