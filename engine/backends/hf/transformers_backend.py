@@ -122,7 +122,8 @@ class TransformersBackend(HFBackend):
 
     def _truncate(self, length: int) -> None:
         if length == 0:
-            self._cache.reset()
+            with torch.inference_mode():  # a linear-attention layer zeroes its inference-mode states in place
+                self._cache.reset()
         elif self._exact_crop:
             with torch.inference_mode():
                 self._cache.crop(-(len(self.tokens) - length))

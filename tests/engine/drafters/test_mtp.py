@@ -239,3 +239,14 @@ def test_cli_drafts_with_the_models_mtp_layer(models, capsys):
     assert code == 0, err
     stats = json.loads(out)["stats"]  # the load report of the dropped MTP keys goes to stderr
     assert 0 < stats["accepted"] <= stats["drafted"]
+
+
+def test_a_qwen3_next_target_rolls_back_to_empty_and_runs_again(loaded):
+    """Its linear-attention cache zeroes inference tensors in place on reset (the CLI's cost
+    measurement rolls back to 0 before the first generation): it used to raise there."""
+    backend = loaded("qwen3_next", "random")
+    ids = backend.tokenize(PROMPTS[0])
+    first = backend.forward(ids)
+    backend.rollback(0)
+    torch.testing.assert_close(backend.forward(ids), first)
+    backend.rollback(0)
