@@ -10,7 +10,7 @@ what to do.
     require(target, TreeForward, "EAGLE")   # raises ConfigError naming backend, model and the way out
 
 Which backend has what: the torch backend's native path has all; transformers' own
-forward (an architecture without a native path) has ModelParts only; llama.cpp none.
+forward (an architecture without a native path) has ModelParts and HiddenFeatures; llama.cpp none.
 
     TreeForward      forward_tree / keep_nodes, forward_masked / keep_rows: any attention pattern
     HiddenFeatures   the final-norm hidden states of the rows just run and of every cached token

@@ -2,7 +2,9 @@
 
 One `DynamicCache`, rolled back with `crop` where that is exact (full attention, or a
 sliding window longer than the whole context) and rebuilt otherwise. Chains only: it
-has ModelParts (the target's embeddings, rope and LM head) and no other capability of
+has ModelParts (the target's embeddings, rope and LM head) and HiddenFeatures (the base
+model's final-norm output of every row, caught by a forward hook, so transformers' own
+forward is called exactly as before), and no other capability of
 engine/backends/capabilities.py; the native backend has those.
 
 Written against transformers 5.x, where the model's cache argument is named
@@ -17,7 +19,7 @@ import inspect
 
 import torch
 
-from engine.backends.capabilities import ModelParts
+from engine.backends.capabilities import HiddenFeatures, ModelParts
 from engine.backends.hf.base import PREFILL_CHUNK, HFBackend
 from engine.backends.hf.loader import LoadedModel
 
@@ -25,7 +27,7 @@ from engine.backends.hf.loader import LoadedModel
 class TransformersBackend(HFBackend):
     """A transformers causal LM run by its own forward with one DynamicCache."""
 
-    capabilities = frozenset({ModelParts})
+    capabilities = frozenset({ModelParts, HiddenFeatures})
 
     def __init__(self, loaded: LoadedModel) -> None:
         super().__init__(loaded, forward="transformers' own forward (no static path)")
@@ -35,6 +37,13 @@ class TransformersBackend(HFBackend):
         self._cache_kw = "cache" if "cache" in params_of_forward else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in params_of_forward
         self._cache, self._exact_crop = self._new_cache()
+        self._fed = 0  # positions in the cache (self.tokens lags it inside a prefill cut in slices)
+        # Final-norm hidden states: of the rows of the last call (last_features) and of every cached
+        # position (cached_features, row i for self.tokens[i], grown by doubling like native's).
+        self._features: torch.Tensor | None = None
+        self._feature_store: torch.Tensor | None = None
+        self._caught: list[torch.Tensor] = []
+        self._hook = self._model.base_model.register_forward_hook(self._catch_hidden)
 
     # -- model parts -------------------------------------------------------------------
 
@@ -93,22 +102,39 @@ class TransformersBackend(HFBackend):
         kwargs = {self._cache_kw: self._cache, "use_cache": True}
         if self._has_logits_to_keep:
             kwargs["logits_to_keep"] = 0 if all_logits else 1  # 0 = every position
+        start = self._fed
+        self._caught.clear()
         with torch.inference_mode():
             logits = self._model(input_ids=input_ids[None], **kwargs).logits[0]
+            features = self._caught.pop()[0] if self._caught else None  # (n, hidden)
+            if features is not None:
+                self._store_features(start, features)
+        self._fed = start + len(tokens)
+        self._features = None if features is None else features if all_logits else features[-1:]
         return logits if all_logits else logits[-1:]
+
+    def _forward(self, tokens: list[int], all_logits: bool) -> torch.Tensor:
+        logits = super()._forward(tokens, all_logits)
+        if all_logits and self._features is not None and self._features.shape[0] != len(tokens):
+            start = len(self.tokens)  # a prefill run in slices: every row's features
+            self._features = self._feature_store[start : start + len(tokens)]
+        return logits
 
     def _truncate(self, length: int) -> None:
         if length == 0:
-            self._cache.reset()
+            with torch.inference_mode():  # a linear-attention layer zeroes its inference-mode states in place
+                self._cache.reset()
         elif self._exact_crop:
             with torch.inference_mode():
                 self._cache.crop(-(len(self.tokens) - length))
         else:
             self._rebuild(self.tokens[:length])
+        self._fed = length
 
     def _rebuild(self, tokens: list[int]) -> None:
         """Recompute the cache for `tokens` from scratch (the slow but always exact way)."""
         self._cache, _ = self._new_cache()
+        self._fed = 0
         for start in range(0, len(tokens), PREFILL_CHUNK):
             self._run(tokens[start : start + PREFILL_CHUNK], False)
 
@@ -119,8 +145,10 @@ class TransformersBackend(HFBackend):
                 self._rebuild(self.tokens)
             except BaseException:  # noqa: BLE001 - start empty; the caller re-raises the first error
                 self._cache, _ = self._new_cache()
+                self._fed = 0
                 self.tokens.clear()
             return
+        self._fed = keep
         with torch.inference_mode():
             for layer in self._cache.layers:
                 keys = getattr(layer, "keys", None)
@@ -128,10 +156,51 @@ class TransformersBackend(HFBackend):
                     layer.crop(-(keys.shape[-2] - keep))
 
     def _drop_cache(self) -> None:
-        self._cache = None
+        self._cache = self._features = self._feature_store = None
+        self._hook.remove()
+
+    # -- hidden states (HiddenFeatures) --------------------------------------------------
+
+    def _catch_hidden(self, module, args, output) -> None:
+        """The base model's output, (1, n, hidden) after its final norm: what the LM head reads."""
+        hidden = getattr(output, "last_hidden_state", None)
+        if hidden is None and isinstance(output, (tuple, list)) and output:
+            hidden = output[0]
+        if isinstance(hidden, torch.Tensor):
+            self._caught.append(hidden)
+
+    def _store_features(self, start: int, features: torch.Tensor) -> None:
+        end = start + features.shape[0]
+        store = self._feature_store
+        if store is None or store.shape[0] < end:
+            doubled = max(256, 2 * (0 if store is None else store.shape[0]))
+            grown = features.new_empty(max(end, min(doubled, self.n_ctx)), features.shape[1])
+            if store is not None and start:
+                grown[:start] = store[:start]
+            self._feature_store = store = grown
+        store[start:end] = features
+
+    def last_features(self) -> torch.Tensor:
+        """Final-norm hidden states (n, hidden) of the rows of the last forward (only the last
+        row after a forward with all_logits=False)."""
+        if self._features is None:
+            raise RuntimeError("last_features() needs a forward() call first")
+        return self._features.clone()  # an ordinary tensor, outside inference mode
+
+    def cached_features(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Final-norm hidden states (end - start, hidden) of the cached tokens self.tokens[start:end]."""
+        end = len(self.tokens) if end is None else end
+        if not 0 <= start <= end <= len(self.tokens):
+            raise ValueError(f"no features for positions {start}..{end}: the cache holds {len(self.tokens)} tokens")
+        if self._feature_store is None:
+            return torch.zeros(0, self._hidden_size, dtype=self._dtype, device=self._device)
+        return self._feature_store[start:end].clone()
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self._model is None:
             raise RuntimeError("this backend was closed")
-        with torch.no_grad():
-            return self._model.base_model(input_ids=input_ids.to(self._device), use_cache=False).last_hidden_state
+        try:
+            with torch.no_grad():
+                return self._model.base_model(input_ids=input_ids.to(self._device), use_cache=False).last_hidden_state
+        finally:
+            self._caught.clear()  # the hook saw this batch too; the decode cache's features are not it

@@ -59,7 +59,7 @@ def test_every_drafter_can_be_chosen_and_none_is_a_placeholder(dialog):
     combo = dialog.form.drafter
     drafters = [combo.itemData(i) for i in range(combo.count())]
     # The drafters that load a draft model first, plain decoding last; the suggested chains among them.
-    assert drafters == ["model", "suffix+model", "ngram", "suffix", "medusa", "eagle", "lookahead", "early-exit",
+    assert drafters == ["model", "suffix+model", "ngram", "suffix", "medusa", "eagle", "mtp", "lookahead", "early-exit",
                         "suffix+eagle", "suffix+medusa", "none"]  # fmt: skip
     assert combo.itemText(1) == "Suffix decoding, then Draft model"
     assert all(combo.model().item(i).isEnabled() for i in range(combo.count()))

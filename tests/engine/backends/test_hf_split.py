@@ -44,7 +44,7 @@ def base_dir(tiny_dir, tmp_path_factory) -> str:
 
 def test_each_backend_class_declares_its_own_capabilities():
     assert NativeBackend.capabilities == frozenset(ALL)
-    assert TransformersBackend.capabilities == frozenset({ModelParts})
+    assert TransformersBackend.capabilities == frozenset({ModelParts, HiddenFeatures})
     from engine.backends.llama_cpp import LlamaCppBackend
 
     assert LlamaCppBackend.capabilities == frozenset()
@@ -57,9 +57,10 @@ def test_the_entry_point_picks_the_path_and_the_flags_follow_the_capabilities(ti
     try:
         assert type(native) is NativeBackend and type(plain) is TransformersBackend
         assert all(has(native, c) for c in ALL)
-        assert has(plain, ModelParts) and not any(has(plain, c) for c in (TreeForward, HiddenFeatures, LayerExit))
+        assert has(plain, ModelParts) and has(plain, HiddenFeatures)
+        assert not any(has(plain, c) for c in (TreeForward, LayerExit))
         assert (native.supports_tree, native.supports_features, native.supports_early_exit) == (True, True, True)
-        assert (plain.supports_tree, plain.supports_features, plain.supports_early_exit) == (False, False, False)
+        assert (plain.supports_tree, plain.supports_features, plain.supports_early_exit) == (False, True, False)
         # The model's parts agree on both paths: the same embeddings, rotary embedding and head.
         ids, positions = torch.tensor([5, 17, 300]), torch.arange(3)
         torch.testing.assert_close(native.embed(ids), plain.embed(ids))
@@ -67,6 +68,15 @@ def test_the_entry_point_picks_the_path_and_the_flags_follow_the_capabilities(ti
             torch.testing.assert_close(got, want)
         hidden = torch.randn(2, native.hidden_size)
         torch.testing.assert_close(native.lm_head(hidden), plain.lm_head(hidden))
+        # And the same final-norm hidden states, of the rows just run and of every cached token.
+        prompt = [1, 5, 17, 300, 42, 7]
+        for backend in (native, plain):
+            backend.prefill(prompt[:4])
+            backend.forward(prompt[4:])
+            backend.rollback(5)
+        torch.testing.assert_close(native.last_features(), plain.last_features(), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(native.cached_features(), plain.cached_features(), atol=1e-4, rtol=1e-4)
+        assert plain.cached_features().shape == (5, plain.hidden_size)
     finally:
         native.close()
         plain.close()

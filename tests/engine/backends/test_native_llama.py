@@ -312,7 +312,7 @@ def test_early_exit_equals_the_model_cut_after_those_layers(tmp_path):
 def test_auto_falls_back_to_transformers_and_native_says_why(tmp_path):
     windowed = make_tiny_model(tmp_path / "windowed", "mistral", sliding_window=64)
     auto = TorchBackend(windowed, dtype="float32")  # window 64 < context 2048: not native
-    assert isinstance(auto, TransformersBackend) and not auto.supports_tree and not auto.supports_features
+    assert isinstance(auto, TransformersBackend) and not auto.supports_tree and auto.supports_features
     auto.forward(_ids(5, 19))
     with pytest.raises(NotImplementedError):
         auto.forward_tree(TREE_TOKENS, TREE_PARENTS)
