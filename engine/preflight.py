@@ -107,7 +107,7 @@ class PreflightContext:
     def native_architectures() -> tuple[str, ...]:
         """The architectures the torch backend's native path runs (the one with every capability),
         so that a drafter's rules need not import a backend."""
-        from engine.backends.hf.native import SUPPORTED_ARCHITECTURES
+        from engine.backends.hf.architectures import SUPPORTED_ARCHITECTURES
 
         return tuple(SUPPORTED_ARCHITECTURES)
 
