@@ -41,6 +41,17 @@ class Preflight:
     def errors(self) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.severity == "error")
 
+    def to_dict(self) -> dict:
+        """Plain JSON, as the engine server sends it (`from_dict` gives an equal Preflight back)."""
+        return {"findings": [f.to_dict() for f in self.findings],
+                "report": None if self.report is None else self.report.to_dict()}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Preflight:
+        report = data.get("report")
+        return cls(tuple(Finding.from_dict(f) for f in data["findings"]),
+                   None if report is None else PairReport.from_dict(report))  # fmt: skip
+
 
 class _Stop(Exception):
     """A finding that ends the check: nothing after it can be said (the model cannot be read)."""
