@@ -41,6 +41,17 @@ class Preflight:
     def errors(self) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.severity == "error")
 
+    def to_dict(self) -> dict:
+        """Plain JSON, as the engine server sends it (`from_dict` gives an equal Preflight back)."""
+        return {"findings": [f.to_dict() for f in self.findings],
+                "report": None if self.report is None else self.report.to_dict()}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Preflight:
+        report = data.get("report")
+        return cls(tuple(Finding.from_dict(f) for f in data["findings"]),
+                   None if report is None else PairReport.from_dict(report))  # fmt: skip
+
 
 class _Stop(Exception):
     """A finding that ends the check: nothing after it can be said (the model cannot be read)."""
@@ -107,7 +118,7 @@ class PreflightContext:
     def native_architectures() -> tuple[str, ...]:
         """The architectures the torch backend's native path runs (the one with every capability),
         so that a drafter's rules need not import a backend."""
-        from engine.backends.hf.native import SUPPORTED_ARCHITECTURES
+        from engine.backends.hf.architectures import SUPPORTED_ARCHITECTURES
 
         return tuple(SUPPORTED_ARCHITECTURES)
 

@@ -7,10 +7,18 @@ even half a second is too long to freeze a window, so they run on a worker
 thread and report back through a queued signal; a newer check makes older
 results stale (a generation counter drops them).
 
+Who checks is the caller's choice (`check`, a function of an EngineConfig that gives
+a Preflight): the window passes its controller's, which asks the window's engine
+process (started for it if need be), so that the window's own process never
+imports torch or llama.cpp, which the check needs to read devices; standalone
+and in tests the default checks in this process. A check that cannot run (the
+engine process does not start, or stops during the check) is an error finding
+that says so; the dialog keeps working, and Check pair tries again.
+
 The Engine row at the top says where the pair runs (app/pair/engine_row.py).
 On a server, Load waits for a connection test of exactly the URL and key shown.
 On a SpecDeck server the pair below loads there: its paths are the server's, so
-the check here (of this computer's files) informs without holding Load back,
+the check (of this computer's files) informs without holding Load back,
 and the server checks its own when it loads. llama-server, vLLM and SGLang
 serve their own model: the pair is not used, and only sampling applies.
 """
@@ -18,6 +26,7 @@ serve their own model: the pair is not used, and only sampling applies.
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
@@ -34,7 +43,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from engine import EngineConfig, Finding, PairReport, Preflight, SamplingConfig, list_models, preflight
+from engine import (EngineConfig, EngineUnavailable, Finding, PairReport, Preflight, SamplingConfig, SpecDeckError,
+                    list_models, preflight)  # fmt: skip
 
 from app.shell import settings as keys
 from app.pair.engine_row import EngineRow
@@ -55,10 +65,13 @@ class PairDialog(QDialog):
     """A check of the current selection ended; True when it can be loaded."""
     _sig_result = Signal(int, object)  # from the worker thread: generation, (Preflight, the key it checked)
 
-    def __init__(self, parent=None, settings: QSettings | None = None) -> None:
+    def __init__(self, parent=None, settings: QSettings | None = None,
+                 check: Callable[[EngineConfig], Preflight] | None = None) -> None:  # fmt: skip
+        """`check(config) -> Preflight` runs on a worker thread (default: `engine.preflight`, here)."""
         super().__init__(parent)
         self.setWindowTitle("Models and settings")
         self.settings = settings if settings is not None else QSettings()
+        self._check = check if check is not None else preflight
         self.presets = PresetStore(self.settings)
         self._result: Preflight | None = None
         self._checked_key = None  # the selection the last finished check was about
@@ -284,7 +297,12 @@ class PairDialog(QDialog):
     def _run_check(self, generation: int, config: EngineConfig) -> None:
         """On the worker thread: never raise, always report."""
         try:
-            result = preflight(config)
+            result = self._check(config)
+        except EngineUnavailable as e:  # the engine process did not start, or stopped during the check
+            result = Preflight((Finding("error", "The engine could not check this pair",
+                                        f"{e} Press Check pair to try again."),))  # fmt: skip
+        except SpecDeckError as e:
+            result = Preflight((Finding("error", "The engine could not check this pair", str(e)),))
         except Exception as e:  # a bug, not a bad model: still no traceback in the user's face
             result = Preflight((Finding("error", "The check failed", f"{type(e).__name__}: {e}"),))
         try:

@@ -31,6 +31,11 @@ everything else: today in this process, after the engine process has freed its
 models, so that the machine never holds two copies of them; or, `on_server`,
 on the engine process itself, through its client.
 
+The pair dialog's check (`preflight`) runs in the engine process too, since it
+reads devices through torch and llama.cpp; not as a job, but at once, beside
+whatever runs (it reads metadata only), from the dialog's own worker thread. It
+starts the engine process when none runs.
+
 Where the pair runs is `choice` (an EngineChoice, from the pair dialog): the
 engine process ("local"), or a server. On a SpecDeck server the same client
 loads the same config there, and nothing starts here. llama-server, vLLM and
@@ -123,6 +128,8 @@ class EngineController(QObject):
         self.choice: EngineChoice = LOCAL  # where it runs: the engine process, or a server (set by load)
         self._server = None  # with a remote choice: the EngineClient or adapter that loaded `loaded`
         self._restart = False  # the engine stopped under a run: the next run loads `config` first
+        self._loaded_pid: int | None = None  # the engine process that loaded the local pair
+        self._unseen_stop = ""  # how that process ended, when a check started another before a run saw it
         self._load_failed = False  # the last load failed: a run queued behind it adds no second error
         self._runner = TaskRunner(self)
         self._runner.sig_started.connect(self._on_started)
@@ -206,6 +213,18 @@ class EngineController(QObject):
                                   local=client is not self._server)  # fmt: skip
 
         self._start(COMPARE, job)
+
+    def preflight(self, config: EngineConfig):
+        """`engine.preflight(config)` in the engine process (started first if it is not running) ->
+        Preflight; on any thread but the GUI's (the pair dialog's worker), at once, beside a running
+        job. Raises EngineUnavailable when the process cannot start, EngineStopped when it ends
+        during the check. Wherever the pair runs, this checks this computer's files."""
+        if not self.process.running and self.process.pid is not None and self.loaded is not None \
+                and not self.choice.remote:  # fmt: skip
+            # The process that held the window's pair has ended unseen: the next run says how.
+            self._unseen_stop = self.process.death_message()
+        client = self.process.ensure()
+        return self._call(lambda: client.preflight(config))
 
     def lend(self, name: str, config: EngineConfig, job: Callable[[Any, threading.Event, Any], Any],
              connect: Callable[[GeneratorWorker], None], *, on_server: bool = False) -> GeneratorWorker:  # fmt: skip
@@ -315,8 +334,7 @@ class EngineController(QObject):
         chosen, that server's client); on the worker thread."""
         if self.choice.remote:
             return remote.server_client(self.choice)
-        client = self.client
-        return client if client is not None else self.process.start()
+        return self.process.ensure()
 
     def _free_local(self) -> None:
         """On the worker thread, before a remote load: the engine process stops (or, one shared with
@@ -366,14 +384,19 @@ class EngineController(QObject):
     def _restart_if_stopped(self) -> None:
         """Before a run (GUI thread): an engine process that ended since the last run is started
         again, and the window's pair loaded there, before the run starts."""
-        if self.loaded is not None and not self.choice.remote and not self.process.running and not self._runner.busy:
-            # It ended between two runs: nothing reported it yet.
+        if self.loaded is not None and not self.choice.remote and not self._holds_pair() and not self._runner.busy:
+            # It ended between two runs: nothing reported it yet (a check may have started another since).
             self.loaded, self._restart = None, True
-            message = f"{self.process.death_message()} Starting it again."
+            message = f"{self._unseen_stop or self.process.death_message()} Starting it again."
+            self._unseen_stop = ""
             self.sig_engine_stopped.emit(message)
             self.sig_error.emit(message)
         if self._restart and self.config is not None and (self.loaded is None or self.choice.remote):
             self.load(self.config)  # a server: connect again (a SpecDeck server's loaded pair answers at once)
+
+    def _holds_pair(self) -> bool:
+        """The engine process that loaded the window's pair still runs (not one started since)."""
+        return self.process.running and self.process.pid == self._loaded_pid
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -413,6 +436,8 @@ class EngineController(QObject):
             return
         if worker.name == LOAD:
             self._server, self.loaded = result
+            self._loaded_pid = self.process.pid if self._server is None else None
+            self._unseen_stop = ""
             self.sig_loaded.emit(self.loaded.config)  # None for a llama-server, vLLM or SGLang pair
         else:
             self.sig_run_finished.emit(worker.name, result)

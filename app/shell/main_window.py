@@ -296,7 +296,8 @@ class MainWindow(QMainWindow):
             self.pair_dialog.raise_()
             self.pair_dialog.activateWindow()
             return
-        dialog = self.pair_dialog = PairDialog(self, settings=QSettings())
+        # The check runs in the engine process: this one never imports torch or llama.cpp.
+        dialog = self.pair_dialog = PairDialog(self, settings=QSettings(), check=self.controller.preflight)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self.apply_pair(dialog.engine_config(), dialog.sampling_config(),
                                                         dialog.engine_choice()))  # fmt: skip

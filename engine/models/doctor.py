@@ -40,6 +40,13 @@ class Finding:
     title: str
     detail: str  # plain words a user can act on
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Finding:
+        return cls(str(data["severity"]), str(data["title"]), str(data["detail"]))
+
 
 @dataclass(frozen=True)
 class PairReport:
@@ -50,6 +57,17 @@ class PairReport:
     @property
     def compatible(self) -> bool:
         return not any(f.severity == "error" for f in self.findings)
+
+    def to_dict(self) -> dict:
+        """The whole report as plain JSON, both models' metadata included (`from_dict` reads it back);
+        `as_dict` is the shorter summary the CLI prints."""
+        return {"target": self.target.to_dict(), "draft": self.draft.to_dict(),
+                "findings": [f.to_dict() for f in self.findings]}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PairReport:
+        return cls(ModelMeta.from_dict(data["target"]), ModelMeta.from_dict(data["draft"]),
+                   tuple(Finding.from_dict(f) for f in data["findings"]))  # fmt: skip
 
     def as_dict(self) -> dict:
         return {

@@ -23,7 +23,7 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from engine.errors import ModelLoadError, ModelNotFoundError
@@ -52,6 +52,14 @@ class ModelRef:
     source: str  # "embedded" | "file" | "folder" | "hf-cache" | "ollama" | "llama.cpp-cache"
     size_bytes: int  # bytes on disk of the weights (the .gguf, or the folder's weight files)
     quant: str = ""  # a GGUF's quantization as llama.cpp names it ("Q4_K_M"); "" for a HF folder
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelRef:
+        """The ModelRef `to_dict` wrote; fields a newer engine added are left out."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 # -- the embedded default ---------------------------------------------------------

@@ -64,6 +64,23 @@ class ModelMeta:
                 "has_chat_template": self.chat_template is not None}  # fmt: skip
 
 
+    def to_dict(self) -> dict:
+        """Every fact, the vocabulary and the template included, as plain JSON (`from_dict` reads it back)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(ref=self.ref.to_dict(), vocab=list(self.vocab), eos_ids=list(self.eos_ids),
+                    special_tokens=dict(self.special_tokens))  # fmt: skip
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelMeta:
+        """The ModelMeta `to_dict` wrote; fields a newer engine added are left out."""
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values.update(ref=ModelRef.from_dict(data["ref"]), vocab=tuple(data["vocab"]),
+                      eos_ids=tuple(int(i) for i in data["eos_ids"]),
+                      special_tokens={str(k): int(v) for k, v in data["special_tokens"].items()})  # fmt: skip
+        return cls(**values)
+
+
 _NOT_IN_SUMMARY = ("ref", "vocab", "chat_template")
 
 

@@ -40,6 +40,7 @@ from engine.service.host import JOB_HEADER
 
 StepCallback = Callable[[str, StepEvent, "dict | None", CostModel], None]  # (run label, step, drafter stats, costs)
 CANCEL_POLL_S = 0.05
+PREFLIGHT_TIMEOUT_S = 120.0  # the first check imports torch and llama.cpp in the server
 
 
 class EngineUnavailable(SpecDeckError):
@@ -120,6 +121,15 @@ class EngineClient:
             if on_step is not None:
                 on_step(item["run"], step, item["drafter_stats"], wire.costs_from_dict(item["costs"]))
         raise EngineUnavailable(f"The server at {self.url} ended the comparison before its result.")
+
+    def preflight(self, config: EngineConfig, timeout: float = PREFLIGHT_TIMEOUT_S):
+        """`engine.preflight(config)` in the server's process (its files, its devices) -> Preflight.
+        It reads metadata only and does not wait for a running job; the first one imports what the
+        check needs there (torch, llama.cpp), hence the generous timeout."""
+        from engine.preflight import Preflight
+
+        return Preflight.from_dict(self.request("POST", "/specdeck/preflight", {"config": config.to_dict()},
+                                                timeout=timeout))  # fmt: skip
 
     def close(self) -> None:
         """Nothing to stop: a SpecDeck server starts nothing for its clients (as RemoteEngine.close)."""

@@ -47,6 +47,7 @@ class EngineProcess:
         self._child: subprocess.Popen | None = None
         self._log_path: Path | None = None
         self.client: EngineClient | None = None
+        self._starting = threading.Lock()  # `ensure` from two threads starts one child, not two
 
     @property
     def running(self) -> bool:
@@ -76,6 +77,16 @@ class EngineProcess:
         address = self._read_address(timeout)
         self.client = EngineClient(f"http://{address}", api_key=key)
         return self.client
+
+    def ensure(self, timeout: float = START_TIMEOUT_S) -> EngineClient:
+        """The running child's client; the child is started first when it is not running. Safe from
+        several threads at once (a job and the pair dialog's check): one starts it, the others wait
+        and share it, where two `start`s would each stop the other's child."""
+        with self._starting:
+            client = self.client
+            if self.running and client is not None:
+                return client
+            return self.start(timeout)
 
     def _read_address(self, timeout: float) -> str:
         found: list[str] = []

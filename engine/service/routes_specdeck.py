@@ -7,6 +7,8 @@
     POST /specdeck/unload     frees the models
     POST /specdeck/generate   {"messages", "sampling", "speculative"?} -> stream of {"step", "drafter_stats", "costs"}
     POST /specdeck/compare    {"messages", "sampling"} -> stream of {"run", "step", ...}, then {"divergence": ...}
+    POST /specdeck/preflight  {"config": EngineConfig.to_dict()} -> `preflight(config).to_dict()`: can this config
+                              load and draft, from metadata only (the pair dialog's check)
     POST /specdeck/cancel     {"job"?}: that job (the X-SpecDeck-Job its request was sent with; default the
                               running one) stops at its next step, or at once if still waiting; its stream
                               ends as usual
@@ -15,10 +17,17 @@ Each step is `wire.step_to_dict`; beside it travel copies made on the engine's
 thread between two steps, of what keeps changing as decoding goes on: the
 drafter's statistics (`drafter_stats`, a dict or None) and the cost model
 (`costs`). The client rebuilds the reply from the steps (`wire.result_from_steps`).
+
+A preflight is not a job: it reads headers and tokenizer files, never the loaded
+models, so it runs on a thread of its own beside whatever job holds the engine
+and answers in well under a second even while a long reply decodes. It is here,
+in the engine's process, so that the window's process never imports what it
+needs (torch and llama.cpp, for the device memory and llama.cpp's GPU layers).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from typing import Any
@@ -32,7 +41,7 @@ from engine.errors import SpecDeckError
 from engine.service import wire
 from engine.service.host import Host
 from engine.service.metrics import metrics_of
-from engine.service.server import BadRequest, event_stream, require_engine
+from engine.service.server import BadRequest, error_response, event_stream, require_engine
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -56,6 +65,10 @@ class GenerateRequest(_Strict):
 class CompareRequest(_Strict):
     messages: list[dict[str, Any]]
     sampling: dict[str, Any] = {}
+
+
+class PreflightRequest(_Strict):
+    config: dict[str, Any]
 
 
 class CancelRequest(_Strict):
@@ -152,6 +165,21 @@ async def compare(body: CompareRequest, request: Request):
         emit({"divergence": wire.divergence_to_dict(comparison.divergence)})
 
     return await event_stream(host.run("compare", job, request))
+
+
+@router.post("/specdeck/preflight")
+async def check(body: PreflightRequest):
+    """Beside the jobs, not through the host's queue (see the module docstring)."""
+    from engine.preflight import preflight
+
+    config = _config(body.config)  # a bad config is a 400 with the engine's message
+    try:
+        result = await asyncio.to_thread(preflight, config)
+    except Exception as error:  # noqa: BLE001 - preflight reports bad models as findings: this is a bug
+        log.exception("the preflight of %r failed", config)
+        return error_response(500, f"The check failed in the engine ({type(error).__name__}: {error}).",
+                              "internal_error")  # fmt: skip
+    return result.to_dict()
 
 
 @router.post("/specdeck/cancel")

@@ -1,7 +1,7 @@
 """The engine server: one `Host`, HTTP routes over it, and the rules every route shares.
 
 Routes: `routes_specdeck` (load, generate and compare with every step on the
-wire, cancel: what the desktop app uses), `routes_jobs` (benchmark, auto-tune,
+wire, cancel, the pair dialog's preflight: what the desktop app uses), `routes_jobs` (benchmark, auto-tune,
 training), `routes_openai` (`/v1/...`, what any OpenAI client uses), `/health`
 and `/metrics`. Shared rules:
 

@@ -60,3 +60,23 @@ def test_each_rule_is_a_finding(config, title, severity):
 def test_what_cannot_be_used_is_one_error_and_no_exception(config, title):
     result = preflight(config)
     assert not result.compatible and [f.title for f in result.findings] == [title]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [BASE, BASE.with_drafter("model", draft="default"), EngineConfig(target="/nowhere/model.gguf")],
+    ids=["no draft model", "a pair report", "one error"],
+)
+def test_a_preflight_travels_as_plain_json_and_comes_back_equal(config):
+    import json
+
+    from engine import Preflight
+
+    result = preflight(config)
+    data = json.loads(json.dumps(result.to_dict()))  # what the engine server sends
+    back = Preflight.from_dict(data)
+
+    assert back == result
+    assert back.compatible == result.compatible and back.warnings == result.warnings
+    if result.report is not None:  # the pair doctor's report, both models' metadata with it
+        assert back.report.target.vocab == result.report.target.vocab and str(back.report) == str(result.report)

@@ -49,10 +49,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.backends.hf.architectures import SUPPORTED_ARCHITECTURES
 from engine.backends.hf.quantize import Int8Embedding, Int8Linear
 from engine.backends.kv_cache import KVCache
-
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def unsupported_reason(model: nn.Module, n_ctx: int) -> str | None:

@@ -127,6 +127,24 @@ def test_killed_between_two_runs_the_next_comparison_says_so_and_starts_it_again
     assert finished.args[0] == "compare" and comparison is not None and comparison.speculative.stats.tokens > 0
 
 
+def test_a_check_that_starts_a_new_engine_after_a_kill_still_leaves_the_next_run_to_say_so_and_reload(
+        qtbot, controller):  # fmt: skip
+    load(qtbot, controller)
+    killed = controller.process.pid
+    os.kill(killed, signal.SIGKILL)
+    qtbot.waitUntil(lambda: not controller.process.running, timeout=10_000)
+    assert controller.preflight(FAST_CONFIG).compatible  # the pair dialog's check: a new process, no pair in it
+    assert controller.process.running and controller.process.pid != killed
+    stopped = []
+    controller.sig_engine_stopped.connect(stopped.append)
+
+    with qtbot.waitSignal(controller.sig_run_finished, timeout=LOAD_TIMEOUT_MS + REPLY_TIMEOUT_MS) as finished:
+        controller.compare(CHAT, SamplingConfig(max_tokens=6))
+
+    assert len(stopped) == 1 and "killed by signal 9" in stopped[0]  # how the old one ended, not the new one
+    assert finished.args[1] is not None and controller.loaded.config == FAST_CONFIG
+
+
 def test_the_window_survives_its_engine_killed_mid_reply_and_keeps_the_reply(qtbot, make_window, data_dir):
     window = make_window(sampling=LONG, own_engine=True)
     shown = []

@@ -1,6 +1,8 @@
 """The window's process never loads torch, transformers or llama.cpp: they live in the engine
 process. Checked on a fresh interpreter that opens the real window, loads the embedded model,
-chats, and then lists what it imported."""
+chats, opens the pair dialog and waits for its check of the embedded model (a llama.cpp GGUF:
+the check reads llama.cpp's GPU offload and the device memory, in the engine process), and
+then lists what it imported."""
 
 from __future__ import annotations
 
@@ -37,6 +39,14 @@ def loaded(config):
 def finished(kind, result):
     outcome["text"] = result.text if result is not None else None
     outcome["tokens"] = [token.source.value for event in result.events for token in event.tokens] if result else []
+    window.choose_models()  # the pair dialog checks what it shows as soon as it is shown
+    dialog = window.pair_dialog
+    dialog.sig_check_finished.connect(lambda ok: checked(dialog, ok))
+
+def checked(dialog, ok):
+    outcome["check"] = {"ok": ok, "target": dialog.engine_config().target,
+                        "findings": {f.title: f.severity for f in dialog.findings_list()}}
+    dialog.reject()
     window.close()
 
 def failed(message):
@@ -69,4 +79,7 @@ def test_chatting_in_the_window_loads_no_torch_or_llama_cpp_in_its_process(tmp_p
     assert "error" not in outcome, outcome["error"]
     assert outcome["text"] and outcome["tokens"], "the reply came back"
     assert outcome["engine_pid"] is not None  # it decoded in the engine process
+    check = outcome["check"]  # the pair dialog's check: asked of the engine process
+    assert check["ok"] and check["target"] == "default", check
+    assert check["findings"].get("Layers on the GPU (llama.cpp)") == "info" and "Fits in memory" in check["findings"]
     assert outcome["heavy"] == []
