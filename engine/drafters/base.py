@@ -67,6 +67,9 @@ class Draft:
     # (a draft model after plain steps), not drafting: the cost model keeps it out of the
     # per-token draft cost, since a prefill of n tokens costs far less than n decodes.
     catch_up_s: float = field(default=0.0, compare=False)
+    # The drafter's own estimate of how many of these tokens will be accepted (suffix decoding: the
+    # sum of its nodes' vote shares), where it has one: a chain (chain.py) compares drafts by it.
+    expected: float | None = field(default=None, compare=False)
 
     @property
     def is_tree(self) -> bool:

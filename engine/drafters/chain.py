@@ -43,6 +43,8 @@ from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.chain_spec import CHAIN_MARK, ChainStats
 
 PROBE_ACCEPTANCE = 0.9  # a member not yet measured is scored as if drafts landed (as automatic k probes)
+CALIBRATION_PRIOR = 2.0  # tokens' worth of trust in a drafter's own estimate (Draft.expected) before evidence
+DECAY = 0.85  # as DraftLength's: the last few dozen drafts count
 
 
 @dataclass
@@ -66,7 +68,11 @@ class _Member:
         """A new generation: what this member's drafts were worth starts again from the prior."""
         self.length = DraftLength("auto", k_max=K_LIMIT)  # its acceptance per draft position
         self.proven = False  # a draft of this member was verified (or, for a free one, checked) this run
-        self.shadow: tuple[int, list[int]] | None = None  # a free member's unused draft: (at length, tokens)
+        # A free member's unused draft: (where it starts, its tokens not yet checked, its own estimate,
+        # how many of its tokens matched so far)
+        self.shadow: tuple[int, list[int], float | None, int] | None = None
+        # Accepted tokens over what the drafter's own estimates (Draft.expected) said, decayed.
+        self.matched = self.promised = CALIBRATION_PRIOR
 
     def expected(self, n: int, depth: int | None = None) -> float:
         """Expected tokens per step of an n-token draft of this member, or of an n-node tree (its
@@ -83,6 +89,14 @@ class _Member:
         """S of an n-token draft, or of an n-node tree whose verified branch is `depth` deep."""
         return self.costs.speedup_for(self.expected(n, depth), n) if n > 0 else 1.0
 
+    def draft_speedup(self, draft: Draft) -> float:
+        """S of this draft: from the drafter's own estimate where it gives one (calibrated by what its
+        drafts were worth: a long match with every vote behind it is not a one-token guess), else
+        from this member's acceptance per position."""
+        if draft.expected is None:
+            return self.speedup(len(draft), len(_branch(draft)) if draft.is_tree else None)
+        return self.costs.speedup_for(1.0 + draft.expected * self.matched / self.promised, len(draft))
+
     def best(self, k: int) -> tuple[int, float]:
         """(n, S(n)) of the n <= k this member is expected to gain most with."""
         best_n, best = 0, 1.0
@@ -92,9 +106,14 @@ class _Member:
                 best_n, best = n, s
         return best_n, best
 
-    def learn(self, tested: int, accepted: int) -> None:
+    def learn(self, tested: int, accepted: int, expected: float | None = None, matched: int | None = None) -> None:
+        """A draft's verdict: `tested` positions, `accepted` of them; its own estimate `expected`
+        against the tokens of it that matched in all (`matched`, = accepted unless said)."""
         self.proven = True
         self.length.observe(tested, accepted)
+        if expected is not None:
+            self.matched = self.matched * DECAY + (accepted if matched is None else matched)
+            self.promised = self.promised * DECAY + expected
 
     def check_shadow(self, context: list[int]) -> None:
         """Score the free member's last unused draft against what was committed since: the
@@ -102,17 +121,18 @@ class _Member:
         with the probability the rule would have accepted it (greedy: exactly when accepted)."""
         if self.shadow is None:
             return
-        start, tokens = self.shadow
+        start, tokens, expected, before = self.shadow
         committed = context[start:]
         matched = 0
         while matched < min(len(tokens), len(committed)) and tokens[matched] == committed[matched]:
             matched += 1
         if matched < len(committed) or matched == len(tokens):  # the verdict on it is known
-            self.learn(min(matched + 1, len(tokens)), matched)
+            self.learn(min(matched + 1, len(tokens)), matched, expected, before + matched)
             self.shadow = None
-        elif matched:  # so far so good, and the rest not committed yet: those positions count
-            self.learn(matched, matched)
-            self.shadow = (start + matched, tokens[matched:])
+        elif matched:  # so far so good, and the rest not committed yet: those positions count now
+            self.length.observe(matched, matched)
+            self.proven = True
+            self.shadow = (start + matched, tokens[matched:], expected, before + matched)
 
 
 class ChainDrafter(Drafter):
@@ -123,6 +143,7 @@ class ChainDrafter(Drafter):
         self.drafts_trees = any(m.drafter.drafts_trees for m in self.members)
         self._last: _Member | None = None  # the member that drafted the last proposal
         self._last_depth = 0  # the depth of that draft's verified branch (what the verdict can test)
+        self._last_expected: float | None = None  # that draft's own estimate of its accepted tokens
         self._costs: CostModel | None = None
 
     # The engine hands every drafter its one cost model (Drafter.costs): the members get it too
@@ -151,8 +172,7 @@ class ChainDrafter(Drafter):
                     continue
                 m.costs.observe_draft(len(draft), seconds)
                 found[i] = draft = _cut(draft, m)
-                n = len(draft)
-                s = m.speedup(n, len(_branch(draft)) if draft.is_tree else None)
+                n, s = len(draft), m.draft_speedup(draft)
             else:  # scored at its best length (the loop's k when none pays: the loop chose to draft)
                 n, s = m.best(k)
                 if n == 0:
@@ -163,7 +183,7 @@ class ChainDrafter(Drafter):
         chosen = best[1] if best is not None else None
         for i, draft in found.items():  # unused free drafts are checked against what comes
             m = self.members[i]
-            m.shadow = None if m is chosen else (len(context), _branch(draft))
+            m.shadow = None if m is chosen else (len(context), _branch(draft), draft.expected, 0)
         if best is None:
             self._last = None
             return EMPTY_DRAFT
@@ -173,6 +193,7 @@ class ChainDrafter(Drafter):
             m.costs.observe_draft(len(draft), seconds)
         self._last = m if len(draft) else None
         self._last_depth = len(_branch(draft))
+        self._last_expected = draft.expected
         return draft
 
     @staticmethod
@@ -190,7 +211,7 @@ class ChainDrafter(Drafter):
         m.accepted += accepted
         # The verdict tests depth d only when depths 1..d-1 were accepted (a rejection ends it).
         depth = min(drafted, self._last_depth or drafted)
-        m.learn(min(accepted + 1, depth), accepted)
+        m.learn(min(accepted + 1, depth), accepted, self._last_expected)
 
     def observe_features(self, features) -> None:
         for m in self.members:
@@ -251,8 +272,9 @@ def _branch(draft: Draft) -> list[int]:
 
 
 def _cut(draft: Draft, m: _Member) -> Draft:
-    """A free member's point-mass chain, cut to the length it is expected to gain most with."""
-    if draft.is_tree or draft.q is not None or len(draft) <= 1:
+    """A free member's point-mass chain, cut to the length it is expected to gain most with (one
+    that sized itself by its own estimate, Draft.expected, is left as it is)."""
+    if draft.is_tree or draft.q is not None or draft.expected is not None or len(draft) <= 1:
         return draft
     n, _ = m.best(len(draft))
     return Draft(tokens=list(draft.tokens[: max(n, 1)])) if n < len(draft) else draft

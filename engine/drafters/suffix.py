@@ -275,8 +275,9 @@ class SuffixDrafter(Drafter):
         counts.from_history += source == "history"
         counts.last_match, counts.last_nodes = tree.match, len(tree.tokens)
         if not self.drafts_trees:
-            return Draft(tokens=tree.tokens)
-        return Draft(tokens=tree.tokens, parents=tuple(tree.parents), best_path=tree.best_path())
+            return Draft(tokens=tree.tokens, expected=tree.expected)
+        return Draft(tokens=tree.tokens, parents=tuple(tree.parents), best_path=tree.best_path(),
+                     expected=tree.expected)  # fmt: skip
 
     def _follow(self, context: list[int]) -> None:
         """Index what the context gained since the last proposal (the reply's new tokens)."""

@@ -190,3 +190,31 @@ def test_time_to_first_token_counts_the_prefill_and_the_first_step_only():
     assert {event.stats.time_to_first_token_s for event in events} == {first.time_to_first_token_s}
     assert last.time_to_first_token_s < last.prefill_s + last.wall_s
     assert last.as_dict()["time_to_first_token_s"] == round(first.time_to_first_token_s, 4)
+
+
+def test_the_predicted_speedup_charges_what_catching_the_draft_up_cost():
+    """A draft model feeds itself the prompt at its first draft (Draft.catch_up_s): timed apart from
+    drafting, so that k is not chosen on it, but the prediction a user compares with must count it."""
+    from dataclasses import replace
+
+    from tests.factories.fake import cycle_transition
+
+    class CatchingUp(MarkovDrafter):
+        def __init__(self, transition, catch_up_s):
+            super().__init__(transition)
+            self.catch_up_s, self.first = catch_up_s, True
+
+        def propose(self, context, k, sampling, generator):
+            draft = super().propose(context, k, sampling, generator)
+            seconds, self.first = (self.catch_up_s if self.first else 0.0), False
+            return replace(draft, catch_up_s=seconds)
+
+    chain = cycle_transition(6, noise=0.0)
+    predicted = []
+    for catch_up_s in (0.0, 0.5):
+        costs = CostModel(verify_s={1: 0.01, 2: 0.011, 5: 0.014})
+        steps = list(decode_steps(MarkovBackend(chain), [0, 1], SamplingConfig(max_tokens=40),
+                                  drafter=CatchingUp(chain, catch_up_s), draft_length=DraftLength(4), costs=costs))
+        predicted.append(steps[-1].stats.predicted_speedup)
+    # 40 tokens in 8 steps of 5 pay without it; half a second, over 50 plain forwards, takes most of it.
+    assert predicted[0] > 1.0 and predicted[1] < predicted[0] / 3
