@@ -163,7 +163,7 @@ def decode_steps(
                 break
         infos, step_text = reply.release(final=finish is not None)
         step = _Step(k, len(drafted), kept, tested, t1 - t0, t2 - t1, time.perf_counter() - t2,
-                     feed.tree_depth, feed.extra, draft.catch_up_s)  # fmt: skip
+                     feed.tree_depth, feed.extra)  # fmt: skip
         run.add(reply.count, step)
         yield run.event(index, step, infos, step_text, finish, end)
         if finish is not None:
@@ -260,7 +260,6 @@ class _Step:
     other_s: float = 0.0
     tree_depth: int | None = None  # the deepest node of a tree draft; None for a chain
     extra: int = 0  # rows run beside the draft, unverified (lookahead's window)
-    catch_up_s: float = 0.0  # of draft_s, feeding the drafter's cache what it lacked (Draft.catch_up_s)
 
 
 _NOTHING = _Step()  # a step that ran no forward (cancelled, or the context is full)
@@ -277,13 +276,11 @@ class _Run:
         # (nodes, depth, extra rows); extra rows (lookahead) add to a step's verify cost only.
         self.drafted_lengths: dict[tuple[int, int], int] = {}
         self.tree_shapes: dict[tuple[int, int, int], int] = {}
-        self.catch_up_s = 0.0  # a draft model fed the prompt, and what plain steps made: a cost of drafting too
         self.loop_start = time.perf_counter()
 
     def add(self, total_tokens: int, step: _Step) -> None:
         s = self.stats
         self.tokens = total_tokens
-        self.catch_up_s += step.catch_up_s
         if step.tree_depth is None:
             shape = (step.drafted, step.extra)
             self.drafted_lengths[shape] = self.drafted_lengths.get(shape, 0) + 1
@@ -317,18 +314,18 @@ class _Run:
         # The formula applied to the drafts this run actually made, against the sum of their
         # costs in units of one plain forward: chains E(a, n); trees 1 + sum over depths of
         # the product of the measured per-depth acceptance (draft_length.expected_tokens_tree),
-        # each step costing (D + n * d + T(n+1+e)) / T(1) for its n nodes and e extra rows, D the
-        # draft's fixed cost per drafting step (a draft model feeding itself the pending tokens:
-        # left out, it made a draft model's prediction 10-20% too high), plus the run's catching up.
+        # against T(n+1+e) / T(1) per step for its n nodes and e extra rows, plus the time the run
+        # spent drafting, as timed, over T(1). The cost model's draft time (D + n d) is what automatic
+        # k plans with; the prediction takes what drafting cost: a chain's members cost differently
+        # (a model's n d beside free lookups), and catching a draft model's cache up (the prompt at
+        # its first draft, the tokens of steps it sat out) is paid too.
         rates = s.depth_acceptance
         gain = sum(c * expected_tokens(a, n) for (n, _), c in self.drafted_lengths.items())
         gain += sum(c * expected_tokens_tree(rates, depth) for (_, depth, _), c in self.tree_shapes.items())
         shapes = [*self.drafted_lengths.items(), *(((n, e), c) for (n, _, e), c in self.tree_shapes.items())]
-        one = costs.verify_time(1)
-        cost = sum(c * (costs.draft_time(n) / one + costs.verify_ratio(n + 1 + e)) for (n, e), c in shapes)
-        # Catching a draft model's cache up (the prompt at its first draft, the tokens of plain steps, or
-        # of steps another member of a chain drafted) is timed apart from drafting, and paid all the same.
-        cost += self.catch_up_s / one if costs.verify_s else 0.0
+        cost = sum(c * costs.verify_ratio(n + 1 + e) for (n, e), c in shapes)
+        cost += s.draft_s / costs.verify_time(1) if costs.verify_s else sum(c * n * costs.draft_ratio()
+                                                                            for (n, _), c in shapes)  # fmt: skip
         mean_drafted = s.drafted / s.steps if s.steps else 0.0
         wall_s = time.perf_counter() - self.loop_start
         self.stats = replace(

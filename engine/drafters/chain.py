@@ -45,6 +45,8 @@ from engine.drafters.chain_spec import CHAIN_MARK, ChainStats
 PROBE_ACCEPTANCE = 0.9  # a member not yet measured is scored as if drafts landed (as automatic k probes)
 CALIBRATION_PRIOR = 2.0  # tokens' worth of trust in a drafter's own estimate (Draft.expected) before evidence
 DECAY = 0.85  # as DraftLength's: the last few dozen drafts count
+CATCH_UP_FREE = 2  # tokens a draft model feeds with its draft anyway (model.py STEP_LEFTOVER)
+PREFILL_SHARE = 0.4  # a prefill's cost per token over a decode's, until measured (llama.cpp here: 2.5x cheaper)
 
 
 @dataclass
@@ -61,6 +63,7 @@ class _Member:
     def __init__(self, name: str, drafter: Drafter) -> None:
         self.name, self.drafter = name, drafter
         self.costs = MemberCosts()
+        self.catch_up_per_token: float | None = None  # seconds per token of feeding it what it missed
         self.steps = self.accepted = 0
         self.forget_run()
 
@@ -73,6 +76,7 @@ class _Member:
         self.shadow: tuple[int, list[int], float | None, int] | None = None
         # Accepted tokens over what the drafter's own estimates (Draft.expected) said, decayed.
         self.matched = self.promised = CALIBRATION_PRIOR
+        self.seen = self.proposed_at = 0  # committed tokens it has been fed (a draft model's cache)
 
     def expected(self, n: int, depth: int | None = None) -> float:
         """Expected tokens per step of an n-token draft of this member, or of an n-node tree (its
@@ -85,9 +89,23 @@ class _Member:
             return expected_tokens(PROBE_ACCEPTANCE, n)
         return self.length.chain_expected_tokens()[min(n, K_LIMIT)]
 
-    def speedup(self, n: int, depth: int | None = None) -> float:
-        """S of an n-token draft, or of an n-node tree whose verified branch is `depth` deep."""
-        return self.costs.speedup_for(self.expected(n, depth), n) if n > 0 else 1.0
+    def speedup(self, n: int, depth: int | None = None, catch_up_s: float = 0.0) -> float:
+        """S of an n-token draft, or of an n-node tree whose verified branch is `depth` deep; with
+        `catch_up_s`, what feeding the member the tokens it has not seen costs first."""
+        if n <= 0:
+            return 1.0
+        c = self.costs
+        return self.expected(n, depth) / ((c.draft_time(n) + catch_up_s + c.verify_time(n + 1)) / c.verify_time(1))
+
+    def catch_up_s(self, context: list[int]) -> float:
+        """What this (not free) member would spend first on the committed tokens it has not seen: a
+        draft model that sat out steps other members drafted feeds them in one prefill. Charged to its
+        draft now, it is left for later while a free draft does about as well, and maybe never paid."""
+        missing = len(context) - self.seen - CATCH_UP_FREE
+        if missing <= 0:
+            return 0.0
+        per_token = self.catch_up_per_token or PREFILL_SHARE * self.costs.draft_s_per_token
+        return missing * per_token
 
     def draft_speedup(self, draft: Draft) -> float:
         """S of this draft: from the drafter's own estimate where it gives one (calibrated by what its
@@ -97,11 +115,11 @@ class _Member:
             return self.speedup(len(draft), len(_branch(draft)) if draft.is_tree else None)
         return self.costs.speedup_for(1.0 + draft.expected * self.matched / self.promised, len(draft))
 
-    def best(self, k: int) -> tuple[int, float]:
+    def best(self, k: int, catch_up_s: float = 0.0) -> tuple[int, float]:
         """(n, S(n)) of the n <= k this member is expected to gain most with."""
         best_n, best = 0, 1.0
         for n in range(1, min(k, K_LIMIT) + 1):
-            s = self.speedup(n)
+            s = self.speedup(n, catch_up_s=catch_up_s)
             if s > best * 1.02:  # a clear gain before adding tokens, as automatic k asks
                 best_n, best = n, s
         return best_n, best
@@ -174,9 +192,10 @@ class ChainDrafter(Drafter):
                 found[i] = draft = _cut(draft, m)
                 n, s = len(draft), m.draft_speedup(draft)
             else:  # scored at its best length (the loop's k when none pays: the loop chose to draft)
-                n, s = m.best(k)
+                catch_up = m.catch_up_s(context)
+                n, s = m.best(k, catch_up)
                 if n == 0:
-                    n, s = k, m.speedup(k)
+                    n, s = k, m.speedup(k, catch_up_s=catch_up)
                 draft = None
             if best is None or s > best[0]:
                 best = (s, m, draft, n)
@@ -189,8 +208,14 @@ class ChainDrafter(Drafter):
             return EMPTY_DRAFT
         _, m, draft, n = best
         if draft is None:
+            missing = len(context) - m.seen
             draft, seconds = self._timed(m, context, n, sampling, generator)
             m.costs.observe_draft(len(draft), seconds)
+            if draft.catch_up_s > 0 and missing > CATCH_UP_FREE:
+                per_token = draft.catch_up_s / (missing - 1)  # all but the last, which starts the draft
+                m.catch_up_per_token = per_token if m.catch_up_per_token is None else (
+                    DECAY * m.catch_up_per_token + (1 - DECAY) * per_token)  # fmt: skip
+        m.proposed_at = len(context)
         self._last = m if len(draft) else None
         self._last_depth = len(_branch(draft))
         self._last_expected = draft.expected
@@ -207,6 +232,7 @@ class ChainDrafter(Drafter):
         if m is None:
             return
         m.drafter.observe(drafted, accepted)
+        m.seen = m.proposed_at + accepted  # what its cache holds of the text now (the model drafter's)
         m.steps += 1
         m.accepted += accepted
         # The verdict tests depth d only when depths 1..d-1 were accepted (a rejection ends it).

@@ -205,16 +205,21 @@ def test_the_predicted_speedup_charges_what_catching_the_draft_up_cost():
             self.catch_up_s, self.first = catch_up_s, True
 
         def propose(self, context, k, sampling, generator):
-            draft = super().propose(context, k, sampling, generator)
             seconds, self.first = (self.catch_up_s if self.first else 0.0), False
-            return replace(draft, catch_up_s=seconds)
+            time.sleep(seconds)  # the prefill of the prompt into its cache
+            return replace(super().propose(context, k, sampling, generator), catch_up_s=seconds)
+
+    class Slow(MarkovBackend):  # a forward of n rows takes 10 + n ms: a target worth drafting for
+        def _forward(self, tokens, all_logits):
+            time.sleep(0.010 + 0.001 * len(tokens))
+            return super()._forward(tokens, all_logits)
 
     chain = cycle_transition(6, noise=0.0)
     predicted = []
-    for catch_up_s in (0.0, 0.5):
-        costs = CostModel(verify_s={1: 0.01, 2: 0.011, 5: 0.014})
-        steps = list(decode_steps(MarkovBackend(chain), [0, 1], SamplingConfig(max_tokens=40),
+    for catch_up_s in (0.0, 0.3):
+        costs = CostModel(verify_s={1: 0.011, 2: 0.012, 5: 0.015})
+        steps = list(decode_steps(Slow(chain), [0, 1], SamplingConfig(max_tokens=40),
                                   drafter=CatchingUp(chain, catch_up_s), draft_length=DraftLength(4), costs=costs))
         predicted.append(steps[-1].stats.predicted_speedup)
-    # 40 tokens in 8 steps of 5 pay without it; half a second, over 50 plain forwards, takes most of it.
+    # 40 tokens in 8 steps of 5 pay without it; 0.3 s, over 30 plain forwards, takes most of it.
     assert predicted[0] > 1.0 and predicted[1] < predicted[0] / 3
