@@ -44,15 +44,22 @@ class KVCache:
         self.capacity = 0
         self.buffers: list[torch.Tensor] = []  # per layer (2 * n_kv_heads, capacity, head_dim)
 
-    def reserve(self, needed: int) -> None:
-        """Make room for `needed` rows in total (grows by doubling, capped at max_length)."""
+    def _grown_capacity(self, needed: int) -> int | None:
+        """The capacity that holds `needed` rows, doubling up to max_length; None when it already does."""
         if needed <= self.capacity:
-            return
+            return None
         if needed > self.max_length:
             raise ValueError(f"the cache holds at most {self.max_length} positions, {needed} were asked for")
         capacity = max(self.capacity, min(INITIAL_CAPACITY, self.max_length))
         while capacity < needed:
             capacity = min(capacity * 2, self.max_length)
+        return capacity
+
+    def reserve(self, needed: int) -> None:
+        """Make room for `needed` rows in total (grows by doubling, capped at max_length)."""
+        capacity = self._grown_capacity(needed)
+        if capacity is None:
+            return
         heads, dim = self.shape
         keep = self.length
         for layer in range(self.n_layers):
@@ -112,13 +119,9 @@ class StaticKVCache(KVCache):
         self.stacked: torch.Tensor | None = None
 
     def reserve(self, needed: int) -> None:
-        if needed <= self.capacity:
+        capacity = self._grown_capacity(needed)
+        if capacity is None:
             return
-        if needed > self.max_length:
-            raise ValueError(f"the cache holds at most {self.max_length} positions, {needed} were asked for")
-        capacity = max(self.capacity, min(INITIAL_CAPACITY, self.max_length))
-        while capacity < needed:
-            capacity = min(capacity * 2, self.max_length)
         heads, dim = self.shape
         grown = torch.zeros(self.n_layers, 2 * heads, capacity + self.slack, dim, dtype=self.dtype, device=self.device)
         if self.length:  # the rows in use, with any scratch below `length` (early-exit drafting)

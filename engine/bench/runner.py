@@ -121,8 +121,8 @@ def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_sour
             replies: list[str] = []
             for index in range(prompt.turns):
                 asked, new = turns.get(prompt, index, replies)
-                if new:
-                    ids.setdefault(asked.id, encode_prompt(engine, asked))
+                if new and asked.id not in ids:  # a later turn (the first is the prompt's own, encoded above)
+                    ids[asked.id] = ids[prompt.id] if index == 0 else encode_prompt(engine, asked)
                 vanilla = None
                 for mode in (VANILLA, SPECULATIVE):
                     _check(cancel)

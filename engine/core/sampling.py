@@ -62,6 +62,19 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
+def draw(logits_row: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+         ) -> tuple[int, torch.Tensor | None, float]:  # fmt: skip
+    """A drafter's next token from its logits (V,): (token, q, q(token)). Greedy: the argmax, no q
+    (verified as a point mass) and its raw softmax probability for display; sampled: drawn from
+    q, the row processed like the target's, which the rejection rule needs."""
+    if sampling.greedy:
+        token = int(logits_row.argmax())
+        return token, None, token_probability(logits_row, token)
+    q = probabilities(logits_row, sampling)
+    token = sample(q, generator)
+    return token, q, float(q[token])
+
+
 def token_probability(logits_row: torch.Tensor, token: int) -> float:
     """Unprocessed softmax probability of `token` (what a user reads as p(x) in greedy mode)."""
     row = logits_row.float()

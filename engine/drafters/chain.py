@@ -78,24 +78,27 @@ class _Member:
         self.matched = self.promised = CALIBRATION_PRIOR
         self.seen = self.proposed_at = 0  # committed tokens it has been fed (a draft model's cache)
 
-    def expected(self, n: int, depth: int | None = None) -> float:
+    def expected(self, n: int, depth: int | None = None, totals: list[float] | None = None) -> float:
         """Expected tokens per step of an n-token draft of this member, or of an n-node tree (its
-        own estimate, else the chain formula at the depth of its verified branch)."""
+        own estimate, else the chain formula at the depth of its verified branch; `totals`: the
+        chain formula's values, when the caller has them already)."""
         tree = self.drafter.tree_expected_tokens(n) if self.drafter.drafts_trees else None
         if tree is not None:
             return tree
         n = depth or n
         if not self.proven:  # nothing measured yet: a draft that lands would pay (DraftLength's probe)
             return expected_tokens(PROBE_ACCEPTANCE, n)
-        return self.length.chain_expected_tokens()[min(n, K_LIMIT)]
+        return (totals or self.length.chain_expected_tokens())[min(n, K_LIMIT)]
 
-    def speedup(self, n: int, depth: int | None = None, catch_up_s: float = 0.0) -> float:
+    def speedup(self, n: int, depth: int | None = None, catch_up_s: float = 0.0,
+                totals: list[float] | None = None) -> float:  # fmt: skip
         """S of an n-token draft, or of an n-node tree whose verified branch is `depth` deep; with
         `catch_up_s`, what feeding the member the tokens it has not seen costs first."""
         if n <= 0:
             return 1.0
         c = self.costs
-        return self.expected(n, depth) / ((c.draft_time(n) + catch_up_s + c.verify_time(n + 1)) / c.verify_time(1))
+        cost = (c.draft_time(n) + catch_up_s + c.verify_time(n + 1)) / c.verify_time(1)
+        return self.expected(n, depth, totals) / cost
 
     def catch_up_s(self, context: list[int]) -> float:
         """What this (not free) member would spend first on the committed tokens it has not seen: a
@@ -118,8 +121,9 @@ class _Member:
     def best(self, k: int, catch_up_s: float = 0.0) -> tuple[int, float]:
         """(n, S(n)) of the n <= k this member is expected to gain most with."""
         best_n, best = 0, 1.0
+        totals = self.length.chain_expected_tokens()  # once, not once per n
         for n in range(1, min(k, K_LIMIT) + 1):
-            s = self.speedup(n, catch_up_s=catch_up_s)
+            s = self.speedup(n, catch_up_s=catch_up_s, totals=totals)
             if s > best * 1.02:  # a clear gain before adding tokens, as automatic k asks
                 best_n, best = n, s
         return best_n, best

@@ -83,7 +83,7 @@ def made_chains() -> tuple[DrafterSpec, ...]:
     return tuple(_made.values())
 
 
-def split_options(spec: DrafterSpec, members: tuple[DrafterSpec, ...], options) -> list:
+def split_options(members: tuple[DrafterSpec, ...], options) -> list:
     """Each member's own options, from the chain's one options value."""
     values = dataclasses.asdict(options)
     return [m.options(**{f.name: values[f.name] for f in dataclasses.fields(m.options)}) for m in members]
@@ -123,7 +123,7 @@ def _make_spec(name: str, members: tuple[DrafterSpec, ...]) -> DrafterSpec:
 
         made = []
         try:
-            for member, member_options in zip(members, split_options(spec, members, chain_options)):
+            for member, member_options in zip(members, split_options(members, chain_options)):
                 for capability in member.needs:
                     require(target, capability, member.label)
                 drafter = member.make(target, member_options, load)
@@ -138,7 +138,7 @@ def _make_spec(name: str, members: tuple[DrafterSpec, ...]) -> DrafterSpec:
 
     def preflight(ctx, chain_options) -> list:
         findings = []
-        for member, member_options in zip(members, split_options(spec, members, chain_options)):
+        for member, member_options in zip(members, split_options(members, chain_options)):
             if member.preflight is not None:
                 findings += member.preflight(ctx, member_options)
         return findings

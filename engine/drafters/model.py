@@ -22,7 +22,7 @@ import torch
 from engine.backends.base import Backend, common_prefix_length
 from engine.core.draft_length import measure_draft_cost
 from engine.errors import IncompatiblePairError
-from engine.core.sampling import SamplingConfig, probabilities, sample, token_probability
+from engine.core.sampling import SamplingConfig, draw
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 
 
@@ -79,16 +79,11 @@ class ModelDrafter(Drafter):
         q_rows: list[torch.Tensor] = []
         q_token: list[float] = []
         for i in range(k):
-            row = self._to_target_width(logits)
-            if sampling.greedy:
-                token = int(row.argmax())
-                q_token.append(token_probability(row, token))
-            else:
-                q = probabilities(row, sampling)  # (V,)
-                token = sample(q, generator)
-                q_rows.append(q)
-                q_token.append(float(q[token]))
+            token, q, p = draw(self._to_target_width(logits), sampling, generator)
             tokens.append(token)
+            q_token.append(p)
+            if q is not None:
+                q_rows.append(q)
             if i + 1 < k:
                 logits = self.backend.forward([token])[-1]
         q = torch.stack(q_rows) if q_rows else None

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from engine.backends.capabilities import HiddenFeatures, ModelParts, require
-from engine.core.sampling import SamplingConfig, probabilities, sample, token_probability
+from engine.core.sampling import SamplingConfig, draw
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.mtp_spec import MtpStats
 from engine.heads.mtp import MtpHead
@@ -67,16 +67,11 @@ class MtpDrafter(Drafter):
             g = self._catch_up(context)[-1:]  # g_{L-2}: (1, H)
             try:
                 for i in range(k):
-                    row = self._logits(g)[0]  # (V,) q's logits for d_{i+1}
-                    if sampling.greedy:
-                        token = int(row.argmax())
-                        q_token.append(token_probability(row, token))
-                    else:
-                        q = probabilities(row, sampling)  # (V,)
-                        token = sample(q, generator)
-                        q_rows.append(q)
-                        q_token.append(float(q[token]))
+                    token, q, p = draw(self._logits(g)[0], sampling, generator)  # q's row for d_{i+1}
                     tokens.append(token)
+                    q_token.append(p)
+                    if q is not None:
+                        q_rows.append(q)
                     if i + 1 < k:  # (e(d_{i+1}), g) at position L-1+i
                         g = self._run(torch.tensor([token], device=self.device), g, length - 1 + i)
             finally:

@@ -45,6 +45,11 @@ class HFBackend(Backend):
         self._eos = loaded.eos_ids
         config = loaded.config
         self._hidden_size = int(getattr(config, "hidden_size", 0) or 0)
+        # Final-norm hidden states (HiddenFeatures, for the subclasses that offer it): of the rows of
+        # the last call (last_features) and of every cached position (cached_features, row i for
+        # self.tokens[i], grown by doubling like the KV cache).
+        self._features: torch.Tensor | None = None
+        self._feature_store: torch.Tensor | None = None
         self._vocabulary = Vocabulary(loaded.tokenizer)
         self._template = chat_template(loaded.tokenizer)
         self._info = ModelInfo(
@@ -150,6 +155,40 @@ class HFBackend(Backend):
         """The error for a failed allocation while `doing` something with the loaded model;
         `first_try` is the advice that comes first ("a shorter prompt")."""
         return model_out_of_memory(doing, self._info, self._n_ctx, first_try)
+
+    # -- hidden states of what was run and cached (HiddenFeatures) ------------------------------
+
+    def last_features(self) -> torch.Tensor:
+        """Final-norm hidden states (n, hidden) of the rows of the last forward (only the last
+        row after a forward with all_logits=False)."""
+        if self._features is None:
+            raise RuntimeError("last_features() needs a forward first")
+        return self._features.clone()  # an ordinary tensor, outside inference mode
+
+    def cached_features(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Final-norm hidden states (end - start, hidden) of the cached tokens
+        self.tokens[start:end], on the model's device (an ordinary tensor)."""
+        end = len(self.tokens) if end is None else end
+        if not 0 <= start <= end <= len(self.tokens):
+            raise ValueError(f"no features for positions {start}..{end}: the cache holds {len(self.tokens)} tokens")
+        if self._feature_store is None:
+            return torch.zeros(0, self._hidden_size, dtype=self._feature_dtype(), device=self._device)
+        return self._feature_store[start:end].clone()
+
+    def _feature_dtype(self) -> torch.dtype:
+        return self._dtype
+
+    def _store_features(self, start: int, features: torch.Tensor) -> None:
+        """Rows start.. of the store: `features` (n, hidden), the store doubling (up to n_ctx) when full."""
+        end = start + features.shape[0]
+        store = self._feature_store
+        if store is None or store.shape[0] < end:
+            doubled = max(256, 2 * (0 if store is None else store.shape[0]))
+            grown = features.new_empty(max(end, min(doubled, self.n_ctx)), features.shape[1])
+            if store is not None and start:
+                grown[:start] = store[:start]
+            self._feature_store = store = grown
+        store[start:end] = features
 
     @abc.abstractmethod
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -53,10 +53,6 @@ class NativeBackend(HFBackend):
         # The one forward every call goes through: NativeLlama's own (eager), or the static one.
         self._pass = native.forward if static is None else static.forward
         self._kv = native.new_cache() if static is None else static.cache
-        self._features: torch.Tensor | None = None  # last_features(): rows of the last call
-        # Final-norm hidden states of every cached position, row i for self.tokens[i]:
-        # what EAGLE's head reads. Grown by doubling, like the KV cache.
-        self._feature_store: torch.Tensor | None = None
         self._tree_base: int | None = None  # len(self.tokens) before the last forward_masked, until kept
         self._tree_parents: list[int] | None = None  # the last forward_tree's parents, until kept
         self._exit_hidden: torch.Tensor | None = None  # residual stream after the last partial_forward
@@ -193,33 +189,8 @@ class NativeBackend(HFBackend):
 
     # -- hidden states (HiddenFeatures) --------------------------------------------------
 
-    def cached_features(self, start: int = 0, end: int | None = None) -> torch.Tensor:
-        """Final-norm hidden states (end - start, hidden) of the cached tokens
-        self.tokens[start:end], on the model's device (an ordinary tensor)."""
-        end = len(self.tokens) if end is None else end
-        if not 0 <= start <= end <= len(self.tokens):
-            raise ValueError(f"no features for positions {start}..{end}: the cache holds {len(self.tokens)} tokens")
-        if self._feature_store is None:
-            return torch.zeros(0, self._native.hidden_size, dtype=self._native.dtype, device=self._device)
-        return self._feature_store[start:end].clone()
-
-    def _store_features(self, start: int, features: torch.Tensor) -> None:
-        end = start + features.shape[0]
-        store = self._feature_store
-        if store is None or store.shape[0] < end:
-            doubled = max(256, 2 * (0 if store is None else store.shape[0]))
-            grown = features.new_empty(max(end, min(doubled, self.n_ctx)), features.shape[1])
-            if store is not None and start:
-                grown[:start] = store[:start]
-            self._feature_store = store = grown
-        store[start:end] = features
-
-    def last_features(self) -> torch.Tensor:
-        """Final-norm hidden states (n, hidden) of the rows of the last forward or
-        forward_tree call (only the last row after a forward with all_logits=False)."""
-        if self._features is None:
-            raise RuntimeError("last_features() needs a forward() or forward_tree() call first")
-        return self._features.clone()  # an ordinary tensor, outside inference mode
+    def _feature_dtype(self) -> torch.dtype:
+        return self._native.dtype  # the compute dtype (int8 weights compute in bf16)
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self._model is None:

@@ -38,10 +38,6 @@ class TransformersBackend(HFBackend):
         self._has_logits_to_keep = "logits_to_keep" in params_of_forward
         self._cache, self._exact_crop = self._new_cache()
         self._fed = 0  # positions in the cache (self.tokens lags it inside a prefill cut in slices)
-        # Final-norm hidden states: of the rows of the last call (last_features) and of every cached
-        # position (cached_features, row i for self.tokens[i], grown by doubling like native's).
-        self._features: torch.Tensor | None = None
-        self._feature_store: torch.Tensor | None = None
         self._caught: list[torch.Tensor] = []
         self._hook = self._model.base_model.register_forward_hook(self._catch_hidden)
 
@@ -168,33 +164,6 @@ class TransformersBackend(HFBackend):
             hidden = output[0]
         if isinstance(hidden, torch.Tensor):
             self._caught.append(hidden)
-
-    def _store_features(self, start: int, features: torch.Tensor) -> None:
-        end = start + features.shape[0]
-        store = self._feature_store
-        if store is None or store.shape[0] < end:
-            doubled = max(256, 2 * (0 if store is None else store.shape[0]))
-            grown = features.new_empty(max(end, min(doubled, self.n_ctx)), features.shape[1])
-            if store is not None and start:
-                grown[:start] = store[:start]
-            self._feature_store = store = grown
-        store[start:end] = features
-
-    def last_features(self) -> torch.Tensor:
-        """Final-norm hidden states (n, hidden) of the rows of the last forward (only the last
-        row after a forward with all_logits=False)."""
-        if self._features is None:
-            raise RuntimeError("last_features() needs a forward() call first")
-        return self._features.clone()  # an ordinary tensor, outside inference mode
-
-    def cached_features(self, start: int = 0, end: int | None = None) -> torch.Tensor:
-        """Final-norm hidden states (end - start, hidden) of the cached tokens self.tokens[start:end]."""
-        end = len(self.tokens) if end is None else end
-        if not 0 <= start <= end <= len(self.tokens):
-            raise ValueError(f"no features for positions {start}..{end}: the cache holds {len(self.tokens)} tokens")
-        if self._feature_store is None:
-            return torch.zeros(0, self._hidden_size, dtype=self._dtype, device=self._device)
-        return self._feature_store[start:end].clone()
 
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self._model is None:

@@ -17,21 +17,8 @@ from engine.backends.hf.transformers_backend import TransformersBackend
 from engine.backends.hf.device import pick_dtype
 from engine.errors import ConfigError, ContextOverflowError
 from engine.backends.hf.quantize import Int8Linear
+from tests.engine.backends.numerics import assert_close as _close, random_ids as _ids
 from tests.factories.hf_models import make_tiny_model, tokenizer_dir
-
-TOLERANCE = 1e-4  # of the largest |logit|: float32 rounding, nothing more
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return [int(t) for t in torch.randint(100, 40000, (n,), generator=torch.Generator().manual_seed(seed))]
-
-
-def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    """Equal up to float32 rounding, relative to the largest value (logits or hidden states)."""
-    scale = want.abs().max().item()
-    diff = (got - want).abs().max().item()
-    assert diff <= TOLERANCE * scale, f"{what}: max |diff| {diff:.3g} for values up to {scale:.3g}"
-
 
 # Each: (architecture, factory options). Tied and untied heads, Qwen2's q/k/v biases,
 # Qwen3's per-head q/k norms (with head_dim != hidden / heads), a Mistral whose window

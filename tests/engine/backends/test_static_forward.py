@@ -25,9 +25,9 @@ from engine.drafters.model import ModelDrafter
 from engine.errors import ConfigError
 from engine.heads.eagle import EagleConfig, EagleHead
 from tests.engine.drafters.build import make_drafter
+from tests.engine.backends.numerics import assert_close as _close, random_ids as _ids
 from tests.factories.hf_models import make_tiny_model
 
-TOLERANCE = 1e-4  # of the largest |logit|: float32 rounding, nothing more
 GREEDY = SamplingConfig(max_tokens=40)
 PROMPT = "Repeat after me, word for word: the early bird catches the worm, but the second mouse gets the cheese."
 
@@ -60,16 +60,6 @@ def fresh(pair):
     for backend in pair:
         backend.rollback(0)
     return pair
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return [int(t) for t in torch.randint(100, 40000, (n,), generator=torch.Generator().manual_seed(seed))]
-
-
-def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    scale = want.abs().max().item()
-    diff = (got - want).abs().max().item()
-    assert diff <= TOLERANCE * scale, f"{what}: max |diff| {diff:.3g} for values up to {scale:.3g}"
 
 
 def _script(backend) -> list[torch.Tensor]:
