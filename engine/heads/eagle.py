@@ -23,8 +23,8 @@ On disk, two layouts are read:
   fc.weight (fc.bias), layers.0.self_attn.{q,k,v,o}_proj.weight,
   layers.0.mlp.{gate,up,down}_proj.weight, layers.0.post_attention_layernorm
   .weight; embed_tokens.weight, if present, is ignored (the target's is used).
-  EAGLE-3 heads (midlayer.*, d2t/t2d, their own LM head) are refused with a
-  message saying so.
+  EAGLE-3 heads (midlayer.*, d2t/t2d, their own LM head) are engine/heads/eagle3.py's:
+  this loader refuses them, pointing at the EAGLE-3 drafter.
 - ours: the same names in model.safetensors, config.json with a "specdeck"
   section, and optionally `draft_vocab` (the ids, most frequent first, that the
   head may propose: scoring 8k of SmolLM2's 49k ids costs a sixth of the full
@@ -48,6 +48,14 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PICKLE_WEIGHTS_FILE = "pytorch_model.bin"
 DRAFT_VOCAB_KEY = "draft_vocab"
+EAGLE3_ADVICE = "choose the EAGLE-3 drafter for it (--drafter eagle3, or EAGLE-3 head in the pair dialog)."
+
+
+def is_eagle3(config: dict) -> bool:
+    """Whether a head folder's config.json (as a dict) describes an EAGLE-3 head: its own draft
+    vocabulary, or the architecture SafeAILab's EAGLE-3 heads name."""
+    architectures = config.get("architectures") or []
+    return "draft_vocab_size" in config or any("eagle3" in str(a).lower() for a in architectures)
 
 
 @dataclass(frozen=True)
@@ -126,21 +134,20 @@ class EagleHead(nn.Module):
         """z = fc([e; f]) for rows (..., H) of embeddings and features."""
         return self.fc(torch.cat((embeds, features), dim=-1))
 
+    def inputs(self, embeds: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what attention reads, the residual) for rows of embeddings and features: z and z."""
+        z = self.project(embeds, features)
+        return z, z
+
     def qkv(self, z: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Rotated queries (..., heads, dim), keys and values (..., kv_heads, dim) of z (..., H);
         cos/sin (..., dim) in the usual (not sign-folded) form."""
-        c = self.config
-        q = self.q_proj(z).unflatten(-1, (c.num_heads, c.head_dim))
-        k = self.k_proj(z).unflatten(-1, (c.num_kv_heads, c.head_dim))
-        v = self.v_proj(z).unflatten(-1, (c.num_kv_heads, c.head_dim))
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        return rotary_qkv(self.config, self.q_proj, self.k_proj, self.v_proj, z, cos, sin)
 
     def finish(self, z: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The rest of the layer after attention: residual, norm, MLP, residual."""
-        z = z + self.o_proj(attended)
-        h = F.rms_norm(z, (self.config.hidden_size,), self.post_attention_layernorm, self.config.rms_norm_eps)
-        return z + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return layer_tail(self.config, self.o_proj, self.post_attention_layernorm, self.gate_proj, self.up_proj,
+                          self.down_proj, z, attended)  # fmt: skip
 
     def forward_sequences(
         self, embeds: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -186,6 +193,25 @@ class EagleHead(nn.Module):
             json.dump(self.config.to_json(), f, indent=2)
 
 
+def rotary_qkv(config, q_proj, k_proj, v_proj, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """The attention rows of a draft head's layer: q (..., heads, dim), k and v (..., kv_heads, dim)
+    of x, q and k rotated by cos/sin (..., dim) in the usual form: q * cos + rotate_half(q) * sin."""
+    q = q_proj(x).unflatten(-1, (config.num_heads, config.head_dim))
+    k = k_proj(x).unflatten(-1, (config.num_kv_heads, config.head_dim))
+    v = v_proj(x).unflatten(-1, (config.num_kv_heads, config.head_dim))
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+
+def layer_tail(config, o_proj, post_norm: torch.Tensor, gate_proj, up_proj, down_proj, residual: torch.Tensor,
+               attended: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """A Llama layer after attention: z = residual + o(attended); z + down(silu(gate(n)) * up(n)),
+    n = RMSNorm(z) with weight `post_norm`."""
+    z = residual + o_proj(attended)
+    h = F.rms_norm(z, (config.hidden_size,), post_norm, config.rms_norm_eps)
+    return z + down_proj(F.silu(gate_proj(h)) * up_proj(h))
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -228,11 +254,8 @@ def read_config(folder: str) -> EagleConfig:
             data = json.load(f)
         if "medusa_num_heads" in data:
             raise ModelLoadError(f"{folder} holds Medusa heads, not an EAGLE head: choose the Medusa drafter for it.")
-        if "draft_vocab_size" in data:
-            raise ModelLoadError(
-                f"{folder} holds an EAGLE-3 head (its own draft vocabulary and LM head, fed by several "
-                "target layers); SpecDeck reads EAGLE-1/2 heads only."
-            )
+        if is_eagle3(data):
+            raise ModelLoadError(f"{folder} holds an EAGLE-3 head, not an EAGLE-1/2 one: {EAGLE3_ADVICE}")
         heads = int(data["num_attention_heads"])
         hidden = int(data["hidden_size"])
         ours = data.get("specdeck") or {}
@@ -287,7 +310,7 @@ def load_head(folder: str, target: EagleConfig) -> EagleHead:
     )
     head = EagleHead(config)
     if any(name.startswith("midlayer.") for name in weights) or "d2t" in weights:
-        raise ModelLoadError(f"{folder} holds an EAGLE-3 head; SpecDeck reads EAGLE-1/2 heads only.")
+        raise ModelLoadError(f"{folder} holds an EAGLE-3 head, not an EAGLE-1/2 one: {EAGLE3_ADVICE}")
     expected = head.weights()
     missing = sorted(set(expected) - set(weights))
     if missing:
