@@ -43,19 +43,13 @@ from torch import nn
 
 from engine.errors import ModelLoadError
 from engine.heads.files import read_weights
+from engine.heads.kinds import heads_config_kind
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PICKLE_WEIGHTS_FILE = "pytorch_model.bin"
 DRAFT_VOCAB_KEY = "draft_vocab"
 EAGLE3_ADVICE = "choose the EAGLE-3 drafter for it (--drafter eagle3, or EAGLE-3 head in the pair dialog)."
-
-
-def is_eagle3(config: dict) -> bool:
-    """Whether a head folder's config.json (as a dict) describes an EAGLE-3 head: its own draft
-    vocabulary, or the architecture SafeAILab's EAGLE-3 heads name."""
-    architectures = config.get("architectures") or []
-    return "draft_vocab_size" in config or any("eagle3" in str(a).lower() for a in architectures)
 
 
 @dataclass(frozen=True)
@@ -254,7 +248,7 @@ def read_config(folder: str) -> EagleConfig:
             data = json.load(f)
         if "medusa_num_heads" in data:
             raise ModelLoadError(f"{folder} holds Medusa heads, not an EAGLE head: choose the Medusa drafter for it.")
-        if is_eagle3(data):
+        if heads_config_kind(data) == "eagle3":
             raise ModelLoadError(f"{folder} holds an EAGLE-3 head, not an EAGLE-1/2 one: {EAGLE3_ADVICE}")
         heads = int(data["num_attention_heads"])
         hidden = int(data["hidden_size"])

@@ -44,8 +44,9 @@ from torch import nn
 
 from engine.backends.hf.architectures import SUPPORTED_ARCHITECTURES
 from engine.errors import ModelLoadError
-from engine.heads.eagle import CONFIG_FILE, PICKLE_WEIGHTS_FILE, WEIGHTS_FILE, is_eagle3, layer_tail, rotary_qkv
+from engine.heads.eagle import CONFIG_FILE, PICKLE_WEIGHTS_FILE, WEIGHTS_FILE, layer_tail, rotary_qkv
 from engine.heads.files import read_weights
+from engine.heads.kinds import heads_config_kind
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 TRAIN_ADVICE = "Use a head trained for this target, or train one with specdeck-cli train-heads --kind eagle3."
@@ -251,7 +252,7 @@ def read_config(folder: str) -> Eagle3Config:
                 "SpecDeck does not read: use the head in SafeAILab's layout (config.json with draft_vocab_size, "
                 "midlayer.* weights)."
             )
-        if not is_eagle3(data):
+        if heads_config_kind(data) != "eagle3":
             raise ModelLoadError(
                 f"{folder} holds an EAGLE-1/2 head (no draft vocabulary of its own): choose the EAGLE drafter for it."
             )
