@@ -33,8 +33,6 @@ On disk, two layouts are read:
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -42,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ModelLoadError
-from engine.heads.files import read_weights
+from engine.heads.files import check_weights, read_head_json, read_weights, save_head
 from engine.heads.kinds import heads_config_kind
 
 CONFIG_FILE = "config.json"
@@ -176,15 +174,7 @@ class EagleHead(nn.Module):
     def save(self, folder: str, dtype: torch.dtype | None = torch.bfloat16) -> None:
         """config.json + model.safetensors, floats in `dtype` (bfloat16 by default: half the bytes of
         float32, and the head runs in the target's dtype anyway; None keeps the weights' own)."""
-        from safetensors.torch import save_file
-
-        os.makedirs(folder, exist_ok=True)
-        weights = {
-            k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v) for k, v in self.weights().items()
-        }
-        save_file(weights, os.path.join(folder, WEIGHTS_FILE))
-        with open(os.path.join(folder, CONFIG_FILE), "w", encoding="utf-8") as f:
-            json.dump(self.config.to_json(), f, indent=2)
+        save_head(self.weights(), self.config.to_json(), folder, dtype)
 
 
 def rotary_qkv(config, q_proj, k_proj, v_proj, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -235,37 +225,11 @@ _OURS = {published: ours for ours, published in _PUBLISHED.items()}
 
 def read_config(folder: str) -> EagleConfig:
     """The head's config from `folder` (published or our layout)."""
-    if not os.path.isdir(folder):
-        raise ModelLoadError(
-            f"EAGLE head folder not found: {folder}. Give the folder holding config.json and "
-            f"{WEIGHTS_FILE} (or {PICKLE_WEIGHTS_FILE})."
-        )
-    path = os.path.join(folder, CONFIG_FILE)
-    if not os.path.isfile(path):
-        raise ModelLoadError(f"{folder} has no config.json, so it is not an EAGLE head folder.")
+    path, data = read_head_json(folder, "EAGLE", f"{WEIGHTS_FILE} (or {PICKLE_WEIGHTS_FILE})")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        if "medusa_num_heads" in data:
-            raise ModelLoadError(f"{folder} holds Medusa heads, not an EAGLE head: choose the Medusa drafter for it.")
         if heads_config_kind(data) == "eagle3":
             raise ModelLoadError(f"{folder} holds an EAGLE-3 head, not an EAGLE-1/2 one: {EAGLE3_ADVICE}")
-        heads = int(data["num_attention_heads"])
-        hidden = int(data["hidden_size"])
-        ours = data.get("specdeck") or {}
-        return EagleConfig(
-            hidden_size=hidden,
-            intermediate_size=int(data["intermediate_size"]),
-            num_heads=heads,
-            num_kv_heads=int(data.get("num_key_value_heads") or heads),
-            head_dim=int(data.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
-            vocab_size=int(data.get("vocab_size", 0)),
-            fc_bias=bool(data.get("bias", True)),
-            attention_bias=bool(data.get("attention_bias", False)),
-            base_model=str(ours.get("base_model") or data.get("_name_or_path") or ""),
-            training=dict(ours.get("training") or {}),
-        )
+        return EagleConfig(**layer_fields(data), fc_bias=bool(data.get("bias", True)))
     except (ValueError, KeyError, TypeError) as error:
         raise ModelLoadError(
             f"{path} is not an EAGLE head config: it needs hidden_size, intermediate_size and "
@@ -306,18 +270,7 @@ def load_head(folder: str, target: EagleConfig) -> EagleHead:
     if any(name.startswith("midlayer.") for name in weights) or "d2t" in weights:
         raise ModelLoadError(f"{folder} holds an EAGLE-3 head, not an EAGLE-1/2 one: {EAGLE3_ADVICE}")
     expected = head.weights()
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise ModelLoadError(
-            f"The EAGLE weights in {folder} are incomplete: {len(missing)} tensors missing "
-            f"(first: {missing[0]}). Copy or train them again."
-        )
-    for name, tensor in expected.items():
-        if tuple(weights[name].shape) != tuple(tensor.shape):
-            raise ModelLoadError(
-                f"The EAGLE weight {name} in {folder} has shape {tuple(weights[name].shape)}, expected "
-                f"{tuple(tensor.shape)}: the config and the weights disagree."
-            )
+    check_weights(weights, expected, folder, "EAGLE")
     head.load_state_dict({_OURS[k]: weights[k].float() for k in expected}, strict=True)
     vocab = weights.get(DRAFT_VOCAB_KEY)
     if vocab is not None:
@@ -333,3 +286,23 @@ def load_head(folder: str, target: EagleConfig) -> EagleHead:
 
 def _read_weights(folder: str) -> dict[str, torch.Tensor]:
     return read_weights(folder, WEIGHTS_FILE, PICKLE_WEIGHTS_FILE, "EAGLE")
+
+
+def layer_fields(data: dict) -> dict:
+    """What a draft head's config.json (a one-layer Llama config) says of its layer, and our section's
+    facts: the fields EagleConfig and Eagle3Config share. KeyError / ValueError when it is no such config."""
+    heads = int(data["num_attention_heads"])
+    hidden = int(data["hidden_size"])
+    ours = data.get("specdeck") or {}
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=int(data["intermediate_size"]),
+        num_heads=heads,
+        num_kv_heads=int(data.get("num_key_value_heads") or heads),
+        head_dim=int(data.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
+        vocab_size=int(data.get("vocab_size", 0)),
+        attention_bias=bool(data.get("attention_bias", False)),
+        base_model=str(ours.get("base_model") or data.get("_name_or_path") or ""),
+        training=dict(ours.get("training") or {}),
+    )

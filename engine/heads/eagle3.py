@@ -34,8 +34,6 @@ copy of the target's embeddings; the target's are used when it is absent). Ours 
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -44,8 +42,8 @@ from torch import nn
 
 from engine.backends.hf.architectures import SUPPORTED_ARCHITECTURES
 from engine.errors import ModelLoadError
-from engine.heads.eagle import CONFIG_FILE, PICKLE_WEIGHTS_FILE, WEIGHTS_FILE, layer_tail, rotary_qkv
-from engine.heads.files import read_weights
+from engine.heads.eagle import PICKLE_WEIGHTS_FILE, WEIGHTS_FILE, layer_fields, layer_tail, rotary_qkv
+from engine.heads.files import check_weights, read_head_json, read_weights, save_head
 from engine.heads.kinds import heads_config_kind
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -199,15 +197,7 @@ class Eagle3Head(nn.Module):
 
     def save(self, folder: str, dtype: torch.dtype | None = torch.bfloat16) -> None:
         """config.json + model.safetensors, floats in `dtype` (None keeps the weights' own)."""
-        from safetensors.torch import save_file
-
-        os.makedirs(folder, exist_ok=True)
-        weights = {
-            k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v) for k, v in self.weights().items()
-        }
-        save_file(weights, os.path.join(folder, WEIGHTS_FILE))
-        with open(os.path.join(folder, CONFIG_FILE), "w", encoding="utf-8") as f:
-            json.dump(self.config.to_json(), f, indent=2)
+        save_head(self.weights(), self.config.to_json(), folder, dtype)
 
 
 # -- loading ---------------------------------------------------------------------------
@@ -233,19 +223,8 @@ def target_facts(text_config) -> dict:
 def read_config(folder: str) -> Eagle3Config:
     """The head's config from `folder` (the published layout, ours included); `layers` stays ()
     when the file names none (load_head then takes default_layers of the target)."""
-    if not os.path.isdir(folder):
-        raise ModelLoadError(
-            f"EAGLE-3 head folder not found: {folder}. Give the folder holding config.json and "
-            f"{WEIGHTS_FILE} (or {PICKLE_WEIGHTS_FILE})."
-        )
-    path = os.path.join(folder, CONFIG_FILE)
-    if not os.path.isfile(path):
-        raise ModelLoadError(f"{folder} has no config.json, so it is not an EAGLE-3 head folder.")
+    path, data = read_head_json(folder, "EAGLE-3", f"{WEIGHTS_FILE} (or {PICKLE_WEIGHTS_FILE})")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        if "medusa_num_heads" in data:
-            raise ModelLoadError(f"{folder} holds Medusa heads, not an EAGLE-3 head: choose the Medusa drafter for it.")
         if "speculators_config" in data or "transformer_layer_config" in data:
             raise ModelLoadError(
                 f"{folder} holds an EAGLE-3 head in the `speculators` layout (vLLM's converted heads), which "
@@ -261,27 +240,15 @@ def read_config(folder: str) -> Eagle3Config:
                 f"The EAGLE-3 head in {folder} has a hidden size ({data['hidden_size']}) other than its target's "
                 f"({data['target_hidden_size']}), which SpecDeck does not support. {TRAIN_ADVICE}"
             )
-        heads = int(data["num_attention_heads"])
-        hidden = int(data["hidden_size"])
-        ours = data.get("specdeck") or {}
         eagle = data.get("eagle_config") or {}
         layers = eagle.get("eagle_aux_hidden_state_layer_ids") or data.get("eagle_aux_hidden_state_layer_ids") or ()
         theta = data.get("rope_theta") or (data.get("rope_parameters") or {}).get("rope_theta")
         return Eagle3Config(
-            hidden_size=hidden,
-            intermediate_size=int(data["intermediate_size"]),
-            num_heads=heads,
-            num_kv_heads=int(data.get("num_key_value_heads") or heads),
-            head_dim=int(data.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
-            vocab_size=int(data.get("vocab_size", 0)),
+            **layer_fields(data),
             draft_vocab_size=int(data["draft_vocab_size"]),
             layers=tuple(sorted(int(i) for i in layers)),  # concatenated in layer order, as the target runs them
             rope_theta=float(theta) if theta else None,
             norm_before_residual=bool(data.get("norm_before_residual", False)),
-            attention_bias=bool(data.get("attention_bias", False)),
-            base_model=str(ours.get("base_model") or data.get("_name_or_path") or ""),
-            training=dict(ours.get("training") or {}),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ModelLoadError(
@@ -329,20 +296,8 @@ def load_head(folder: str, text_config) -> Eagle3Head:
     head = Eagle3Head(config)
     expected = head.state_dict()
     expected.pop("t2d")  # it follows from d2t (set_draft_vocab); some exports leave it out
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise ModelLoadError(
-            f"The EAGLE-3 weights in {folder} are incomplete: {len(missing)} tensors missing "
-            f"(first: {missing[0]}). Copy or train them again."
-        )
-    for name, tensor in expected.items():
-        if tuple(weights[name].shape) != tuple(tensor.shape):
-            fc = name == "fc.weight"
-            what = f" (fc reads {len(config.layers)} target layers of {config.hidden_size})" if fc else ""
-            raise ModelLoadError(
-                f"The EAGLE-3 weight {name} in {folder} has shape {tuple(weights[name].shape)}, expected "
-                f"{tuple(tensor.shape)}{what}: the config and the weights disagree, or the head is another target's."
-            )
+    check_weights(weights, expected, folder, "EAGLE-3",
+                  {"fc.weight": f"fc reads {len(config.layers)} target layers of {config.hidden_size}"})  # fmt: skip
     ids = torch.arange(config.draft_vocab_size) + weights["d2t"].to(torch.long)
     if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size or ids.unique().numel() != ids.numel():
         raise ModelLoadError(

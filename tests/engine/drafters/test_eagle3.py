@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,7 +17,7 @@ from engine.errors import ConfigError, ModelLoadError
 from engine.heads.eagle3 import Eagle3Config, Eagle3Head, load_head
 from tests.engine.drafters.build import make_drafter
 from tests.factories.eagle3_models import make_bigram_llama, mirror_head, write_published
-from tests.stats_helpers import chi_square_pvalue
+from tests.stats_helpers import first_two_tokens
 
 GREEDY = SamplingConfig(max_tokens=32)
 PROMPTS = ["Write a short poem about the sea.", "Repeat after me: the early bird catches the worm."]
@@ -86,27 +85,9 @@ def test_sampled_eagle3_is_distributed_as_the_target(bigram):
     """The first two tokens after a prompt, sampled with top-k 3, against the target's own p."""
     backend, head = bigram
     engine = engine_for(backend, Eagle3Drafter(head, backend), k=6)
-    prompt = engine.prompt_ids("Hi")
-    top_k, draws = 3, 300
-
-    def processed(ids):
-        backend.prefill(ids[:-1])
-        values, top = torch.topk(backend.forward([ids[-1]])[-1], top_k)
-        return top.tolist(), torch.softmax(values, -1).tolist()
-
-    cells = {}
-    for a, pa in zip(*processed(prompt)):
-        for b, pb in zip(*processed(prompt + [a])):
-            cells[(a, b)] = pa * pb
-    keys = list(cells)
-    counts = np.zeros(len(keys))
-    accepted = 0
-    for seed in range(draws):
-        result = engine.generate(prompt, SamplingConfig(temperature=1.0, top_k=top_k, max_tokens=2, seed=seed))
-        counts[keys.index(tuple(result.tokens[:2]))] += 1
-        accepted += result.stats.accepted
-    assert accepted > draws // 4  # the head is right often enough for the test to mean something
-    assert chi_square_pvalue(counts, np.array([cells[k] for k in keys])) > 1e-3
+    pvalue, accepted = first_two_tokens(engine, engine.prompt_ids("Hi"), top_k=3, draws=300)
+    assert accepted > 300 // 4  # the head is right often enough for the test to mean something
+    assert pvalue > 1e-3
 
 
 def test_closing_the_drafter_stops_keeping_the_layers(bigram):
