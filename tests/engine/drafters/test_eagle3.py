@@ -24,10 +24,15 @@ PROMPTS = ["Write a short poem about the sea.", "Repeat after me: the early bird
 
 
 @pytest.fixture(scope="module")
-def bigram(tmp_path_factory):
+def bigram_path(tmp_path_factory) -> str:
+    return make_bigram_llama(tmp_path_factory.mktemp("eagle3") / "bigram")
+
+
+@pytest.fixture(scope="module")
+def bigram(bigram_path):
     """A 4-layer target whose next token follows mostly from the current one, and a head built to
     know that over a draft vocabulary of every third id below 6000 plus what greedy decoding writes."""
-    backend = TorchBackend(make_bigram_llama(tmp_path_factory.mktemp("eagle3") / "bigram"), dtype="float32")
+    backend = TorchBackend(bigram_path, dtype="float32")
     plain = engine_for(backend, None)
     written = set()
     for text in PROMPTS:
@@ -174,6 +179,32 @@ def test_eagle3_on_llama_cpp_says_to_use_the_torch_backend(default_llama, bigram
     _, head = bigram
     with pytest.raises(ConfigError, match="PyTorch backend"):
         make_drafter("eagle3", default_llama, heads=write_published(tmp_path / "h", head))
+
+
+def test_preflight_reads_the_head_and_names_what_differs(bigram, bigram_path, tmp_path):
+    from engine import preflight
+
+    _, head = bigram
+    config = EngineConfig(target=bigram_path, backend="torch")
+    good = preflight(config.with_drafter("eagle3", heads=write_published(tmp_path / "good", head)))
+    finding = next(f for f in good.findings if f.title == "The EAGLE-3 head fits the target")
+    assert finding.severity == "ok" and "reading layers [0, 2, 3]" in finding.detail
+    layers = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 31]}}
+    wrong = write_published(tmp_path / "wrong", head, extra=layers)
+    bad = preflight(config.with_drafter("eagle3", heads=wrong))
+    assert not bad.compatible and any("target layers [2, 31]" in f.detail for f in bad.findings)
+
+
+def test_cli_generates_with_eagle3(bigram, bigram_path, tmp_path, capsys):
+    from engine.cli.main import main
+
+    _, head = bigram
+    code = main(["generate", "--target", bigram_path, "--drafter", "eagle3", "--heads",
+                 write_published(tmp_path / "h", head), "--k", "8", "--dtype", "float32", "--prompt", PROMPTS[0],
+                 "--max-tokens", "16", "--json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["stats"]["accepted"] > 0
 
 
 def test_missing_heads_say_how_to_train_some(bigram):
