@@ -66,6 +66,7 @@ _LAZY = {
     # trained heads and training
     "read_medusa_config": ("heads.medusa", "read_config"), "read_eagle_config": ("heads.eagle", "read_config"),
     "default_heads_dir": ("models.shipped", None), "describe_heads": ("drafters.heads_loading", None),
+    "heads_config_kind": ("heads.kinds", None),
     "train_heads": ("training.medusa", None), "checkpoint_info": ("training.checkpoint", None),  # load torch
     "load_checkpoint_state": ("training.checkpoint", "load_state"),  # loads torch
     "TrainSettings": ("training.records", None), "TrainProgress": ("training.records", None),

@@ -24,3 +24,33 @@ def chi_square_pvalue(observed: np.ndarray, probs: np.ndarray, min_expected: flo
         obs, exp = obs[:-1], exp[:-1]
     exp *= obs.sum() / exp.sum()  # guard against float drift in the probabilities
     return float(chisquare(obs, exp).pvalue)
+
+
+def first_two_tokens(engine, prompt: list[int], top_k: int, draws: int) -> tuple[float, int]:
+    """Sample the first two tokens after `prompt` `draws` times (temperature 1, top-k `top_k`, seed = draw)
+    with `engine`, and test them against the target's own law of those two tokens, computed from its
+    logits: (the chi-square p-value, the drafted tokens accepted in all the draws)."""
+    import torch
+
+    from engine.core.sampling import SamplingConfig
+
+    backend = engine.target
+
+    def processed(ids):  # the target's top-k ids after `ids`, and their renormalized probabilities
+        backend.prefill(ids[:-1])
+        values, top = torch.topk(backend.forward([ids[-1]])[-1], top_k)
+        backend.rollback(len(ids) - 1)
+        return top.tolist(), torch.softmax(values, -1).tolist()
+
+    cells = {}
+    for a, pa in zip(*processed(prompt)):
+        for b, pb in zip(*processed(prompt + [a])):
+            cells[(a, b)] = pa * pb
+    keys = list(cells)
+    counts = np.zeros(len(keys))
+    accepted = 0
+    for seed in range(draws):
+        result = engine.generate(prompt, SamplingConfig(temperature=1.0, top_k=top_k, max_tokens=2, seed=seed))
+        counts[keys.index(tuple(result.tokens[:2]))] += 1
+        accepted += result.stats.accepted
+    return chi_square_pvalue(counts, np.array([cells[k] for k in keys])), accepted

@@ -90,6 +90,7 @@ class DrafterView:
 DRAFTER_VIEWS = {
     "medusa": DrafterView("head", True, None),
     "eagle": DrafterView("depth", True, None),
+    "eagle3": DrafterView("depth", True, None),
     "lookahead": DrafterView("depth", True, "lookahead"),
     "early-exit": DrafterView("position", False, "early-exit"),
     "ngram": DrafterView("position", False, None),

@@ -419,8 +419,9 @@ def drafter_summary(drafter: dict | None) -> str:
         return ""
     s, kind = drafter["stats"], drafter.get("kind")
     try:
-        if kind == "eagle":
-            return (f"EAGLE: last tree {s['nodes']} nodes, {s['depth']} deep; draft vocabulary "
+        if kind in ("eagle", "eagle3"):
+            name = "EAGLE-3" if kind == "eagle3" else "EAGLE"
+            return (f"{name}: last tree {s['nodes']} nodes, {s['depth']} deep; draft vocabulary "
                     f"{s['draft_vocab']:,}; calibration {s['calibration']:.2f}")
         if kind == "medusa":
             return f"Medusa: {s['heads']} heads, last tree {s['nodes']} nodes"

@@ -1,5 +1,5 @@
-"""Trained drafter heads in the app (Medusa heads, EAGLE heads): where they go, which ones
-the pair dialog offers, a picker.
+"""Trained drafter heads in the app (Medusa heads, EAGLE and EAGLE-3 heads): where they go, which
+ones the pair dialog offers, a picker.
 
 Heads trained in the app are saved under the app data folder (heads/, beside
 conversations/; under $SPECDECK_DATA_DIR when that is set) and remembered in
@@ -9,7 +9,8 @@ itself when the heads folder is left empty.
 
 A folder's kind is read from its files: Medusa heads are config.json with
 medusa_lm_head.safetensors; an EAGLE head is config.json (without Medusa's keys)
-with model.safetensors or pytorch_model.bin (engine/heads/eagle.py).
+with model.safetensors or pytorch_model.bin (engine/heads/eagle.py), an EAGLE-3 head
+the same with a draft vocabulary of its own in config.json (engine/heads/eagle3.py).
 """
 
 from __future__ import annotations
@@ -23,16 +24,18 @@ from PySide6.QtCore import QSettings, QStandardPaths, Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, QWidget
 
 from engine import describe_heads  # one line about a heads folder, as the pair check says it
+from engine import heads_config_kind
 
 from app.chat.conversations import DATA_DIR_ENV
 
 TRAINED_KEY = "medusa/trained"  # JSON list of folders trained in the app (either kind), newest first
 LAST_TRAINED_KEY = "medusa/last_trained"
 MAX_REMEMBERED = 12
-KINDS = ("medusa", "eagle")
+KINDS = ("medusa", "eagle", "eagle3")
 SHIPPED_LABEL = "Shipped heads for the target"
-SHIPPED_LABELS = {"medusa": SHIPPED_LABEL, "eagle": "Shipped EAGLE head for the target"}
-KIND_NAMES = {"medusa": "Medusa heads", "eagle": "EAGLE head"}
+SHIPPED_LABELS = {"medusa": SHIPPED_LABEL, "eagle": "Shipped EAGLE head for the target",
+                  "eagle3": "Shipped EAGLE-3 head for the target"}  # fmt: skip
+KIND_NAMES = {"medusa": "Medusa heads", "eagle": "EAGLE head", "eagle3": "EAGLE-3 head"}
 _EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
@@ -51,7 +54,7 @@ def default_output_dir(target_name: str, kind: str = "medusa") -> Path:
 
 
 def heads_kind(folder: str | os.PathLike) -> str | None:
-    """"medusa" or "eagle" for a heads folder, None for anything else."""
+    """"medusa", "eagle" or "eagle3" for a heads folder, None for anything else."""
     folder = Path(folder)
     config = folder / "config.json"
     if not config.is_file():
@@ -63,7 +66,8 @@ def heads_kind(folder: str | os.PathLike) -> str | None:
             data = json.loads(config.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return "eagle" if isinstance(data, dict) and "medusa_num_heads" not in data else None
+        kind = heads_config_kind(data) if isinstance(data, dict) else None
+        return kind if kind != "medusa" else None  # Medusa's weights are another file
     return None
 
 
@@ -136,12 +140,13 @@ class HeadsPicker(QWidget):
         self.combo.setMinimumContentsLength(24)
         self.combo.addItem(SHIPPED_LABELS[kind], "")
         shipped = {"medusa": "The heads that ship with SpecDeck for this target (the embedded model has some)",
-                   "eagle": "The EAGLE head that ships with SpecDeck for this target (the embedded model has one)"}
+                   "eagle": "The EAGLE head that ships with SpecDeck for this target (the embedded model has one)",
+                   "eagle3": "The EAGLE-3 head that ships with SpecDeck for this target, if there is one"}
         self.combo.setItemData(0, shipped[kind], Qt.ToolTipRole)
         for folder in known_heads(settings, kind):
             self.combo.addItem(folder, folder)
             self.combo.setItemData(self.combo.count() - 1, describe_heads(folder), Qt.ToolTipRole)
-        files = {"medusa": "medusa_lm_head.safetensors", "eagle": "model.safetensors"}[kind]
+        files = {"medusa": "medusa_lm_head.safetensors"}.get(kind, "model.safetensors")
         self.combo.lineEdit().setPlaceholderText(f"a folder with config.json and {files}")
         self.combo.lineEdit().editingFinished.connect(self.sig_chosen)
         self.combo.activated.connect(self.sig_chosen)
@@ -172,7 +177,8 @@ class HeadsPicker(QWidget):
 
     def _browse(self) -> None:
         start = self.folder() or str(heads_root() if heads_root().is_dir() else Path.home())
-        title = {"medusa": "Choose a Medusa heads folder", "eagle": "Choose an EAGLE head folder"}[self.kind]
+        title = {"medusa": "Choose a Medusa heads folder", "eagle": "Choose an EAGLE head folder",
+                 "eagle3": "Choose an EAGLE-3 head folder"}[self.kind]  # fmt: skip
         folder = QFileDialog.getExistingDirectory(self, title, start)
         if folder:
             self.set_folder(folder)

@@ -58,7 +58,8 @@ def describe_engine(loaded: LoadedPair | ServerPair, choice: keys.EngineChoice =
     where = f" · on the SpecDeck server at {choice.url}" if choice.remote else ""
     config, info = loaded.config, loaded.target
     names = {"ngram": "n-gram drafter", "none": "no drafter", "model": "draft model", "medusa": "Medusa heads",
-             "eagle": "EAGLE head", "lookahead": "lookahead decoding", "early-exit": "early exit"}  # fmt: skip
+             "eagle": "EAGLE head", "eagle3": "EAGLE-3 head", "lookahead": "lookahead decoding",
+             "early-exit": "early exit"}  # fmt: skip
     # A drafter with no short name here goes by its registry label.
     drafter = names.get(config.drafter) or next((s.label for s in all_drafters() if s.name == config.drafter),
                                                 config.drafter)  # fmt: skip

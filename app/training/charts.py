@@ -22,7 +22,7 @@ HEAD_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00"
 LOSS_COLOUR = "#0072B2"
 REDRAW_MS = 100
 WINDOW = 20  # steps in the running means: one batch is a noisy measurement
-UNITS = {"medusa": "head", "eagle": "depth"}  # what one accuracy series is, per kind of heads
+UNITS = {"medusa": "head", "eagle": "depth", "eagle3": "depth"}  # what one accuracy series is, per kind of heads
 LOSS_LABELS = {"kl": "weighted KL to the target (nats)",
                "features": "weighted loss (features and greedy token)"}  # fmt: skip
 AXIS_STYLE = {"font-size": "9pt"}
@@ -64,7 +64,7 @@ class TrainingCharts(QWidget):
         self._timer = QTimer(self, singleShot=True, interval=REDRAW_MS, timeout=self.redraw)
 
     def set_kind(self, kind: str, objective: str | None = None) -> None:
-        """Label the accuracy series for `kind` ("medusa": head k, "eagle": depth k) and the loss
+        """Label the accuracy series for `kind` ("medusa": head k, "eagle" and "eagle3": depth k) and the loss
         for the training `objective` ("kl" or "features"), when given."""
         if objective in LOSS_LABELS:
             colour = self.loss_panel.fg.name()

@@ -38,7 +38,7 @@ from app.runtime.worker import GeneratorWorker
 from app.training.charts import TrainingCharts
 from app.training.form import TrainForm, command_line
 
-TITLES = {"medusa": "Train Medusa heads", "eagle": "Train an EAGLE head"}
+TITLES = {"medusa": "Train Medusa heads", "eagle": "Train an EAGLE head", "eagle3": "Train an EAGLE-3 head"}
 CHECK, TRAIN = "train-heads-check", "train-heads"  # the two jobs Start gives the host, in turn
 
 
@@ -261,9 +261,10 @@ class TrainDialog(QDialog):
             remember_trained(result.out_dir, self.settings, kind)
             unit = self.charts.unit
             accuracy = ", ".join(f"{unit} {k} {a:.0%}" for k, a in enumerate(result.head_accuracy, 1))
-            what, drafter = ("EAGLE head", "EAGLE head") if kind == "eagle" else ("heads", "Medusa heads")
+            one = {"eagle": "EAGLE head", "eagle3": "EAGLE-3 head"}.get(kind)
+            what, drafter = (one, one) if one else ("heads", "Medusa heads")
             self._show_status(f"Done: {result.step} steps, {what} saved in {result.out_dir}. Held-out top-1 "
-                              f"agreement with the target: {accuracy}. Choose {'it' if kind == 'eagle' else 'them'} "
+                              f"agreement with the target: {accuracy}. Choose {'it' if one else 'them'} "
                               f"in Models ▸ Model pair… (drafter: {drafter}).")  # fmt: skip
             self.use_button.setEnabled(True)
         self.sig_finished.emit(result)

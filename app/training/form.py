@@ -31,7 +31,8 @@ DATA_KINDS = (("Built-in corpus: documentation and licences on this computer", "
               ("Only replies the target writes itself", "none"))  # fmt: skip
 OBJECTIVES = (("Fast: regress the target's cached features", "features"),
               ("Exact: full-vocabulary KL, slow", "kl"))  # fmt: skip
-KINDS = (("Medusa heads", "medusa"), ("EAGLE head", "eagle"))
+KINDS = (("Medusa heads", "medusa"), ("EAGLE head", "eagle"), ("EAGLE-3 head", "eagle3"))
+ONE_HEAD = ("eagle", "eagle3")  # one decoder layer drafting a tree: no Medusa sizes, a draft vocabulary
 DEFAULT_DRAFT_VOCAB = 8192  # engine.training.eagle.DEFAULT_DRAFT_VOCAB (not imported: it loads torch)
 
 
@@ -57,7 +58,7 @@ def _path_row(edit: QLineEdit, button: QPushButton) -> QWidget:
 
 class TrainForm(QWidget):
     sig_kind_changed = Signal(str)
-    """The kind of heads changed ("medusa" or "eagle")."""
+    """The kind of heads changed ("medusa", "eagle" or "eagle3")."""
 
     def __init__(self, target: str, parent=None) -> None:
         super().__init__(parent)
@@ -68,7 +69,9 @@ class TrainForm(QWidget):
             self.kind.addItem(text, kind)
         self.kind.setToolTip("Medusa: a few heads, each guessing one token further ahead from the target's last "
                              "hidden state. EAGLE: one decoder layer that guesses the target's next hidden state, "
-                             "drafting a tree step by step (usually accepted more often)")  # fmt: skip
+                             "drafting a tree step by step (usually accepted more often). EAGLE-3: one layer fed "
+                             "by three of the target's layers, trained on its own guesses, with its own draft "
+                             "vocabulary")  # fmt: skip
         self.target = ModelPicker(list_models(), "target", self)
         self.data_kind = QComboBox(self)
         for text, kind in DATA_KINDS:
@@ -155,7 +158,7 @@ class TrainForm(QWidget):
             "batch_size": self.batch_size.value(), "seq_len": self.seq_len.value(),
             "self_generate": self.self_generate.value(), "objective": self.objective.currentData(),
         }  # fmt: skip
-        if self.heads_kind() == "eagle":  # one head, two depths: Medusa's sizes do not apply (engine defaults)
+        if self.heads_kind() in ONE_HEAD:  # one head, drafted by depth: Medusa's sizes do not apply
             options["draft_vocab"] = self.draft_vocab.value()
         else:
             options.update(num_heads=self.num_heads.value(), num_layers=self.num_layers.value())
@@ -164,7 +167,7 @@ class TrainForm(QWidget):
     def set_running(self, running: bool) -> None:
         """Nothing can change while a run uses these settings."""
         self._running = running
-        eagle = self.heads_kind() == "eagle"
+        eagle = self.heads_kind() in ONE_HEAD
         for widget in (self.kind, self.target, self.data_kind, self.self_generate, self.steps, self.batch_size,
                        self.seq_len, self.out_dir, self.out_browse):  # fmt: skip
             widget.setEnabled(not running)
@@ -181,7 +184,7 @@ class TrainForm(QWidget):
         self.data_browse.setEnabled(needs_path)
 
     def _kind_changed(self) -> None:
-        eagle = self.heads_kind() == "eagle"
+        eagle = self.heads_kind() in ONE_HEAD
         if eagle:
             self.objective.setCurrentIndex(self.objective.findData("features"))
         tip = "EAGLE has one head (one decoder layer); these are Medusa's sizes" if eagle else ""
@@ -228,7 +231,7 @@ def command_line(options: dict) -> str:
     if options["self_generate"]:
         args += ["--self-generate", str(options["self_generate"])]
     args += ["--objective", options.get("objective", "features"), "--out", options["out_dir"]]
-    if kind == "eagle":
+    if kind in ONE_HEAD:
         args += ["--draft-vocab", str(options.get("draft_vocab", DEFAULT_DRAFT_VOCAB))]
     else:
         args += ["--heads", str(options["num_heads"]), "--layers", str(options["num_layers"])]

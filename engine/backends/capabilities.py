@@ -14,6 +14,8 @@ forward (an architecture without a native path) has ModelParts and HiddenFeature
 
     TreeForward      forward_tree / keep_nodes, forward_masked / keep_rows: any attention pattern
     HiddenFeatures   the final-norm hidden states of the rows just run and of every cached token
+    LayerFeatures    the hidden states entering chosen layers, of every cached token (EAGLE-3), kept
+                     only while a drafter watches those layers
     LayerExit        run only the first layers on scratch rows past the cache (never committed), then
                      finish the verifying forward from the residual stream they left (early exit)
     ModelParts       the target's embeddings, rotary embedding and LM head, for heads that reuse them
@@ -86,6 +88,24 @@ class HiddenFeatures(Protocol):
 
 
 @runtime_checkable
+class LayerFeatures(Protocol):
+    """The residual stream entering chosen decoder layers, for every cached token: what an EAGLE-3
+    head reads (the input of layer i is the output of layer i - 1, residual included; layer 0's is
+    the embedding). Kept only while watched, so a target without such a drafter pays nothing."""
+
+    def watch_layers(self, layers: tuple[int, ...]) -> None:
+        """Keep the inputs of `layers` (increasing ids, 0..n_layers-1) for every token from now on;
+        () stops. A new set forgets the cached tokens (their layers' inputs were not kept), so the
+        next prefill runs them again."""
+        ...
+
+    def cached_layer_features(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """The watched layers' inputs (end - start, len(layers) * hidden_size) of the cached tokens
+        self.tokens[start:end], concatenated in layer order, on the model's device."""
+        ...
+
+
+@runtime_checkable
 class LayerExit(Protocol):
     """Run the first layers only, on scratch rows past the committed cache (the cache's length is set
     back afterwards), and later finish a forward from the residual stream they left."""
@@ -116,6 +136,7 @@ class ModelParts(Protocol):
 WHY = {
     TreeForward: "verifies its drafts as a tree in one forward with a custom attention mask",
     HiddenFeatures: "reads the target's hidden states",
+    LayerFeatures: "reads the hidden states of several of the target's layers",
     LayerExit: "runs the target's first layers on their own and finishes the forward from there",
     ModelParts: "shares the target's embeddings, rotary embedding and LM head",
 }

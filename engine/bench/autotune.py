@@ -44,14 +44,14 @@ WARMUP_TOKENS = 8
 
 def allowed_drafters(config: EngineConfig, target) -> tuple[str, ...]:
     """The drafters `target` (a loaded Backend) can serve with what `config` has: n-gram always,
-    the draft model if one is loaded; on PyTorch also lookahead and early exit, and Medusa and
-    EAGLE where there are heads (given, or shipped for this target)."""
+    the draft model if one is loaded; on PyTorch also lookahead and early exit, and Medusa, EAGLE
+    and EAGLE-3 where there are heads (given, or shipped for this target)."""
     drafters = ["ngram"]
     if config.draft:
         drafters.append("model")
     if target.info.backend == "torch":
         drafters += ["lookahead", "early-exit"]
-        for kind in ("medusa", "eagle"):
+        for kind in ("medusa", "eagle", "eagle3"):
             given = getattr(config.drafter_options(), "heads", None) if config.drafter == kind else None
             if given or default_heads_dir(kind, target.info):
                 drafters.append(kind)

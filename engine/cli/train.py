@@ -1,11 +1,15 @@
-"""specdeck-cli train-heads: train Medusa heads or an EAGLE head for a target by self-distillation.
+"""specdeck-cli train-heads: train Medusa heads, an EAGLE or an EAGLE-3 head for a target by self-distillation.
 
     specdeck-cli train-heads --kind medusa --target default --data builtin --self-generate 200 \\
         --out heads/medusa-smollm2 --steps 2000
     specdeck-cli train-heads --kind eagle --target default --data builtin --out heads/eagle-smollm2
+    specdeck-cli train-heads --kind eagle3 --target default --data builtin --out heads/eagle3-smollm2
 
 --kind eagle trains one EAGLE head (engine/training/eagle.py) on the same cached
-features; --heads and --layers are Medusa's, --draft-vocab is EAGLE's.
+features; --kind eagle3 an EAGLE-3 head (engine/training/eagle3.py) on the inputs of
+three target layers, unrolled on its own outputs (EAGLE-3's training-time test), saved
+in SafeAILab's published layout. --heads and --layers are Medusa's, --draft-vocab is
+EAGLE's and EAGLE-3's.
 
 --objective features (the default) runs the target once over the data, caches its
 hidden states in --out/training (at most --cache-tokens of them) and trains the
@@ -32,12 +36,13 @@ import threading
 from engine.cli import interrupt as cli_interrupt
 from engine.errors import ConfigError
 
-KINDS = ("medusa", "eagle")
+KINDS = ("medusa", "eagle", "eagle3")
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
-    train = subparsers.add_parser("train-heads", help="train Medusa or EAGLE heads for a target (self-distillation)")
-    train.add_argument("--kind", choices=KINDS, default="medusa", help="medusa (default) or eagle")
+    train = subparsers.add_parser("train-heads",
+                                  help="train Medusa, EAGLE or EAGLE-3 heads for a target (self-distillation)")
+    train.add_argument("--kind", choices=KINDS, default="medusa", help="medusa (default), eagle or eagle3")
     train.add_argument("--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
     train.add_argument("--data", action="append", default=[],
                        help="'builtin', or a .txt/.md/.jsonl file or a folder of them (repeatable)")
@@ -47,7 +52,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     train.add_argument("--heads", type=int, default=4, help="number of heads (default 4)")
     train.add_argument("--layers", type=int, default=1, help="residual blocks per head (default 1)")
     train.add_argument("--draft-vocab", type=int, default=8192, metavar="N",
-                       help="eagle: the N ids most frequent in the data are the ones the head proposes "
+                       help="eagle, eagle3: the N ids most frequent in the data are the ones the head proposes "
                             "(0 = the whole vocabulary; default 8192)")
     train.add_argument("--objective", choices=("features", "kl"), default="features",
                        help="features: regress the target's cached hidden states (fast, default); "
@@ -139,7 +144,7 @@ def command_line(args: argparse.Namespace) -> str:
     if args.objective == "features":
         words += ["--cache-tokens", str(args.cache_tokens)]
     words += ["--out", args.out]
-    if args.kind == "eagle":
+    if args.kind in ("eagle", "eagle3"):
         words += ["--draft-vocab", str(args.draft_vocab)]
     else:
         words += ["--heads", str(args.heads), "--layers", str(args.layers)]
@@ -187,7 +192,7 @@ def summary(result) -> str:
     if result.final_loss is not None:
         lines[0] += f"; final loss {result.final_loss:.4f}"
     if result.head_accuracy:
-        unit = "depth" if result.training.get("kind") == "eagle" else "head"
+        unit = "depth" if result.training.get("kind") in ("eagle", "eagle3") else "head"
         accuracy = ", ".join(f"{unit} {k} {a:.1%}" for k, a in enumerate(result.head_accuracy, 1))
         lines.append(f"held-out top-1 agreement with the target: {accuracy}")
     if result.tokens_per_s:

@@ -38,6 +38,11 @@ against the measured verify-cost curve.
 Only the ids in the head's draft vocabulary (if it has one) are proposed; the
 LM head is then scored on those rows only, which on a CPU is most of what a
 round costs for a small target.
+
+EAGLE-3 (eagle3.py) drafts the same way with another head: what the committed
+pairs carry (`_committed`: the head's projection of three target layers' inputs
+instead of f_t), how guesses become q (`_logits`: the head's own LM head) and its
+draft vocabulary are the three places it differs, and it overrides those.
 """
 
 from __future__ import annotations
@@ -63,28 +68,29 @@ PRIOR_WEIGHT = 4.0  # the estimates' calibration starts as if 4 tokens had match
 
 class EagleDrafter(Drafter):
     name = "eagle"
+    label = "EAGLE"  # for messages
+    reads = HiddenFeatures  # what the committed pairs need from the target
     uses_features = True
     drafts_trees = True
 
     def __init__(self, head: EagleHead, target_backend, top_k: int = TOP_K, max_depth: int = MAX_DEPTH) -> None:
-        if not has(target_backend, HiddenFeatures):
+        if not has(target_backend, self.reads):
             raise ConfigError(
-                f"EAGLE reads the target's hidden states, which the {target_backend.name} backend does not "
+                f"{self.label} reads the target's hidden states, which the {target_backend.name} backend does not "
                 "expose: load the target with the PyTorch backend (--backend torch)."
             )
         if top_k < 1 or max_depth < 1:
-            raise ConfigError(f"EAGLE needs top_k >= 1 and max_depth >= 1, got {top_k} and {max_depth}.")
+            raise ConfigError(f"{self.label} needs top_k >= 1 and max_depth >= 1, got {top_k} and {max_depth}.")
         self.head = head
         self.target = target_backend
         config = head.config
-        self.top_k = min(top_k, target_backend.vocab_size)
         self.max_depth = max_depth
         self.groups = config.num_heads // config.num_kv_heads
         param = next(head.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.cache = KVCache(1, config.num_kv_heads, config.head_dim, target_backend.n_ctx, self.dtype, self.device)
-        self.vocab = head.draft_vocab.to(self.device) if head.draft_vocab is not None else None
-        self._lm_weight = _draft_lm_weight(target_backend.lm_head, self.vocab, self.dtype)
+        self.vocab = self._draft_vocab()  # the target ids the head may propose (None = all)
+        self.top_k = min(top_k, target_backend.vocab_size if self.vocab is None else self.vocab.numel())
         self.reset()
 
     # -- the decode loop's calls ----------------------------------------------------------
@@ -145,14 +151,18 @@ class EagleDrafter(Drafter):
         # Within a generation the context only grows (reset() starts each one at 0); recompute
         # at least the last pair, whose output is g_{L-1}.
         have = min(self._pairs, length - 2)
-        features = self.target.cached_features(have, length - 1)  # f_have .. f_{L-2}
+        features = self._committed(have, length - 1)  # f_have .. f_{L-2}
         ids = torch.tensor(context[have + 1 : length], dtype=torch.long, device=self.device)
         self.cache.truncate(have)
         n = ids.numel()
         chain = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-        out = self._forward(ids, features.to(self.dtype), torch.arange(have, length - 1, device=self.device), chain)
+        out = self._forward(ids, features, torch.arange(have, length - 1, device=self.device), chain)
         self._pairs = length - 1
         return out[-1]
+
+    def _committed(self, start: int, end: int) -> torch.Tensor:
+        """What the committed pairs t = start..end-1 carry besides their token: f_t (n, H)."""
+        return self.target.cached_features(start, end).to(self.dtype)
 
     # -- 2. and 3. the tree ----------------------------------------------------------------------
 
@@ -225,9 +235,9 @@ class EagleDrafter(Drafter):
         start = self.cache.length
         end = start + n
         self.cache.reserve(end)
-        z = head.project(self.target.embed(ids).to(self.dtype), features)
+        x, residual = head.inputs(self._embed(ids), features)
         cos, sin = self.target.rope(positions)
-        q, key, value = head.qkv(z, cos.to(self.dtype), sin.to(self.dtype))  # (n, heads|kv, dim)
+        q, key, value = head.qkv(x, cos.to(self.dtype), sin.to(self.dtype))  # (n, heads|kv, dim)
         keys, values = self.cache.write(0, start, torch.cat((key, value), dim=1).transpose(0, 1))
         self.cache.length = end
         if full_mask is None:
@@ -238,20 +248,31 @@ class EagleDrafter(Drafter):
         q = q.view(n, kv_heads, self.groups, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, self.groups * n, dim)
         attn = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=full_mask.repeat(self.groups, 1))
         attn = attn.view(kv_heads, self.groups, n, dim).permute(2, 0, 1, 3).reshape(n, -1)
-        return head.finish(z, attn)
+        return head.finish(residual, attn)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.target.embed(ids).to(self.dtype)
 
     def _top(self, guesses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """log q and ids of the top K draft tokens for each guessed feature (n, H)."""
-        if self._lm_weight is not None:
-            logits = guesses @ self._lm_weight.t()
-        else:
-            logits = self.target.lm_head(guesses)
-            if self.vocab is not None:
-                logits = logits[:, self.vocab]
-        logq = torch.log_softmax(logits.float(), dim=-1)
+        logq = torch.log_softmax(self._logits(guesses).float(), dim=-1)
         top, index = torch.topk(logq, self.top_k, dim=-1)
         ids = self.vocab[index] if self.vocab is not None else index
         return top, ids
+
+    def _draft_vocab(self) -> torch.Tensor | None:
+        """The head's draft vocabulary, and the LM head's rows for it (a small copy, when it has float
+        weights: scoring those rows only is the saving)."""
+        vocab = self.head.draft_vocab.to(self.device) if self.head.draft_vocab is not None else None
+        self._lm_weight = _draft_lm_weight(self.target.lm_head, vocab, self.dtype)
+        return vocab
+
+    def _logits(self, guesses: torch.Tensor) -> torch.Tensor:
+        """Logits (n, len(vocab)) over the draft vocabulary of guessed features (n, H)."""
+        if self._lm_weight is not None:
+            return guesses @ self._lm_weight.t()
+        logits = self.target.lm_head(guesses)
+        return logits[:, self.vocab] if self.vocab is not None else logits
 
 
 def _draft_lm_weight(lm_head, vocab: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

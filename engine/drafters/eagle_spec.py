@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from engine.backends.capabilities import HiddenFeatures, ModelParts, TreeForward
 from engine.drafters.medusa_spec import HEADS_HELP
 from engine.drafters.registry import AUTO, DrafterSpec, DrafterStats, auto_or_int, setting, stat
 
 MAX_DEPTH = 8  # the tree's deepest level when tree_depth is "auto" (eagle.py's MAX_DEPTH)
+TREE_DEPTH_HELP = "eagle, eagle3: deepest level of the draft tree (default auto: 8)"
 
 
 @dataclass(frozen=True)
 class EagleOptions:
     heads: str | None = setting(None, label="EAGLE head", help=HEADS_HELP, cli="--heads", kind="path")
-    tree_depth: int | str = setting(AUTO, label="Tree depth", minimum=1, auto=True,
-                                    help="eagle: deepest level of the draft tree (default auto: 8)")
+    tree_depth: int | str = setting(AUTO, label="Tree depth", minimum=1, auto=True, help=TREE_DEPTH_HELP)
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,35 @@ def make(target, options: EagleOptions, load):
 
 def preflight(ctx, options: EagleOptions) -> list:
     """EAGLE needs a head made for the target's hidden size and vocabulary, and a tree depth of 1 or more."""
+    from engine.heads.eagle import read_config
+
+    return head_findings(ctx, options, HeadKind(
+        "eagle", "EAGLE", read_config,
+        "SpecDeck ships an EAGLE head for its built-in model only. Train one for this target "
+        "(Models ▸ Train heads…, Kind EAGLE), or choose an EAGLE head folder.",
+        "Models ▸ Train heads…, Kind EAGLE",
+    ))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """What the findings of a tree-drafting head (EAGLE, EAGLE-3) say about it."""
+
+    name: str  # the drafter's and the shipped folder's kind: "eagle"
+    label: str  # "EAGLE"
+    read_config: Callable  # folder -> the head's config (a SpecDeckError when it cannot be used)
+    none_shipped: str  # what to do when no head ships for the target
+    train_hint: str  # where the app trains one
+    # (config, target metadata) -> what else differs from the target, each as "a hidden size of ..."
+    mismatches: Callable = lambda config, meta: []
+    describe: Callable = lambda config: "EAGLE head"  # what the head is, for the "fits" finding
+
+
+def head_findings(ctx, options, kind: HeadKind) -> list:
+    """The findings for a head of `kind` on the target: the tree depth, whether a head is there,
+    readable and made for the target's hidden size and vocabulary (and what `kind` checks besides)."""
     from engine.drafters.heads_loading import describe_config
     from engine.errors import ConfigError, SpecDeckError
-    from engine.heads.eagle import read_config
     from engine.models.doctor import Finding
 
     findings = []
@@ -63,42 +90,39 @@ def preflight(ctx, options: EagleOptions) -> list:
     except ConfigError:
         findings.append(Finding(
             "error", "The tree depth must be 1 or more",
-            f"The EAGLE tree depth is the deepest level drafted; {options.tree_depth} cannot be used. Leave it on "
-            f"auto ({MAX_DEPTH} levels) or give a whole number of 1 or more.",
+            f"The {kind.label} tree depth is the deepest level drafted; {options.tree_depth} cannot be used. Leave "
+            f"it on auto ({MAX_DEPTH} levels) or give a whole number of 1 or more.",
         ))  # fmt: skip
     meta = ctx.meta()
     if isinstance(meta, Finding):
         return findings + [meta]
     target = ctx.target
     heads = (options.heads or "").strip()
-    folder = heads or ctx.shipped_heads("eagle")
+    folder = heads or ctx.shipped_heads(kind.name)
     if not folder:
-        return findings + [Finding(
-            "error", f"No EAGLE head ships for {target.name}",
-            "SpecDeck ships an EAGLE head for its built-in model only. Train one for this target "
-            "(Models ▸ Train heads…, Kind EAGLE), or choose an EAGLE head folder.",
-        )]  # fmt: skip
+        return findings + [Finding("error", f"No {kind.label} head ships for {target.name}", kind.none_shipped)]
     try:
-        config = read_config(folder)
+        config = kind.read_config(folder)
     except SpecDeckError as e:
-        return findings + [Finding("error", "Cannot use this EAGLE head", str(e))]
+        return findings + [Finding("error", f"Cannot use this {kind.label} head", str(e))]
     mismatch = []
     if meta.hidden_size and config.hidden_size != meta.hidden_size:
         mismatch.append(f"a hidden size of {config.hidden_size} ({target.name} has {meta.hidden_size})")
     if meta.vocab_size and config.vocab_size and config.vocab_size != meta.vocab_size:
         mismatch.append(f"a vocabulary of {config.vocab_size} tokens ({target.name} has {meta.vocab_size})")
+    mismatch += kind.mismatches(config, meta)
     if mismatch:
         return findings + [Finding(
-            "error", "This EAGLE head belongs to another model",
+            "error", f"This {kind.label} head belongs to another model",
             f"It was trained for {config.base_model or 'another model'} with {' and '.join(mismatch)}. "
-            "Train a head for this target (Models ▸ Train heads…, Kind EAGLE).",
+            f"Train a head for this target ({kind.train_hint}).",
         )]  # fmt: skip
     where = "shipped with SpecDeck" if not heads else folder
     auto = str(options.tree_depth).strip().lower() == AUTO
     depth = f"up to {MAX_DEPTH} levels (auto)" if auto else f"up to {options.tree_depth} levels"
     return findings + [Finding(
-        "ok", "The EAGLE head fits the target",
-        f"{describe_config(config, 'EAGLE head', 'depth')} ({where}). Draft trees grow {depth}, "
+        "ok", f"The {kind.label} head fits the target",
+        f"{describe_config(config, kind.describe(config), 'depth')} ({where}). Draft trees grow {depth}, "
         "where the head is most confident.",
     )]  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Loading trained draft heads (Medusa, EAGLE) beside a loaded target: which folder, where, and
+"""Loading trained draft heads (Medusa, EAGLE, EAGLE-3) beside a loaded target: which folder, where, and
 a failed allocation said as what it is."""
 
 from __future__ import annotations
@@ -50,24 +50,30 @@ def placement(module):
 
 
 def describe_heads(folder: str) -> str:
-    """One line about a folder of trained heads (Medusa heads or an EAGLE head): what, for which
-    model, how well they did; the engine's message when it cannot be read."""
+    """One line about a folder of trained heads (Medusa heads, an EAGLE or EAGLE-3 head): what, for
+    which model, how well they did; the engine's message when it cannot be read."""
     import json
     import os
 
     from engine.errors import SpecDeckError
+    from engine.heads.kinds import heads_config_kind
 
     try:
         with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-            medusa = "medusa_num_heads" in json.load(f)
-    except (OSError, ValueError, TypeError):
-        medusa = True  # read_config says what is wrong with the folder
+            kind = heads_config_kind(json.load(f))
+    except (OSError, ValueError, TypeError, AttributeError):
+        kind = "medusa"  # read_config says what is wrong with the folder
     try:
-        if medusa:
+        if kind == "medusa":
             from engine.heads.medusa import read_config
 
             config = read_config(folder)
             return describe_config(config, f"{config.num_heads} heads", None)
+        if kind == "eagle3":
+            from engine.heads.eagle3 import read_config as read_eagle3
+
+            config = read_eagle3(folder)
+            return describe_config(config, f"EAGLE-3 head over {config.draft_vocab_size:,} draft tokens", "depth")
         from engine.heads.eagle import read_config as read_eagle
 
         return describe_config(read_eagle(folder), "EAGLE head", "depth")

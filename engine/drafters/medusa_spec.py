@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from engine.backends.capabilities import HiddenFeatures, ModelParts
 from engine.drafters.registry import DrafterSpec, DrafterStats, setting, stat
 
-HEADS_HELP = ("Medusa heads or EAGLE head folder (implies --drafter medusa unless --drafter eagle; "
-              "default: the ones shipped for the target)")  # fmt: skip
+HEADS_HELP = ("Medusa heads or EAGLE / EAGLE-3 head folder (implies --drafter medusa unless --drafter eagle "
+              "or eagle3; default: the ones shipped for the target)")  # fmt: skip
 
 
 @dataclass(frozen=True)

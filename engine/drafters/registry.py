@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from engine.preflight import PreflightContext
 
 # Today's order of the built-in drafters; a drafter from another module comes after them.
-BUILTIN_ORDER = ("none", "ngram", "suffix", "model", "medusa", "eagle", "mtp", "lookahead", "early-exit")
+BUILTIN_ORDER = ("none", "ngram", "suffix", "model", "medusa", "eagle", "eagle3", "mtp", "lookahead", "early-exit")
 SPEC_SUFFIX = "_spec"  # engine/drafters/<name>_spec.py: a module that defines DRAFTER
 AUTO = "auto"
 

@@ -23,8 +23,8 @@ On disk, two layouts are read:
   fc.weight (fc.bias), layers.0.self_attn.{q,k,v,o}_proj.weight,
   layers.0.mlp.{gate,up,down}_proj.weight, layers.0.post_attention_layernorm
   .weight; embed_tokens.weight, if present, is ignored (the target's is used).
-  EAGLE-3 heads (midlayer.*, d2t/t2d, their own LM head) are refused with a
-  message saying so.
+  EAGLE-3 heads (midlayer.*, d2t/t2d, their own LM head) are engine/heads/eagle3.py's:
+  this loader refuses them, pointing at the EAGLE-3 drafter.
 - ours: the same names in model.safetensors, config.json with a "specdeck"
   section, and optionally `draft_vocab` (the ids, most frequent first, that the
   head may propose: scoring 8k of SmolLM2's 49k ids costs a sixth of the full
@@ -33,8 +33,6 @@ On disk, two layouts are read:
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -42,12 +40,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ModelLoadError
-from engine.heads.files import read_weights
+from engine.heads.files import check_weights, read_head_json, read_weights, save_head
+from engine.heads.kinds import heads_config_kind
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 PICKLE_WEIGHTS_FILE = "pytorch_model.bin"
 DRAFT_VOCAB_KEY = "draft_vocab"
+EAGLE3_ADVICE = "choose the EAGLE-3 drafter for it (--drafter eagle3, or EAGLE-3 head in the pair dialog)."
 
 
 @dataclass(frozen=True)
@@ -126,21 +126,20 @@ class EagleHead(nn.Module):
         """z = fc([e; f]) for rows (..., H) of embeddings and features."""
         return self.fc(torch.cat((embeds, features), dim=-1))
 
+    def inputs(self, embeds: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what attention reads, the residual) for rows of embeddings and features: z and z."""
+        z = self.project(embeds, features)
+        return z, z
+
     def qkv(self, z: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Rotated queries (..., heads, dim), keys and values (..., kv_heads, dim) of z (..., H);
         cos/sin (..., dim) in the usual (not sign-folded) form."""
-        c = self.config
-        q = self.q_proj(z).unflatten(-1, (c.num_heads, c.head_dim))
-        k = self.k_proj(z).unflatten(-1, (c.num_kv_heads, c.head_dim))
-        v = self.v_proj(z).unflatten(-1, (c.num_kv_heads, c.head_dim))
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        return rotary_qkv(self.config, self.q_proj, self.k_proj, self.v_proj, z, cos, sin)
 
     def finish(self, z: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The rest of the layer after attention: residual, norm, MLP, residual."""
-        z = z + self.o_proj(attended)
-        h = F.rms_norm(z, (self.config.hidden_size,), self.post_attention_layernorm, self.config.rms_norm_eps)
-        return z + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return layer_tail(self.config, self.o_proj, self.post_attention_layernorm, self.gate_proj, self.up_proj,
+                          self.down_proj, z, attended)  # fmt: skip
 
     def forward_sequences(
         self, embeds: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -175,15 +174,26 @@ class EagleHead(nn.Module):
     def save(self, folder: str, dtype: torch.dtype | None = torch.bfloat16) -> None:
         """config.json + model.safetensors, floats in `dtype` (bfloat16 by default: half the bytes of
         float32, and the head runs in the target's dtype anyway; None keeps the weights' own)."""
-        from safetensors.torch import save_file
+        save_head(self.weights(), self.config.to_json(), folder, dtype)
 
-        os.makedirs(folder, exist_ok=True)
-        weights = {
-            k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v) for k, v in self.weights().items()
-        }
-        save_file(weights, os.path.join(folder, WEIGHTS_FILE))
-        with open(os.path.join(folder, CONFIG_FILE), "w", encoding="utf-8") as f:
-            json.dump(self.config.to_json(), f, indent=2)
+
+def rotary_qkv(config, q_proj, k_proj, v_proj, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """The attention rows of a draft head's layer: q (..., heads, dim), k and v (..., kv_heads, dim)
+    of x, q and k rotated by cos/sin (..., dim) in the usual form: q * cos + rotate_half(q) * sin."""
+    q = q_proj(x).unflatten(-1, (config.num_heads, config.head_dim))
+    k = k_proj(x).unflatten(-1, (config.num_kv_heads, config.head_dim))
+    v = v_proj(x).unflatten(-1, (config.num_kv_heads, config.head_dim))
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+
+def layer_tail(config, o_proj, post_norm: torch.Tensor, gate_proj, up_proj, down_proj, residual: torch.Tensor,
+               attended: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """A Llama layer after attention: z = residual + o(attended); z + down(silu(gate(n)) * up(n)),
+    n = RMSNorm(z) with weight `post_norm`."""
+    z = residual + o_proj(attended)
+    h = F.rms_norm(z, (config.hidden_size,), post_norm, config.rms_norm_eps)
+    return z + down_proj(F.silu(gate_proj(h)) * up_proj(h))
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -215,40 +225,11 @@ _OURS = {published: ours for ours, published in _PUBLISHED.items()}
 
 def read_config(folder: str) -> EagleConfig:
     """The head's config from `folder` (published or our layout)."""
-    if not os.path.isdir(folder):
-        raise ModelLoadError(
-            f"EAGLE head folder not found: {folder}. Give the folder holding config.json and "
-            f"{WEIGHTS_FILE} (or {PICKLE_WEIGHTS_FILE})."
-        )
-    path = os.path.join(folder, CONFIG_FILE)
-    if not os.path.isfile(path):
-        raise ModelLoadError(f"{folder} has no config.json, so it is not an EAGLE head folder.")
+    path, data = read_head_json(folder, "EAGLE", f"{WEIGHTS_FILE} (or {PICKLE_WEIGHTS_FILE})")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        if "medusa_num_heads" in data:
-            raise ModelLoadError(f"{folder} holds Medusa heads, not an EAGLE head: choose the Medusa drafter for it.")
-        if "draft_vocab_size" in data:
-            raise ModelLoadError(
-                f"{folder} holds an EAGLE-3 head (its own draft vocabulary and LM head, fed by several "
-                "target layers); SpecDeck reads EAGLE-1/2 heads only."
-            )
-        heads = int(data["num_attention_heads"])
-        hidden = int(data["hidden_size"])
-        ours = data.get("specdeck") or {}
-        return EagleConfig(
-            hidden_size=hidden,
-            intermediate_size=int(data["intermediate_size"]),
-            num_heads=heads,
-            num_kv_heads=int(data.get("num_key_value_heads") or heads),
-            head_dim=int(data.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
-            vocab_size=int(data.get("vocab_size", 0)),
-            fc_bias=bool(data.get("bias", True)),
-            attention_bias=bool(data.get("attention_bias", False)),
-            base_model=str(ours.get("base_model") or data.get("_name_or_path") or ""),
-            training=dict(ours.get("training") or {}),
-        )
+        if heads_config_kind(data) == "eagle3":
+            raise ModelLoadError(f"{folder} holds an EAGLE-3 head, not an EAGLE-1/2 one: {EAGLE3_ADVICE}")
+        return EagleConfig(**layer_fields(data), fc_bias=bool(data.get("bias", True)))
     except (ValueError, KeyError, TypeError) as error:
         raise ModelLoadError(
             f"{path} is not an EAGLE head config: it needs hidden_size, intermediate_size and "
@@ -287,20 +268,9 @@ def load_head(folder: str, target: EagleConfig) -> EagleHead:
     )
     head = EagleHead(config)
     if any(name.startswith("midlayer.") for name in weights) or "d2t" in weights:
-        raise ModelLoadError(f"{folder} holds an EAGLE-3 head; SpecDeck reads EAGLE-1/2 heads only.")
+        raise ModelLoadError(f"{folder} holds an EAGLE-3 head, not an EAGLE-1/2 one: {EAGLE3_ADVICE}")
     expected = head.weights()
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise ModelLoadError(
-            f"The EAGLE weights in {folder} are incomplete: {len(missing)} tensors missing "
-            f"(first: {missing[0]}). Copy or train them again."
-        )
-    for name, tensor in expected.items():
-        if tuple(weights[name].shape) != tuple(tensor.shape):
-            raise ModelLoadError(
-                f"The EAGLE weight {name} in {folder} has shape {tuple(weights[name].shape)}, expected "
-                f"{tuple(tensor.shape)}: the config and the weights disagree."
-            )
+    check_weights(weights, expected, folder, "EAGLE")
     head.load_state_dict({_OURS[k]: weights[k].float() for k in expected}, strict=True)
     vocab = weights.get(DRAFT_VOCAB_KEY)
     if vocab is not None:
@@ -316,3 +286,23 @@ def load_head(folder: str, target: EagleConfig) -> EagleHead:
 
 def _read_weights(folder: str) -> dict[str, torch.Tensor]:
     return read_weights(folder, WEIGHTS_FILE, PICKLE_WEIGHTS_FILE, "EAGLE")
+
+
+def layer_fields(data: dict) -> dict:
+    """What a draft head's config.json (a one-layer Llama config) says of its layer, and our section's
+    facts: the fields EagleConfig and Eagle3Config share. KeyError / ValueError when it is no such config."""
+    heads = int(data["num_attention_heads"])
+    hidden = int(data["hidden_size"])
+    ours = data.get("specdeck") or {}
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=int(data["intermediate_size"]),
+        num_heads=heads,
+        num_kv_heads=int(data.get("num_key_value_heads") or heads),
+        head_dim=int(data.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
+        vocab_size=int(data.get("vocab_size", 0)),
+        attention_bias=bool(data.get("attention_bias", False)),
+        base_model=str(ours.get("base_model") or data.get("_name_or_path") or ""),
+        training=dict(ours.get("training") or {}),
+    )

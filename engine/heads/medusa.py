@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from engine.errors import ModelLoadError
-from engine.heads.files import read_weights
+from engine.heads.files import check_weights, read_weights
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "medusa_lm_head.safetensors"
@@ -174,18 +174,7 @@ def load_heads(folder: str, hidden_size: int, vocab_size: int, lm_head: nn.Modul
     heads = MedusaHeads(config, lm_head)
     weights = _read_weights(folder)
     expected = heads.weights()
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise ModelLoadError(
-            f"The Medusa weights in {folder} are incomplete: {len(missing)} tensors missing "
-            f"(first: {missing[0]}). Download or train them again."
-        )
-    for name, tensor in expected.items():
-        if tuple(weights[name].shape) != tuple(tensor.shape):
-            raise ModelLoadError(
-                f"The Medusa weight {name} in {folder} has shape {tuple(weights[name].shape)}, "
-                f"expected {tuple(tensor.shape)}: the config and the weights disagree."
-            )
+    check_weights(weights, expected, folder, "Medusa")
     heads.load_state_dict({f"heads.{k}": weights[k] for k in expected}, strict=True)
     return heads.eval()
 

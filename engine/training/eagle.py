@@ -6,12 +6,16 @@ guess of x_{t+1}) come from the feature cache (features.py). Pair t is
 (f_t, x_{t+1}) at position t; the head's output g_{t+1} should be f_{t+1}.
 
 Two passes, as decoding uses the head (the second is EAGLE-3's "training-time
-test", here exact for depth 2):
+test", here exact for depth 2; `unroll`, which EAGLE-3's training (eagle3.py) runs
+deeper):
 
     pass 1, depth 1:  g_{t+1} = head(e(x_{t+1}), f_t + noise), causal over the pairs
     pass 2, depth 2:  g'_{t+2} = head(e(x_{t+2}), g_{t+1}), each row attending to
                       the pass-1 rows at positions <= t (true features, as the
                       committed pairs are while drafting) and to itself
+    pass d:           row t pairs e(x_{t+d}) with its own pass d-1 guess, at position
+                      t + d - 1, attending to the pass-1 rows at positions <= t and
+                      to row t of passes 2..d: its ancestors in a draft tree
 
 Each pass's loss is the Medusa features objective (loss.py): the squared error
 to f in the LM head's logit metric over the target's logit variance, plus
@@ -79,20 +83,7 @@ def eagle_losses(
         noise = torch.randn(inputs.shape, generator=generator, device="cpu").to(device=device, dtype=dtype)
         inputs = inputs + NOISE * rms * noise
 
-    # Pass 1: pairs (f_t, x_{t+1}) at positions t = 0..T-2.
-    z1 = head.project(embeds[:, 1:], inputs)  # (B, T-1, H)
-    q1, k1, v1 = head.qkv(z1, cos[: T - 1], sin[: T - 1])
-    out1 = _attend(head, q1, k1, v1, torch.ones(T - 1, T - 1, dtype=torch.bool, device=device).tril())
-    g1 = head.finish(z1, out1)  # g_{t+1}
-
-    # Pass 2: pairs (g_{t+1}, x_{t+2}) at positions t + 1 = 1..T-2; row r sees pass-1 rows 0..r and itself.
-    z2 = head.project(embeds[:, 2:], g1[:, : T - 2])  # (B, T-2, H)
-    q2, k2, v2 = head.qkv(z2, cos[1 : T - 1], sin[1 : T - 1])
-    n = T - 2
-    mask = torch.cat([torch.ones(n, T - 1, dtype=torch.bool, device=device).tril(),
-                      torch.eye(n, dtype=torch.bool, device=device)], dim=1)  # fmt: skip
-    out2 = _attend(head, q2, torch.cat([k1, k2], dim=1), torch.cat([v1, v2], dim=1), mask)
-    g2 = head.finish(z2, out2)  # g'_{t+2}
+    g1, g2 = unroll(head, embeds, inputs, cos, sin, DEPTHS)  # g_{t+1}, g'_{t+2}
 
     total = features.new_zeros((), dtype=torch.float32)
     losses, accuracy = [], []
@@ -113,6 +104,29 @@ def eagle_losses(
     if train:
         total.backward()
     return losses, accuracy
+
+
+def unroll(head, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+           depths: int) -> list[torch.Tensor]:  # fmt: skip
+    """The head's guesses at depths 1..`depths` over windows (the module docstring's passes): `embeds`
+    (B, T, H) are e(x_t), `hidden` (B, T-1, H) what pair t carries at depth 1 (f_t, or EAGLE-3's
+    fc(a_t)); cos/sin (T, dim) for positions 0..T-1. Guess d is (B, T-d, H), row t predicting
+    x_{t+d+1}. `head` has inputs / qkv / finish (EagleHead, Eagle3Head)."""
+    T, device = embeds.shape[1], embeds.device
+    keys, values, guesses = [], [], []
+    for depth in range(1, depths + 1):
+        n = T - depth  # rows t = 0..T-1-depth, at positions t + depth - 1
+        x, residual = head.inputs(embeds[:, depth:], hidden[:, :n])
+        q, k, v = head.qkv(x, cos[depth - 1 : depth - 1 + n], sin[depth - 1 : depth - 1 + n])
+        keys.append(k)
+        values.append(v)
+        # Pass 1's rows up to t (causal), then row t of every later pass (the diagonal of each).
+        mask = torch.cat([torch.ones(n, T - 1, dtype=torch.bool, device=device).tril()]
+                         + [torch.eye(n, T - j, dtype=torch.bool, device=device) for j in range(2, depth + 1)], dim=1)
+        out = _attend(head, q, torch.cat(keys, dim=1), torch.cat(values, dim=1), mask)
+        hidden = head.finish(residual, out)
+        guesses.append(hidden)
+    return guesses
 
 
 def _attend(head: EagleHead, q, k, v, mask: torch.Tensor) -> torch.Tensor:

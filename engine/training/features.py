@@ -5,8 +5,10 @@ greedy next tokens argmax p_t never change: running it at every step of every
 epoch is wasted work. The cache runs it once over a seeded random subset of the
 training windows, in large chunks under inference_mode, and writes
 
-    training/features.bin   (N, T, H) in the target's dtype as 16-bit words (bfloat16 or float16),
-                            or float32 for a float32 target; a memory-mapped raw array
+    training/features.bin   (N, T, W) in the target's dtype as 16-bit words (bfloat16 or float16),
+                            or float32 for a float32 target; a memory-mapped raw array. W = H,
+                            or for EAGLE-3 (`layers`) the inputs of those layers then h_t,
+                            (len(layers) + 1) * H
     training/labels.bin     (N, T) int32: argmax p_t, the target's greedy token t + 1
     training/features.pt    what the arrays hold and how many windows are written so far
 
@@ -49,27 +51,32 @@ class FeatureCache:
     """Hidden states and greedy labels of the cached windows; `batch(position, B)` serves them epoch after epoch."""
 
     def __init__(self, folder: Path, windows: list[int], seq_len: int, hidden_size: int, dtype: torch.dtype,
-                 fingerprint: str, seed: int) -> None:  # fmt: skip
+                 fingerprint: str, seed: int, layers: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.folder = Path(folder)
         self.windows = windows
         self.seq_len = seq_len
         self.hidden_size = hidden_size
+        self.layers = tuple(layers)
+        self.width = (len(self.layers) + 1) * hidden_size if self.layers else hidden_size
         self.dtype = dtype if dtype in _STORAGE else torch.float32
         self.seed = seed
         self.meta = {"format": ckpt.FORMAT, "windows": windows, "seq_len": seq_len, "hidden_size": hidden_size,
                      "dtype": _STORAGE[self.dtype][1], "fingerprint": fingerprint, "built": 0}  # fmt: skip
+        if self.layers:  # only then: a cache of final features written before layers existed stays valid
+            self.meta["layers"] = list(self.layers)
         self.built_now = 0  # windows this process ran the target on (0 when a finished cache was reused)
         self.build_tokens_per_s = 0.0
         self._order: tuple[int, torch.Tensor] | None = None
         saved = self._saved_meta()
-        if saved is not None and all(saved.get(k) == v for k, v in self.meta.items() if k not in ("built", "dtype")):
+        same = saved is not None and saved.get("layers") == self.meta.get("layers")
+        if same and all(saved.get(k) == v for k, v in self.meta.items() if k not in ("built", "dtype")):
             self.meta["built"] = int(saved["built"])
             self.meta["dtype"] = saved["dtype"]  # a cache made in another dtype stays valid
             self.dtype = _TORCH[saved["dtype"]]
         mode = "r+" if self.meta["built"] > 0 else "w+"
-        n, T, H = len(windows), seq_len, hidden_size
+        n, T, W = len(windows), seq_len, self.width
         self._features = np.memmap(self.folder / FEATURES_FILE, dtype=_STORAGE[self.dtype][0], mode=mode,
-                                   shape=(n, T, H))  # fmt: skip
+                                   shape=(n, T, W))  # fmt: skip
         self._labels = np.memmap(self.folder / LABELS_FILE, dtype=np.int32, mode=mode, shape=(n, T))
 
     @property
@@ -92,8 +99,7 @@ class FeatureCache:
             b = min(a + CHUNK_WINDOWS, n)
             ids = all_windows[self.windows[a:b]]  # (C, T)
             with torch.inference_mode():
-                hidden = target.hidden_states(ids)  # (C, T, H) in the target's dtype
-                labels = target.lm_head(hidden).argmax(dim=-1)  # (C, T): the greedy token t + 1
+                hidden, labels = target_rows(target, ids, self.layers)
             self._features[a:b] = _to_numpy(hidden.to(self.dtype))
             self._labels[a:b] = labels.to(torch.int32).cpu().numpy()
             self._features.flush()
@@ -107,11 +113,15 @@ class FeatureCache:
         return True
 
     def rows(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cached rows as float32 features (B, T, H) and int64 labels (B, T)."""
+        """Cached rows as float32 features (B, T, W) and int64 labels (B, T)."""
         index = np.asarray(rows)
         raw = torch.from_numpy(np.ascontiguousarray(self._features[index]))
         features = raw.view(self.dtype) if self.dtype != torch.float32 else raw
         return features.float(), torch.from_numpy(np.ascontiguousarray(self._labels[index])).long()
+
+    def labels(self) -> torch.Tensor:
+        """Every cached greedy label, (N, T) int64."""
+        return torch.from_numpy(np.ascontiguousarray(self._labels)).long()
 
     def batch(self, position: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The training batch at `position` (windows served so far): a fresh seeded order every epoch."""
@@ -136,6 +146,17 @@ class FeatureCache:
             return ckpt.load_file(path)
         except Exception:  # noqa: BLE001 - an unreadable cache is rebuilt, never trusted
             return None
+
+
+def target_rows(target, ids: torch.Tensor, layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the cache holds for windows `ids` (C, T): the features (C, T, W) in the target's dtype
+    (h_t, or the inputs of `layers` then h_t) and the greedy labels (C, T), argmax p_t."""
+    if layers:
+        inputs, hidden = target.layer_states(ids, layers)
+        features = torch.cat([inputs, hidden], dim=-1)
+    else:
+        features = hidden = target.hidden_states(ids)  # (C, T, H)
+    return features, target.lm_head(hidden).argmax(dim=-1)  # labels: the greedy token t + 1
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:

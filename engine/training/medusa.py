@@ -1,8 +1,10 @@
-"""Training draft heads by self-distillation on a frozen target: Medusa here, EAGLE in eagle.py.
+"""Training draft heads by self-distillation on a frozen target: Medusa here, EAGLE in eagle.py,
+EAGLE-3 in eagle3.py.
 
 The run (data, self-generated replies, the feature cache, checkpoints, exact
-resume, validation) is the same for both kinds; `kind="eagle"` swaps the heads
-and the loss for engine/training/eagle.py's (features objective only).
+resume, validation) is the same for every kind; `kind="eagle"` swaps the heads
+and the loss for engine/training/eagle.py's, `kind="eagle3"` for eagle3.py's,
+whose cache also holds three layers' inputs (features objective only).
 
 Notation as in Cai et al. 2024 (arXiv 2401.10774): h_t is the target's final
 hidden state at position t (after the final norm); the target's LM head turns
@@ -57,7 +59,7 @@ import torch
 
 from engine.errors import ConfigError
 from engine.heads.medusa import MedusaConfig, MedusaHeads
-from engine.training import eagle
+from engine.training import eagle, eagle3
 from engine.training import checkpoint as ckpt
 from engine.training.data import (
     BUILTIN,
@@ -70,7 +72,7 @@ from engine.training.data import (
     read_documents,
     tokenize_documents,
 )
-from engine.training.features import FeatureCache, cached_windows
+from engine.training.features import FeatureCache, cached_windows, target_rows
 from engine.training.loss import distill, feature_scale, logit_metric, regress
 from engine.training.records import (DEFAULT_CACHE_TOKENS, KINDS, OBJECTIVES, TrainProgress,  # noqa: F401
                                      TrainResult, TrainSettings)  # fmt: skip
@@ -168,8 +170,9 @@ class _Run:
         self.report = progress or (lambda event: None)
         self.cancel = cancel
         self.command = command
-        if settings.kind == "eagle":  # one head, reported per depth
-            self.weights = [eagle.DEPTH_DECAY**d for d in range(eagle.DEPTHS)]
+        if settings.kind in EAGLE_KINDS:  # one head, reported per depth
+            depths = EAGLE_KINDS[settings.kind]
+            self.weights = [depths.DEPTH_DECAY**d for d in range(depths.DEPTHS)]
         else:
             self.weights = [HEAD_DECAY**k for k in range(1, settings.num_heads + 1)]
         self.history: dict[str, list] = {"loss": [], "head_loss": [], "head_accuracy": []}
@@ -179,6 +182,7 @@ class _Run:
         self.replies = 0
         self.corpus_info: dict = {}
         self.cache: FeatureCache | None = None
+        self.layers: tuple[int, ...] = ()  # eagle3: the target layers whose inputs the cache holds
         self.metric: torch.Tensor | None = None  # "features": the LM head's logit metric (loss.py)
         self.scale = 1.0
 
@@ -222,6 +226,8 @@ class _Run:
                 self.report(TrainProgress("cancelled", self.step, self.s.steps,
                                           message="Cancelled; the features cached so far are kept"))  # fmt: skip
                 return self._result(heads, cancelled=True, step_times=[])
+            if self.s.kind == "eagle3":
+                self._draft_vocab(heads, target)
             return self._loop(target, heads, optimizer, windows)
         finally:
             target.close()
@@ -238,12 +244,12 @@ class _Run:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(self.step, self.s.steps, self.s.lr)
             heads.train()
-            if self.cache is not None and self.s.kind == "eagle":
+            if self.cache is not None and self.s.kind in EAGLE_KINDS:
                 features, labels = self.cache.batch(self.position, self.s.batch_size)
                 ids = windows.windows[self.cache.batch_windows(self.position, self.s.batch_size)]
                 rows = torch.Generator().manual_seed(self.s.seed * 1_000_003 + self.step)  # noise, token rows
-                head_loss, head_accuracy = eagle.eagle_losses(heads, target, ids, features.to(target.device),
-                                                              labels, self.metric, self.scale, rows, train=True)
+                head_loss, head_accuracy = self._eagle_losses(heads, target, ids, features.to(target.device),
+                                                              labels, rows, train=True)  # fmt: skip
             elif self.cache is not None:
                 features, labels = self.cache.batch(self.position, self.s.batch_size)
                 rows = torch.Generator().manual_seed(self.s.seed * 1_000_003 + self.step)  # token-term positions
@@ -284,19 +290,17 @@ class _Run:
 
     def _validate(self, heads, target, windows: Windows) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """(loss per head, top-1 agreement per head) over the held-out windows: Medusa's KL per
-        head, or EAGLE's features loss per depth."""
+        head, or EAGLE's features loss (EAGLE-3's cross-entropy) per depth."""
         totals_kl = [0.0] * len(self.weights)
         totals_acc = [0.0] * len(self.weights)
         count = 0
         with torch.no_grad():
             for batch in windows.validation_batches(self.s.batch_size):
-                if self.s.kind == "eagle":
-                    hidden = target.hidden_states(batch.to(target.device))
-                    labels = target.logits(hidden).argmax(dim=-1)
-                    if self.metric is None:
-                        self._prepare_metric(target, hidden)
-                    kl, acc = eagle.eagle_losses(heads, target, batch, hidden.float(), labels, self.metric,
-                                                 self.scale, None, train=False)  # fmt: skip
+                if self.s.kind in EAGLE_KINDS:
+                    features, labels = target_rows(target, batch.to(target.device), self.layers)
+                    if self.metric is None and self.s.kind == "eagle":
+                        self._prepare_metric(target, features)
+                    kl, acc = self._eagle_losses(heads, target, batch, features.float(), labels, None, train=False)
                 else:
                     kl, acc = distill(heads, target, batch.to(target.device), self.weights, train=False)
                 n = len(batch)
@@ -316,7 +320,7 @@ class _Run:
         folder.mkdir(parents=True, exist_ok=True)
         self.cache = FeatureCache(folder, cached_windows(windows.n_train, n_cache, self.s.seed), self.s.seq_len,
                                   target.hidden_size, target.dtype, self.corpus_info.get("fingerprint", ""),
-                                  self.s.seed)  # fmt: skip
+                                  self.s.seed, self.layers)  # fmt: skip
         if not self.cache.complete:
             def show(done: int, total: int, rate: float) -> None:
                 self.report(TrainProgress("cache", done, total, tokens_per_s=rate,
@@ -327,12 +331,33 @@ class _Run:
                                       message=f"Running {self.s.target} once over {n_cache} windows"))  # fmt: skip
             if not self.cache.build(target, windows.windows, show, self.cancel):
                 return False
-        sample, _ = self.cache.rows(list(range(min(8, n_cache))))
-        self._prepare_metric(target, sample)
+        if self.s.kind != "eagle3":  # the regression's metric; EAGLE-3 is scored on tokens only
+            sample, _ = self.cache.rows(list(range(min(8, n_cache))))
+            self._prepare_metric(target, sample)
         self.corpus_info.update(cache_windows=n_cache, cache_tokens=n_cache * self.s.seq_len)
         if self.cache.build_tokens_per_s:
             self.corpus_info["cache_build_tokens_per_s"] = round(self.cache.build_tokens_per_s, 1)
         return True
+
+    def _draft_vocab(self, head, target) -> None:
+        """EAGLE-3: the ids the head may propose, chosen before the first step (a resumed run keeps its
+        own): the target's greedy tokens on the cached windows, most frequent first, EOS always in.
+        What the target predicts, rather than the text's own tokens: on the target's own replies they
+        are the same, on other text the head must propose what the target would say."""
+        labels = self.cache.labels()
+        if self.step == 0:
+            always = [target.eos_id] if target.eos_id is not None else []
+            head.set_draft_vocab(eagle.draft_vocabulary(labels, head.config.draft_vocab_size, target.vocab_size,
+                                                        always))  # fmt: skip
+        covered = head.t2d.cpu()[labels].float().mean()
+        self.corpus_info.update(draft_vocab=head.config.draft_vocab_size, target_layers=list(self.layers),
+                                draft_vocab_coverage=round(float(covered), 4))  # fmt: skip
+
+    def _eagle_losses(self, head, target, ids, features, labels, generator, train: bool):
+        """EAGLE's or EAGLE-3's losses and agreement per depth on a batch of cached rows."""
+        if self.s.kind == "eagle3":
+            return eagle3.eagle3_losses(head, target, ids, features, labels, train=train)
+        return eagle.eagle_losses(head, target, ids, features, labels, self.metric, self.scale, generator, train=train)
 
     def _prepare_metric(self, target, sample: torch.Tensor) -> None:
         """The LM head's logit metric and the target's logit variance on `sample` features (loss.py)."""
@@ -386,6 +411,12 @@ class _Run:
     # -- heads and checkpoints -----------------------------------------------------
 
     def _make_heads(self, target, state: dict | None, tokens: torch.Tensor):
+        if self.s.kind == "eagle3":  # its draft vocabulary follows once the cache is built (_draft_vocab)
+            head = eagle3.make_head(target, target.name, self.s.seed, self.s.draft_vocab)
+            if state is not None:
+                head.load_weights(state["heads"])
+            self.layers = head.config.layers
+            return head
         if self.s.kind == "eagle":
             head = eagle.make_head(target, target.name, self.s.seed)
             if state is not None:
@@ -430,7 +461,8 @@ class _Run:
         losses = self.history["loss"][-20:]
         rate = self.step * self.s.batch_size * self.s.seq_len / self.train_seconds if self.train_seconds else 0.0
         facts = {
-            "method": METHODS["eagle" if self.s.kind == "eagle" else self.s.objective], "objective": self.s.objective,
+            "method": METHODS[self.s.kind if self.s.kind in EAGLE_KINDS else self.s.objective],
+            "objective": self.s.objective,
             "kind": self.s.kind,
             "target": self.s.target, "data": list(self.s.data), "self_generated": self.replies,
             **{k: v for k, v in self.corpus_info.items() if k != "fingerprint"},
@@ -495,7 +527,12 @@ METHODS = {
              "||g - f||^2 in the LM head's logit metric / target logit variance + 0.1 CE(LM(g), argmax p) on 64 "
              "positions, depth weights 1 and 0.5, Gaussian noise 0.05 x RMS on the input features; "
              "the reported per-head numbers are per depth",
+    "eagle3": "EAGLE-3 on cached inputs of three target layers, unrolled 7 depths on its own outputs (the "
+              "training-time test): soft cross-entropy to the target's distribution over the draft vocabulary, "
+              "positions whose greedy token is outside it left out, depth weights 0.8^(d-1); the reported "
+              "per-head numbers are per depth",
 }  # fmt: skip
+EAGLE_KINDS = {"eagle": eagle, "eagle3": eagle3}  # the one-head kinds, by the module of their loss
 
 
 def _normal(value):

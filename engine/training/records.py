@@ -13,7 +13,8 @@ from pathlib import Path
 
 from engine.errors import ConfigError
 
-KINDS = ("medusa", "eagle")
+KINDS = ("medusa", "eagle", "eagle3")
+EAGLE3_DEPTHS = 7  # how deep EAGLE-3's training-time test unrolls the head (engine/training/eagle3.py)
 OBJECTIVES = ("features", "kl")
 BUILTIN = "builtin"  # the data source that reads the built-in corpus (data.py)
 DEFAULT_BUILTIN_CHARS = 4_000_000  # ~1M tokens: more than a few thousand steps of a small model need
@@ -92,8 +93,8 @@ class TrainSettings:
     max_builtin_chars: int = DEFAULT_BUILTIN_CHARS
     objective: str = "features"
     cache_tokens: int = DEFAULT_CACHE_TOKENS  # "features": target hidden states to cache (0: the whole corpus)
-    kind: str = "medusa"  # "medusa" | "eagle"
-    draft_vocab: int = DEFAULT_DRAFT_VOCAB  # eagle: ids the head may propose (0 = the whole vocabulary)
+    kind: str = "medusa"  # "medusa" | "eagle" | "eagle3"
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB  # eagle, eagle3: ids the head may propose (0 = the whole vocabulary)
 
     def to_dict(self) -> dict:
         return _plain(asdict(self))
@@ -104,11 +105,16 @@ class TrainSettings:
 
     def check(self) -> None:
         if self.kind not in KINDS:
-            raise ConfigError(f"Unknown kind of heads {self.kind!r}: choose 'medusa' or 'eagle'.")
-        if self.kind == "eagle" and self.objective != "features":
+            raise ConfigError(f"Unknown kind of heads {self.kind!r}: choose 'medusa', 'eagle' or 'eagle3'.")
+        if self.kind in ("eagle", "eagle3") and self.objective != "features":
             raise ConfigError(
-                "EAGLE heads train on the target's cached features (--objective features); "
+                "EAGLE and EAGLE-3 heads train on the target's cached features (--objective features); "
                 "the kl objective is for Medusa heads."
+            )
+        if self.kind == "eagle3" and self.seq_len < EAGLE3_DEPTHS + 2:
+            raise ConfigError(
+                f"EAGLE-3 training unrolls the head {EAGLE3_DEPTHS} tokens deep, so the sequence length must be "
+                f"at least {EAGLE3_DEPTHS + 2}, got {self.seq_len}."
             )
         if self.draft_vocab < 0:
             raise ConfigError(f"The draft vocabulary must be 0 (all ids) or more ids, got {self.draft_vocab}.")

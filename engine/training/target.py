@@ -61,6 +61,14 @@ class FrozenTarget:
         out = self._body(input_ids=input_ids.to(self.device), use_cache=False)
         return out.last_hidden_state  # (B, T, H)
 
+    @torch.no_grad()
+    def layer_states(self, input_ids: torch.Tensor, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the inputs of `layers` concatenated in layer order (B, T, len(layers) * H), the final hidden
+        states (B, T, H)): what an EAGLE-3 head reads, and what its targets come from. transformers'
+        hidden_states[i] is the input of layer i (the embeddings for i = 0)."""
+        out = self._body(input_ids=input_ids.to(self.device), use_cache=False, output_hidden_states=True)
+        return torch.cat([out.hidden_states[i] for i in layers], dim=-1), out.last_hidden_state
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The target's input embeddings (..., H) of ids, in its dtype (no grad flows into them)."""
         return self.model.get_input_embeddings()(ids.to(self.device))

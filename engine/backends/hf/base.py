@@ -50,6 +50,9 @@ class HFBackend(Backend):
         # self.tokens[i], grown by doubling like the KV cache).
         self._features: torch.Tensor | None = None
         self._feature_store: torch.Tensor | None = None
+        # The inputs of the watched layers (LayerFeatures, native forward only), stored the same way.
+        self._watched: tuple[int, ...] = ()
+        self._layer_store: torch.Tensor | None = None
         self._vocabulary = Vocabulary(loaded.tokenizer)
         self._template = chat_template(loaded.tokenizer)
         self._info = ModelInfo(
@@ -180,15 +183,39 @@ class HFBackend(Backend):
 
     def _store_features(self, start: int, features: torch.Tensor) -> None:
         """Rows start.. of the store: `features` (n, hidden), the store doubling (up to n_ctx) when full."""
-        end = start + features.shape[0]
-        store = self._feature_store
-        if store is None or store.shape[0] < end:
+        self._feature_store = self._stored(self._feature_store, start, features)
+
+    def _stored(self, store: torch.Tensor | None, start: int, rows: torch.Tensor) -> torch.Tensor:
+        """`store` with rows start.. set to `rows` (n, width): the same tensor, or one twice as
+        long (up to n_ctx) holding its first `start` rows when it was full."""
+        end = start + rows.shape[0]
+        if store is None or store.shape[0] < end or store.shape[1] != rows.shape[1]:
             doubled = max(256, 2 * (0 if store is None else store.shape[0]))
-            grown = features.new_empty(max(end, min(doubled, self.n_ctx)), features.shape[1])
-            if store is not None and start:
+            grown = rows.new_empty(max(end, min(doubled, self.n_ctx)), rows.shape[1])
+            if store is not None and start and store.shape[1] == rows.shape[1]:
                 grown[:start] = store[:start]
-            self._feature_store = store = grown
-        store[start:end] = features
+            store = grown
+        store[start:end] = rows
+        return store
+
+    # -- the inputs of chosen layers (LayerFeatures, for the subclasses that offer it) ------------
+
+    def cached_layer_features(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """The watched layers' inputs (end - start, len(layers) * hidden) of the cached tokens
+        self.tokens[start:end], concatenated in layer order, on the model's device."""
+        end = len(self.tokens) if end is None else end
+        if not self._watched:
+            raise RuntimeError("cached_layer_features() needs watch_layers() first")
+        if not 0 <= start <= end <= len(self.tokens):
+            raise ValueError(f"no features for positions {start}..{end}: the cache holds {len(self.tokens)} tokens")
+        if self._layer_store is None:
+            width = len(self._watched) * self._hidden_size
+            return torch.zeros(0, width, dtype=self._feature_dtype(), device=self._device)
+        return self._layer_store[start:end].clone()
+
+    def _store_layer_features(self, start: int, rows: torch.Tensor | None) -> None:
+        if self._watched and rows is not None:
+            self._layer_store = self._stored(self._layer_store, start, rows)
 
     @abc.abstractmethod
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -193,6 +193,9 @@ class NativeLlama:
         self._gqa = _sdpa_supports_gqa()
         self._positions = torch.arange(n_ctx, device=self.device)  # sliced, never reallocated
         self._cos = self._sin = None  # RoPE table for positions 0..len-1 (static rope types)
+        # Layers whose inputs a forward keeps (`layer_features`, for an EAGLE-3 head); () keeps none.
+        self.watched: tuple[int, ...] = ()
+        self.layer_features: torch.Tensor | None = None
 
     # -- building ------------------------------------------------------------------------
 
@@ -278,7 +281,8 @@ class NativeLlama:
         `hidden` (n, hidden), the residual stream after layer start_layer - 1,
         starts there instead of at the embeddings, the cache already holding the
         first layers' keys and values for these rows. `self.residual` is the
-        residual stream after the last layer run (before the final norm).
+        residual stream after the last layer run (before the final norm);
+        `self.layer_features` the inputs of the `watched` layers (run_layers).
         """
         n = ids.shape[0]
         start = cache.length
@@ -299,8 +303,7 @@ class NativeLlama:
             return self._attend_cached(layer, q, kv, cache, start, group_mask)
 
         x = self._embed(ids) if hidden is None else hidden  # (n, hidden)
-        for index in range(start_layer, len(self.blocks[:n_layers])):
-            x = self._block(index, self.blocks[index], x, cos, sin, attend)
+        x, self.layer_features = self.run_layers(x, start_layer, len(self.blocks[:n_layers]), cos, sin, attend)
         self.residual = x
         cache.length = end
         features = F.rms_norm(x, (self.hidden_size,), self.final_norm, self.eps)  # (n, hidden)
@@ -321,6 +324,18 @@ class NativeLlama:
         for index, block in enumerate(self.blocks):
             x = self._block(index, block, x, cos, sin, attend)
         return F.rms_norm(x, (self.hidden_size,), self.final_norm, self.eps).unflatten(0, (batch, length))
+
+    def run_layers(self, x: torch.Tensor, first: int, stop: int, cos, sin, attend):
+        """Layers first..stop-1 on x (rows, hidden): (x after them, the inputs of the `watched`
+        layers concatenated in layer order (rows, len(watched) * hidden), or None when none are
+        watched or some of them were not run)."""
+        taken = []
+        for index in range(first, stop):
+            if index in self.watched:
+                taken.append(x)  # each block returns a new tensor: this one is never written again
+            x = self._block(index, self.blocks[index], x, cos, sin, attend)
+        complete = bool(self.watched) and len(taken) == len(self.watched)
+        return x, (torch.cat(taken, dim=-1) if complete else None)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed(ids) if isinstance(self.embed, Int8Embedding) else F.embedding(ids, self.embed)

@@ -7,6 +7,8 @@ length), it has every capability of engine/backends/capabilities.py:
   over the new rows (`forward_masked` / `keep_rows`, lookahead's window);
 - HiddenFeatures: the final-norm hidden states of the rows just run (`last_features`)
   and of every cached token (`cached_features`, a store grown like the KV cache);
+- LayerFeatures: the inputs of chosen layers of every cached token (`watch_layers`,
+  `cached_layer_features`), kept in a second store while an EAGLE-3 head watches them;
 - LayerExit: the first layers only on scratch rows (`partial_forward`), and a verifying
   forward that picks up their residual stream (`forward_from_exit`);
 - ModelParts: the target's embeddings, rotary embedding and LM head;
@@ -21,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from engine.backends.base import finite_rows
-from engine.backends.capabilities import HiddenFeatures, LayerExit, ModelParts, TreeForward
+from engine.backends.capabilities import HiddenFeatures, LayerExit, LayerFeatures, ModelParts, TreeForward
 from engine.backends.hf.base import HFBackend
 from engine.backends.hf.loader import LoadedModel, is_oom
 from engine.backends.hf.native import NativeLlama
@@ -33,7 +35,7 @@ from engine.models.memory_errors import out_of_memory
 class NativeBackend(HFBackend):
     """A llama-family model on NativeLlama: trees, hidden states, early exit, int8 weights."""
 
-    capabilities = frozenset({TreeForward, HiddenFeatures, LayerExit, ModelParts})
+    capabilities = frozenset({TreeForward, HiddenFeatures, LayerFeatures, LayerExit, ModelParts})
 
     def __init__(self, loaded: LoadedModel, compile: str = "auto") -> None:
         """Builds the forward on `loaded`'s weights (fused in place; int8 replaces the float ones);
@@ -87,6 +89,7 @@ class NativeBackend(HFBackend):
         with torch.inference_mode():
             logits, features = self._pass(input_ids, self._kv, last_only=not all_logits)
             self._store_features(start, features)
+            self._store_layer_features(start, self._native.layer_features)
         self._features = features if all_logits else features[-1:]
         return logits
 
@@ -98,6 +101,7 @@ class NativeBackend(HFBackend):
 
     def _drop_cache(self) -> None:
         self._native = self._pass = self._kv = self._features = self._feature_store = self._exit_hidden = None
+        self._layer_store = None
 
     # -- trees and masked blocks (TreeForward) ------------------------------------------
 
@@ -137,6 +141,7 @@ class NativeBackend(HFBackend):
                     ids, self._kv, offsets=positions, mask=mask.to(device=self._device, dtype=torch.bool)
                 )
                 self._store_features(base, self._features)
+                self._store_layer_features(base, self._native.layer_features)
         except BaseException as error:
             self._repair_cache()
             if is_oom(error):
@@ -182,8 +187,9 @@ class NativeBackend(HFBackend):
         index = torch.tensor([base + i for i in rows], dtype=torch.long, device=self._device)
         with torch.inference_mode():
             self._kv.keep_rows(base, index)
-            if self._feature_store is not None:
-                self._feature_store[base : base + len(rows)] = self._feature_store[index]
+            for store in (self._feature_store, self._layer_store):
+                if store is not None:
+                    store[base : base + len(rows)] = store[index]
         new_tokens = self.tokens[base:]
         self.tokens[base:] = [new_tokens[i] for i in rows]
 
@@ -196,6 +202,26 @@ class NativeBackend(HFBackend):
         if self._model is None:
             raise RuntimeError("this backend was closed")
         return self._native.hidden_states(input_ids.to(self._device))
+
+    # -- the inputs of chosen layers (LayerFeatures: EAGLE-3) ------------------------------
+
+    def watch_layers(self, layers: tuple[int, ...]) -> None:
+        """Keep the inputs of `layers` (increasing, 0..n_layers-1) for every token from now on; ()
+        stops. A new set forgets the cached tokens, whose layers' inputs were not kept."""
+        layers = tuple(int(i) for i in layers)
+        if self._native is None:  # closed: nothing is kept any more
+            if layers:
+                raise RuntimeError("this backend was closed")
+            return
+        depth = len(self._native.blocks)
+        if any(not 0 <= i < depth for i in layers) or list(layers) != sorted(set(layers)):
+            raise ValueError(f"layers {layers} are not increasing ids of the model's {depth} layers")
+        if layers == self._watched:
+            return
+        if layers:
+            self.rollback(0)
+        self._watched = self._native.watched = layers
+        self._layer_store = None
 
     # -- early exit (LayerExit: self-speculative drafting) ---------------------------------
 
@@ -265,6 +291,10 @@ class NativeBackend(HFBackend):
             raise ValueError(f"exit_layer must be between 1 and {depth - 1}, got {exit_layer}")
         if base + n > self.n_ctx:
             raise self._context_full(f"{base} are in use and {n} more were asked for")
+        if self._watched and self._watched[0] < exit_layer:
+            # The draft's partial forwards kept no inputs of the watched layers below the exit: run
+            # every layer instead (the same logits; the scratch rows are overwritten).
+            return self.forward(tokens)
         self._tree_base = self._tree_parents = None
         try:
             ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
@@ -277,6 +307,7 @@ class NativeBackend(HFBackend):
                 self._kv.length = base
                 logits, features = self._pass(ids, self._kv, start_layer=exit_layer, hidden=x)
                 self._store_features(base, features)
+                self._store_layer_features(base, self._native.layer_features)
         except BaseException as error:
             self._repair_cache()
             if is_oom(error):

@@ -145,10 +145,12 @@ class StaticForward:
         # 2. The step, replayed from a graph where there are graphs.
         key = (rows, span, start_layer, stop, hidden is not None)
         if self.graphs is None:
-            logits, features, residual = self._step(*key)
-        else:
-            logits, features, residual = (t[:n].clone() for t in self.graphs.run(key, lambda: self._step(*key)))
+            logits, features, residual, *layers = self._step(*key)
+        else:  # the watched layers change what a step returns, so they are part of its graph's key
+            outputs = self.graphs.run((*key, self.native.watched), lambda: self._step(*key))
+            logits, features, residual, *layers = (t[:n].clone() for t in outputs)
         self.native.residual = residual[:n]
+        self.native.layer_features = layers[0][:n] if layers else None
         cache.length = start + n
         return (logits[n - 1 : n] if last_only else logits[:n]), features[:n]
 
@@ -176,10 +178,9 @@ class StaticForward:
             return out.view(kv_heads, groups, rows, dim).permute(2, 0, 1, 3).reshape(rows, native.n_heads * dim)
 
         x = self._hidden[:rows] if with_hidden else native._embed(self._ids[:rows])  # (rows, hidden)
-        for index in range(first, stop):
-            x = native._block(index, native.blocks[index], x, cos, sin, attend)
+        x, layers = native.run_layers(x, first, stop, cos, sin, attend)
         features = F.rms_norm(x, (native.hidden_size,), native.final_norm, native.eps)  # (rows, hidden)
-        return native.head(features), features, x
+        return (native.head(features), features, x) + ((layers,) if layers is not None else ())
 
 
 class _Graphs:

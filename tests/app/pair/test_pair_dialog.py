@@ -59,8 +59,8 @@ def test_every_drafter_can_be_chosen_and_none_is_a_placeholder(dialog):
     combo = dialog.form.drafter
     drafters = [combo.itemData(i) for i in range(combo.count())]
     # The drafters that load a draft model first, plain decoding last; the suggested chains among them.
-    assert drafters == ["model", "suffix+model", "ngram", "suffix", "medusa", "eagle", "mtp", "lookahead", "early-exit",
-                        "suffix+eagle", "suffix+medusa", "none"]  # fmt: skip
+    assert drafters == ["model", "suffix+model", "ngram", "suffix", "medusa", "eagle", "eagle3", "mtp", "lookahead",
+                        "early-exit", "suffix+eagle", "suffix+medusa", "none"]  # fmt: skip
     assert combo.itemText(1) == "Suffix decoding, then Draft model"
     assert all(combo.model().item(i).isEnabled() for i in range(combo.count()))
     assert not any("coming" in combo.itemText(i) for i in range(combo.count()))

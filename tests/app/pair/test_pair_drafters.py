@@ -206,7 +206,13 @@ def test_the_eagle_picker_offers_eagle_heads_and_remembers_a_trained_one(qtbot, 
     medusa.mkdir()
     (medusa / "config.json").write_text(json.dumps({"medusa_num_heads": 2}))
     (medusa / "medusa_lm_head.safetensors").write_bytes(b"")
+    eagle3 = Path(heads_root()) / "eagle3-mine"  # SafeAILab's EAGLE-3 layout: a draft vocabulary of its own
+    eagle3.mkdir()
+    (eagle3 / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64,
+                                                    "num_attention_heads": 4, "draft_vocab_size": 512}))  # fmt: skip
+    (eagle3 / "pytorch_model.bin").write_bytes(b"")
     assert known_heads(settings, "eagle") == [str(eagle)] and known_heads(settings, "medusa") == [str(medusa)]
+    assert known_heads(settings, "eagle3") == [str(eagle3)]
 
     remember_trained(str(eagle), settings, kind="eagle")
     picker_dialog = PairDialog(settings=settings)
@@ -216,3 +222,6 @@ def test_the_eagle_picker_offers_eagle_heads_and_remembers_a_trained_one(qtbot, 
     assert eagle_heads.folder() == str(eagle) and heads.folder() == ""
     assert eagle_heads.combo.itemText(0) == "Shipped EAGLE head for the target"
     assert "EAGLE head" in eagle_heads.combo.itemData(1, Qt.ToolTipRole)
+    eagle3_heads = picker_dialog.form.field("eagle3", "heads")
+    assert eagle3_heads.choices() == ["", str(eagle3)]
+    assert eagle3_heads.combo.itemText(0) == "Shipped EAGLE-3 head for the target"

@@ -327,6 +327,18 @@ def test_choosing_eagle_disables_medusas_sizes_and_shows_the_draft_vocabulary(di
     assert "--kind medusa" in command_line(form.options()) and "--heads 3" in command_line(form.options())
 
 
+def test_eagle3_is_offered_with_the_draft_vocabulary_and_its_own_folder(dialog):
+    form = dialog.form
+    dialog.form.out_dir.setText("")
+    form.set_kind("eagle3")
+    assert form.heads_kind() == "eagle3" and dialog.windowTitle() == "Train an EAGLE-3 head"
+    assert not form.num_heads.isEnabled() and form.draft_vocab.isVisibleTo(dialog)
+    assert Path(form.out_dir.text()).name.startswith("eagle3-tiny-llama")
+    options = form.options()
+    assert (options["kind"], options["draft_vocab"]) == ("eagle3", 8192) and "num_heads" not in options
+    assert "--kind eagle3 --target" in command_line(options) and "--draft-vocab 8192" in command_line(options)
+
+
 def test_an_eagle_run_charts_its_depths_and_joins_the_pair_dialog(qtbot, dialog, tiny, tmp_path):
     dialog.form.set_kind("eagle")
     dialog.form.steps.setValue(2)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -17,7 +16,7 @@ from tests.engine.drafters.build import make_drafter
 from engine.core.sampling import SamplingConfig
 from engine.api import Engine, EngineConfig, target_backend
 from tests.factories.hf_models import make_tiny_llama, make_tiny_model
-from tests.stats_helpers import chi_square_pvalue
+from tests.stats_helpers import first_two_tokens
 
 GREEDY = SamplingConfig(max_tokens=40)
 PROMPTS = [
@@ -147,37 +146,10 @@ def test_the_heads_cache_after_rejections_equals_a_fresh_pass(mirrored):
 def test_sampled_eagle_is_distributed_as_the_target(mirrored):
     """The first two tokens after a prompt, sampled with top-k 3, against the target's own p."""
     backend, head = mirrored
-    drafter = EagleDrafter(head, backend)
     prompt = backend.apply_chat_template([{"role": "user", "content": "Hi"}])
-    top_k, draws = 3, 500
-
-    def processed(logits):
-        values, ids = torch.topk(logits, top_k)
-        return ids.tolist(), torch.softmax(values, -1).tolist()
-
-    first_ids, first_p = processed(_next_logits(backend, prompt))
-    cells = {}
-    for a, pa in zip(first_ids, first_p):
-        ids_b, p_b = processed(_next_logits(backend, prompt + [a]))
-        for b, pb in zip(ids_b, p_b):
-            cells[(a, b)] = pa * pb
-    keys = list(cells)
-    counts = np.zeros(len(keys))
-    engine = engine_for(backend, drafter, k=6)
-    drafted = 0
-    for seed in range(draws):
-        result = engine.generate(prompt, SamplingConfig(temperature=1.0, top_k=top_k, max_tokens=2, seed=seed))
-        counts[keys.index(tuple(result.tokens[:2]))] += 1
-        drafted += result.stats.drafted
-    assert drafted > 0
-    assert chi_square_pvalue(counts, np.array([cells[k] for k in keys])) > 1e-3
-
-
-def _next_logits(backend: TorchBackend, ids: list[int]) -> torch.Tensor:
-    backend.prefill(ids[:-1])
-    logits = backend.forward([ids[-1]])[-1]
-    backend.rollback(len(ids) - 1)
-    return logits
+    pvalue, accepted = first_two_tokens(engine_for(backend, EagleDrafter(head, backend), k=6), prompt, 3, 500)
+    assert accepted > 0
+    assert pvalue > 1e-3
 
 
 # -- checkpoints ------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,7 +17,7 @@ from engine.heads.mtp import find_mtp, load_mtp, read_model_config
 from tests.engine.drafters.build import make_drafter
 from tests.factories.hf_models import make_tiny_llama
 from tests.factories.mtp_models import make_mtp_model
-from tests.stats_helpers import chi_square_pvalue
+from tests.stats_helpers import first_two_tokens
 
 GREEDY = SamplingConfig(max_tokens=30)
 PROMPTS = ["Write a short poem about the sea.", "Repeat after me: the early bird catches the worm."]
@@ -198,34 +197,10 @@ def test_the_layers_cache_after_rejections_equals_a_fresh_pass(loaded):
 def test_sampled_mtp_is_distributed_as_the_target(loaded):
     """The first two tokens after a prompt, sampled with top-k 3, against the target's own p."""
     backend = loaded("deepseek_v3")
-    engine = engine_for(backend, k=3)
     prompt = backend.apply_chat_template([{"role": "user", "content": "Hi"}])
-    top_k, draws = 3, 400
-
-    def processed(logits):
-        values, ids = torch.topk(logits, top_k)
-        return ids.tolist(), torch.softmax(values, -1).tolist()
-
-    def next_logits(ids):
-        backend.prefill(ids[:-1])
-        logits = backend.forward([ids[-1]])[-1]
-        backend.rollback(len(ids) - 1)
-        return logits
-
-    cells = {}
-    first_ids, first_p = processed(next_logits(prompt))
-    for a, pa in zip(first_ids, first_p):
-        for b, pb in zip(*processed(next_logits(prompt + [a]))):
-            cells[(a, b)] = pa * pb
-    keys = list(cells)
-    counts = np.zeros(len(keys))
-    accepted = 0
-    for seed in range(draws):
-        result = engine.generate(prompt, SamplingConfig(temperature=1.0, top_k=top_k, max_tokens=2, seed=seed))
-        counts[keys.index(tuple(result.tokens[:2]))] += 1
-        accepted += result.stats.accepted
-    assert accepted > draws // 4  # q was used, not just drafted and thrown away
-    assert chi_square_pvalue(counts, np.array([cells[k] for k in keys])) > 1e-3
+    pvalue, accepted = first_two_tokens(engine_for(backend, k=3), prompt, top_k=3, draws=400)
+    assert accepted > 400 // 4  # q was used, not just drafted and thrown away
+    assert pvalue > 1e-3
 
 
 def test_cli_drafts_with_the_models_mtp_layer(models, capsys):

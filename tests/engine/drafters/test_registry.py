@@ -46,7 +46,7 @@ def test_every_drafter_describes_its_options_and_statistics():
             assert s.label and s.help and s.flags[-1].startswith("--"), (spec.name, s)
         assert issubclass(spec.stats, DrafterStats)
         assert all(f.label for f in stat_fields(spec.stats)), spec.name
-        assert bool(spec.needs) == (spec.name in ("medusa", "eagle", "mtp", "lookahead", "early-exit"))
+        assert bool(spec.needs) == (spec.name in ("medusa", "eagle", "eagle3", "mtp", "lookahead", "early-exit"))
 
 
 def test_an_unknown_drafter_names_the_known_ones():
