@@ -384,6 +384,8 @@ class TimeSplitPanel(Panel):
         self.plot.getViewBox().setMouseEnabled(y=False)
         self.plot.enableAutoRange(enable=False)
         self._labels: list[str] = []
+        self._laid_out: tuple | None = None  # (ticks, bar heights, view height) last set
+        self._html: dict[str, str] = {}  # run label -> its note's text as last set
         # The view box gets its size after the widget's resize event: lay out when it does.
         self.plot.getViewBox().sigResized.connect(self._lay_out)
 
@@ -398,7 +400,10 @@ class TimeSplitPanel(Panel):
         for label, note in self.notes.items():
             note.setVisible(label in split)
             if label in split:
-                note.setHtml(self._shares(split[label]))
+                html = self._shares(split[label])
+                if self._html.get(label) != html:  # each setHtml re-lays the note out and repaints it
+                    self._html[label] = html
+                    note.setHtml(html)
         longest = max((sum(parts.values()) for parts in split.values()), default=1.0) or 1.0
         self.fit("x", 0.0, longest, padding=0.03)
         self._lay_out()
@@ -414,7 +419,8 @@ class TimeSplitPanel(Panel):
         rows, bar_heights, ticks = [], [], []
         for i, label in enumerate(self._labels):  # the first run on top
             note = self.notes[label]
-            note.setTextWidth(width)
+            if note.textItem.textWidth() != width:
+                note.setTextWidth(width)
             top = height - i * slot - self.NOTE_GAP
             note.setPos(0, top)
             note_height = note.textItem.boundingRect().height()
@@ -423,10 +429,14 @@ class TimeSplitPanel(Panel):
             rows.append(centre)
             bar_heights.append(bar)
             ticks.append((centre, label))
-        self.plot.getAxis("left").setTicks([ticks])
-        for bar in self.bars.values():
-            bar.setOpts(y=np.array(rows), height=np.array(bar_heights))
-        self.plot.setYRange(0, height, padding=0)
+        # Each of these repaints the panel and its cached axis even when nothing moved: only
+        # on a change (most redraws while a reply streams change the bars' lengths alone).
+        if (ticks, bar_heights, height) != self._laid_out:
+            self._laid_out = (ticks, bar_heights, height)
+            self.plot.getAxis("left").setTicks([ticks])
+            for bar in self.bars.values():
+                bar.setOpts(y=np.array(rows), height=np.array(bar_heights))
+            self.plot.setYRange(0, height, padding=0)
 
     def _shares(self, parts: dict) -> str:
         total = sum(parts.values()) or 1.0
@@ -458,7 +468,8 @@ class DepthPanel(Panel):
         self.label = "position"
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=RUN_COLOURS["speculative"], pen=pg.mkPen(None))
         self.plot.addItem(self.bars)
-        self.counts: list[pg.TextItem] = []
+        self.counts: list[pg.TextItem] = []  # "accepted/tested" above each bar, reused from redraw to redraw
+        self._axis_for: tuple | None = None  # (bars, label) the bottom axis was last set for
         self.plot.getAxis("left").setTickSpacing(major=0.5, minor=0.1)
         self.plot.getViewBox().setMouseEnabled(y=False)
         self.plot.enableAutoRange(enable=False)
@@ -478,19 +489,27 @@ class DepthPanel(Panel):
         n = len(depth["depth"])
         heights = np.nan_to_num(depth["rate"], nan=0.0)
         self.bars.setOpts(x=depth["depth"], height=heights)
-        self.plot.getAxis("bottom").setTicks([list(zip(range(1, n + 1), self.tick_labels(n)))])
-        self.plot.setLabel("bottom", self.label if n > self.MAX_NAMED_TICKS else "",
-                           color=self.fg.name(), size="9pt")  # fmt: skip
-        for item in self.counts:
-            self.plot.removeItem(item)
-        self.counts = []
-        if n <= self.MAX_COUNTS:
-            for k, height, accepted, tested in zip(depth["depth"], heights, depth["accepted"], depth["tested"]):
-                text = pg.TextItem(f"{int(accepted)}/{int(tested)}", color=self.fg, anchor=(0.5, 1))
+        # Ticks, axis label and range change with the number of bars only: set again, each would
+        # repaint the cached axis at every redraw of a streaming reply.
+        if (n, self.label) != self._axis_for:
+            self._axis_for = (n, self.label)
+            self.plot.getAxis("bottom").setTicks([list(zip(range(1, n + 1), self.tick_labels(n)))])
+            self.plot.setLabel("bottom", self.label if n > self.MAX_NAMED_TICKS else "",
+                               color=self.fg.name(), size="9pt")  # fmt: skip
+            self.plot.setXRange(0.5, max(n, 4) + 0.5, padding=0.02)
+        shown = n if n <= self.MAX_COUNTS else 0
+        while len(self.counts) > shown:
+            self.plot.removeItem(self.counts.pop())
+        while len(self.counts) < shown:
+            self.counts.append(pg.TextItem("", color=self.fg, anchor=(0.5, 1)))
+            self.plot.addItem(self.counts[-1])
+        for text, k, height, accepted, tested in zip(self.counts, depth["depth"], heights, depth["accepted"],
+                                                     depth["tested"]):  # fmt: skip
+            words = f"{int(accepted)}/{int(tested)}"
+            if text.toPlainText() != words:
+                text.setText(words)
+            if (text.pos().x(), text.pos().y()) != (float(k), float(height) + 0.02):
                 text.setPos(float(k), float(height) + 0.02)
-                self.plot.addItem(text)
-                self.counts.append(text)
-        self.plot.setXRange(0.5, max(n, 4) + 0.5, padding=0.02)
 
     def clear_data(self) -> None:
         empty = np.zeros(0)
