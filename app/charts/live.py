@@ -8,11 +8,13 @@ GUI thread may use GUI_BUDGET of a core in all (a redraw of the panels costs
 20-60 ms on a small CPU while the engine decodes, and every millisecond of it is
 taken from a core the engine process decodes on: on two cores, llama.cpp's
 threads wait for each other, so it costs the engine twice that), so the interval
-between redraws grows until the window's share is within it (`RedrawPace`). The
-summary line's numbers are cheap and follow the steps every SUMMARY_MS between
-redraws. Ranges move in steps (`Panel.fit`) and the axes are cached, so most
-redraws repaint no axis. Call everything from the GUI thread: the main window
-gets steps from its worker through a queued signal.
+between redraws grows until the window's share is within it (`RedrawPace`). Ranges
+move in steps (`Panel.fit`) and the axes are cached, so most redraws repaint no
+axis. The summary line's numbers follow the steps every SUMMARY_MS between
+redraws: once a second, as each change lays its rich text out again and
+invalidates the panels' layout (~4 ms on a small CPU; at 3 Hz it was a third of
+what the window took while a reply streamed). Call everything from the GUI
+thread: the main window gets steps from its worker through a queued signal.
 
 Panels (three columns when wide, two when tall):
   tokens per second | acceptance rate (rolling)  | tokens accepted per step
@@ -63,7 +65,7 @@ REDRAW_MS = 40  # 25 Hz at most: smooth to the eye
 SLOWEST_REDRAW_MS = 2000  # at least every two seconds while steps arrive, whatever drawing costs
 FIRST_REDRAW_MS = 200  # a reply's first interval, before its drawing has been measured
 GUI_BUDGET = 0.03  # of one core, for everything the GUI thread does while a reply streams
-SUMMARY_MS = 300  # the summary line's numbers, between the plots' redraws
+SUMMARY_MS = 1000  # the summary line's numbers, between the plots' redraws (each costs a relayout: ~4 ms)
 
 
 class RedrawPace:
