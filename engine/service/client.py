@@ -36,6 +36,7 @@ from engine.core.sampling_config import SamplingConfig
 from engine.errors import SpecDeckError
 from engine.remote.http import CONNECT_TIMEOUT_S, open_connection, parse_address, sse_payloads
 from engine.service import wire
+from engine.service.batches import unbatched
 from engine.service.host import JOB_HEADER
 
 StepCallback = Callable[[str, StepEvent, "dict | None", CostModel], None]  # (run label, step, drafter stats, costs)
@@ -101,7 +102,7 @@ class EngineClient:
         """One reply, as `Engine.generate`; `speculative` None: as the loaded pair decodes."""
         body = {"messages": messages, "sampling": wire.sampling_to_dict(sampling), "speculative": speculative}
         steps: list[StepEvent] = []
-        for item in self.stream("/specdeck/generate", body, cancel=cancel):
+        for item in unbatched(self.stream("/specdeck/generate", body, cancel=cancel)):
             step = wire.step_from_dict(item["step"])
             steps.append(step)
             if on_step is not None:
@@ -113,7 +114,7 @@ class EngineClient:
         """Vanilla, then speculative decoding of the same input, as `Engine.compare`."""
         body = {"messages": messages, "sampling": wire.sampling_to_dict(sampling)}
         runs: dict[str, list[StepEvent]] = {"vanilla": [], "speculative": []}
-        for item in self.stream("/specdeck/compare", body, cancel=cancel):
+        for item in unbatched(self.stream("/specdeck/compare", body, cancel=cancel)):
             if "divergence" in item:
                 return wire.comparison_from_runs(runs["vanilla"], runs["speculative"], item["divergence"])
             step = wire.step_from_dict(item["step"])

@@ -5,8 +5,9 @@
     POST /specdeck/load       {"config": EngineConfig.to_dict(), "reload"?} -> stream of {"progress": {...}},
                               then {"loaded": ...}; at once when that config is already loaded
     POST /specdeck/unload     frees the models
-    POST /specdeck/generate   {"messages", "sampling", "speculative"?} -> stream of {"step", "drafter_stats", "costs"}
-    POST /specdeck/compare    {"messages", "sampling"} -> stream of {"run", "step", ...}, then {"divergence": ...}
+    POST /specdeck/generate   {"messages", "sampling", "speculative"?} -> stream of {"steps": [{"run", "step",
+                              "drafter_stats", "costs"}, ...]} batches (batches.py: about ten a second)
+    POST /specdeck/compare    {"messages", "sampling"} -> the same batches for both runs, then {"divergence": ...}
     POST /specdeck/preflight  {"config": EngineConfig.to_dict()} -> `preflight(config).to_dict()`: can this config
                               load and draft, from metadata only (the pair dialog's check)
     POST /specdeck/cancel     {"job"?}: that job (the X-SpecDeck-Job its request was sent with; default the
@@ -39,6 +40,7 @@ from engine.config import EngineConfig
 from engine.drafters.registry import DrafterStats
 from engine.errors import SpecDeckError
 from engine.service import wire
+from engine.service.batches import Batches
 from engine.service.host import Host
 from engine.service.metrics import metrics_of
 from engine.service.server import BadRequest, error_response, event_stream, require_engine
@@ -140,9 +142,10 @@ async def generate(body: GenerateRequest, request: Request):
         engine = require_engine(host)
         speculative = engine.drafter is not None if body.speculative is None else body.speculative
         prompt = engine.prompt_ids(body.messages)
-        for step in engine.stream(prompt, sampling, speculative=speculative, cancel=cancel):
-            metrics.observe(step, len(prompt))
-            emit(step_item(engine, step, speculative))
+        with Batches(emit) as send:
+            for step in engine.stream(prompt, sampling, speculative=speculative, cancel=cancel):
+                metrics.observe(step, len(prompt))
+                send(step_item(engine, step, speculative), last=step.finish_reason is not None)
 
     return await event_stream(host.run("generate", job, request))
 
@@ -156,12 +159,13 @@ async def compare(body: CompareRequest, request: Request):
     def job(cancel, emit) -> None:
         engine = require_engine(host)
         prompt = engine.prompt_ids(body.messages)
+        with Batches(emit) as send:
 
-        def on_event(label: str, step) -> None:
-            metrics.observe(step, len(prompt))
-            emit(step_item(engine, step, label == "speculative"))
+            def on_event(label: str, step) -> None:
+                metrics.observe(step, len(prompt))
+                send(step_item(engine, step, label == "speculative"), last=step.finish_reason is not None)
 
-        comparison = engine.compare(prompt, sampling, cancel=cancel, on_event=on_event)
+            comparison = engine.compare(prompt, sampling, cancel=cancel, on_event=on_event)
         emit({"divergence": wire.divergence_to_dict(comparison.divergence)})
 
     return await event_stream(host.run("compare", job, request))

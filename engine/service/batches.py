@@ -1,0 +1,60 @@
+"""Steps on the wire in batches: one server-sent event every BATCH_S, not one per step.
+
+Each event sent wakes the server's event loop (serialising, writing the socket) and
+the client's reader (reading, parsing), and on a machine whose cores all decode,
+each wake-up takes a core from the engine's threads for a moment. llama.cpp's
+threads wait for each other at every barrier, so that moment stalls all of them:
+on 2 cores, a reply streamed step by step to a client that only read it decoded at
+0.88x the speed of the same reply in process. A batch goes out as soon as BATCH_S
+has passed since the last one, so a client still sees the reply grow about ten
+times a second; the first step goes at once (the time to the first token is not
+held back) and the last with the step that ends the run.
+
+On the wire a batch is `{"steps": [item, ...]}`, each item what a single step's event
+was; `unbatched` turns a stream of events back into items, single ones included.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+BATCH_S = 0.1
+
+
+class Batches:
+    """`send(item, last)` for each step, in a `with` block; `emit` gets `{"steps": [...]}` batches.
+    Whatever is held when the block ends, normally or by an error, is emitted then: nothing
+    decoded is lost."""
+
+    def __init__(self, emit: Callable[[Any], None], interval_s: float = BATCH_S, clock=time.monotonic) -> None:
+        self._emit, self._interval_s, self._clock = emit, interval_s, clock
+        self._held: list[Any] = []
+        self._sent = float("-inf")  # the first step goes at once
+
+    def __enter__(self) -> Callable[..., None]:
+        return self.send
+
+    def __exit__(self, *exc) -> None:
+        self.flush()
+
+    def send(self, item: Any, last: bool = False) -> None:
+        self._held.append(item)
+        if last or self._clock() - self._sent >= self._interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._held:
+            batch, self._held = self._held, []
+            self._emit({"steps": batch})
+        self._sent = self._clock()
+
+
+def unbatched(events: Iterable[dict]) -> Iterator[dict]:
+    """The items of a stream of events: a batch's items in order, any other event as it is."""
+    for event in events:
+        if "steps" in event:
+            yield from event["steps"]
+        else:
+            yield event
