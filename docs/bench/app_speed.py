@@ -9,7 +9,7 @@ With `--busy`, every run has one other process keeping a core busy (a Python
 spin loop), as a second program on the user's machine would.
 
     QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 python docs/bench/app_speed.py [--rounds 3]
-        [--configs llama-ngram,torch-bf16] [--busy] [--max-tokens 256] [--smoke]
+        [--configs llama-ngram,torch-bf16] [--busy] [--max-tokens 256] [--threads N] [--smoke]
 
 `--smoke` (the test suite's): one short round of the first config, checking only that every
 number was read. Prints a markdown table; the numbers in docs/benchmarks.md came from it.
@@ -124,8 +124,10 @@ def busy_core(on: bool):
         spinner.wait()
 
 
-def measure(name: str, rounds: int, max_tokens: int, busy: bool) -> dict:
+def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | None = None) -> dict:
     config, flags = CONFIGS[name]
+    if threads is not None:  # the same count for both, where the automatic choice would follow the load
+        config, flags = {**config, "threads": threads}, [*flags, "--threads", str(threads)]
     app = App(config, max_tokens)
     cli, gui, shares = [], [], []
     try:
@@ -147,6 +149,8 @@ def main() -> int:
     parser.add_argument("--configs", default="llama-ngram,torch-bf16")
     parser.add_argument("--busy", action="store_true", help="also measure with one other process keeping a core busy")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="decode threads for both the CLI and the app (default: automatic, the free cores)")
     parser.add_argument("--smoke", action="store_true", help="one short round of the first config")
     args = parser.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -164,7 +168,7 @@ def main() -> int:
     rows = []
     for name in names:
         for busy in (False, True) if args.busy else (False,):
-            rows.append(measure(name, args.rounds, args.max_tokens, busy))
+            rows.append(measure(name, args.rounds, args.max_tokens, busy, args.threads))
     print("| config | other process busy | CLI tok/s (median) | app tok/s (median) | app / CLI | window's CPU |")
     print("|---|---|---|---|---|---|")
     for row in rows:
