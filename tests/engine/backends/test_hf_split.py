@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from engine.backends.capabilities import HiddenFeatures, LayerExit, ModelParts, TreeForward, has
+from engine.backends.capabilities import HiddenFeatures, LayerExit, LayerFeatures, ModelParts, TreeForward, has
 from engine.backends.hf.backend import TorchBackend
 from engine.backends.hf.base import HFBackend
 from engine.backends.hf.loader import load
@@ -25,7 +25,7 @@ from tests.factories.fake import MarkovBackend, random_transition
 from tests.factories.hf_models import make_tiny_llama
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
-ALL = (TreeForward, HiddenFeatures, LayerExit, ModelParts)
+ALL = (TreeForward, HiddenFeatures, LayerFeatures, LayerExit, ModelParts)
 
 
 @pytest.fixture(scope="module")
