@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable, NamedTuple
 
 from engine import StepEvent
+from engine.service.batches import BATCH_S, Batches
 from app.runtime.costs import CostSnapshot
 
 
@@ -38,17 +39,16 @@ class StepBatches:
     process for a moment: with llama.cpp's threads waiting for each other at every
     barrier, a reply at 80 steps a second woken step by step ran 10-20% slower than with
     the GUI asleep. Batched, the window still shows each step, about 10 times a second.
-    The first step and the last step of a run go at once, and whatever is held when the
+    `Batches` holds them (engine/service/batches.py, as the engine's server sends them):
+    the first step and the last step of a run go at once, and whatever is held when the
     job ends (an engine that died mid-reply) is handed over then: nothing received is
     lost. The cost model is frozen here (the charts compare snapshots).
     """
 
-    BATCH_S = 0.1
+    BATCH_S = BATCH_S
 
     def __init__(self, report: Callable[[list[Step]], None], clock=time.monotonic) -> None:
-        self._report, self._clock = report, clock
-        self._held: list[Step] = []
-        self._last = float("-inf")  # the first step goes at once: the reply starts without delay
+        self._batches = Batches(report, self.BATCH_S, clock)
 
     def __enter__(self) -> Callable[[str, Any, Any, Any], None]:
         return self.on_step
@@ -57,12 +57,8 @@ class StepBatches:
         self.flush()
 
     def on_step(self, label: str, event: StepEvent, drafter_stats: dict | None, costs) -> None:
-        self._held.append(Step(label, event, drafter_stats, None if costs is None else CostSnapshot.of(costs)))
-        if event.finish_reason is not None or self._clock() - self._last >= self.BATCH_S:
-            self.flush()
+        step = Step(label, event, drafter_stats, None if costs is None else CostSnapshot.of(costs))
+        self._batches.send(step, last=event.finish_reason is not None)
 
     def flush(self) -> None:
-        if self._held:
-            batch, self._held = self._held, []
-            self._report(batch)
-        self._last = self._clock()
+        self._batches.flush()

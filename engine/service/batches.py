@@ -12,6 +12,8 @@ held back) and the last with the step that ends the run.
 
 On the wire a batch is `{"steps": [item, ...]}`, each item what a single step's event
 was; `unbatched` turns a stream of events back into items, single ones included.
+The desktop window hands steps from its reader thread to its GUI thread with the
+same `Batches` (app/runtime/steps.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ BATCH_S = 0.1
 
 
 class Batches:
-    """`send(item, last)` for each step, in a `with` block; `emit` gets `{"steps": [...]}` batches.
+    """`send(item, last)` for each step, in a `with` block; `emit` gets each batch, a list of items.
     Whatever is held when the block ends, normally or by an error, is emitted then: nothing
     decoded is lost."""
 
@@ -47,7 +49,7 @@ class Batches:
     def flush(self) -> None:
         if self._held:
             batch, self._held = self._held, []
-            self._emit({"steps": batch})
+            self._emit(batch)
         self._sent = self._clock()
 
 

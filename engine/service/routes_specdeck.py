@@ -142,7 +142,7 @@ async def generate(body: GenerateRequest, request: Request):
         engine = require_engine(host)
         speculative = engine.drafter is not None if body.speculative is None else body.speculative
         prompt = engine.prompt_ids(body.messages)
-        with Batches(emit) as send:
+        with Batches(lambda steps: emit({"steps": steps})) as send:
             for step in engine.stream(prompt, sampling, speculative=speculative, cancel=cancel):
                 metrics.observe(step, len(prompt))
                 send(step_item(engine, step, speculative), last=step.finish_reason is not None)
@@ -159,7 +159,7 @@ async def compare(body: CompareRequest, request: Request):
     def job(cancel, emit) -> None:
         engine = require_engine(host)
         prompt = engine.prompt_ids(body.messages)
-        with Batches(emit) as send:
+        with Batches(lambda steps: emit({"steps": steps})) as send:
 
             def on_event(label: str, step) -> None:
                 metrics.observe(step, len(prompt))

@@ -25,7 +25,7 @@ def test_the_first_step_goes_at_once_then_a_batch_per_interval_and_the_last_with
     clock, sent = Clock(), []
     with Batches(sent.append, interval_s=0.1, clock=clock) as send:
         send("a")  # the reply's first step: shown without waiting
-        assert sent == [{"steps": ["a"]}]
+        assert sent == [["a"]]
         clock.now += 0.03
         send("b")
         clock.now += 0.03
@@ -33,10 +33,10 @@ def test_the_first_step_goes_at_once_then_a_batch_per_interval_and_the_last_with
         assert len(sent) == 1  # held: the interval has not passed
         clock.now += 0.05
         send("d")  # 0.11 s since the last batch
-        assert sent[-1] == {"steps": ["b", "c", "d"]}
+        assert sent[-1] == ["b", "c", "d"]
         clock.now += 0.01
         send("e", last=True)  # the step that ends the run is not held back
-        assert sent[-1] == {"steps": ["e"]}
+        assert sent[-1] == ["e"]
     assert len(sent) == 3
 
 
@@ -47,7 +47,7 @@ def test_steps_held_when_the_run_fails_are_sent_before_the_error():
             send("a")
             send("b")
             raise RuntimeError("the engine failed after b")
-    assert sent == [{"steps": ["a"]}, {"steps": ["b"]}]
+    assert sent == [["a"], ["b"]]
 
 
 def test_unbatched_gives_every_item_in_order_and_other_events_as_they_are():
