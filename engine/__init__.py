@@ -58,6 +58,7 @@ _LAZY = {
     "break_even_acceptance": ("core.draft_length", None), "expected_tokens": ("core.draft_length", None),
     # the engine as a service: its client, and the private engine process the app starts (light)
     "EngineClient": ("service.client", None), "EngineUnavailable": ("service.client", None),
+    "Batches": ("service.batches", None), "BATCH_S": ("service.batches", None),
     # other servers: llama-server, vLLM, SGLang (light)
     "open_remote": ("remote", None), "detect_kind": ("remote", None), "RemoteEngine": ("remote", None),
     "RemotePair": ("remote", None), "REMOTE_KINDS": ("remote", "KINDS"),

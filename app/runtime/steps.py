@@ -12,8 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, NamedTuple
 
-from engine import StepEvent
-from engine.service.batches import BATCH_S, Batches
+from engine import BATCH_S, Batches, StepEvent
 from app.runtime.costs import CostSnapshot
 
 
