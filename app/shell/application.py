@@ -56,6 +56,7 @@ def create_application(argv: list[str] | None = None) -> QApplication:
     QCoreApplication.setOrganizationDomain(ORGANIZATION_DOMAIN)
     QCoreApplication.setApplicationName(APPLICATION)
     QCoreApplication.setApplicationVersion(app.__version__)
+    paint_on_the_gui_thread()
     application = QApplication(list(argv if argv is not None else sys.argv))
     QGuiApplication.setApplicationDisplayName(APPLICATION)
     QGuiApplication.setDesktopFileName(DESKTOP_ID)
@@ -63,6 +64,21 @@ def create_application(argv: list[str] | None = None) -> QApplication:
     _quit_on_interrupt(application)
     collect_garbage_on_the_gui_thread(application)
     return application
+
+
+def paint_on_the_gui_thread() -> None:
+    """Qt's raster painter does its fills on the GUI thread itself, not on its helper threads.
+
+    Left to itself, Qt hands every fill of more than ~96 spans (a chart's background, an
+    antialiased curve) to a pool of helper threads and waits for them: ~30 wake-ups of
+    each helper per chart redraw, 700 a second while a reply streams. On a machine whose
+    cores all decode, each wake-up takes a core from the engine for a moment, and
+    llama.cpp's threads, which wait for each other at every operation, all lose that
+    moment (docs/benchmarks.md, "The app against the CLI"). The fills of chart-sized
+    shapes cost less than handing them over. Must run before the QApplication exists;
+    a value the user set is kept.
+    """
+    os.environ.setdefault("QT_NO_GUI_THREADPOOL", "1")
 
 
 def collect_garbage_on_the_gui_thread(application: QApplication):

@@ -47,15 +47,16 @@ class App:
     """One main window, loaded once per config; `speed()` sends the prompt and reads the reply's speed."""
 
     def __init__(self, config: dict, max_tokens: int) -> None:
-        from PySide6.QtCore import Qt
+        from PySide6.QtCore import QCoreApplication, Qt
         from PySide6.QtTest import QTest
-        from PySide6.QtWidgets import QApplication
 
+        from app.shell.application import create_application
         from app.shell.main_window import MainWindow
         from engine import EngineConfig, SamplingConfig
 
         self._qt, self._test = Qt, QTest
-        self.application = QApplication.instance() or QApplication(sys.argv)
+        self.application = create_application(sys.argv)  # as `specdeck` makes it: Qt's settings, the GC timer
+        QCoreApplication.setApplicationName("specdeck-app-speed")  # settings of its own, never the user's
         self.window = MainWindow()
         self.window.sampling = SamplingConfig(max_tokens=max_tokens)
         self.window.resize(1400, 900)
@@ -159,9 +160,6 @@ def main() -> int:
     scratch = tempfile.mkdtemp(prefix="specdeck-app-speed-")
     os.environ["XDG_CONFIG_HOME"] = os.environ["XDG_DATA_HOME"] = scratch
     os.environ["SPECDECK_DATA_DIR"] = os.path.join(scratch, "conversations")
-    from PySide6.QtCore import QCoreApplication
-
-    QCoreApplication.setApplicationName("specdeck-app-speed")
     names = args.configs.split(",")
     if args.smoke:
         names, args.rounds, args.max_tokens = names[:1], 1, 16

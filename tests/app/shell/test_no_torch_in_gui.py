@@ -2,7 +2,7 @@
 process. Checked on a fresh interpreter that opens the real window, loads the embedded model,
 chats, opens the pair dialog and waits for its check of the embedded model (a llama.cpp GGUF:
 the check reads llama.cpp's GPU offload and the device memory, in the engine process), and
-then lists what it imported."""
+then lists what it imported and the threads it ran."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 HEAVY = ("torch", "transformers", "llama_cpp", "safetensors", "accelerate")
 
 SCRIPT = r"""
-import json, sys
+import json, os, sys
 from PySide6.QtCore import QTimer
 
 from app.shell.application import create_application
@@ -62,6 +62,7 @@ window.start(EngineConfig(measure_costs=False, k=4))
 application.exec()
 outcome["engine_pid"] = window.controller.process.pid
 outcome["heavy"] = sorted({name.split(".")[0] for name in sys.modules} & set(HEAVY))
+outcome["threads"] = sorted({open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")})
 print("OUTCOME " + json.dumps(outcome))
 """
 
@@ -83,3 +84,6 @@ def test_chatting_in_the_window_loads_no_torch_or_llama_cpp_in_its_process(tmp_p
     assert check["ok"] and check["target"] == "default", check
     assert check["findings"].get("Layers on the GPU (llama.cpp)") == "info" and "Fits in memory" in check["findings"]
     assert outcome["heavy"] == []
+    # Qt painted the charts and the reply on the GUI thread itself, with no pool of helper threads
+    # to wake (each wake-up takes a core from the engine: app/shell/application.py).
+    assert "Thread (pooled)" not in outcome["threads"], outcome["threads"]
