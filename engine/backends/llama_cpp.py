@@ -30,7 +30,7 @@ from engine.errors import ConfigError, ContextOverflowError, ModelLoadError, Mod
 from engine.models.memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory, release_frames
 from engine.backends.base import Backend, LoadProgress, ModelInfo
 from engine.backends import gpu_layers  # its llama_cpp_offloads read at each call: tests fake a GPU build
-from engine.backends.threads import MAX_DEFAULT_THREADS, decode_threads
+from engine.backends.threads import MAX_DEFAULT_THREADS, decode_threads, follow_in_torch
 from engine.core.text import plain_chat
 
 DEFAULT_CONTEXT = 4096  # enough for a chat, small enough that the KV cache of a 7B model fits in RAM
@@ -328,13 +328,20 @@ class LlamaCppBackend(Backend):
     def prepare_threads(self) -> None:
         """Unless the user fixed the count: set llama.cpp's threads to the cores free now. Its
         workers spin at each barrier, so one thread whose core another process takes stalls the
-        rest (2 threads with one of 2 cores busy: 27 tok/s; 1 thread: 63)."""
-        if self._fixed_threads is not None or self._llm is None:
+        rest (2 threads with one of 2 cores busy: 27 tok/s; 1 thread: 63).
+
+        torch's threads follow the same count, fixed or not: each step's logits go through torch
+        (softmax, sampling), and a torch OpenMP worker left at its default count spins after
+        every such op. With one of two cores busy elsewhere it took a third of the core that
+        llama.cpp's one thread decoded on: 34 tok/s, against 52 with it gone."""
+        if self._llm is None:
             return
-        n = default_threads()
-        if n != self._n_threads:
-            llama_cpp.llama_set_n_threads(self._ctx, n, n)
-            self._n_threads = n
+        if self._fixed_threads is None:
+            n = default_threads()
+            if n != self._n_threads:
+                llama_cpp.llama_set_n_threads(self._ctx, n, n)
+                self._n_threads = n
+        follow_in_torch(self._n_threads)
 
     # -- the cache (hot loop) ------------------------------------------------------------
 

@@ -161,6 +161,17 @@ def forget() -> None:
         _last = None
 
 
+def follow_in_torch(n: int) -> None:
+    """torch's intra-op threads (process-wide): `n`, unless the user set OMP_NUM_THREADS, which
+    torch read and which is kept. Call it only where torch is already imported."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    import torch
+
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 def decode_threads(requested: int | None, cap: int = MAX_DEFAULT_THREADS) -> int:
     """Threads for the next generation: `requested` when the user chose a count (kept as is),
     otherwise the free cores (measured at most every CACHE_S seconds), at least 1 and at most `cap`."""

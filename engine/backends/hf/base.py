@@ -10,12 +10,11 @@ a long prefill cut into slices, what a failed allocation says, and close.
 from __future__ import annotations
 
 import abc
-import os
 
 import torch
 
 from engine.backends.base import Backend, ModelInfo
-from engine.backends.threads import decode_threads
+from engine.backends.threads import decode_threads, follow_in_torch
 from engine.backends.hf.loader import LoadedModel, Vocabulary, chat_template, empty_device_cache, is_oom, render_chat, rotary
 from engine.errors import OutOfMemoryError
 from engine.models.memory_errors import model_out_of_memory
@@ -27,7 +26,6 @@ PREFILL_CHUNK = 512
 # torch's own choice of intra-op threads (the physical cores), the most a generation gets; a user
 # who set OMP_NUM_THREADS keeps that count (torch read it), nothing here changes it.
 _TORCH_THREADS = torch.get_num_threads()
-_THREADS_FIXED = bool(os.environ.get("OMP_NUM_THREADS"))
 
 
 class HFBackend(Backend):
@@ -74,11 +72,7 @@ class HFBackend(Backend):
         """torch's CPU threads for this generation: the free cores, up to torch's own default.
         Its OpenMP workers spin at barriers like llama.cpp's, so a thread that loses its core to
         another process stalls the others. The count is process-wide; every torch backend agrees."""
-        if _THREADS_FIXED:
-            return
-        n = decode_threads(None, cap=_TORCH_THREADS)
-        if torch.get_num_threads() != n:
-            torch.set_num_threads(n)
+        follow_in_torch(decode_threads(None, cap=_TORCH_THREADS))
 
     # -- model facts ---------------------------------------------------------------
 

@@ -230,7 +230,7 @@ def test_torch_threads_follow_the_free_cores_up_to_torchs_own_count(monkeypatch)
 
     from engine.backends.hf import base as hf
 
-    monkeypatch.setattr(hf, "_THREADS_FIXED", False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = torch.get_num_threads()
     try:
         _free(monkeypatch, 1)
@@ -239,9 +239,33 @@ def test_torch_threads_follow_the_free_cores_up_to_torchs_own_count(monkeypatch)
         _free(monkeypatch, 64)
         hf.HFBackend.prepare_threads(None)
         assert torch.get_num_threads() == hf._TORCH_THREADS
-        monkeypatch.setattr(hf, "_THREADS_FIXED", True)  # OMP_NUM_THREADS set: left alone
+        monkeypatch.setenv("OMP_NUM_THREADS", str(hf._TORCH_THREADS))  # the user's count: left alone
         _free(monkeypatch, 1)
         hf.HFBackend.prepare_threads(None)
         assert torch.get_num_threads() == hf._TORCH_THREADS
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_torch_threads_follow_llamas_so_none_spins_beside_it(llama, monkeypatch):
+    """Each step's logits go through torch: with one core free, a second torch thread would
+    spin after every op on the core llama.cpp's one thread decodes on."""
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        _free(monkeypatch, 1)
+        _generate(llama)
+        assert llama.n_threads == torch.get_num_threads() == 1
+        fixed = LlamaCppBackend(default_gguf_path(), n_ctx=256, n_threads=1)  # --threads 1, on a quiet machine
+        try:
+            torch.set_num_threads(2)
+            _free(monkeypatch, 2)
+            _generate(fixed)
+            assert torch.get_num_threads() == 1
+        finally:
+            fixed.close()
     finally:
         torch.set_num_threads(before)
