@@ -40,7 +40,8 @@ from engine.service.batches import unbatched
 from engine.service.host import JOB_HEADER
 
 StepCallback = Callable[[str, StepEvent, "dict | None", CostModel], None]  # (run label, step, drafter stats, costs)
-CANCEL_POLL_S = 0.05
+CANCEL_RETRY_S = 0.05  # asking the server to cancel a job it has not begun yet, again
+DONE_CHECK_S = 1.0  # how long a cancel watcher outlives its stream, at most
 PREFLIGHT_TIMEOUT_S = 120.0  # the first check imports torch and llama.cpp in the server
 
 
@@ -267,8 +268,12 @@ class EngineClient:
             connection.close()
 
     def _cancel_when_set(self, cancel: threading.Event, done: threading.Event, job: str) -> None:
+        # `cancel.wait` returns the moment Stop sets it, whatever its timeout: the timeout only
+        # says how soon a watcher whose stream has ended notices. A short one woke the app's
+        # process 20 times a second while a reply streamed, each time taking a core from the
+        # engine for a moment.
         while not done.is_set():
-            if cancel.wait(CANCEL_POLL_S):
+            if cancel.wait(DONE_CHECK_S):
                 # Until the server has begun the request it knows no such job (False): ask again.
                 while not done.is_set():
                     try:
@@ -276,7 +281,7 @@ class EngineClient:
                             return
                     except SpecDeckError:
                         return  # the server is gone: the stream says so
-                    done.wait(CANCEL_POLL_S)
+                    done.wait(CANCEL_RETRY_S)
                 return
 
     def _open(self, timeout: float | None) -> http.client.HTTPConnection:
