@@ -3,16 +3,16 @@
 Decoding must never wait for drawing. `add_step` only appends a row to a ring
 buffer and arms a single-shot timer; the redraw runs at most ~25 times a second,
 and not at all while nothing new arrives (an idle app does not wake up 25 times
-a second for nothing). While steps stream in, the charts keep to a budget: the
-GUI thread may use GUI_BUDGET of a core in all (a redraw of the panels costs
-20-60 ms on a small CPU while the engine decodes, and every millisecond of it is
-taken from a core the engine process decodes on: on two cores, llama.cpp's
-threads wait for each other, so it costs the engine twice that), so the interval
-between redraws grows until the window's share is within it (`RedrawPace`). Ranges
-move in steps (`Panel.fit`) and the axes are cached, so most redraws repaint no
-axis. The summary line's numbers follow the steps every SUMMARY_MS between
-redraws: once a second, as each change lays its rich text out again and
-invalidates the panels' layout (~4 ms on a small CPU; at 3 Hz it was a third of
+a second for nothing). While steps stream in, the charts keep to a budget: their
+redraws (the data, the panels and their painting) may take REDRAW_BUDGET of a
+core (a redraw costs 30-60 ms on a small CPU while the engine decodes, and every
+millisecond of it is taken from a core the engine process decodes on: on two
+cores, llama.cpp's threads wait for each other, so it costs the engine more than
+that), so the interval between redraws follows what the last ones cost
+(`RedrawPace`). Ranges move in steps (`Panel.fit`) and the axes are cached, so
+most redraws repaint no axis. The summary line's numbers follow the steps every
+SUMMARY_MS between redraws: once a second, as each change lays its rich text out
+again and invalidates the panels' layout (~4 ms on a small CPU; at 3 Hz it was a third of
 what the window took while a reply streamed). Call everything from the GUI
 thread: the main window gets steps from its worker through a queued signal.
 
@@ -62,41 +62,41 @@ from app.charts.panels import (
 from app.charts.theory import TheoryPanel
 
 REDRAW_MS = 40  # 25 Hz at most: smooth to the eye
-SLOWEST_REDRAW_MS = 2000  # at least every two seconds while steps arrive, whatever drawing costs
-FIRST_REDRAW_MS = 200  # a reply's first interval, before its drawing has been measured
-GUI_BUDGET = 0.03  # of one core, for everything the GUI thread does while a reply streams
+SLOWEST_REDRAW_MS = 3000  # at least every three seconds while steps arrive, whatever drawing costs
+FIRST_REDRAW_MS = 200  # until a redraw has been measured
+REDRAW_BUDGET = 0.015  # of one core: what the charts' redraws may take while a reply streams
 SUMMARY_MS = 1000  # the summary line's numbers, between the plots' redraws (each costs a relayout: ~4 ms)
 
 
 class RedrawPace:
-    """The interval between redraws that keeps the GUI thread's CPU share near `budget`.
+    """The interval between redraws that keeps the charts' cost near `budget` of a core.
 
-    After each redraw, the GUI thread's CPU time since the previous one (drawing,
-    painting, inserting tokens, everything) over the wall time between them is its
-    share; the interval is scaled by share / budget, within REDRAW_MS..SLOWEST_REDRAW_MS.
-    A pause (no steps for a while) starts the measurement over, at FIRST_REDRAW_MS: a short
-    reply is over before a pace starting at 25 Hz would have slowed down.
+    A redraw's cost is the GUI thread's CPU time it took: its data, its panels, and the
+    painting of the panels since the redraw before. The interval is that cost over the
+    budget, halfway there from the last interval each time (one slow frame, a resize or a
+    first paint, moves it less), within REDRAW_MS..SLOWEST_REDRAW_MS. It carries over from
+    reply to reply: a reply's first redraw comes at the pace the last one settled at, which
+    a short reply would not have time to find.
+
+    Only the charts' own cost is paced: the reply's text and the steps' bookkeeping cost the
+    same at any pace. While a reply streams, the engine decodes on every core it found free,
+    so each millisecond the window takes is one the engine loses (llama.cpp's threads wait
+    for each other at every operation: more than one). A redraw costs 5-15 ms on a quiet
+    machine and 30-60 ms on a 2-core one whose cores both decode: a few redraws a second
+    on the first, one every two or three seconds on the second.
     """
 
-    def __init__(self, budget: float = GUI_BUDGET, clock=time.monotonic, cpu=time.thread_time) -> None:
+    def __init__(self, budget: float = REDRAW_BUDGET) -> None:
         self.budget = budget
         self.interval_ms = FIRST_REDRAW_MS
-        self._clock, self._cpu = clock, cpu
-        self._last: tuple[float, float] | None = None  # (wall, GUI thread CPU) at the last redraw
+        self._measured = False
 
-    def redrawn(self) -> int:
-        """Call after a redraw (on the GUI thread); returns the interval before the next one, in ms."""
-        now = (self._clock(), self._cpu())
-        if self._last is not None:
-            wall = now[0] - self._last[0]
-            if wall > 3 * SLOWEST_REDRAW_MS / 1000:  # an idle gap, not a stream of steps
-                self.interval_ms = FIRST_REDRAW_MS
-            elif wall > 0:
-                share = (now[1] - self._last[1]) / wall
-                wanted = self.interval_ms * share / self.budget
-                # Halfway there each time: one slow frame (a resize, a first paint) moves it less.
-                self.interval_ms = round(min(max((self.interval_ms + wanted) / 2, REDRAW_MS), SLOWEST_REDRAW_MS))
-        self._last = now
+    def redrawn(self, cost_s: float) -> int:
+        """Call after a redraw with its cost (CPU seconds); returns the interval before the next one, in ms."""
+        wanted = 1000 * max(cost_s, 0.0) / self.budget
+        interval = wanted if not self._measured else (self.interval_ms + wanted) / 2
+        self._measured = True
+        self.interval_ms = round(min(max(interval, REDRAW_MS), SLOWEST_REDRAW_MS))
         return self.interval_ms
 LABELS = ("speculative", "vanilla")
 
@@ -153,6 +153,8 @@ class LiveCharts(QWidget):
         self._timer.setInterval(REDRAW_MS)
         self._timer.timeout.connect(self.redraw)
         self.pace = RedrawPace()
+        self._painted = self.findChildren(Panel)  # the drafter panel's plots too
+        self._painted_before = 0.0  # their painting's CPU time at the last redraw
         # The headline numbers cost a hundredth of a redraw: they follow the steps at their own pace.
         self._summary_timer = QTimer(self)
         self._summary_timer.setSingleShot(True)
@@ -244,6 +246,7 @@ class LiveCharts(QWidget):
 
     def redraw(self) -> None:
         """Draw everything added so far now (the timer calls this; so does export_png)."""
+        started = time.thread_time()
         self._timer.stop()
         self._dirty = False
         data = self.series()
@@ -254,7 +257,10 @@ class LiveCharts(QWidget):
             for plot in getattr(panel, "plots", (panel,)):
                 plot.plot.getViewBox().prepareForPaint()
         self._show_summary(data)
-        self._timer.setInterval(self.pace.redrawn())
+        painted = sum(panel.painted_s for panel in self._painted)
+        cost = time.thread_time() - started + painted - self._painted_before
+        self._painted_before = painted
+        self._timer.setInterval(self.pace.redrawn(cost))
         self.sig_redrawn.emit()
 
     def _show_summary(self, data: dict | None = None) -> None:

@@ -8,6 +8,8 @@ per run everywhere, one per kind of time, and the theory plot's own.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
@@ -80,6 +82,12 @@ class Panel(pg.PlotWidget):
         self.setMinimumSize(170, 140)
         self._fitted: dict[int, tuple[float, float]] = {}  # axis (0 x, 1 y) -> what fit() asked for
         self._shown: dict[int, list[float]] = {}  # axis -> the view range that gave
+        self.painted_s = 0.0  # the GUI thread's CPU time in paintEvent, in all (what LiveCharts' pace counts)
+
+    def paintEvent(self, event) -> None:
+        started = time.thread_time()
+        super().paintEvent(event)
+        self.painted_s += time.thread_time() - started
 
     def fit(self, axis: str, low: float, high: float, padding: float = 0.02) -> None:
         """Show `low`..`high` on `axis` ("x" or "y"), the top rounded up to a `stepped` value, so
