@@ -192,6 +192,8 @@ class LiveCharts(QWidget):
         if costs is not None and costs != self._costs_taken:
             self._costs_taken, self._costs = costs, costs.model()
         self._schedule()
+        if event.finish_reason is not None:
+            self._timer.start(0)  # the run is over: its last steps are drawn now, not at the next pace
 
     def add_steps(self, steps) -> None:
         """Record a batch of steps (`Step`s, as the engine controller hands them over)."""

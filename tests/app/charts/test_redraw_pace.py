@@ -81,3 +81,18 @@ def test_the_charts_count_their_painting_in_what_a_redraw_costs(qtbot, monkeypat
         charts.throughput.viewport().repaint()  # what the event loop does after each redraw
     # 10 ms of painting a redraw, over a 1.5% budget: two thirds of a second at least.
     assert charts.pace.interval_ms >= 0.010 / REDRAW_BUDGET * 1000 * 0.9
+
+
+def test_a_run_that_ends_is_drawn_at_once_whatever_the_pace(qtbot):
+    charts = LiveCharts()
+    qtbot.addWidget(charts)
+    charts.pace = RedrawPace(budget=1e-9)  # every redraw "too costly": the slowest pace
+    charts.redraw()
+    events = make_run([(4, 4, 2)] * 12)
+    for event in events[:-1]:
+        charts.add_step("speculative", event)
+    with qtbot.assertNotEmitted(charts.sig_redrawn, wait=300):
+        pass  # mid-run: the next redraw is seconds away
+    with qtbot.waitSignal(charts.sig_redrawn, timeout=300):
+        charts.add_step("speculative", events[-1])  # finish_reason "length"
+    assert charts.series()["acceptance"]["speculative"][0][-1] == len(events) - 1
