@@ -12,8 +12,8 @@ that), so the interval between redraws follows what the last ones cost
 (`RedrawPace`). Ranges move in steps (`Panel.fit`) and the axes are cached, so
 most redraws repaint no axis. The summary line's numbers follow the steps every
 SUMMARY_MS between redraws: once a second, as each change lays its rich text out
-again and invalidates the panels' layout (~4 ms on a small CPU; at 3 Hz it was a third of
-what the window took while a reply streamed). Call everything from the GUI
+again and invalidates the panels' layout (~4 ms on a small CPU; at 3 Hz it was a
+third of what the window took while a reply streamed). Call everything from the GUI
 thread: the main window gets steps from its worker through a queued signal.
 
 Panels (three columns when wide, two when tall):
@@ -153,8 +153,7 @@ class LiveCharts(QWidget):
         self._timer.setInterval(REDRAW_MS)
         self._timer.timeout.connect(self.redraw)
         self.pace = RedrawPace()
-        self._painted = self.findChildren(Panel)  # the drafter panel's plots too
-        self._painted_before = 0.0  # their painting's CPU time at the last redraw
+        self._painted_before = 0.0  # the panels' painting CPU time, in all, at the last redraw
         # The headline numbers cost a hundredth of a redraw: they follow the steps at their own pace.
         self._summary_timer = QTimer(self)
         self._summary_timer.setSingleShot(True)
@@ -169,7 +168,7 @@ class LiveCharts(QWidget):
         self._runs.clear()
         for panel in self.panels:
             panel.clear_data()
-        for plot in self.findChildren(Panel):  # the drafter panel's plots too
+        for plot in self._all_panels():
             plot.unfit()
         self._schedule()
 
@@ -259,11 +258,15 @@ class LiveCharts(QWidget):
             for plot in getattr(panel, "plots", (panel,)):
                 plot.plot.getViewBox().prepareForPaint()
         self._show_summary(data)
-        painted = sum(panel.painted_s for panel in self._painted)
+        painted = sum(panel.painted_s for panel in self._all_panels())
         cost = time.thread_time() - started + painted - self._painted_before
         self._painted_before = painted
         self._timer.setInterval(self.pace.redrawn(cost))
         self.sig_redrawn.emit()
+
+    def _all_panels(self) -> list[Panel]:
+        """Every plot, the drafter panel's too (made the first time its drafter is loaded)."""
+        return self.findChildren(Panel)
 
     def _show_summary(self, data: dict | None = None) -> None:
         self._summary_timer.stop()
