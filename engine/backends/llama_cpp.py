@@ -30,6 +30,7 @@ from engine.errors import ConfigError, ContextOverflowError, ModelLoadError, Mod
 from engine.models.memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory, release_frames
 from engine.backends.base import Backend, LoadProgress, ModelInfo
 from engine.backends import gpu_layers  # its llama_cpp_offloads read at each call: tests fake a GPU build
+from engine.backends.repack import llama_cpp_has_amx, repack_allowed
 from engine.backends.threads import MAX_DEFAULT_THREADS, decode_threads, follow_in_torch
 from engine.core.text import plain_chat
 
@@ -56,6 +57,8 @@ def _on_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
         _recent_errors.append(text.decode("utf-8", errors="replace").strip())
 
 
+_REPACK = repack_allowed(llama_cpp_has_amx(llama_cpp.llama_print_system_info().decode(errors="replace")))
+
 # Module-level on purpose: llama.cpp keeps only a C pointer to this ctypes callback;
 # if Python collected it, the next log line would jump into freed memory (segfault).
 _LOG_CALLBACK = llama_cpp.llama_log_callback(_on_log)
@@ -64,8 +67,9 @@ llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
 
 class _ProgressLlama(llama_cpp.Llama):
     """`llama_cpp.Llama` with llama.cpp's load progress callback, which its constructor
-    does not take: the callback goes into the model parameters as the constructor
-    assigns them, before it loads the model."""
+    does not take, and with weight repacking off where it would use AMX (engine/backends/
+    repack.py: a segmentation fault at the first prompt there): both go into the model
+    parameters as the constructor assigns them, before it loads the model."""
 
     def __init__(self, progress: LoadProgress | None, **kwargs) -> None:
         self._on_progress = progress
@@ -81,6 +85,8 @@ class _ProgressLlama(llama_cpp.Llama):
     def model_params(self, params) -> None:
         if self._on_progress is not None:
             params.progress_callback = self._progress_callback
+        if hasattr(params, "use_extra_bufts"):
+            params.use_extra_bufts = _REPACK
         self.__dict__["model_params"] = params
 
     def _report(self, fraction: float, _user_data: ctypes.c_void_p) -> bool:
@@ -90,6 +96,12 @@ class _ProgressLlama(llama_cpp.Llama):
         except Exception:  # noqa: BLE001 - a progress display must never stop a load
             pass
         return True
+
+
+def open_llama(**options) -> llama_cpp.Llama:
+    """`llama_cpp.Llama(**options)`, with repacking off where it would crash (as every load here):
+    for code that drives llama-cpp-python's own API (the benchmark's peers)."""
+    return _ProgressLlama(None, **options)
 
 
 def _llama_said() -> str:

@@ -165,7 +165,7 @@ class LlamaChatPeer:
     """llama-cpp-python's high-level chat completion, greedy."""
 
     def __init__(self, path: str, n_ctx: int, threads: int, lookup: bool = False) -> None:
-        import llama_cpp
+        from engine.backends.llama_cpp import open_llama
 
         options = dict(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                        logits_all=False, verbose=False)  # fmt: skip
@@ -173,7 +173,7 @@ class LlamaChatPeer:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
             options["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS)
-        self.llm = llama_cpp.Llama(**options)
+        self.llm = open_llama(**options)
         # Timing only: note when the first token is sampled (the prompt has been evaluated by then).
         # Overriding the bound method on this instance changes nothing in how it decodes.
         self._first_token_at: float | None = None

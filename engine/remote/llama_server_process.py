@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.backends.repack import server_flags
 from engine.errors import SpecDeckError
 from engine.remote.http import JsonServer, ServerRefused, ServerUnavailable
 
@@ -47,7 +48,7 @@ class LlamaServerProcess:
 
     def command(self) -> list[str]:
         command = [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
-                   "-c", str(self.n_ctx), "-np", "1", "--no-webui", *self.spec, *self.extra]  # fmt: skip
+                   "-c", str(self.n_ctx), "-np", "1", "--no-webui", *server_flags(), *self.spec, *self.extra]  # fmt: skip
         if self.threads:
             command += ["-t", str(self.threads), "-tb", str(self.threads)]
         if self.api_key:
