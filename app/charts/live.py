@@ -1,15 +1,16 @@
 """`LiveCharts`: six live panels that show how a speculative run is going, and why.
 
-Decoding must never wait for drawing. `add_step` only appends a row to a ring
-buffer and arms a single-shot timer; the redraw runs at most ~25 times a second,
-and not at all while nothing new arrives (an idle app does not wake up 25 times
-a second for nothing). While steps stream in, the charts keep to a budget: their
-redraws (the data, the panels and their painting) may take REDRAW_BUDGET of a
-core (a redraw costs 30-60 ms on a small CPU while the engine decodes, and every
-millisecond of it is taken from a core the engine process decodes on: on two
-cores, llama.cpp's threads wait for each other, so it costs the engine more than
-that), so the interval between redraws follows what the last ones cost
-(`RedrawPace`). Ranges move in steps (`Panel.fit`) and the axes are cached, so
+Decoding must never wait for drawing. `add_step` only appends a row to a ring buffer
+and arms a single-shot timer; the redraw runs at most ~25 times a second, and not at
+all while nothing new arrives (an idle app does not wake up 25 times a second for
+nothing), nor while the charts are hidden (their dock closed: a third of what the
+window takes while a reply streams), catching up once shown. While steps stream in,
+the charts keep to a budget: their redraws (the data, the panels and their painting)
+may take REDRAW_BUDGET of a core (a redraw costs 30-60 ms on a small CPU while the
+engine decodes, and every millisecond of it is taken from a core the engine process
+decodes on: on two cores, llama.cpp's threads wait for each other, so it costs the
+engine more than that), so the interval between redraws follows what the last ones
+cost (`RedrawPace`). Ranges move in steps (`Panel.fit`) and the axes are cached, so
 most redraws repaint no axis. The summary line's numbers follow the steps every
 SUMMARY_MS between redraws: once a second, as each change lays its rich text out
 again and invalidates the panels' layout (~4 ms on a small CPU; at 3 Hz it was a
@@ -151,7 +152,7 @@ class LiveCharts(QWidget):
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(REDRAW_MS)
-        self._timer.timeout.connect(self.redraw)
+        self._timer.timeout.connect(self._redraw_if_shown)
         self.pace = RedrawPace()
         self._painted_before = 0.0  # the panels' painting CPU time, in all, at the last redraw
         # The headline numbers cost a hundredth of a redraw: they follow the steps at their own pace.
@@ -191,7 +192,7 @@ class LiveCharts(QWidget):
         if costs is not None and costs != self._costs_taken:
             self._costs_taken, self._costs = costs, costs.model()
         self._schedule()
-        if event.finish_reason is not None:
+        if event.finish_reason is not None and self._shown():
             self._timer.start(0)  # the run is over: its last steps are drawn now, not at the next pace
 
     def add_steps(self, steps) -> None:
@@ -276,6 +277,8 @@ class LiveCharts(QWidget):
 
     def _schedule(self) -> None:
         self._dirty = True
+        if not self._shown():
+            return  # drawn when shown again (showEvent): a hidden dock costs the engine nothing
         if not self._timer.isActive():
             self._timer.start()
         if not self._summary_timer.isActive():
@@ -288,6 +291,24 @@ class LiveCharts(QWidget):
         needed = self.summary.heightForWidth(max(1, self.summary.width()))
         if needed > 0 and (needed > self.summary.maximumHeight() or shrink):
             self.summary.setFixedHeight(needed)
+
+    def _shown(self) -> bool:
+        """Whether a redraw would be seen: the charts are on screen, or their window has not been
+        shown at all (a widget being exported, or tested). Hidden in a shown window (the user
+        closed the dock, another tab is in front), they draw nothing, and draw it all once shown."""
+        window = self.window()
+        if window.isVisible():
+            return self.isVisible()
+        return window is self or self.isVisibleTo(window)
+
+    def _redraw_if_shown(self) -> None:
+        if self._shown():
+            self.redraw()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self._dirty:
+            self._timer.start(0)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)

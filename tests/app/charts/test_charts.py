@@ -12,7 +12,7 @@ from PySide6.QtCore import QPointF, QRectF
 from PySide6.QtGui import QImage
 
 from app.charts.data import COLUMNS, StepBuffer, accepted_histogram, rolling_rate
-from app.charts.live import LiveCharts
+from app.charts.live import LiveCharts, RedrawPace
 from engine.core.draft_length import CostModel, DraftLength, break_even_acceptance, expected_tokens
 from engine.core.events import RunStats, Source, StepEvent, TokenInfo
 from tests.app.conftest import STRICT_QT_LOG
@@ -30,6 +30,9 @@ def charts(qtbot):
     widget = LiveCharts()
     qtbot.addWidget(widget)
     widget.resize(1000, 700)
+    # Redraws at the fastest pace: on a slow machine a first redraw's cost over the budget
+    # set the next one seconds away, past what these tests wait (test_redraw_pace.py tests the pace).
+    widget.pace = RedrawPace(budget=1.0)
     return widget
 
 
@@ -91,6 +94,29 @@ def test_steps_are_buffered_at_once_and_drawn_only_by_the_timer(charts, qtbot):
     np.testing.assert_allclose(drawn_x, x)
     np.testing.assert_allclose(drawn_y, y)
     assert len(redraws) == 1, "40 steps in one burst must cost one redraw, not one each"
+
+
+def test_hidden_charts_draw_nothing_and_catch_up_when_shown_again(qtbot):
+    """Closing the charts' dock frees what drawing costs the engine; reopening it shows the whole run."""
+    from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+    window = QWidget()
+    qtbot.addWidget(window)
+    QVBoxLayout(window).addWidget(charts := LiveCharts())
+    window.resize(1000, 700)
+    window.show()
+    qtbot.waitExposed(window)
+    charts.hide()
+    events = make_run(SPEC_STEPS)
+    with qtbot.assertNotEmitted(charts.sig_redrawn, wait=400):
+        feed(charts, "speculative", events)  # the last one ends the run, which a shown chart draws at once
+    assert not len(drawn(charts.throughput.curves["speculative"])[0])
+
+    with qtbot.waitSignal(charts.sig_redrawn, timeout=2000):
+        charts.show()
+    np.testing.assert_allclose(drawn(charts.throughput.curves["speculative"])[0],
+                               charts.series()["throughput"]["speculative"][0])  # fmt: skip
+    assert len(drawn(charts.acceptance.curve)[0]) == len(events)
 
 
 def test_more_steps_grow_the_series_and_the_drawn_curves(charts, qtbot):
