@@ -9,7 +9,8 @@ With `--busy`, every run has one other process keeping a core busy (a Python
 spin loop), as a second program on the user's machine would.
 
     QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 python docs/bench/app_speed.py [--rounds 3]
-        [--configs llama-ngram,torch-bf16] [--busy] [--max-tokens 256] [--threads N] [--smoke]
+        [--configs llama-ngram,torch-bf16] [--busy] [--max-tokens 256] [--threads N] [--charts-closed]
+        [--smoke]
 
 `--smoke` (the test suite's): one short round of the first config, checking only that every
 number was read. Prints a markdown table; the numbers in docs/benchmarks.md came from it.
@@ -46,7 +47,7 @@ def cli_speed(flags: list[str], max_tokens: int) -> float:
 class App:
     """One main window, loaded once per config; `speed()` sends the prompt and reads the reply's speed."""
 
-    def __init__(self, config: dict, max_tokens: int) -> None:
+    def __init__(self, config: dict, max_tokens: int, charts: bool = True) -> None:
         from PySide6.QtCore import QCoreApplication, Qt
         from PySide6.QtTest import QTest
 
@@ -61,6 +62,8 @@ class App:
         self.window.sampling = SamplingConfig(max_tokens=max_tokens)
         self.window.resize(1400, 900)
         self.window.show()
+        if not charts:
+            self.window.charts_dock.close()  # as the dock's close button does
         loaded = []
         self.window.controller.sig_loaded.connect(lambda config: loaded.append(config))
         self.window.start(EngineConfig(**config))
@@ -125,11 +128,12 @@ def busy_core(on: bool):
         spinner.wait()
 
 
-def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | None = None) -> dict:
+def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | None = None,
+            charts: bool = True) -> dict:  # fmt: skip
     config, flags = CONFIGS[name]
     if threads is not None:  # the same count for both, where the automatic choice would follow the load
         config, flags = {**config, "threads": threads}, [*flags, "--threads", str(threads)]
-    app = App(config, max_tokens)
+    app = App(config, max_tokens, charts)
     cli, gui, shares = [], [], []
     try:
         for _ in range(rounds):
@@ -140,7 +144,7 @@ def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | 
                 shares.append(share)
     finally:
         app.close()
-    return {"config": name, "busy": busy, "cli": cli, "app": gui, "gui_cpu": shares,
+    return {"config": name, "busy": busy, "charts": charts, "cli": cli, "app": gui, "gui_cpu": shares,
             "ratio": statistics.median(gui) / statistics.median(cli)}  # fmt: skip
 
 
@@ -152,6 +156,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=None,
                         help="decode threads for both the CLI and the app (default: automatic, the free cores)")
+    parser.add_argument("--charts-closed", action="store_true",
+                        help="close the live charts' dock first, as a user who only chats would")
     parser.add_argument("--smoke", action="store_true", help="one short round of the first config")
     args = parser.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -166,12 +172,13 @@ def main() -> int:
     rows = []
     for name in names:
         for busy in (False, True) if args.busy else (False,):
-            rows.append(measure(name, args.rounds, args.max_tokens, busy, args.threads))
-    print("| config | other process busy | CLI tok/s (median) | app tok/s (median) | app / CLI | window's CPU |")
-    print("|---|---|---|---|---|---|")
+            rows.append(measure(name, args.rounds, args.max_tokens, busy, args.threads, not args.charts_closed))
+    print("| config | charts | other process busy | CLI tok/s (median) | app tok/s (median) | app / CLI "
+          "| window's CPU |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['config']} | {'yes' if row['busy'] else 'no'} | {statistics.median(row['cli']):.1f} "
-              f"| {statistics.median(row['app']):.1f} | {row['ratio']:.2f} "
+        print(f"| {row['config']} | {'shown' if row['charts'] else 'closed'} | {'yes' if row['busy'] else 'no'} "
+              f"| {statistics.median(row['cli']):.1f} | {statistics.median(row['app']):.1f} | {row['ratio']:.2f} "
               f"| {statistics.median(row['gui_cpu']):.0%} of a core |")  # fmt: skip
     quiet = {row["config"]: statistics.median(row["app"]) for row in rows if not row["busy"]}
     for row in rows:

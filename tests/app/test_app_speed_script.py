@@ -20,6 +20,6 @@ def test_the_app_speed_script_reads_a_speed_from_the_cli_and_from_the_window(tmp
     done = subprocess.run([sys.executable, str(SCRIPT), "--smoke"], capture_output=True, text=True, timeout=300,
                           env=env, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "| llama-ngram | no |" in done.stdout
+    assert "| llama-ngram | shown | no |" in done.stdout
     rows = json.loads(done.stderr.strip().splitlines()[-1])
     assert rows[0]["cli"][0] > 0 and rows[0]["app"][0] > 0
