@@ -3,7 +3,7 @@
 Decoding must never wait for drawing. `add_step` only appends a row to a ring buffer
 and arms a single-shot timer; the redraw runs at most ~25 times a second, and not at
 all while nothing new arrives (an idle app does not wake up 25 times a second for
-nothing), nor while the charts are hidden (their dock closed: a third of what the
+nothing), nor while the charts are hidden (their dock closed: about half of what the
 window takes while a reply streams), catching up once shown. While steps stream in,
 the charts keep to a budget: their redraws (the data, the panels and their painting)
 may take REDRAW_BUDGET of a core (a redraw costs 30-60 ms on a small CPU while the
@@ -191,9 +191,8 @@ class LiveCharts(QWidget):
         run.add(event, drafter_stats, self._drafter)
         if costs is not None and costs != self._costs_taken:
             self._costs_taken, self._costs = costs, costs.model()
-        self._schedule()
-        if event.finish_reason is not None and self._shown():
-            self._timer.start(0)  # the run is over: its last steps are drawn now, not at the next pace
+        # A run that is over has its last steps drawn now, not at the next pace.
+        self._schedule(at_once=event.finish_reason is not None)
 
     def add_steps(self, steps) -> None:
         """Record a batch of steps (`Step`s, as the engine controller hands them over)."""
@@ -275,11 +274,13 @@ class LiveCharts(QWidget):
         self.summary.setText(summary_html(data, self.palette().color(QPalette.ColorRole.Text).name(), self._notes))
         self._fit_summary()
 
-    def _schedule(self) -> None:
+    def _schedule(self, at_once: bool = False) -> None:
         self._dirty = True
         if not self._shown():
             return  # drawn when shown again (showEvent): a hidden dock costs the engine nothing
-        if not self._timer.isActive():
+        if at_once:
+            self._timer.start(0)
+        elif not self._timer.isActive():
             self._timer.start()
         if not self._summary_timer.isActive():
             self._summary_timer.start()
