@@ -43,7 +43,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.cli.main import _engine_config, _load_engine
     from engine.errors import ConfigError
     from engine.service import run
-    from engine.service.host import Host
+    from engine.service.host import EngineThread, Host
 
     api_key = args.api_key or os.environ.get(ENV_KEY) or None
     if args.queue < 0:
@@ -53,8 +53,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     run.check_bind(args.host, api_key)  # before the load: a refusal should not take the load's time
     config = _engine_config(args)
     sock = run.bind(args.host, args.port)  # a port in use is said before the load too
+    thread = EngineThread()  # loaded where it will decode: one OpenMP pool (EngineThread)
     try:
-        engine = _load_engine(config)
+        engine = thread.call(lambda: _load_engine(config))
     except BaseException:
         sock.close()
         raise
@@ -65,6 +66,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"serving {engine.target.info.name} at {url}{key}: OpenAI's API at {url}/v1, metrics at {url}/metrics; "
           "Ctrl+C stops", flush=True)  # fmt: skip
     sys.stderr.flush()
-    run.serve(Host(engine, queue_limit=args.queue), address=args.host, port=port, api_key=api_key,
+    run.serve(Host(engine, queue_limit=args.queue, thread=thread), address=args.host, port=port, api_key=api_key,
               announce=False, sock=sock)  # fmt: skip
     return 0

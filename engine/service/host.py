@@ -1,15 +1,16 @@
 """`Host`: the engine a server holds, and the rule that one job uses it at a time.
 
 A job is anything that touches the models: a load, a generation, a comparison,
-a benchmark. Jobs run one after the other on their own thread (the event loop
-never decodes), and at most `queue_limit` more may wait; past that a request is
-refused with `ServerBusy` rather than left hanging. A job reports what it makes
-through `emit`; the request that started it reads those items as they come.
+a benchmark. Jobs run one after the other on the engine's thread (`EngineThread`:
+the event loop never decodes), and at most `queue_limit` more may wait; past that
+a request is refused with `ServerBusy` rather than left hanging. A job reports
+what it makes through `emit`; the request that started it reads those items as
+they come.
 
 A job ends early when its request goes away: a client that disconnects, or the
 route that stops reading (an async generator closed), sets the job's cancel
 event, and the engine stops at its next step, with its caches rolled back. The
-next job starts only once that thread has ended, so two jobs never share a
+next job starts only once that job has returned, so two jobs never share a
 model. `cancel()` asks a job to stop without closing anything: its stream still
 ends with the engine's last, "cancelled" step. A client names its job (the
 `X-SpecDeck-Job` header, `JOB_HEADER`) so that its cancel stops that job, running
@@ -19,7 +20,9 @@ or still waiting, and never another client's.
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
+from concurrent.futures import Future
 from typing import Any, AsyncIterator, Callable
 
 from engine.errors import SpecDeckError
@@ -34,9 +37,53 @@ class ServerBusy(SpecDeckError):
     """The queue of waiting requests is full."""
 
 
+class EngineThread:
+    """The one thread that every job of a server runs on, for the server's whole life.
+
+    One thread, not one per job, because of OpenMP: llama.cpp's CPU backend (and torch's)
+    keeps a pool of worker threads for each thread that decodes, and while more of those
+    threads exist than there are cores, libgomp stops spinning at its barriers and sleeps
+    instead, thousands of times a second. A model loaded on the main thread and a reply
+    decoded on a thread of its own made 3 such threads on a 2-core machine: the server
+    decoded at 40 tok/s where `specdeck-cli generate` decodes at 65
+    (docs/benchmarks.md, "One decoding thread for the server's jobs").
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run `job` on the engine's thread, after the jobs submitted before it."""
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="specdeck-engine", daemon=True)
+                self._thread.start()
+        self._jobs.put(job)
+
+    def call(self, function: Callable[[], Any]) -> Any:
+        """`function()` on the engine's thread, waited for here: its result, or what it raised."""
+        future: Future = Future()
+
+        def job() -> None:
+            try:
+                future.set_result(function())
+            except BaseException as error:  # noqa: BLE001 - raised again in the caller
+                future.set_exception(error)
+
+        self.submit(job)
+        return future.result()
+
+    def _work(self) -> None:
+        while True:
+            self._jobs.get()()  # each job catches what it raises (Host.run's target, call's job)
+
+
 class Host:
-    def __init__(self, engine=None, *, queue_limit: int = 8) -> None:
+    def __init__(self, engine=None, *, queue_limit: int = 8, thread: EngineThread | None = None) -> None:
         self.engine = engine  # an engine.Engine, or None until one is loaded
+        self.thread = thread or EngineThread()  # where every job runs; the one that loaded `engine`, if given
         self.queue_limit = queue_limit
         self.job_name: str | None = None  # what the running job is doing ("load", "generate"...), None when idle
         self.waiting = 0
@@ -118,7 +165,7 @@ class Host:
         # or ends, and the lock is released by the thread itself once the engine is free.
         watcher = asyncio.create_task(_watch(request, cancel)) if request is not None else None
         try:
-            threading.Thread(target=target, name=f"specdeck-{name}", daemon=True).start()
+            self.thread.submit(target)
             while True:
                 kind, value = await items.get()
                 if kind == _DONE:
