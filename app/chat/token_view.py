@@ -1,10 +1,13 @@
 """A read-only transcript that shows each generated token coloured by where it came from.
 
-Tokens are inserted as they stream in, each with its own character format: a
-background tint for its source (accepted draft token, resampled after a
-rejection, bonus, plain target token), a tooltip with p(x), q(x) and
-min(1, p/q), and the source as a format property so tests and the comparison
-view can read the provenance back from the document.
+Tokens are inserted as they stream in, each with the character format of its
+source: a background tint (accepted draft token, resampled after a rejection,
+bonus, plain target token) and the source as a format property, so tests and the
+comparison view can read the provenance back from the document. Its tooltip, p(x),
+q(x) and min(1, p/q), is made when the mouse rests on it, from the token found by
+its position: tokens of one source share one format, which Qt lays out and paints
+as one run (a format per token, tooltip inside, made each batch of a streaming
+reply cost a third more to insert and paint).
 
 While a reply streams it is half a document most of the time, so Markdown is
 not rendered as a whole; only fenced code blocks are, because they are what
@@ -17,6 +20,7 @@ longer carry their tokens' provenance, which is what turning it off brings back.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QEvent, QPoint, Qt
@@ -28,7 +32,6 @@ from engine import TokenInfo
 from app.chat.provenance import SOURCE_COLOURS, token_tooltip
 
 SOURCE_PROPERTY = QTextFormat.Property.UserProperty + 1  # Source.value of the token a character belongs to
-TOKEN_PROPERTY = QTextFormat.Property.UserProperty + 2  # index of that token in its message
 CODE_SHADE = QColor(127, 127, 127, 38)  # works on light and dark palettes alike
 FENCE = "```"
 
@@ -103,7 +106,7 @@ class TokenView(QTextBrowser):
         try:
             for info in tokens:
                 start = self._end_cursor().position()
-                self._write(info.text, self._token_format(info, len(entry.tokens)))
+                self._write(info.text, self._token_format(info))
                 entry.tokens.append(info)
                 entry.spans.append((start, self._end_cursor().position()))
         finally:
@@ -210,9 +213,26 @@ class TokenView(QTextBrowser):
         offset = line.xToCursor(x, QTextLine.CursorPosition.CursorOnCharacter)
         if offset >= block.length() - 1:  # past the end of the line's text
             return ""
+        position = block.position() + offset
         cursor = QTextCursor(self.document())
-        cursor.setPosition(block.position() + offset + 1)  # charFormat() is the character before the cursor
-        return cursor.charFormat().toolTip()
+        cursor.setPosition(position + 1)  # charFormat() is the character before the cursor
+        marked = cursor.charFormat().toolTip()  # an underline's (mark_token) says more than the token's
+        if marked:
+            return marked
+        token = self._token_at(position)
+        return token_tooltip(token) if token is not None else ""
+
+    def _token_at(self, position: int) -> TokenInfo | None:
+        """The token whose characters include document `position`, None outside every token."""
+        for entry in reversed(self._entries):
+            spans = entry.spans
+            if not spans or position < spans[0][0]:
+                continue
+            index = bisect.bisect_right(spans, (position, float("inf"))) - 1
+            if index >= 0 and spans[index][0] <= position < spans[index][1]:
+                return entry.tokens[index]
+            return None
+        return None
 
     def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt API
         # Show the tooltip of exactly the character under the mouse; QTextBrowser alone
@@ -337,11 +357,9 @@ class TokenView(QTextBrowser):
         code.setFont(self._code_font, QTextCharFormat.FontPropertiesInheritanceBehavior.FontPropertiesSpecifiedOnly)
         return code
 
-    def _token_format(self, info: TokenInfo, index: int) -> QTextCharFormat:
+    def _token_format(self, info: TokenInfo) -> QTextCharFormat:
         char_format = self._plain_format()
         char_format.setProperty(SOURCE_PROPERTY, info.source.value)
-        char_format.setProperty(TOKEN_PROPERTY, index)
-        char_format.setToolTip(token_tooltip(info))
         colour = SOURCE_COLOURS.get(info.source)
         if self._colours and colour is not None:
             char_format.setBackground(colour)

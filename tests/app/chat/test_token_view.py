@@ -80,6 +80,24 @@ def test_tooltip_gives_p_q_and_acceptance_where_defined(view):
     assert "without probabilities" in tooltip(2) and "min(1" not in tooltip(2)
 
 
+def test_tokens_of_one_source_share_a_format_and_each_keeps_its_own_tooltip(view):
+    reply(view, [info("First", P, p=0.9)])
+    reply(view, [info("Second", P, p=0.11), info(" reply", P, p=0.22), info(" here", A, p=0.33, q=0.5)])
+    spans = view._entries[-1].spans
+
+    def tooltip_at_position(position: int) -> str:
+        cursor = QTextCursor(view.document())
+        cursor.setPosition(position + 1)
+        return view.tooltip_at(view.cursorRect(cursor).center())
+
+    # Neighbours from one source are one run of text to Qt, and still two tokens to the user.
+    assert char_format_at(view, spans[0][0] + 1) == char_format_at(view, spans[1][0] + 1)
+    assert "'Second'" in tooltip_at_position(spans[0][0]) and "p(x) = 0.1100" in tooltip_at_position(spans[0][1] - 1)
+    assert "' reply'" in tooltip_at_position(spans[1][0] + 1) and "p(x) = 0.2200" in tooltip_at_position(spans[1][0] + 1)
+    assert "q(x) = 0.5000" in tooltip_at_position(spans[2][0] + 1)
+    assert "p(x) = 0.9000" in tooltip_at_position(view._entries[0].spans[0][0] + 1)  # the first reply's own
+
+
 def test_fenced_code_is_monospaced_on_a_shaded_block_even_when_fences_arrive_in_pieces(view):
     pieces = ["Here:\n", "``", "`py", "thon\n", "x = 1", "\n``", "`\n", "Done."]
     reply(view, [info(p, P) for p in pieces])
