@@ -117,10 +117,10 @@ def drafter_view(kind: str | None) -> DrafterView:
 def stats_kind(stats: DrafterStats | dict | None, kind: str | None = None) -> str | None:
     """The drafter whose statistics these are: `kind` when it is a registered drafter, else the one
     whose stats type `stats` is, or (a snapshot, plain data) whose stats type has all its fields."""
-    specs = {spec.name: spec for spec in stats_specs()}
     owner = stats_owner(kind)
-    if owner is not None or not stats:
+    if owner is not None or not stats:  # every step of a reply of a loaded drafter: kept cheap
         return owner.name if owner is not None else None
+    specs = {spec.name: spec for spec in stats_specs()}
     if isinstance(stats, DrafterStats):
         return next((name for name, spec in specs.items() if type(stats) is spec.stats), None)
     fields = set(stats)

@@ -159,6 +159,10 @@ class MainWindow(QMainWindow):
     def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
         dock = QDockWidget(title, self)
         dock.setObjectName(title.lower().replace(" ", "_"))  # saveState() needs names
+        # Opaque: a label inside that changes (the charts' summary, each second of a reply) then
+        # repaints only itself, not the dock too, whose title bar Qt's Fusion style draws by
+        # loading its button icons from files again at every paint.
+        widget.setAutoFillBackground(True)
         dock.setWidget(widget)
         self.addDockWidget(area, dock)
         return dock
