@@ -59,7 +59,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 from engine import (EngineClient, EngineConfig, EngineProcess, EngineUnavailable, LoadedPair, SamplingConfig,
                     SpecDeckError)  # fmt: skip
 from app.runtime import remote
-from app.runtime.steps import StepBatches
+from app.runtime.steps import StepBatches, hand_over_s
 from app.runtime.worker import GeneratorWorker, TaskRunner
 from app.shell.settings import LOCAL, EngineChoice
 
@@ -195,9 +195,11 @@ class EngineController(QObject):
     def chat(self, messages: list[dict], sampling: SamplingConfig) -> None:
         self._restart_if_stopped()
 
+        interval = hand_over_s(self.loaded, own_engine=not self.choice.remote)
+
         def job(cancel: threading.Event, report):
             client = self._loaded_client()
-            with StepBatches(report) as on_step:
+            with StepBatches(report, interval) as on_step:
                 return self._call(lambda: client.generate(messages, sampling, cancel=cancel, on_step=on_step),
                                   local=client is not self._server)  # fmt: skip
 
@@ -206,9 +208,11 @@ class EngineController(QObject):
     def compare(self, messages: list[dict], sampling: SamplingConfig) -> None:
         self._restart_if_stopped()
 
+        interval = hand_over_s(self.loaded, own_engine=not self.choice.remote)
+
         def job(cancel: threading.Event, report):
             client = self._loaded_client()
-            with StepBatches(report) as on_step:
+            with StepBatches(report, interval) as on_step:
                 return self._call(lambda: client.compare(messages, sampling, cancel=cancel, on_step=on_step),
                                   local=client is not self._server)  # fmt: skip
 

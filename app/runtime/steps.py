@@ -12,8 +12,22 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, NamedTuple
 
-from engine import BATCH_S, Batches, StepEvent
+from engine import BATCH_S, Batches, LoadedPair, StepEvent
 from app.runtime.costs import CostSnapshot
+
+CPU_BATCH_S = 0.25  # hand-overs while the window's own engine decodes on this machine's cores
+
+
+def hand_over_s(pair, own_engine: bool) -> float:
+    """How often steps reach the GUI thread while `pair` replies: BATCH_S, or CPU_BATCH_S where the
+    window's own engine (`own_engine`) decodes `pair` on the CPU. There the engine takes every core,
+    and its threads wait for each other at every barrier: each moment the window takes stalls them
+    all, so the engine loses about the window's share. Fewer, larger hand-overs cost the window a
+    fifth less (one store write, one text insertion and layout each) and the reply 2% of its speed
+    on 2 cores (docs/benchmarks.md, "Hand-overs four times a second"); the text still grows four
+    times a second. On a GPU, or on a server elsewhere, the window's moments cost the engine nothing."""
+    device = pair.target.device if isinstance(pair, LoadedPair) else ""
+    return CPU_BATCH_S if own_engine and device.startswith("cpu") else BATCH_S
 
 
 class Step(NamedTuple):
@@ -32,22 +46,22 @@ class Step(NamedTuple):
 
 
 class StepBatches:
-    """The client's `on_step`, handing steps to the GUI thread in batches, at most every BATCH_S.
+    """The client's `on_step`, handing steps to the GUI thread in batches, at most every `interval_s`
+    (`hand_over_s`).
 
     Each hand-over wakes the GUI thread, and each wake-up takes a core from the engine
     process for a moment: with llama.cpp's threads waiting for each other at every
     barrier, a reply at 80 steps a second woken step by step ran 10-20% slower than with
-    the GUI asleep. Batched, the window still shows each step, about 10 times a second.
+    the GUI asleep. Batched, the window still shows each step, 4 to 10 times a second.
     `Batches` holds them (engine/service/batches.py, as the engine's server sends them):
     the first step and the last step of a run go at once, and whatever is held when the
     job ends (an engine that died mid-reply) is handed over then: nothing received is
     lost. The cost model is frozen here (the charts compare snapshots).
     """
 
-    BATCH_S = BATCH_S
-
-    def __init__(self, report: Callable[[list[Step]], None], clock=time.monotonic) -> None:
-        self._batches = Batches(report, self.BATCH_S, clock)
+    def __init__(self, report: Callable[[list[Step]], None], interval_s: float = BATCH_S,
+                 clock=time.monotonic) -> None:  # fmt: skip
+        self._batches = Batches(report, interval_s, clock)
 
     def __enter__(self) -> Callable[[str, Any, Any, Any], None]:
         return self.on_step

@@ -4,12 +4,15 @@ request cancels the old, every step from the stream."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 from PySide6.QtCore import QThread
 
 from app.runtime.costs import CostSnapshot
 from app.runtime.engine_controller import EngineController
+from app.runtime.steps import CPU_BATCH_S, hand_over_s
+from engine import BATCH_S
 from engine import EngineClient, LoadedPair, SamplingConfig, Source, SpecDeckError
 from engine.core.events import GenerationResult
 from engine.api import Comparison
@@ -49,6 +52,22 @@ def test_signals_arrive_on_the_gui_thread_with_every_token_s_provenance(qtbot, c
     assert "".join(token.text for token in tokens) == result.text
     assert all(isinstance(token.source, Source) and 0.0 <= token.p <= 1.0 for token in tokens)
     assert all(token.q is None or 0.0 <= token.q <= 1.0 for token in tokens)
+
+
+def test_a_reply_decoded_on_this_machines_cores_reaches_the_window_four_times_a_second(qtbot, controller):
+    batches = []
+    controller.sig_steps.connect(lambda batch: batches.append(len(batch)))
+    with qtbot.waitSignal(controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+        controller.chat(CHAT, SamplingConfig(max_tokens=96))
+
+    result = finished.args[1]
+    assert sum(batches) == len(result.events)  # every step, in fewer hand-overs
+    assert len(batches) <= 2 + math.ceil(result.stats.wall_s / CPU_BATCH_S)  # the first and last go at once
+    # Where the window's moments cost the engine nothing, the text grows ten times a second.
+    pair = controller.loaded
+    on_gpu = dataclasses.replace(pair, target=dataclasses.replace(pair.target, device="cuda"))
+    assert hand_over_s(on_gpu, own_engine=True) == BATCH_S
+    assert hand_over_s(pair, own_engine=False) == BATCH_S  # a server, maybe on another machine
 
 
 def test_stop_mid_reply_ends_it_with_the_engines_cancelled_step_and_keeps_the_text(qtbot, controller):
