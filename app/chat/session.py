@@ -3,7 +3,7 @@
 `ChatSession` sits between the conversation store, the engine controller and the
 two chat widgets (the transcript and the conversation list). It is the only
 writer of the store. A reply is written to the store as it is shown (a batch
-of steps at a time, about 10 times a second), so a crash loses nothing on
+of steps at a time, 4 to 10 times a second), so a crash loses nothing on
 screen; it keeps going into its own conversation even when the user opens
 another one meanwhile. A message sent
 while something is decoding stops that run first and goes out once it has
