@@ -36,15 +36,8 @@ def create_app(host: Host, *, api_key: str | None = None, model_name: str | None
     app.state.host = host
     app.state.model_name = model_name
 
-    @app.middleware("http")
-    async def require_key(request: Request, call_next):
-        if api_key and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "")
-            if given != f"Bearer {api_key}":
-                what = "is missing" if not given else "is wrong"
-                return error_response(401, f"The API key {what}: send 'Authorization: Bearer <key>', the key the "
-                                           "server was started with.", "authentication_error")  # fmt: skip
-        return await call_next(request)
+    if api_key:
+        app.add_middleware(RequireKey, api_key=api_key)
 
     @app.exception_handler(SpecDeckError)
     async def engine_error(request: Request, error: SpecDeckError):
@@ -68,6 +61,28 @@ def create_app(host: Host, *, api_key: str | None = None, model_name: str | None
 
     app.include_router(routes_openai.router)
     return app
+
+
+class RequireKey:
+    """Every route but OPEN_PATHS wants `Authorization: Bearer KEY`, else a 401 that says so.
+
+    Plain ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware hands every
+    chunk of a streamed reply through a memory stream and a task of its own, on the event loop
+    that competes with the decoding threads for the cores."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app, self._expected = app, f"Bearer {api_key}"
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"authorization"), "")
+            if given != self._expected:
+                what = "is missing" if not given else "is wrong"
+                response = error_response(401, f"The API key {what}: send 'Authorization: Bearer <key>', the key "
+                                               "the server was started with.", "authentication_error")  # fmt: skip
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 # -- errors -------------------------------------------------------------------------------------
