@@ -195,7 +195,7 @@ class EngineController(QObject):
     def chat(self, messages: list[dict], sampling: SamplingConfig) -> None:
         self._restart_if_stopped()
 
-        interval = hand_over_s(self.loaded, own_engine=not self.choice.remote)
+        interval = self._hand_over_s()  # read here, on the GUI thread that owns `loaded`
 
         def job(cancel: threading.Event, report):
             client = self._loaded_client()
@@ -208,7 +208,7 @@ class EngineController(QObject):
     def compare(self, messages: list[dict], sampling: SamplingConfig) -> None:
         self._restart_if_stopped()
 
-        interval = hand_over_s(self.loaded, own_engine=not self.choice.remote)
+        interval = self._hand_over_s()  # read here, on the GUI thread that owns `loaded`
 
         def job(cancel: threading.Event, report):
             client = self._loaded_client()
@@ -217,6 +217,9 @@ class EngineController(QObject):
                                   local=client is not self._server)  # fmt: skip
 
         self._start(COMPARE, job)
+
+    def _hand_over_s(self) -> float:
+        return hand_over_s(self.loaded, own_engine=not self.choice.remote)
 
     def preflight(self, config: EngineConfig):
         """`engine.preflight(config)` in the engine process (started first if it is not running) ->

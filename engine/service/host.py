@@ -51,15 +51,10 @@ class EngineThread:
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        threading.Thread(target=self._work, name="specdeck-engine", daemon=True).start()
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run `job` on the engine's thread, after the jobs submitted before it."""
-        with self._start_lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="specdeck-engine", daemon=True)
-                self._thread.start()
         self._jobs.put(job)
 
     def call(self, function: Callable[[], Any]) -> Any:
