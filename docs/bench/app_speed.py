@@ -94,11 +94,13 @@ class App:
     def _wait(self, done, what: str) -> None:
         """Run the event loop, as the app's own exec() does, until `done()`: the process sleeps
         until an event comes. (Polling with processEvents and 5 ms sleeps woke it 200 times a
-        second, each wake-up taking a core from the engine for a moment: 10% of the reply's speed.)"""
+        second, each wake-up taking a core from the engine for a moment: 10% of the reply's speed.
+        `done()` is checked once a second: a window on its own has no such timer, and at 10 Hz it
+        was a tenth of the window's timer wake-ups.)"""
         from PySide6.QtCore import QEventLoop, QTimer
 
         loop, deadline = QEventLoop(), time.monotonic() + REPLY_TIMEOUT_S
-        check = QTimer(interval=100)
+        check = QTimer(interval=1000)
 
         def poll() -> None:
             if done() or time.monotonic() > deadline:

