@@ -255,7 +255,7 @@ class EngineClient:
             for data in sse_payloads(response):
                 if data == "[DONE]":
                     return
-                item = json.loads(data)
+                item = wire.loads(data)
                 if "error" in item:
                     raise _engine_error(item["error"])
                 yield item

@@ -17,7 +17,9 @@
 Each step is `wire.step_to_dict`; beside it travel copies made on the engine's
 thread between two steps, of what keeps changing as decoding goes on: the
 drafter's statistics (`drafter_stats`, a dict or None) and the cost model
-(`costs`). The client rebuilds the reply from the steps (`wire.result_from_steps`).
+(`costs`). The step and its copies are encoded there too, before the next step
+begins, so the event loop only joins a batch's bytes and writes them. The client
+rebuilds the reply from the steps (`wire.result_from_steps`).
 
 A preflight is not a job: it reads headers and tokenizer files, never the loaded
 models, so it runs on a thread of its own beside whatever job holds the engine
@@ -142,10 +144,10 @@ async def generate(body: GenerateRequest, request: Request):
         engine = require_engine(host)
         speculative = engine.drafter is not None if body.speculative is None else body.speculative
         prompt = engine.prompt_ids(body.messages)
-        with Batches(lambda steps: emit({"steps": steps})) as send:
+        with Batches(lambda steps: emit(wire.batch(steps))) as send:
             for step in engine.stream(prompt, sampling, speculative=speculative, cancel=cancel):
                 metrics.observe(step, len(prompt))
-                send(step_item(engine, step, speculative), last=step.finish_reason is not None)
+                send(wire.dumps(step_item(engine, step, speculative)), last=step.finish_reason is not None)
 
     return await event_stream(host.run("generate", job, request))
 
@@ -159,11 +161,11 @@ async def compare(body: CompareRequest, request: Request):
     def job(cancel, emit) -> None:
         engine = require_engine(host)
         prompt = engine.prompt_ids(body.messages)
-        with Batches(lambda steps: emit({"steps": steps})) as send:
+        with Batches(lambda steps: emit(wire.batch(steps))) as send:
 
             def on_event(label: str, step) -> None:
                 metrics.observe(step, len(prompt))
-                send(step_item(engine, step, label == "speculative"), last=step.finish_reason is not None)
+                send(wire.dumps(step_item(engine, step, label == "speculative")), last=step.finish_reason is not None)
 
             comparison = engine.compare(prompt, sampling, cancel=cancel, on_event=on_event)
         emit({"divergence": wire.divergence_to_dict(comparison.divergence)})
@@ -221,7 +223,8 @@ def drafter_stats(drafter) -> dict | None:
         return None
     try:
         stats = drafter.stats()
-        return copy.deepcopy(stats.as_dict() if isinstance(stats, DrafterStats) else dict(stats))
+        # as_dict() is a fresh copy; a plain dict may share its values with the drafter's own.
+        return stats.as_dict() if isinstance(stats, DrafterStats) else copy.deepcopy(dict(stats))
     except Exception:  # noqa: BLE001
         if type(drafter) not in _failed_stats:
             _failed_stats.add(type(drafter))

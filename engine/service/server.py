@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.errors import ConfigError, ContextOverflowError, SpecDeckError
+from engine.service import wire
 from engine.service.host import Host, ServerBusy
 
 log = logging.getLogger(__name__)
@@ -180,8 +181,10 @@ async def _sse(first, items: AsyncIterator[Any], done: str | None):
     finally:
         await items.aclose()
     if done is not None:
-        yield f"data: {done}\n\n"
+        yield f"data: {done}\n\n".encode()
 
 
-def _data(item: Any) -> str:
-    return f"data: {json.dumps(item, separators=(',', ':'))}\n\n"
+def _data(item: Any) -> bytes:
+    """One event; an item already encoded (bytes, as the steps of /specdeck/generate are, on the
+    engine's thread) is sent as it is."""
+    return b"data: " + (item if isinstance(item, bytes) else wire.dumps(item)) + b"\n\n"

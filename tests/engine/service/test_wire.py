@@ -1,0 +1,46 @@
+"""The wire's JSON (engine/service/wire.py): what the standard library reads as the same values, exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from engine.core.events import RunStats, Source, StepEvent, TokenInfo
+from engine.service import wire
+
+
+def a_step(p: float = 0.1 + 0.2) -> StepEvent:
+    token = TokenInfo(id=9318, text=" stood\u00e9", source=Source.ACCEPTED, p=p, q=1 / 3,
+                      top_ids=(9318, 19529), top_logits=(15.909194946289062, 14.382877349853516))  # fmt: skip
+    stats = RunStats(steps=41, tokens=42, drafted=6, accepted=1, tested=4, wall_s=1.056468948000031,
+                     predicted_speedup=0.8889322115701908, depth_tested=(3, 1), depth_accepted=(1, 0),
+                     notes=("a note",))  # fmt: skip
+    return StepEvent(index=40, tokens=(token,), text=token.text, k=3, drafted=3, accepted=1,
+                     draft_s=1.03049999893301e-05, verify_s=0.03116016699999591, other_s=4.77e-4, stats=stats)  # fmt: skip
+
+
+def test_a_step_reads_back_equal_here_and_in_any_json_reader():
+    item = {"run": "speculative", "step": wire.step_to_dict(a_step()), "drafter_stats": {"hits": 3}}
+    encoded = wire.dumps(item)
+    assert json.loads(encoded) == item  # the standard library (and so an OpenAI client) reads the same values
+    assert wire.step_from_dict(wire.loads(encoded)["step"]) == a_step()  # every float exactly
+
+
+def test_a_batch_is_the_event_its_items_make():
+    items = [{"step": 1}, {"step": 2, "x": [0.5]}]
+    batch = wire.batch([wire.dumps(item) for item in items])
+    assert wire.loads(batch) == {"steps": items}
+
+
+def test_numpy_numbers_and_big_integers_are_written_too():
+    assert wire.loads(wire.dumps({"a": np.float64(0.25), "b": np.int64(7), "c": np.float32(1.5)})) == {
+        "a": 0.25, "b": 7, "c": 1.5}  # fmt: skip
+    assert wire.loads(wire.dumps({"big": 2**70})) == {"big": 2**70}
+
+
+def test_a_token_whose_probability_is_not_a_number_arrives_as_not_a_number():
+    data = wire.loads(wire.dumps(wire.step_to_dict(a_step(p=float("nan")))))
+    assert data["tokens"][0]["p"] is None  # JSON has no NaN
+    assert math.isnan(wire.step_from_dict(data).tokens[0].p)
