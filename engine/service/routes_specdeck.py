@@ -6,7 +6,7 @@
                               then {"loaded": ...}; at once when that config is already loaded
     POST /specdeck/unload     frees the models
     POST /specdeck/generate   {"messages", "sampling", "speculative"?} -> stream of {"steps": [{"run", "step",
-                              "drafter_stats", "costs"}, ...]} batches (batches.py: about ten a second)
+                              "drafter_stats", "costs"}, ...]} batches (batches.py: ten a second, four on a CPU)
     POST /specdeck/compare    {"messages", "sampling"} -> the same batches for both runs, then {"divergence": ...}
     POST /specdeck/preflight  {"config": EngineConfig.to_dict()} -> `preflight(config).to_dict()`: can this config
                               load and draft, from metadata only (the pair dialog's check)
@@ -42,7 +42,7 @@ from engine.config import EngineConfig
 from engine.drafters.registry import DrafterStats
 from engine.errors import SpecDeckError
 from engine.service import wire
-from engine.service.batches import Batches
+from engine.service.batches import Batches, batch_interval
 from engine.service.host import Host
 from engine.service.metrics import metrics_of
 from engine.service.server import BadRequest, error_response, event_stream, require_engine
@@ -144,7 +144,7 @@ async def generate(body: GenerateRequest, request: Request):
         engine = require_engine(host)
         speculative = engine.drafter is not None if body.speculative is None else body.speculative
         prompt = engine.prompt_ids(body.messages)
-        with Batches(lambda steps: emit(wire.batch(steps))) as send:
+        with Batches(lambda steps: emit(wire.batch(steps)), batch_interval(engine.target.info.device)) as send:
             for step in engine.stream(prompt, sampling, speculative=speculative, cancel=cancel):
                 metrics.observe(step, len(prompt))
                 send(wire.dumps(step_item(engine, step, speculative)), last=step.finish_reason is not None)
@@ -161,7 +161,7 @@ async def compare(body: CompareRequest, request: Request):
     def job(cancel, emit) -> None:
         engine = require_engine(host)
         prompt = engine.prompt_ids(body.messages)
-        with Batches(lambda steps: emit(wire.batch(steps))) as send:
+        with Batches(lambda steps: emit(wire.batch(steps)), batch_interval(engine.target.info.device)) as send:
 
             def on_event(label: str, step) -> None:
                 metrics.observe(step, len(prompt))

@@ -11,8 +11,8 @@ from PySide6.QtCore import QThread
 
 from app.runtime.costs import CostSnapshot
 from app.runtime.engine_controller import EngineController
-from app.runtime.steps import CPU_BATCH_S, hand_over_s
-from engine import BATCH_S
+from app.runtime.steps import hand_over_s
+from engine import BATCH_S, CPU_BATCH_S
 from engine import EngineClient, LoadedPair, SamplingConfig, Source, SpecDeckError
 from engine.core.events import GenerationResult
 from engine.api import Comparison

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from engine.service import wire
-from engine.service.batches import BATCH_S, Batches, unbatched
+from engine.service.batches import BATCH_S, CPU_BATCH_S, Batches, batch_interval, unbatched
 
 from .conftest import Raw
 
@@ -77,3 +77,24 @@ def test_a_streamed_reply_comes_in_batches_that_hold_every_step_in_order(server)
     assert sum(len(step.tokens) for step in steps) == steps[-1].stats.tokens
     # At most one batch per interval of the run's own decoding time, besides the first and the last.
     assert len(events) <= 2 + math.ceil(steps[-1].stats.wall_s / BATCH_S)
+
+
+def test_a_reply_decoded_on_the_cpu_goes_out_four_times_a_second(server):
+    """Each batch wakes the server's event loop and the client's reader, on the cores that decode."""
+    raw = Raw(server.url, server.key)
+    device = json.loads(raw.request("GET", "/specdeck/info")[2])["loaded"]["target"]["device"]
+    assert device.startswith("cpu")  # this suite's server decodes on this machine's cores
+    status, _, body = raw.request(
+        "POST", "/specdeck/generate",
+        {"messages": [{"role": "user", "content": "Write a story about a lighthouse keeper."}],
+         "sampling": {"temperature": 0, "max_tokens": 160}},
+    )  # fmt: skip
+    events = sse_events(body)
+    steps = [wire.step_from_dict(item["step"]) for item in unbatched(events)]
+    assert sum(len(step.tokens) for step in steps) == steps[-1].stats.tokens  # every step, in fewer events
+    assert len(events) <= 2 + math.ceil(steps[-1].stats.wall_s / CPU_BATCH_S)  # at 10 a second: 2 + 2.5x that
+
+
+def test_steps_go_ten_times_a_second_from_a_gpu_and_four_from_the_cpu():
+    assert batch_interval("cuda") == batch_interval("mps") == BATCH_S
+    assert batch_interval("cpu") == batch_interval("cpu+12 gpu layers") == CPU_BATCH_S
