@@ -28,7 +28,7 @@ from PySide6.QtGui import (QColor, QFont, QFontDatabase, QTextBlockFormat, QText
                            QTextDocumentFragment, QTextFormat, QTextLine)  # fmt: skip
 from PySide6.QtWidgets import QTextBrowser, QToolTip, QWidget
 
-from engine import TokenInfo
+from engine import Source, TokenInfo
 from app.chat.provenance import SOURCE_COLOURS, token_tooltip
 
 SOURCE_PROPERTY = QTextFormat.Property.UserProperty + 1  # Source.value of the token a character belongs to
@@ -101,16 +101,22 @@ class TokenView(QTextBrowser):
         entry = self._entries[-1]
         follow = self._at_bottom()
         # One edit block: the document lays the paragraph out once for the batch, not per token.
-        batch = self._end_cursor()
-        batch.beginEditBlock()
+        # One cursor, which stays at the end as it writes, and one format per source: this runs
+        # on the GUI thread while the engine decodes on the same cores.
+        cursor = self._end_cursor()
+        formats: dict[Source, QTextCharFormat] = {}
+        cursor.beginEditBlock()
         try:
             for info in tokens:
-                start = self._end_cursor().position()
-                self._write(info.text, self._token_format(info))
+                char_format = formats.get(info.source)
+                if char_format is None:
+                    char_format = formats[info.source] = self._token_format(info)
+                start = cursor.position()
+                self._write(info.text, char_format, cursor)
                 entry.tokens.append(info)
-                entry.spans.append((start, self._end_cursor().position()))
+                entry.spans.append((start, cursor.position()))
         finally:
-            batch.endEditBlock()
+            cursor.endEditBlock()
         if follow:
             self._scroll_to_bottom()
 
@@ -312,9 +318,10 @@ class TokenView(QTextBrowser):
         cursor.insertText(title, header)
         cursor.insertBlock(QTextBlockFormat(), self._plain_format())
 
-    def _write(self, text: str, char_format: QTextCharFormat) -> None:
-        """Insert text, spotting code fences at line starts."""
-        cursor = self._end_cursor()
+    def _write(self, text: str, char_format: QTextCharFormat, cursor: QTextCursor | None = None) -> None:
+        """Insert text at the end (`cursor`: one already there, left after the text), spotting code
+        fences at line starts."""
+        cursor = self._end_cursor() if cursor is None else cursor
         lines = text.replace("\r\n", "\n").split("\n")
         for number, piece in enumerate(lines):
             if number > 0:  # a newline ends the current line
