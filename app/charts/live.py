@@ -10,7 +10,11 @@ may take REDRAW_BUDGET of a core (a redraw costs 30-60 ms on a small CPU while t
 engine decodes, and every millisecond of it is taken from a core the engine process
 decodes on: on two cores, llama.cpp's threads wait for each other, so it costs the
 engine more than that), so the interval between redraws follows what the last ones
-cost (`RedrawPace`). Ranges move in steps (`Panel.fit`) and the axes are cached, so
+cost (`RedrawPace`). Where the window's own engine decodes on the CPU, the window
+shares its cores, and the budget is SHARED_CORES_BUDGET, a third of that, with a
+redraw at least every SHARED_CORES_SLOWEST_MS (`set_sharing_cores`): on a 2-core
+machine the plots then move every five or six seconds of a long reply, and a
+reply shorter than that is drawn when it ends. Ranges move in steps (`Panel.fit`) and the axes are cached, so
 most redraws repaint no axis. The summary line's numbers follow the steps every
 SUMMARY_MS between redraws: once a second, as each change lays its rich text out
 again and invalidates the panels' layout (~4 ms on a small CPU; at 3 Hz it was a
@@ -66,6 +70,11 @@ REDRAW_MS = 40  # 25 Hz at most: smooth to the eye
 SLOWEST_REDRAW_MS = 3000  # at least every three seconds while steps arrive, whatever drawing costs
 FIRST_REDRAW_MS = 200  # until a redraw has been measured
 REDRAW_BUDGET = 0.015  # of one core: what the charts' redraws may take while a reply streams
+# ... and while the window's own engine decodes on the cores the window runs on: there each
+# millisecond of drawing costs the reply about two (RedrawPace), and the headline numbers
+# above the plots still follow every SUMMARY_MS.
+SHARED_CORES_BUDGET = 0.005
+SHARED_CORES_SLOWEST_MS = 6000
 SUMMARY_MS = 1000  # the summary line's numbers, between the plots' redraws (each costs a relayout: ~4 ms)
 
 
@@ -75,7 +84,7 @@ class RedrawPace:
     A redraw's cost is the GUI thread's CPU time it took: its data, its panels, and the
     painting of the panels since the redraw before. The interval is that cost over the
     budget, halfway there from the last interval each time (one slow frame, a resize or a
-    first paint, moves it less), within REDRAW_MS..SLOWEST_REDRAW_MS. It carries over from
+    first paint, moves it less), within REDRAW_MS..slowest_ms. It carries over from
     reply to reply: a reply's first redraw comes at the pace the last one settled at, which
     a short reply would not have time to find.
 
@@ -87,8 +96,9 @@ class RedrawPace:
     on the first, one every two or three seconds on the second.
     """
 
-    def __init__(self, budget: float = REDRAW_BUDGET) -> None:
+    def __init__(self, budget: float = REDRAW_BUDGET, slowest_ms: int = SLOWEST_REDRAW_MS) -> None:
         self.budget = budget
+        self.slowest_ms = slowest_ms  # the longest interval, whatever a redraw costs
         self.interval_ms = FIRST_REDRAW_MS
         self._measured = False
 
@@ -97,7 +107,7 @@ class RedrawPace:
         wanted = 1000 * max(cost_s, 0.0) / self.budget
         interval = wanted if not self._measured else (self.interval_ms + wanted) / 2
         self._measured = True
-        self.interval_ms = round(min(max(interval, REDRAW_MS), SLOWEST_REDRAW_MS))
+        self.interval_ms = round(min(max(interval, REDRAW_MS), self.slowest_ms))
         return self.interval_ms
 LABELS = ("speculative", "vanilla")
 
@@ -163,6 +173,15 @@ class LiveCharts(QWidget):
         self.redraw()  # empty axes and the theory curve before any step
 
     # -- feeding -------------------------------------------------------------------
+
+    def set_sharing_cores(self, sharing: bool) -> None:
+        """Whether the engine decodes on the cores this window runs on (steps.shares_cores): the
+        redraws then keep to SHARED_CORES_BUDGET of a core instead of REDRAW_BUDGET, at least every
+        SHARED_CORES_SLOWEST_MS instead of SLOWEST_REDRAW_MS. Takes effect from the next redraw."""
+        if sharing:
+            self.pace.budget, self.pace.slowest_ms = SHARED_CORES_BUDGET, SHARED_CORES_SLOWEST_MS
+        else:
+            self.pace.budget, self.pace.slowest_ms = REDRAW_BUDGET, SLOWEST_REDRAW_MS
 
     def reset(self) -> None:
         """Forget every run (a new generation starts)."""

@@ -59,7 +59,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 from engine import (EngineClient, EngineConfig, EngineProcess, EngineUnavailable, LoadedPair, SamplingConfig,
                     SpecDeckError)  # fmt: skip
 from app.runtime import remote
-from app.runtime.steps import StepBatches, hand_over_s
+from app.runtime.steps import StepBatches, hand_over_s, shares_cores
 from app.runtime.worker import GeneratorWorker, TaskRunner
 from app.shell.settings import LOCAL, EngineChoice
 
@@ -220,6 +220,12 @@ class EngineController(QObject):
 
     def _hand_over_s(self) -> float:
         return hand_over_s(self.loaded, own_engine=not self.choice.remote)
+
+    @property
+    def shares_cores(self) -> bool:
+        """Whether the loaded pair decodes on the cores this window runs on (its own engine, on the
+        CPU): what the window does meanwhile is taken from the engine (steps.shares_cores)."""
+        return shares_cores(self.loaded, own_engine=not self.choice.remote)
 
     def preflight(self, config: EngineConfig):
         """`engine.preflight(config)` in the engine process (started first if it is not running) ->

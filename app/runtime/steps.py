@@ -12,20 +12,24 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, NamedTuple
 
-from engine import BATCH_S, Batches, LoadedPair, StepEvent, batch_interval
+from engine import BATCH_S, CPU_BATCH_S, Batches, LoadedPair, StepEvent, decodes_on_cpu
 from app.runtime.costs import CostSnapshot
 
+def shares_cores(pair, own_engine: bool) -> bool:
+    """Whether `pair` decodes on the cores the window runs on: the window's own engine (`own_engine`),
+    on the CPU. There the engine takes every core, and its threads wait for each other at every
+    barrier: each moment the window takes stalls them all, so the engine loses about twice the
+    window's share. On a GPU, or on a server elsewhere, the window's moments cost the engine nothing."""
+    return own_engine and isinstance(pair, LoadedPair) and decodes_on_cpu(pair.target.device)
+
+
 def hand_over_s(pair, own_engine: bool) -> float:
-    """How often steps reach the GUI thread while `pair` replies: the pace at which the window's own
-    engine sends them (`batch_interval`: CPU_BATCH_S where it decodes on the CPU), else BATCH_S.
-    There the engine takes every core, and its threads wait for each other at every barrier: each
-    moment the window takes stalls them all, so the engine loses about the window's share. Fewer,
-    larger hand-overs cost the window a fifth less (one store write, one text insertion and layout
-    each) and the reply 2% of its speed on 2 cores (docs/benchmarks.md, "Hand-overs four times a
-    second"); the text still grows four times a second. On a GPU, or on a server elsewhere, the
-    window's moments cost the engine nothing."""
-    device = pair.target.device if isinstance(pair, LoadedPair) else ""
-    return batch_interval(device) if own_engine and device else BATCH_S
+    """How often steps reach the GUI thread while `pair` replies: CPU_BATCH_S where it `shares_cores`
+    with the window (the pace its engine sends them at), else BATCH_S. Fewer, larger hand-overs
+    cost the window a fifth less (one store write, one text insertion and layout each) and the
+    reply 2% of its speed on 2 cores (docs/benchmarks.md, "Hand-overs four times a second"); the
+    text still grows four times a second."""
+    return CPU_BATCH_S if shares_cores(pair, own_engine) else BATCH_S
 
 
 class Step(NamedTuple):

@@ -453,6 +453,7 @@ class MainWindow(QMainWindow):
         self.controller.compare([{"role": "user", "content": prompt}], self.sampling)
 
     def _on_run_started(self, kind: str) -> None:
+        self.charts.set_sharing_cores(self.controller.shares_cores)
         self.charts.reset()
         if kind == COMPARE:
             self.compare_view.begin()

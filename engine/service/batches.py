@@ -30,11 +30,16 @@ BATCH_S = 0.1
 CPU_BATCH_S = 0.25  # where the engine decodes on this machine's CPU cores
 
 
+def decodes_on_cpu(device: str) -> bool:
+    """Whether a model on `device` (ModelInfo.device: "cpu", "cuda", "cpu+20 gpu layers"...) keeps
+    CPU cores busy while it decodes: any of it on the CPU."""
+    return device.startswith("cpu")
+
+
 def batch_interval(device: str) -> float:
-    """How often steps decoded on `device` (ModelInfo.device: "cpu", "cuda", "cpu+20 gpu layers"...)
-    go out: CPU_BATCH_S where any of the model runs on the CPU, whose cores the sending takes from
-    the decoding threads, else BATCH_S."""
-    return CPU_BATCH_S if device.startswith("cpu") else BATCH_S
+    """How often steps decoded on `device` go out: CPU_BATCH_S where the model decodes on the CPU,
+    whose cores the sending takes from the decoding threads, else BATCH_S."""
+    return CPU_BATCH_S if decodes_on_cpu(device) else BATCH_S
 
 
 class Batches:

@@ -7,7 +7,8 @@ import time
 import pyqtgraph as pg
 import pytest
 
-from app.charts.live import FIRST_REDRAW_MS, REDRAW_BUDGET, REDRAW_MS, SLOWEST_REDRAW_MS, LiveCharts, RedrawPace
+from app.charts.live import (FIRST_REDRAW_MS, REDRAW_BUDGET, REDRAW_MS, SHARED_CORES_BUDGET, SHARED_CORES_SLOWEST_MS,
+                             SLOWEST_REDRAW_MS, LiveCharts, RedrawPace)  # fmt: skip
 from tests.app.charts.test_charts import make_run
 from tests.app.conftest import STRICT_QT_LOG
 
@@ -40,6 +41,18 @@ def test_cheap_redraws_stay_smooth():
 def test_however_costly_the_charts_still_move_every_few_seconds():
     pace = RedrawPace(budget=0.015)
     assert settle(pace, 2.0) == SLOWEST_REDRAW_MS
+
+
+def test_while_the_engine_decodes_on_the_windows_cores_redraws_keep_to_a_third_of_that(qtbot):
+    charts = LiveCharts()
+    qtbot.addWidget(charts)
+    charts.set_sharing_cores(True)
+    cost_s = 0.028  # a redraw and its painting, on 2 cores that both decode
+    assert settle(charts.pace, cost_s) == pytest.approx(1000 * cost_s / SHARED_CORES_BUDGET, rel=0.02)  # 5.6 s
+    assert SHARED_CORES_BUDGET == pytest.approx(REDRAW_BUDGET / 3)
+    assert settle(charts.pace, 2.0) == SHARED_CORES_SLOWEST_MS > SLOWEST_REDRAW_MS  # still moving, more slowly
+    charts.set_sharing_cores(False)  # a GPU, or a server elsewhere
+    assert settle(charts.pace, cost_s) == pytest.approx(1000 * cost_s / REDRAW_BUDGET, rel=0.02)  # 1.9 s
 
 
 def test_one_slow_frame_moves_the_pace_halfway():

@@ -11,7 +11,7 @@ from PySide6.QtCore import QThread
 
 from app.runtime.costs import CostSnapshot
 from app.runtime.engine_controller import EngineController
-from app.runtime.steps import hand_over_s
+from app.runtime.steps import hand_over_s, shares_cores
 from engine import BATCH_S, CPU_BATCH_S
 from engine import EngineClient, LoadedPair, SamplingConfig, Source, SpecDeckError
 from engine.core.events import GenerationResult
@@ -68,6 +68,7 @@ def test_a_reply_decoded_on_this_machines_cores_reaches_the_window_four_times_a_
     on_gpu = dataclasses.replace(pair, target=dataclasses.replace(pair.target, device="cuda"))
     assert hand_over_s(on_gpu, own_engine=True) == BATCH_S
     assert hand_over_s(pair, own_engine=False) == BATCH_S  # a server, maybe on another machine
+    assert controller.shares_cores and not shares_cores(on_gpu, True) and not shares_cores(pair, False)
 
 
 def test_stop_mid_reply_ends_it_with_the_engines_cancelled_step_and_keeps_the_text(qtbot, controller):

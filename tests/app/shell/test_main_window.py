@@ -186,6 +186,15 @@ def test_loading_reports_progress_and_gives_the_charts_the_cost_model(qtbot, mak
     assert not window.progress.isVisible() and "SmolLM2" in window.engine_label.text()
 
 
+def test_charts_redraw_less_while_the_windows_own_engine_decodes_on_its_cores(qtbot, make_window):
+    from app.charts.live import REDRAW_BUDGET, SHARED_CORES_BUDGET
+
+    window = make_window()
+    assert window.controller.loaded.target.device.startswith("cpu") and window.controller.shares_cores
+    assert send_and_wait(qtbot, window, "Hi") is not None
+    assert window.charts.pace.budget == SHARED_CORES_BUDGET < REDRAW_BUDGET
+
+
 def test_the_progress_bar_follows_llama_cpp_as_it_reads_the_weights(qtbot, make_window):
     window = make_window(load=False)
     shown = []  # the bar's value and the status line each time progress arrives (the window's slot ran first)
