@@ -102,6 +102,14 @@ class RedrawPace:
         self.interval_ms = FIRST_REDRAW_MS
         self._measured = False
 
+    def set_budget(self, budget: float, slowest_ms: int) -> None:
+        """A new budget and cap, from now on: a measured interval is scaled to it at once (the same
+        cost over the new budget), not found again over the next redraws."""
+        if self._measured:
+            interval = self.interval_ms * self.budget / budget
+            self.interval_ms = round(min(max(interval, REDRAW_MS), slowest_ms))
+        self.budget, self.slowest_ms = budget, slowest_ms
+
     def redrawn(self, cost_s: float) -> int:
         """Call after a redraw with its cost (CPU seconds); returns the interval before the next one, in ms."""
         wanted = 1000 * max(cost_s, 0.0) / self.budget
@@ -177,11 +185,12 @@ class LiveCharts(QWidget):
     def set_sharing_cores(self, sharing: bool) -> None:
         """Whether the engine decodes on the cores this window runs on (steps.shares_cores): the
         redraws then keep to SHARED_CORES_BUDGET of a core instead of REDRAW_BUDGET, at least every
-        SHARED_CORES_SLOWEST_MS instead of SLOWEST_REDRAW_MS. Takes effect from the next redraw."""
+        SHARED_CORES_SLOWEST_MS instead of SLOWEST_REDRAW_MS."""
         if sharing:
-            self.pace.budget, self.pace.slowest_ms = SHARED_CORES_BUDGET, SHARED_CORES_SLOWEST_MS
+            self.pace.set_budget(SHARED_CORES_BUDGET, SHARED_CORES_SLOWEST_MS)
         else:
-            self.pace.budget, self.pace.slowest_ms = REDRAW_BUDGET, SLOWEST_REDRAW_MS
+            self.pace.set_budget(REDRAW_BUDGET, SLOWEST_REDRAW_MS)
+        self._timer.setInterval(self.pace.interval_ms)
 
     def reset(self) -> None:
         """Forget every run (a new generation starts)."""

@@ -55,6 +55,15 @@ def test_while_the_engine_decodes_on_the_windows_cores_redraws_keep_to_a_third_o
     assert settle(charts.pace, cost_s) == pytest.approx(1000 * cost_s / REDRAW_BUDGET, rel=0.02)  # 1.9 s
 
 
+def test_a_new_budget_scales_the_measured_pace_at_once():
+    pace = RedrawPace(budget=0.015)
+    settled = settle(pace, 0.028)
+    pace.set_budget(0.005, 6000)
+    assert pace.interval_ms == pytest.approx(3 * settled, abs=1)  # the next reply's first redraw is already spaced
+    pace.set_budget(0.015, 3000)
+    assert pace.interval_ms == pytest.approx(settled, abs=2)
+
+
 def test_one_slow_frame_moves_the_pace_halfway():
     pace = RedrawPace(budget=0.015)
     steady = settle(pace, 0.006)  # 400 ms
