@@ -66,13 +66,17 @@ def token_to_dict(token: TokenInfo) -> dict:
             "top_ids": list(token.top_ids), "top_logits": list(token.top_logits)}  # fmt: skip
 
 
+_SOURCES = {source.value: source for source in Source}  # a dict look-up: Source(value) takes 1-2 us a token
+
+
 def token_from_dict(data: dict) -> TokenInfo:
+    p, q = data["p"], data.get("q")
     return TokenInfo(
-        id=int(data["id"]), text=data["text"], source=Source(data["source"]),
-        p=float("nan") if data["p"] is None else float(data["p"]),  # a NaN travels as null (`dumps`)
-        q=None if data.get("q") is None else float(data["q"]),
-        top_ids=tuple(int(i) for i in data.get("top_ids", ())),
-        top_logits=tuple(float(x) for x in data.get("top_logits", ())),
+        id=int(data["id"]), text=data["text"], source=_SOURCES.get(data["source"]) or Source(data["source"]),
+        p=float("nan") if p is None else float(p),  # a NaN travels as null (`dumps`)
+        q=None if q is None else float(q),
+        top_ids=tuple(map(int, data.get("top_ids", ()))),
+        top_logits=tuple(map(float, data.get("top_logits", ()))),
     )  # fmt: skip
 
 
