@@ -8,6 +8,8 @@ its private engine listens.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import os
 import socket
@@ -70,7 +72,7 @@ def serve(host: Host, *, address: str = LOOPBACK, port: int = 0, api_key: str | 
     sock = sock or bind(address, port)
     app = create_app(host, api_key=api_key, model_name=model_name)
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=3)
-    server = uvicorn.Server(config)
+    server = _server_class(uvicorn)(config)
     if announce:
         chosen = sock.getsockname()[1]
         print(f"{LISTENING_PREFIX} {address}:{chosen}", flush=True)
@@ -115,3 +117,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+TICK_S = 1.0  # how often the server's loop does its housekeeping when nothing else wakes it
+
+
+def _server_class(uvicorn):
+    """uvicorn's Server, with its housekeeping (the Date header, the exit check) once a second
+    instead of ten times: each tick woke the event loop for ~0.25 ms, 0.25% of a core for an idle
+    engine and half of what the loop took while a reply streamed, on the cores the engine decodes
+    on. A signal to stop (Ctrl+C, SIGTERM) still stops it at once: it wakes the loop."""
+
+    class Server(uvicorn.Server):
+        _wake: tuple | None = None  # (the loop, the event that ends a tick's wait early)
+
+        async def main_loop(self) -> None:
+            wake = asyncio.Event()
+            self._wake = (asyncio.get_running_loop(), wake)
+            counter = 0  # in tenths of a second, as on_tick counts (its Date header: every 10)
+            should_exit = await self.on_tick(counter)
+            while not should_exit:
+                counter = (counter + round(TICK_S * 10)) % 864000
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), TICK_S)
+                should_exit = await self.on_tick(counter)
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            if self._wake is not None:
+                loop, wake = self._wake
+                with contextlib.suppress(RuntimeError):  # the loop has closed
+                    loop.call_soon_threadsafe(wake.set)
+
+    return Server

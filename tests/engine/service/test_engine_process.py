@@ -122,6 +122,32 @@ def test_the_key_is_required():
         process.stop()
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts wake-ups in Linux's /proc")
+def test_an_idle_engine_sleeps_and_still_stops_at_once():
+    """The app's engine waits beside the window all day: it must not wake ten times a second (each
+    wake-up a moment of a core, and a battery's), and the window's stop must not wait for a tick."""
+
+    def wakeups(pid: int) -> int:
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/status") as status:
+                total += sum(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
+        return total
+
+    process = EngineProcess()
+    process.start()
+    try:
+        time.sleep(1.0)  # started: its first requests and imports are over
+        before = wakeups(process.pid)
+        time.sleep(4.0)
+        per_second = (wakeups(process.pid) - before) / 4.0
+        assert per_second <= 4  # its loop's housekeeping once a second, the parent check once (was 10+)
+    finally:
+        started = time.monotonic()
+        process.stop()
+    assert time.monotonic() - started < 1.0  # SIGTERM wakes the loop: no waiting for the next tick
+
+
 def test_an_engine_killed_mid_reply_is_an_error_that_says_how_it_died():
     process = EngineProcess()
     client = process.start()

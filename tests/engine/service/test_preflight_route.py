@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+from types import SimpleNamespace
 import time
 
 import pytest
@@ -35,6 +36,7 @@ class StalledEngine:
 
     drafter = None
     config = EngineConfig(target="default")
+    target = SimpleNamespace(info=SimpleNamespace(device="cpu"))  # where it decodes: the stream's pace
 
     def __init__(self) -> None:
         self.started, self.release = threading.Event(), threading.Event()
