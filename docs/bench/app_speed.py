@@ -10,7 +10,7 @@ spin loop), as a second program on the user's machine would.
 
     QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 python docs/bench/app_speed.py [--rounds 3]
         [--configs llama-ngram,torch-bf16] [--busy] [--max-tokens 256] [--threads N] [--k K]
-        [--charts-closed] [--smoke]
+        [--fresh-engine] [--charts-closed] [--smoke]
 
 `--k K` fixes the draft length for both. With the automatic one, k follows measured
 timings, so a bfloat16 reply is verified in batches of other sizes from run to run,
@@ -18,7 +18,14 @@ rounds differently, and becomes another text, with another acceptance: PyTorch b
 replies here ran anywhere from 23 to 53 tok/s for that alone. A fixed k gives the same
 reply every round, so the ratio measures the app and not the text.
 
-`--smoke` (the test suite's): one short round of the first config, checking only that every
+`--fresh-engine` gives the app a new engine process every round. A process decodes at a
+speed of its own: three replies in one process run within 3% of each other, while one
+process and the next differ by up to 20% (the same code, on this machine; where its
+memory happens to lie). The CLI is a new process every round, so it samples that
+spread, while the app's one engine process is a single draw for the whole run: its
+ratio to the CLI then moves from one run to the next by as much as the app costs.
+
+`--smoke` (the test suite's): two short rounds of the first config, checking only that every
 number was read. Prints a markdown table; the numbers in docs/benchmarks.md came from it.
 """
 
@@ -53,7 +60,7 @@ def cli_speed(flags: list[str], max_tokens: int) -> float:
 class App:
     """One main window, loaded once per config; `speed()` sends the prompt and reads the reply's speed."""
 
-    def __init__(self, config: dict, max_tokens: int, charts: bool = True) -> None:
+    def __init__(self, config: dict, max_tokens: int, charts: bool = True, fresh_engine: bool = False) -> None:
         from PySide6.QtCore import QCoreApplication, Qt
         from PySide6.QtTest import QTest
 
@@ -62,6 +69,7 @@ class App:
         from engine import EngineConfig, SamplingConfig
 
         self._qt, self._test = Qt, QTest
+        self._config, self._fresh_engine, self._rounds = EngineConfig(**config), fresh_engine, 0
         self.application = create_application(sys.argv)  # as `specdeck` makes it: Qt's settings, the GC timer
         QCoreApplication.setApplicationName("specdeck-app-speed")  # settings of its own, never the user's
         self.window = MainWindow()
@@ -70,13 +78,21 @@ class App:
         self.window.show()
         if not charts:
             self.window.charts_dock.close()  # as the dock's close button does
+        self._load()
+
+    def _load(self) -> None:
         loaded = []
-        self.window.controller.sig_loaded.connect(lambda config: loaded.append(config))
-        self.window.start(EngineConfig(**config))
+        connection = self.window.controller.sig_loaded.connect(lambda config: loaded.append(config))
+        self.window.start(self._config)
         self._wait(lambda: loaded, "the model to load")
+        self.window.controller.sig_loaded.disconnect(connection)
 
     def speed(self) -> tuple[float, float]:
         """The reply's decode speed (tokens/s), and the share of a core the window's process used meanwhile."""
+        if self._fresh_engine and self._rounds:  # a new engine process, as the CLI is a new process
+            self.window.controller.process.stop()
+            self._load()
+        self._rounds += 1
         results = []
         connection = self.window.controller.sig_run_finished.connect(lambda kind, result: results.append(result))
         view = self.window.chat_view
@@ -137,13 +153,13 @@ def busy_core(on: bool):
 
 
 def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | None = None,
-            charts: bool = True, k: int | None = None) -> dict:  # fmt: skip
+            charts: bool = True, k: int | None = None, fresh_engine: bool = False) -> dict:  # fmt: skip
     config, flags = CONFIGS[name]
     if threads is not None:  # the same count for both, where the automatic choice would follow the load
         config, flags = {**config, "threads": threads}, [*flags, "--threads", str(threads)]
     if k is not None:  # the same reply every round (see the module's docstring)
         config, flags = {**config, "k": k}, [*flags, "--k", str(k)]
-    app = App(config, max_tokens, charts)
+    app = App(config, max_tokens, charts, fresh_engine)
     cli, gui, shares = [], [], []
     try:
         for _ in range(rounds):
@@ -154,7 +170,7 @@ def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | 
                 shares.append(share)
     finally:
         app.close()
-    return {"config": name, "busy": busy, "charts": charts, "k": k, "cli": cli, "app": gui, "gui_cpu": shares,
+    return {"config": name, "busy": busy, "charts": charts, "k": k, "fresh_engine": fresh_engine, "cli": cli, "app": gui, "gui_cpu": shares,
             "ratio": statistics.median(gui) / statistics.median(cli),
             # Each round's app against the CLI run just before it, on the same minute of the machine.
             "pair_ratio": statistics.median(a / c for a, c in zip(gui, cli))}  # fmt: skip
@@ -170,9 +186,11 @@ def main() -> int:
                         help="decode threads for both the CLI and the app (default: automatic, the free cores)")
     parser.add_argument("--k", type=int, default=None,
                         help="a fixed draft length for both (default: automatic, which may change a bf16 reply)")
+    parser.add_argument("--fresh-engine", action="store_true",
+                        help="a new engine process for every round of the app, as the CLI's is new every round")
     parser.add_argument("--charts-closed", action="store_true",
                         help="close the live charts' dock first, as a user who only chats would")
-    parser.add_argument("--smoke", action="store_true", help="one short round of the first config")
+    parser.add_argument("--smoke", action="store_true", help="two short rounds of the first config")
     args = parser.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -182,11 +200,12 @@ def main() -> int:
     os.environ["SPECDECK_DATA_DIR"] = os.path.join(scratch, "conversations")
     names = args.configs.split(",")
     if args.smoke:
-        names, args.rounds, args.max_tokens = names[:1], 1, 16
+        names, args.rounds, args.max_tokens = names[:1], 2, 16
     rows = []
     for name in names:
         for busy in (False, True) if args.busy else (False,):
-            rows.append(measure(name, args.rounds, args.max_tokens, busy, args.threads, not args.charts_closed, args.k))
+            rows.append(measure(name, args.rounds, args.max_tokens, busy, args.threads, not args.charts_closed, args.k,
+                                args.fresh_engine))  # fmt: skip
     print("| config | charts | other process busy | CLI tok/s (median) | app tok/s (median) | app / CLI "
           "| app / CLI, median of rounds | window's CPU |")
     print("|---|---|---|---|---|---|---|---|")

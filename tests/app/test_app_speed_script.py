@@ -17,10 +17,11 @@ SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "bench" / "app_speed.py"
 @pytest.mark.slow
 def test_the_app_speed_script_reads_a_speed_from_the_cli_and_from_the_window(tmp_path):
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--k", "3"], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=tmp_path)  # fmt: skip
+    command = [sys.executable, str(SCRIPT), "--smoke", "--k", "3", "--fresh-engine"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| llama-ngram | shown | no |" in done.stdout
     rows = json.loads(done.stderr.strip().splitlines()[-1])
     assert rows[0]["cli"][0] > 0 and rows[0]["app"][0] > 0 and rows[0]["pair_ratio"] > 0
     assert rows[0]["k"] == 3  # the same fixed draft length for both
+    assert len(rows[0]["app"]) == 2 and all(speed > 0 for speed in rows[0]["app"])  # the second on a new engine
