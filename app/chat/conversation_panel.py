@@ -27,6 +27,25 @@ def _when(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d", then)
 
 
+class _ConversationList(QListWidget):
+    """A QListWidget that takes focus without choosing a conversation.
+
+    Given focus with no current row, Qt makes the first row current, and the panel would
+    open that conversation. Focus comes here without the user asking when the widget
+    that had it is disabled: the composer, while a model pair loads. A new, empty chat
+    was then replaced by the latest saved one, and the next message went on with it."""
+
+    def focusInEvent(self, event) -> None:
+        none_chosen = self.currentItem() is None
+        blocked = self.blockSignals(none_chosen or self.signalsBlocked())
+        try:
+            super().focusInEvent(event)
+            if none_chosen:
+                self.setCurrentItem(None)
+        finally:
+            self.blockSignals(blocked)
+
+
 class ConversationPanel(QWidget):
     """Saved chats; selecting one opens it."""
 
@@ -44,7 +63,7 @@ class ConversationPanel(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.list = QListWidget()
+        self.list = _ConversationList()
         self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
                                   | QAbstractItemView.EditTrigger.DoubleClicked)  # fmt: skip
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)

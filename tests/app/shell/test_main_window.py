@@ -186,6 +186,21 @@ def test_loading_reports_progress_and_gives_the_charts_the_cost_model(qtbot, mak
     assert not window.progress.isVisible() and "SmolLM2" in window.engine_label.text()
 
 
+def test_a_new_chat_stays_new_while_the_model_pair_loads_again(qtbot, make_window):
+    """Loading disables the Send button, and its focus (the user clicked it) moved to the list of
+    chats, which opened the latest one: the next message went on with that conversation."""
+    window = make_window()
+    assert send_and_wait(qtbot, window, "Say hello to the fox.") is not None
+    window.activateWindow()
+    window.new_chat()  # an empty chat
+    window.chat_view.send_button.setFocus()  # where a click on Send leaves the focus
+    assert window.chats.conversation is None and window.chat_view.send_button.hasFocus()
+    with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.start(FAST_CONFIG)  # as the pair dialog's OK does
+    assert window.chats.conversation is None
+    assert "fox" not in window.chat_view.transcript.toPlainText()
+
+
 def test_charts_redraw_less_while_the_windows_own_engine_decodes_on_its_cores(qtbot, make_window):
     from app.charts.live import REDRAW_BUDGET, SHARED_CORES_BUDGET
 
