@@ -69,7 +69,7 @@ class App:
         from engine import EngineConfig, SamplingConfig
 
         self._qt, self._test = Qt, QTest
-        self._config, self._fresh_engine, self._rounds = EngineConfig(**config), fresh_engine, 0
+        self._config, self._fresh_engine = EngineConfig(**config), fresh_engine
         self.application = create_application(sys.argv)  # as `specdeck` makes it: Qt's settings, the GC timer
         QCoreApplication.setApplicationName("specdeck-app-speed")  # settings of its own, never the user's
         self.window = MainWindow()
@@ -89,10 +89,6 @@ class App:
 
     def speed(self) -> tuple[float, float]:
         """The reply's decode speed (tokens/s), and the share of a core the window's process used meanwhile."""
-        if self._fresh_engine and self._rounds:  # a new engine process, as the CLI is a new process
-            self.window.controller.process.stop()
-            self._load()
-        self._rounds += 1
         results = []
         connection = self.window.controller.sig_run_finished.connect(lambda kind, result: results.append(result))
         view = self.window.chat_view
@@ -106,6 +102,9 @@ class App:
         self._wait(lambda: not self.window.controller.busy, "the engine to be free")
         if results[0] is None:
             raise RuntimeError(f"the reply failed: {self.window.banner.text()}")
+        if self._fresh_engine:  # the next round on a new engine process, as the CLI is a new process
+            self.window.controller.process.stop()
+            self._load()
         self.window.chats.open(None)  # the next round starts from the same prompt, not a longer chat
         return results[0].stats.tokens_per_s, gui_share
 
