@@ -59,8 +59,7 @@ _LAZY = {
     # the engine as a service: its client, and the private engine process the app starts (light)
     "EngineClient": ("service.client", None), "EngineUnavailable": ("service.client", None),
     "Batches": ("service.batches", None), "BATCH_S": ("service.batches", None),
-    "CPU_BATCH_S": ("service.batches", None), "batch_interval": ("service.batches", None),
-    "decodes_on_cpu": ("service.batches", None),
+    "CPU_BATCH_S": ("service.batches", None), "decodes_on_cpu": ("service.batches", None),
     # other servers: llama-server, vLLM, SGLang (light)
     "open_remote": ("remote", None), "detect_kind": ("remote", None), "RemoteEngine": ("remote", None),
     "RemotePair": ("remote", None), "REMOTE_KINDS": ("remote", "KINDS"),

@@ -14,8 +14,8 @@ cost (`RedrawPace`). Where the window's own engine decodes on the CPU, the windo
 shares its cores, and the budget is SHARED_CORES_BUDGET, a third of that, with a
 redraw at least every SHARED_CORES_SLOWEST_MS (`set_sharing_cores`): on a 2-core
 machine the plots then move every five or six seconds of a long reply, and a
-reply shorter than that is drawn when it ends. Ranges move in steps (`Panel.fit`) and the axes are cached, so
-most redraws repaint no axis. The summary line's numbers follow the steps every
+reply shorter than that is drawn when it ends. Ranges move in steps (`Panel.fit`)
+and the axes are cached, so most redraws repaint no axis. The summary line's numbers follow the steps every
 SUMMARY_MS between redraws: once a second, as each change lays its rich text out
 again and invalidates the panels' layout (~4 ms on a small CPU; at 3 Hz it was a
 third of what the window took while a reply streamed). Call everything from the GUI
@@ -70,9 +70,8 @@ REDRAW_MS = 40  # 25 Hz at most: smooth to the eye
 SLOWEST_REDRAW_MS = 3000  # at least every three seconds while steps arrive, whatever drawing costs
 FIRST_REDRAW_MS = 200  # until a redraw has been measured
 REDRAW_BUDGET = 0.015  # of one core: what the charts' redraws may take while a reply streams
-# ... and while the window's own engine decodes on the cores the window runs on: there each
-# millisecond of drawing costs the reply about two (RedrawPace), and the headline numbers
-# above the plots still follow every SUMMARY_MS.
+# The budget while the window's own engine decodes on the cores the window runs on, where each
+# millisecond of drawing costs the reply about two; the headline numbers still follow every SUMMARY_MS.
 SHARED_CORES_BUDGET = 0.005
 SHARED_CORES_SLOWEST_MS = 6000
 SUMMARY_MS = 1000  # the summary line's numbers, between the plots' redraws (each costs a relayout: ~4 ms)

@@ -32,8 +32,9 @@ class _ConversationList(QListWidget):
 
     Given focus with no current row, Qt makes the first row current, and the panel would
     open that conversation. Focus comes here without the user asking when the widget
-    that had it is disabled: the composer, while a model pair loads. A new, empty chat
-    was then replaced by the latest saved one, and the next message went on with it."""
+    that had it is disabled: the Send button the user clicked, while a model pair loads.
+    A new, empty chat was then replaced by the latest saved one, and the next message
+    went on with it."""
 
     def focusInEvent(self, event) -> None:
         none_chosen = self.currentItem() is None

@@ -169,8 +169,8 @@ def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | 
                 shares.append(share)
     finally:
         app.close()
-    return {"config": name, "busy": busy, "charts": charts, "k": k, "fresh_engine": fresh_engine, "cli": cli, "app": gui, "gui_cpu": shares,
-            "ratio": statistics.median(gui) / statistics.median(cli),
+    return {"config": name, "busy": busy, "charts": charts, "k": k, "fresh_engine": fresh_engine,
+            "cli": cli, "app": gui, "gui_cpu": shares, "ratio": statistics.median(gui) / statistics.median(cli),
             # Each round's app against the CLI run just before it, on the same minute of the machine.
             "pair_ratio": statistics.median(a / c for a, c in zip(gui, cli))}  # fmt: skip
 
