@@ -3,8 +3,10 @@
 Drives the real window as a user does: types the prompt into the composer, clicks
 Send, waits for the reply to end and reads the reply's statistics (the engine's
 own decode speed, which the window shows under the reply). The CLI runs the same
-prompt with the same settings (`specdeck-cli generate --json`). Rounds alternate
-CLI and app, so both see the same machine; each figure is a median over rounds.
+prompt with the same settings (`specdeck-cli generate --json`). Each round runs both,
+the CLI first in even rounds and the app first in odd ones, so both see the same
+machine and a machine that speeds up or slows down favours neither; each figure is a
+median over rounds.
 With `--busy`, every run has one other process keeping a core busy (a Python
 spin loop), as a second program on the user's machine would.
 
@@ -161,18 +163,23 @@ def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | 
     app = App(config, max_tokens, charts, fresh_engine)
     cli, gui, shares = [], [], []
     try:
-        for _ in range(rounds):
+        for round_ in range(rounds):
             with busy_core(busy):
-                cli.append(cli_speed(flags, max_tokens))
-                speed, share = app.speed()
+                if round_ % 2:  # CLI, app; app, CLI; ...: a machine that drifts favours neither
+                    speed, share = app.speed()
+                    cli.append(cli_speed(flags, max_tokens))
+                else:
+                    cli.append(cli_speed(flags, max_tokens))
+                    speed, share = app.speed()
                 gui.append(speed)
                 shares.append(share)
     finally:
         app.close()
     return {"config": name, "busy": busy, "charts": charts, "k": k, "fresh_engine": fresh_engine,
             "cli": cli, "app": gui, "gui_cpu": shares, "ratio": statistics.median(gui) / statistics.median(cli),
-            # Each round's app against the CLI run just before it, on the same minute of the machine.
-            "pair_ratio": statistics.median(a / c for a, c in zip(gui, cli))}  # fmt: skip
+            # Each round's app against the CLI run beside it, on the same minute of the machine.
+            "pair_ratio": statistics.median(a / c for a, c in zip(gui, cli)),
+            "pair_quartiles": statistics.quantiles([a / c for a, c in zip(gui, cli)], n=4)}  # fmt: skip
 
 
 def main() -> int:
@@ -206,12 +213,13 @@ def main() -> int:
             rows.append(measure(name, args.rounds, args.max_tokens, busy, args.threads, not args.charts_closed, args.k,
                                 args.fresh_engine))  # fmt: skip
     print("| config | charts | other process busy | CLI tok/s (median) | app tok/s (median) | app / CLI "
-          "| app / CLI, median of rounds | window's CPU |")
+          "| app / CLI, median of rounds (middle half) | window's CPU |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['config']} | {'shown' if row['charts'] else 'closed'} | {'yes' if row['busy'] else 'no'} "
               f"| {statistics.median(row['cli']):.1f} | {statistics.median(row['app']):.1f} | {row['ratio']:.2f} "
-              f"| {row['pair_ratio']:.2f} | {statistics.median(row['gui_cpu']):.0%} of a core |")  # fmt: skip
+              f"| {row['pair_ratio']:.2f} ({row['pair_quartiles'][0]:.2f}-{row['pair_quartiles'][2]:.2f}) "
+              f"| {statistics.median(row['gui_cpu']):.0%} of a core |")  # fmt: skip
     quiet = {row["config"]: statistics.median(row["app"]) for row in rows if not row["busy"]}
     for row in rows:
         if row["busy"] and row["config"] in quiet:
