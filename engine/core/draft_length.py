@@ -265,13 +265,20 @@ def break_even_acceptance(costs: CostModel, k: int) -> float | None:
 def measure_verify_curve(
     backend, sizes=CURVE_SIZES, repeats: int = 3, context: int = 64, budget_s: float = 3.0
 ) -> dict[int, float]:
-    """Time one forward of n tokens for each n (median of `repeats`), at a short context.
+    """Time one forward of n tokens for each n (the fastest of `repeats`), at a short context.
 
-    Stops early once `budget_s` is spent (a big model on a CPU); `CostModel`
-    extrapolates past the last size measured. A small context window shrinks the
-    measurement to fit (half the window of context, the sizes that fit behind it),
-    so any n_ctx the backend accepts loads. Runs on the backend's own cache and
-    leaves it as it found it.
+    The sizes are timed in turn, `repeats` passes over all of them, and each keeps its fastest
+    time: whatever else runs on the machine only ever adds to a forward's time, and comes in
+    bursts (a window painting its progress, another program). Timed three times in a row, a
+    size whose repeats a burst covered kept a time twice its own as its median, which made
+    longer drafts look dear and automatic k draft short for a whole session; spread over the
+    passes, the burst falls on one timing of several sizes and the fastest of each is its cost.
+
+    The first pass stops early once its share of `budget_s` is spent (a big model on a CPU);
+    `CostModel` extrapolates past the last size measured. A small context window shrinks the
+    measurement to fit (half the window of context, the sizes that fit behind it), so any
+    n_ctx the backend accepts loads. Runs on the backend's own cache and leaves it as it
+    found it.
     """
     context = max(1, min(context, backend.n_ctx // 2))
     if context + 1 > backend.n_ctx:  # no room for even one token after the context
@@ -279,7 +286,15 @@ def measure_verify_curve(
     saved = list(backend.tokens)
     filler = _filler_tokens(backend, context + max(sizes))
     curve: dict[int, float] = {}
-    deadline = time.perf_counter() + budget_s
+
+    def timed(n: int) -> float:
+        start = time.perf_counter()
+        backend.forward(filler[context : context + n])
+        seconds = time.perf_counter() - start
+        backend.rollback(context)
+        return seconds
+
+    deadline = time.perf_counter() + budget_s / max(1, repeats)
     try:
         backend.prefill(filler[:context])
         backend.forward(filler[context : context + 1])  # warm-up
@@ -287,13 +302,10 @@ def measure_verify_curve(
         for n in sizes:
             if context + n > backend.n_ctx or (len(curve) >= 2 and time.perf_counter() > deadline):
                 break
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                backend.forward(filler[context : context + n])
-                times.append(time.perf_counter() - start)
-                backend.rollback(context)
-            curve[n] = sorted(times)[len(times) // 2]
+            curve[n] = timed(n)
+        for _ in range(repeats - 1):
+            for n in curve:
+                curve[n] = min(curve[n], timed(n))
     finally:
         backend.prefill(saved) if saved else backend.rollback(0)
     return curve
