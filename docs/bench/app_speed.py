@@ -18,7 +18,9 @@ spin loop), as a second program on the user's machine would.
 timings, so a bfloat16 reply is verified in batches of other sizes from run to run,
 rounds differently, and becomes another text, with another acceptance: PyTorch bf16
 replies here ran anywhere from 23 to 53 tok/s for that alone. A fixed k gives the same
-reply every round, so the ratio measures the app and not the text.
+reply every round, so the ratio measures the app and not the text. Each round keeps both
+replies' step counts; where they differ in some rounds (another text), the script also
+gives the ratio over the rounds where they agree.
 
 `--fresh-engine` gives the app a new engine process every round. A process decodes at a
 speed of its own: three replies in one process run within 3% of each other, while one
@@ -52,11 +54,13 @@ CONFIGS = {
 REPLY_TIMEOUT_S = 300
 
 
-def cli_speed(flags: list[str], max_tokens: int) -> float:
+def cli_speed(flags: list[str], max_tokens: int) -> tuple[float, int]:
+    """The CLI's decode speed (tokens/s) and its reply's steps (the same count means the same text)."""
     command = [sys.executable, "-m", "engine.cli.main", "generate", "--json", "-n", str(max_tokens), "-p", PROMPT,
                *flags]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=REPLY_TIMEOUT_S, check=True)
-    return float(json.loads(done.stdout)["stats"]["tokens_per_s"])
+    stats = json.loads(done.stdout)["stats"]
+    return float(stats["tokens_per_s"]), int(stats["steps"])
 
 
 class App:
@@ -89,8 +93,9 @@ class App:
         self._wait(lambda: loaded, "the model to load")
         self.window.controller.sig_loaded.disconnect(connection)
 
-    def speed(self) -> tuple[float, float]:
-        """The reply's decode speed (tokens/s), and the share of a core the window's process used meanwhile."""
+    def speed(self) -> tuple[float, int, float]:
+        """The reply's decode speed (tokens/s), its steps, and the share of a core the window's process
+        used meanwhile."""
         results = []
         connection = self.window.controller.sig_run_finished.connect(lambda kind, result: results.append(result))
         view = self.window.chat_view
@@ -108,7 +113,7 @@ class App:
             self.window.controller.process.stop()
             self._load()
         self.window.chats.open(None)  # the next round starts from the same prompt, not a longer chat
-        return results[0].stats.tokens_per_s, gui_share
+        return results[0].stats.tokens_per_s, results[0].stats.steps, gui_share
 
     def close(self) -> None:
         self.window.close()
@@ -161,25 +166,30 @@ def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | 
     if k is not None:  # the same reply every round (see the module's docstring)
         config, flags = {**config, "k": k}, [*flags, "--k", str(k)]
     app = App(config, max_tokens, charts, fresh_engine)
-    cli, gui, shares = [], [], []
+    cli, gui, shares, steps = [], [], [], []
     try:
         for round_ in range(rounds):
             with busy_core(busy):
                 if round_ % 2:  # CLI, app; app, CLI; ...: a machine that drifts favours neither
-                    speed, share = app.speed()
-                    cli.append(cli_speed(flags, max_tokens))
+                    speed, app_steps, share = app.speed()
+                    cli_run = cli_speed(flags, max_tokens)
                 else:
-                    cli.append(cli_speed(flags, max_tokens))
-                    speed, share = app.speed()
+                    cli_run = cli_speed(flags, max_tokens)
+                    speed, app_steps, share = app.speed()
+                cli.append(cli_run[0])
                 gui.append(speed)
                 shares.append(share)
+                steps.append((cli_run[1], app_steps))
     finally:
         app.close()
     return {"config": name, "busy": busy, "charts": charts, "k": k, "fresh_engine": fresh_engine,
-            "cli": cli, "app": gui, "gui_cpu": shares, "ratio": statistics.median(gui) / statistics.median(cli),
+            "cli": cli, "app": gui, "gui_cpu": shares, "steps": steps,  # steps: (CLI, app) per round
+            "ratio": statistics.median(gui) / statistics.median(cli),
             # Each round's app against the CLI run beside it, on the same minute of the machine.
             "pair_ratio": statistics.median(a / c for a, c in zip(gui, cli)),
-            "pair_quartiles": statistics.quantiles([a / c for a, c in zip(gui, cli)], n=4)}  # fmt: skip
+            "pair_quartiles": statistics.quantiles([a / c for a, c in zip(gui, cli)], n=4),
+            # Only the rounds where both replies took as many steps (the same text, as a rule).
+            "same_steps_ratios": [a / c for a, c, (s1, s2) in zip(gui, cli, steps) if s1 == s2]}  # fmt: skip
 
 
 def main() -> int:
@@ -220,6 +230,12 @@ def main() -> int:
               f"| {statistics.median(row['cli']):.1f} | {statistics.median(row['app']):.1f} | {row['ratio']:.2f} "
               f"| {row['pair_ratio']:.2f} ({row['pair_quartiles'][0]:.2f}-{row['pair_quartiles'][2]:.2f}) "
               f"| {statistics.median(row['gui_cpu']):.0%} of a core |")  # fmt: skip
+    for row in rows:
+        same = row["same_steps_ratios"]
+        if len(same) < len(row["steps"]):  # another text in some rounds: say how the like-for-like ones compare
+            summary = f"median ratio {statistics.median(same):.2f}" if same else "none"
+            print(f"{row['config']}: {len(same)} of {len(row['steps'])} rounds gave both replies as many steps "
+                  f"(the same text); {summary}")
     quiet = {row["config"]: statistics.median(row["app"]) for row in rows if not row["busy"]}
     for row in rows:
         if row["busy"] and row["config"] in quiet:
