@@ -54,13 +54,14 @@ CONFIGS = {
 REPLY_TIMEOUT_S = 300
 
 
-def cli_speed(flags: list[str], max_tokens: int) -> tuple[float, int]:
-    """The CLI's decode speed (tokens/s) and its reply's steps (the same count means the same text)."""
+def cli_speed(flags: list[str], max_tokens: int) -> tuple[float, int, int]:
+    """The CLI's decode speed (tokens/s), its reply's steps (the same count means the same text) and
+    the draft tokens it tried (over the steps: the draft length automatic k chose, on average)."""
     command = [sys.executable, "-m", "engine.cli.main", "generate", "--json", "-n", str(max_tokens), "-p", PROMPT,
                *flags]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=REPLY_TIMEOUT_S, check=True)
     stats = json.loads(done.stdout)["stats"]
-    return float(stats["tokens_per_s"]), int(stats["steps"])
+    return float(stats["tokens_per_s"]), int(stats["steps"]), int(stats["drafted"])
 
 
 class App:
@@ -93,9 +94,9 @@ class App:
         self._wait(lambda: loaded, "the model to load")
         self.window.controller.sig_loaded.disconnect(connection)
 
-    def speed(self) -> tuple[float, int, float]:
-        """The reply's decode speed (tokens/s), its steps, and the share of a core the window's process
-        used meanwhile."""
+    def speed(self) -> tuple[float, int, int, float]:
+        """The reply's decode speed (tokens/s), its steps, its draft tokens tried, and the share of a
+        core the window's process used meanwhile."""
         results = []
         connection = self.window.controller.sig_run_finished.connect(lambda kind, result: results.append(result))
         view = self.window.chat_view
@@ -113,7 +114,8 @@ class App:
             self.window.controller.process.stop()
             self._load()
         self.window.chats.open(None)  # the next round starts from the same prompt, not a longer chat
-        return results[0].stats.tokens_per_s, results[0].stats.steps, gui_share
+        stats = results[0].stats
+        return stats.tokens_per_s, stats.steps, stats.drafted, gui_share
 
     def close(self) -> None:
         self.window.close()
@@ -166,24 +168,25 @@ def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | 
     if k is not None:  # the same reply every round (see the module's docstring)
         config, flags = {**config, "k": k}, [*flags, "--k", str(k)]
     app = App(config, max_tokens, charts, fresh_engine)
-    cli, gui, shares, steps = [], [], [], []
+    cli, gui, shares, steps, drafted = [], [], [], [], []
     try:
         for round_ in range(rounds):
             with busy_core(busy):
                 if round_ % 2:  # CLI, app; app, CLI; ...: a machine that drifts favours neither
-                    speed, app_steps, share = app.speed()
+                    speed, app_steps, app_drafted, share = app.speed()
                     cli_run = cli_speed(flags, max_tokens)
                 else:
                     cli_run = cli_speed(flags, max_tokens)
-                    speed, app_steps, share = app.speed()
+                    speed, app_steps, app_drafted, share = app.speed()
                 cli.append(cli_run[0])
                 gui.append(speed)
                 shares.append(share)
                 steps.append((cli_run[1], app_steps))
+                drafted.append((cli_run[2], app_drafted))
     finally:
         app.close()
     return {"config": name, "busy": busy, "charts": charts, "k": k, "fresh_engine": fresh_engine,
-            "cli": cli, "app": gui, "gui_cpu": shares, "steps": steps,  # steps: (CLI, app) per round
+            "cli": cli, "app": gui, "gui_cpu": shares, "steps": steps, "drafted": drafted,  # (CLI, app) per round
             "ratio": statistics.median(gui) / statistics.median(cli),
             # Each round's app against the CLI run beside it, on the same minute of the machine.
             "pair_ratio": statistics.median(a / c for a, c in zip(gui, cli)),

@@ -25,4 +25,5 @@ def test_the_app_speed_script_reads_a_speed_from_the_cli_and_from_the_window(tmp
     assert rows[0]["cli"][0] > 0 and rows[0]["app"][0] > 0 and rows[0]["pair_ratio"] > 0
     assert rows[0]["k"] == 3  # the same fixed draft length for both
     assert all(cli_steps > 0 and app_steps > 0 for cli_steps, app_steps in rows[0]["steps"])  # read from both
+    assert len(rows[0]["drafted"]) == 2 and all(min(pair) >= 0 for pair in rows[0]["drafted"])
     assert len(rows[0]["app"]) == 2 and all(speed > 0 for speed in rows[0]["app"])  # the second on a new engine
