@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 PROMPT = "Write a story of about 200 words about a lighthouse keeper who finds a message in a bottle."
 CONFIGS = {
@@ -54,18 +55,24 @@ CONFIGS = {
 REPLY_TIMEOUT_S = 300
 
 
-def cli_speed(flags: list[str], max_tokens: int) -> tuple[float, int, int]:
-    """The CLI's decode speed (tokens/s), its reply's steps (the same count means the same text) and
-    the draft tokens it tried (over the steps: the draft length automatic k chose, on average)."""
+class Reply(NamedTuple):
+    """What a round reads of one reply, from the CLI or from the window."""
+
+    tokens_per_s: float
+    steps: int  # the same count on both sides means the same text, as a rule
+    drafted: int  # draft tokens tried; over the steps, the draft length automatic k chose on average
+
+
+def cli_reply(flags: list[str], max_tokens: int) -> Reply:
     command = [sys.executable, "-m", "engine.cli.main", "generate", "--json", "-n", str(max_tokens), "-p", PROMPT,
                *flags]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=REPLY_TIMEOUT_S, check=True)
     stats = json.loads(done.stdout)["stats"]
-    return float(stats["tokens_per_s"]), int(stats["steps"]), int(stats["drafted"])
+    return Reply(float(stats["tokens_per_s"]), int(stats["steps"]), int(stats["drafted"]))
 
 
 class App:
-    """One main window, loaded once per config; `speed()` sends the prompt and reads the reply's speed."""
+    """One main window, loaded once per config; `reply()` sends the prompt and reads the reply."""
 
     def __init__(self, config: dict, max_tokens: int, charts: bool = True, fresh_engine: bool = False) -> None:
         from PySide6.QtCore import QCoreApplication, Qt
@@ -94,9 +101,8 @@ class App:
         self._wait(lambda: loaded, "the model to load")
         self.window.controller.sig_loaded.disconnect(connection)
 
-    def speed(self) -> tuple[float, int, int, float]:
-        """The reply's decode speed (tokens/s), its steps, its draft tokens tried, and the share of a
-        core the window's process used meanwhile."""
+    def reply(self) -> tuple[Reply, float]:
+        """The reply, and the share of a core the window's process used meanwhile."""
         results = []
         connection = self.window.controller.sig_run_finished.connect(lambda kind, result: results.append(result))
         view = self.window.chat_view
@@ -115,7 +121,7 @@ class App:
             self._load()
         self.window.chats.open(None)  # the next round starts from the same prompt, not a longer chat
         stats = results[0].stats
-        return stats.tokens_per_s, stats.steps, stats.drafted, gui_share
+        return Reply(stats.tokens_per_s, stats.steps, stats.drafted), gui_share
 
     def close(self) -> None:
         self.window.close()
@@ -168,31 +174,30 @@ def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | 
     if k is not None:  # the same reply every round (see the module's docstring)
         config, flags = {**config, "k": k}, [*flags, "--k", str(k)]
     app = App(config, max_tokens, charts, fresh_engine)
-    cli, gui, shares, steps, drafted = [], [], [], [], []
+    rounds_read = []  # (CLI's reply, app's reply, the window's share of a core)
     try:
         for round_ in range(rounds):
             with busy_core(busy):
-                if round_ % 2:  # CLI, app; app, CLI; ...: a machine that drifts favours neither
-                    speed, app_steps, app_drafted, share = app.speed()
-                    cli_run = cli_speed(flags, max_tokens)
-                else:
-                    cli_run = cli_speed(flags, max_tokens)
-                    speed, app_steps, app_drafted, share = app.speed()
-                cli.append(cli_run[0])
-                gui.append(speed)
-                shares.append(share)
-                steps.append((cli_run[1], app_steps))
-                drafted.append((cli_run[2], app_drafted))
+                read = {}
+                # CLI, app; app, CLI; ...: a machine that drifts favours neither.
+                for side in ("app", "cli") if round_ % 2 else ("cli", "app"):
+                    read[side] = app.reply() if side == "app" else cli_reply(flags, max_tokens)
+                rounds_read.append((read["cli"], *read["app"]))
     finally:
         app.close()
+    cli = [c.tokens_per_s for c, _, _ in rounds_read]
+    gui = [a.tokens_per_s for _, a, _ in rounds_read]
+    # Each round's app against the CLI run beside it, on the same minute of the machine.
+    ratios = [a / c for a, c in zip(gui, cli)]
     return {"config": name, "busy": busy, "charts": charts, "k": k, "fresh_engine": fresh_engine,
-            "cli": cli, "app": gui, "gui_cpu": shares, "steps": steps, "drafted": drafted,  # (CLI, app) per round
+            "cli": cli, "app": gui, "gui_cpu": [share for _, _, share in rounds_read],
+            "steps": [(c.steps, a.steps) for c, a, _ in rounds_read],  # (CLI, app) per round
+            "drafted": [(c.drafted, a.drafted) for c, a, _ in rounds_read],
             "ratio": statistics.median(gui) / statistics.median(cli),
-            # Each round's app against the CLI run beside it, on the same minute of the machine.
-            "pair_ratio": statistics.median(a / c for a, c in zip(gui, cli)),
-            "pair_quartiles": statistics.quantiles([a / c for a, c in zip(gui, cli)], n=4),
+            "pair_ratio": statistics.median(ratios),
+            "pair_quartiles": statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3,  # one round: itself
             # Only the rounds where both replies took as many steps (the same text, as a rule).
-            "same_steps_ratios": [a / c for a, c, (s1, s2) in zip(gui, cli, steps) if s1 == s2]}  # fmt: skip
+            "same_steps_ratios": [r for r, (c, a, _) in zip(ratios, rounds_read) if c.steps == a.steps]}  # fmt: skip
 
 
 def main() -> int:
