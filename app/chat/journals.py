@@ -17,7 +17,10 @@ reader survives each of them, recovering what is left and counting the rest:
 
 `import_journals` brings every journal of a folder into the store, once: a
 journal is moved into `imported-journals/` only after its conversation has been
-read back from the database and found equal to what the journal held.
+read back from the database and found equal to what the journal held. Only files
+the old store wrote count as journals (`written_by_specdeck`: its name pattern
+and its header line): the data folder may be one the user also keeps other
+`.jsonl` files in, and those stay where they are, untouched.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +40,9 @@ JOURNAL_SUFFIX = ".jsonl"
 IMPORTED_FOLDER = "imported-journals"
 _SOURCES = {"a": Source.ACCEPTED, "r": Source.RESAMPLED, "b": Source.BONUS, "p": Source.PLAIN, "u": Source.UNREPORTED}
 _RECORD_START = '{"type":'  # how every record of the old writer began (compact separators)
+# How the old writer began every journal (and every compaction of one): its header record. Spaces are
+# allowed, for journals written by hand or by tests; a tear after its first bytes leaves it readable.
+_HEADER_START = re.compile(rb'\{\s*"type"\s*:\s*"conversation"')
 
 
 @dataclass
@@ -63,6 +70,17 @@ class JournalReading:
 
 def is_journal_id(text: str) -> bool:
     return bool(text) and len(text) <= 128 and all(c.isalnum() or c in "-_" for c in text)
+
+
+def written_by_specdeck(path: Path) -> bool:
+    """Whether `path` is a journal the old store wrote: named `<id>.jsonl` and starting with its header."""
+    if not (path.name.endswith(JOURNAL_SUFFIX) and is_journal_id(path.name[: -len(JOURNAL_SUFFIX)])):
+        return False
+    try:
+        with open(path, "rb") as file:
+            return _HEADER_START.match(file.read(64)) is not None
+    except OSError:
+        return True  # unreadable now: counted as not imported, and tried again at the next start
 
 
 def read_journal(path: Path) -> JournalReading:
@@ -167,7 +185,7 @@ def _is_probability(value) -> bool:
 def import_journals(store, folder: Path) -> list[str]:
     """Import the journals in `folder` into `store` (ConversationStore); returns what to tell the user."""
     _remove_stale_temporaries(folder)
-    journals = sorted(folder.glob(f"*{JOURNAL_SUFFIX}"))
+    journals = [path for path in sorted(folder.glob(f"*{JOURNAL_SUFFIX}")) if written_by_specdeck(path)]
     if not journals:
         return []
     backup = folder / IMPORTED_FOLDER
@@ -228,10 +246,16 @@ def _import_notices(imported, damaged, skipped, unreadable, kept, folder, backup
 
 
 def _remove_stale_temporaries(folder: Path) -> None:
-    """Temporary copies left by a compaction that was killed (the journal beside each is intact)."""
-    for temporary in folder.glob(".*.tmp"):
-        if is_journal_id(temporary.name[1:].split(".", 1)[0]):
-            try:
-                temporary.unlink(missing_ok=True)
-            except OSError:
-                pass  # a read-only folder: they do no harm
+    """Temporary copies left by a compaction that was killed (the journal beside each is intact): named
+    `.<id>.<random>.tmp` after a journal that is there (or was imported), holding the start of one."""
+    for temporary in folder.glob(".*.*.tmp"):
+        journal = temporary.name[1:].split(".", 1)[0] + JOURNAL_SUFFIX
+        if not ((folder / journal).exists() or (folder / IMPORTED_FOLDER / journal).exists()):
+            continue
+        try:
+            with open(temporary, "rb") as file:
+                start = file.read(len(_RECORD_START))
+            if _RECORD_START.encode().startswith(start):  # empty, or a record's first bytes
+                temporary.unlink()
+        except OSError:
+            pass  # a read-only folder: they do no harm

@@ -90,17 +90,18 @@ def test_records_of_the_wrong_shape_are_skipped_and_the_rest_imported(tmp_path):
     assert store.load("d00d").messages[0].content == "Où est le café ? 東京 ☕"  # the file name stands in for the id
 
 
-def test_files_with_nothing_readable_are_moved_aside_and_named(tmp_path):
-    (tmp_path / "garbage.jsonl").write_bytes(b"\xff\xfe not json at all")
+def test_journals_with_nothing_readable_are_moved_aside_and_named_and_other_files_left_alone(tmp_path):
+    (tmp_path / "torn.jsonl").write_bytes(line({"type": "conversation", "id": "torn"})[:30])  # its header, cut
+    (tmp_path / "garbage.jsonl").write_bytes(b"\xff\xfe not json at all")  # not ours: left as it is
     (tmp_path / "empty.jsonl").write_bytes(b"")
     journal(tmp_path, lines=[USER])
 
     store = ConversationStore(tmp_path)
 
     assert [c.id for c in store.list()] == ["c0ffee"]
-    assert "Nothing could be read from empty.jsonl, garbage.jsonl" in store.notices[1]
-    assert sorted(p.name for p in (tmp_path / IMPORTED_FOLDER).iterdir()) == [
-        "c0ffee.jsonl", "empty.jsonl", "garbage.jsonl"]  # fmt: skip
+    assert "Nothing could be read from torn.jsonl" in store.notices[1]
+    assert sorted(p.name for p in (tmp_path / IMPORTED_FOLDER).iterdir()) == ["c0ffee.jsonl", "torn.jsonl"]
+    assert (tmp_path / "garbage.jsonl").exists() and (tmp_path / "empty.jsonl").exists()
 
 
 def test_temporary_files_of_killed_compactions_are_cleaned(tmp_path):
