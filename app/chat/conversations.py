@@ -18,6 +18,13 @@ what the failed ones could not: each object knows what of it is already in the
 database. A user message is the exception: if it cannot be saved it is taken
 back, so the window can keep it in the composer and send it again later.
 
+Damage from outside (a value of the wrong type, bytes that are not UTF-8, a
+damaged page) costs only the rows it touches: store_rows.py reads past it and
+checks every row, and `notices` names what was skipped and why. Where a page is
+damaged, `salvage()` copies every readable row into a new database and keeps
+the damaged file beside it, as it was. Another program holding the database
+locked costs a write a quarter of a second and a StoreError, not a frozen window.
+
 Older versions kept one JSON-lines journal per chat. Opening a folder that has
 them imports each once (journals.py reads them, surviving torn lines and bad
 bytes), checks the import by reading it back, and only then moves the file into
@@ -30,20 +37,25 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from app.chat import store_rows as rows
 from app.chat.journals import JournalReading, import_journals, is_journal_id
-from app.chat.store_errors import StoreError, read_error, write_error
+from app.chat.store_errors import SALVAGE_ADVICE, StoreError, read_error, salvage_error, write_error
 from engine import Source, TokenInfo
 
 DATA_DIR_ENV = "SPECDECK_DATA_DIR"
 DATABASE = "conversations.db"
 SCHEMA_VERSION = 1
+# Long enough for another SpecDeck window's write (milliseconds, an fsync at most); short enough that
+# a program holding the database locked does not freeze the window: the write fails and says so.
+BUSY_TIMEOUT_S = 0.25
 _SOURCE_CODES = {Source.ACCEPTED: "a", Source.RESAMPLED: "r", Source.BONUS: "b", Source.PLAIN: "p", Source.UNREPORTED: "u"}
 _SOURCES = {code: source for source, code in _SOURCE_CODES.items()}
 _SCHEMA = """
@@ -78,6 +90,7 @@ class Message:
     _row: int | None = field(default=None, repr=False, compare=False)
     _saved_tokens: int = field(default=0, repr=False, compare=False)
     _saved_end: bool = field(default=False, repr=False, compare=False)
+    _position: int | None = field(default=None, repr=False, compare=False)  # its row's position (gaps: rows skipped)
 
 
 @dataclass
@@ -114,7 +127,8 @@ class ConversationStore:
 
     def __init__(self, folder: str | os.PathLike | None) -> None:
         self.folder = Path(folder) if folder is not None else None
-        self.notices: list[str] = []
+        self.notices: list[str] = []  # what to tell the user, each once (reads add to it as they find damage)
+        self.damaged = False  # a damaged page was met: salvage() can copy what is readable
         if self.folder is None:
             self.path, self._db = None, _connect(":memory:")
             return
@@ -136,41 +150,123 @@ class ConversationStore:
     def close(self) -> None:
         self._db.close()
 
+    def salvage(self) -> str:
+        """Copy every conversation that can be read into a new database and use that from now on; the
+        damaged file is kept beside it as it was. Returns what to tell the user; raises StoreError if it
+        could not be done (and then nothing has changed)."""
+        if self.path is None:
+            raise StoreError("These conversations are kept in memory only: there is no database to salvage.")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.path.with_name(f"{self.path.stem}.damaged-{stamp}.db")
+        work = Path(tempfile.mkdtemp(dir=self.folder, prefix=".salvage-"))
+        closed = False
+        try:
+            target = _connect(work / DATABASE)
+            try:
+                copied, lost = rows.salvage_into(self._db, target)
+                healthy = target.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+            finally:
+                target.close()
+            if not healthy:
+                raise sqlite3.DatabaseError("the new database did not pass SQLite's integrity check")
+            for suffix in ("", "-wal"):  # a copy as it is now: closing it below checkpoints its WAL into it
+                damaged = self.path.with_name(self.path.name + suffix)
+                if damaged.exists():
+                    shutil.copy2(damaged, aside.with_name(aside.name + suffix))
+            self._db.close()
+            closed = True
+            for suffix in ("-wal", "-shm"):  # the damaged database's: never to be applied to the new one
+                self.path.with_name(self.path.name + suffix).unlink(missing_ok=True)
+            os.replace(work / DATABASE, self.path)
+        except (sqlite3.Error, OSError) as error:
+            if closed:
+                self._db = _connect(self.path)
+            raise salvage_error(error, self.path) from error
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        self._db = self._open()
+        self.damaged = False
+        chats = "conversation" if copied == 1 else "conversations"
+        unreadable = f"; {lost} could not be read and {'is' if lost == 1 else 'are'} not in it" if lost else ""
+        return (f"Salvaged {copied} {chats} into a new database{unreadable}. The damaged database is kept "
+                f"as it was, as {aside.name} in {self.folder}.")  # fmt: skip
+
     # -- reading -------------------------------------------------------------------
 
     def list(self) -> list[ConversationSummary]:
-        """Every conversation, most recently updated first (reads no messages)."""
-        rows = self._read("SELECT id, title, created, updated FROM conversations ORDER BY updated DESC")
-        return [ConversationSummary(*row) for row in rows]
+        """Every conversation that can be read, most recently updated first (reads no messages);
+        the others are skipped and named in `notices`."""
+        found, damaged = self._rows("conversations", "id, title, created, updated")
+        listed = []
+        for row in found:
+            problem = rows.conversation_problem(row[1:])
+            if problem:
+                self._note(f"A conversation is not listed because {problem} ({_name(row[1], row[2])}); "
+                           f"everything else is.")  # fmt: skip
+            else:
+                listed.append(ConversationSummary(*row[1:]))
+        if damaged:
+            lost = self._count("conversations") - len(found)
+            what = (f"{lost} conversation{'s' if lost != 1 else ''} could not be read and "
+                    f"{'are' if lost != 1 else 'is'} not listed" if lost > 0 else "some conversations may be missing")
+            self._damage_found(f"{what}; every other one is.")
+        return sorted(listed, key=lambda summary: summary.updated, reverse=True)
 
     def load(self, conversation_id: str) -> Conversation | None:
-        """A whole conversation, or None if there is none with that id (or the id is not one)."""
+        """A whole conversation, or None if there is none with that id (or the id is not one, or its row
+        cannot be read); parts that cannot be read are left out and named in `notices`."""
         if not is_valid_id(conversation_id):
             return None
-        head = self._read("SELECT title, created, updated, skipped, system_prompt FROM conversations WHERE id = ?",
-                          (conversation_id,))  # fmt: skip
+        head, damaged = self._rows("conversations", "id, title, created, updated, skipped, system_prompt",
+                                   "id = ?", (conversation_id,))  # fmt: skip
+        if damaged:
+            self._damage_found("a conversation may be missing or incomplete.")
         if not head:
             return None
-        title, created, updated, skipped, system = head[0]
+        problem = rows.conversation_problem(head[0][1:])
+        if problem:
+            self._note(f"A conversation cannot be opened because {problem} ({_name(conversation_id, head[0][2])}).")
+            return None
+        _, _, title, created, updated, skipped, system = head[0]
         conversation = Conversation(conversation_id, title, created, updated, skipped=skipped, system_prompt=system,
                                     _saved_header=(title, system))  # fmt: skip
-        rows = self._read("SELECT id, role, content, finish_reason, stats FROM messages "
-                          "WHERE conversation = ? ORDER BY position", (conversation_id,))  # fmt: skip
+        found, damaged = self._rows("messages", rows.MESSAGE_COLUMNS.removeprefix("id, "), "conversation = ?",
+                                    (conversation_id,))  # fmt: skip
+        left_out, skipped_messages = [], 0  # what of it cannot be read, for the note
         by_row = {}
-        for row, role, content, reason, stats in rows:
-            message = Message(role, content, [] if role == "assistant" else None, reason,
-                              json.loads(stats) if stats else None, _row=row, _saved_end=reason is not None)  # fmt: skip
-            by_row[row] = message
+        for row in sorted(found, key=lambda row: row[2] if isinstance(row[2], int) else -1):
+            problem = rows.message_problem(row)
+            if problem:
+                left_out.append(f"a message ({problem})")
+                skipped_messages += 1
+                continue
+            _, _, position, role, content, reason, stats = row
+            stats, unreadable = rows.stats_of(stats)
+            if unreadable:
+                left_out.append(f"the statistics of message {position + 1} (not valid JSON)")
+            message = Message(role, content, [] if role == "assistant" else None, reason, stats, _row=row[0],
+                              _saved_end=reason is not None, _position=position)  # fmt: skip
+            by_row[row[0]] = message
             conversation.messages.append(message)
-        tokens = self._read("SELECT message, token_id, text, source, p, q FROM tokens WHERE message IN "
-                            "(SELECT id FROM messages WHERE conversation = ?) ORDER BY message, position",
-                            (conversation_id,))  # fmt: skip
-        for row, token_id, text, code, p, q in tokens:
-            by_row[row].tokens.append(TokenInfo(token_id, text, _SOURCES.get(code, Source.PLAIN), p, q))
+        missing = max((m._position for m in conversation.messages), default=-1) + 1 - len(conversation.messages)
+        if damaged or missing > skipped_messages:
+            self._damage_found(f"“{title}” may be missing messages that were stored there.")
+        bad_tokens = 0
+        for token in self._tokens(conversation_id, by_row, title):
+            if rows.token_ok(token):
+                row, _, token_id, text, code, p, q = token
+                by_row[row].tokens.append(TokenInfo(token_id, text, _SOURCES.get(code, Source.PLAIN), p, q))
+            else:
+                bad_tokens += 1
+        if bad_tokens:
+            left_out.append(f"{bad_tokens} token{'s' if bad_tokens != 1 else ''} of its replies")
         for message in by_row.values():
             if message.tokens:  # the tokens are the reply (a reply cut by a crash has no final text yet)
                 message.content = "".join(t.text for t in message.tokens)
                 message._saved_tokens = len(message.tokens)
+        if left_out:
+            self._note(f"Some of “{title}” could not be read and is left out: {'; '.join(left_out)}. "
+                       f"Everything else is shown.")  # fmt: skip
         return conversation
 
     # -- writing -------------------------------------------------------------------
@@ -219,9 +315,13 @@ class ConversationStore:
         """Drop message `position` and every later one (to edit a message, or regenerate a reply)."""
         dropped = conversation.messages[position:]
         del conversation.messages[position:]
+        # Its row's position: after a row that could not be read, the list and the rows no longer count alike.
+        cut = next((m._position for m in dropped if m._position is not None), None)
+        if cut is None:
+            return  # none of them is in the database
         try:
             self._write(lambda db: db.execute("DELETE FROM messages WHERE conversation = ? AND position >= ?",
-                                              (conversation.id, position)), durable=True)  # fmt: skip
+                                              (conversation.id, cut)), durable=True)  # fmt: skip
         except StoreError:
             conversation.messages.extend(dropped)  # nothing changed: the window still shows them
             raise
@@ -243,7 +343,8 @@ class ConversationStore:
         """Write whatever of `conversation` the database does not have yet, in one transaction."""
         if touch:
             conversation.updated = time.time()
-        saved = []  # (message, row, tokens, ended): applied only once the transaction has committed
+        _make_storable(conversation)
+        saved = []  # (message, row, tokens, ended, position): applied only once the transaction has committed
 
         def write(db: sqlite3.Connection) -> None:
             saved.clear()
@@ -256,7 +357,9 @@ class ConversationStore:
                                 (conversation.title, conversation.system_prompt, conversation.updated,
                                  conversation.id)).rowcount:  # fmt: skip
                 return  # deleted meanwhile: the rest of it goes nowhere
-            for position, message in enumerate(conversation.messages):
+            position = -1
+            for message in conversation.messages:
+                position = message._position if message._position is not None else position + 1
                 row = message._row
                 if row is None:
                     row = db.execute("INSERT INTO messages (conversation, position, role, content) VALUES (?, ?, ?, ?)",
@@ -273,12 +376,61 @@ class ConversationStore:
                                (message.content, message.finish_reason,
                                 None if message.stats is None else json.dumps(message.stats), row))  # fmt: skip
                 if row != message._row or tokens != message._saved_tokens or ended != message._saved_end:
-                    saved.append((message, row, tokens, ended))
+                    saved.append((message, row, tokens, ended, position))
 
         self._write(write, durable)
         conversation._saved_header = (conversation.title, conversation.system_prompt)
-        for message, row, tokens, ended in saved:
-            message._row, message._saved_tokens, message._saved_end = row, tokens, ended
+        for message, row, tokens, ended, position in saved:
+            message._row, message._saved_tokens, message._saved_end, message._position = row, tokens, ended, position
+
+    def _rows(self, table: str, columns: str, where: str = "1", parameters: tuple = ()) -> tuple[list[tuple], bool]:
+        """(rows of `table`, rowid first; whether a damaged page was met): past one, those that can be read."""
+        try:
+            try:
+                found = self._db.execute(f"SELECT rowid, {columns} FROM {table} WHERE {where}", parameters).fetchall()
+                return found, False
+            except sqlite3.DatabaseError as error:
+                if not rows.is_corruption(error):
+                    raise
+            return rows.readable_rows(self._db, table, columns, where, parameters)
+        except sqlite3.Error as error:
+            raise read_error(error, self.path) from error
+
+    def _tokens(self, conversation_id: str, messages: dict, title: str) -> list[tuple]:
+        """The token rows of these messages (by row), in order; past a damaged page, those that can be read."""
+        try:
+            try:
+                found = self._db.execute(f"SELECT {rows.TOKEN_COLUMNS} FROM tokens WHERE message IN "
+                                         "(SELECT id FROM messages WHERE conversation = ?) ORDER BY message, position",
+                                         (conversation_id,)).fetchall()  # fmt: skip
+                return [token for token in found if token[0] in messages]
+            except sqlite3.DatabaseError as error:
+                if not rows.is_corruption(error):
+                    raise
+            found = []
+            for row in messages:
+                tokens, damaged = rows.readable_tokens(self._db, row)
+                found += tokens
+                if damaged:
+                    self._damage_found(f"the colours of some replies in “{title}” could not be read.")
+            return found
+        except sqlite3.Error as error:
+            raise read_error(error, self.path) from error
+
+    def _count(self, table: str) -> int:
+        """How many rows `table` holds as far as SQLite can count them (-1 if it cannot)."""
+        try:
+            return self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        except sqlite3.Error:
+            return -1
+
+    def _note(self, notice: str) -> None:
+        if notice not in self.notices:
+            self.notices.append(notice)
+
+    def _damage_found(self, what: str) -> None:
+        self.damaged = True
+        self._note(f"Part of the conversation database is damaged: {what} {SALVAGE_ADVICE}")
 
     def _write(self, write, durable: bool = False) -> None:
         db = self._db
@@ -294,6 +446,8 @@ class ConversationStore:
                     db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as error:
+            if rows.is_corruption(error):
+                self.damaged = True
             raise write_error(error, self.path) from error
         finally:
             if durable:
@@ -363,7 +517,8 @@ class ConversationStore:
 
 def _connect(path, read_only: bool = False) -> sqlite3.Connection:
     # Transactions are explicit (_write), hence isolation_level=None.
-    db = sqlite3.connect(path, isolation_level=None, timeout=5.0, uri=read_only)
+    db = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_S, uri=read_only)
+    db.text_factory = rows.decode_text  # a bad byte in one title costs a character, not the list
     try:
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
@@ -384,6 +539,25 @@ def _connect(path, read_only: bool = False) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def _make_storable(conversation: Conversation) -> None:
+    """Lone surrogates out of what is about to be saved, in memory too: the window then shows what is saved."""
+    conversation.title = rows.storable(conversation.title)
+    conversation.system_prompt = rows.storable(conversation.system_prompt)
+    for message in conversation.messages:
+        if message._row is None or (message.finish_reason is not None and not message._saved_end):
+            message.content = rows.storable(message.content)
+        for i in range(message._saved_tokens, len(message.tokens or ())):
+            token = message.tokens[i]
+            if rows.storable(token.text) is not token.text:
+                message.tokens[i] = replace(token, text=rows.storable(token.text))
+
+
+def _name(conversation_id, title) -> str:
+    """A skipped conversation as a note names it: its title where that is text, and its id."""
+    shown = f"“{title}”, " if isinstance(title, str) else ""
+    return f"{shown}id {conversation_id if isinstance(conversation_id, str) else '(none)'}"
 
 
 def _os_reason(error: OSError) -> str:

@@ -11,6 +11,11 @@ import sqlite3
 from pathlib import Path
 
 
+# Every notice and error about a damaged database ends with this (the window offers the salvage there too).
+SALVAGE_ADVICE = ("File ▸ Salvage conversations copies every conversation that can still be read into a new "
+                  "database; the damaged file is kept beside it, as it is.")  # fmt: skip
+
+
 class StoreError(Exception):
     """A conversation could not be read or saved; str() is the sentence to show."""
 
@@ -28,10 +33,11 @@ def _reason(error: sqlite3.Error) -> tuple[str, str]:
         return ("the database file cannot be opened",
                 "Check that the folder exists and is writable (or set SPECDECK_DATA_DIR).")  # fmt: skip
     if name.startswith("SQLITE_BUSY") or name.startswith("SQLITE_LOCKED"):
-        return "another program holds the database locked", "Close the other SpecDeck window and try again."
+        return ("another program holds the database locked",
+                "It is saved with the next change once that program lets go (close it, or the other SpecDeck "
+                "window); try again in a moment.")  # fmt: skip
     if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
-        return ("the database is damaged",
-                "Quit SpecDeck and move conversations.db aside; a new one is started on the next launch.")  # fmt: skip
+        return "part of the database is damaged", SALVAGE_ADVICE
     if name.startswith("SQLITE_IOERR"):
         return "the disk reported an input/output error", "Check the disk; it is saved again on the next change."
     return str(error), "Try again; if it keeps happening, please report it."
@@ -42,6 +48,12 @@ def write_error(error: sqlite3.Error, path: Path | None) -> StoreError:
     where = f" ({path})" if path else ""
     return StoreError(f"The conversation could not be saved: {what}{where}. Nothing on screen is lost "
                       f"while SpecDeck stays open. {advice}")  # fmt: skip
+
+
+def salvage_error(error: Exception, path: Path | None) -> StoreError:
+    what = _reason(error)[0] if isinstance(error, sqlite3.Error) else (error.strerror or str(error)).lower()
+    return StoreError(f"The conversations could not be salvaged: {what}. Nothing was changed: "
+                      f"{path} is as it was.")  # fmt: skip
 
 
 def read_error(error: sqlite3.Error, path: Path | None) -> StoreError:
