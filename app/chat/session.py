@@ -17,6 +17,9 @@ successful write, and `sig_save_recovered` says so).
 
 A reply cut by the engine process's death keeps every token it showed, in the
 transcript and in the store, and ends as "interrupted".
+
+What the store finds as it reads (a row it skipped, a damaged page) is in its
+`notices`; each is told once, through `sig_notice`, after the read that found it.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class ChatSession(QObject):
     """A write succeeded after failures: everything shown is saved again."""
 
     sig_notice = Signal(str)
-    """Something the user should know about the conversation just opened (damaged records skipped)."""
+    """Something the user should know about the conversations (damaged records or rows skipped, a salvage)."""
 
     def __init__(self, store: ConversationStore, controller: EngineController, view: ChatView,
                  panel: ConversationPanel, parent: QObject | None = None) -> None:  # fmt: skip
@@ -66,6 +69,7 @@ class ChatSession(QObject):
         self._new_chat_system_prompt: str | None = None  # set for the empty chat before its first message
         self._save_failing = False  # in a streak of failed writes: said once, not once per token
         self._engine_stopped = False  # the engine process died under the running reply
+        self._told = 0  # how many of the store's notices sig_notice has told
         controller.sig_run_started.connect(self._on_run_started)
         controller.sig_steps.connect(self._on_steps)
         controller.sig_run_finished.connect(self._on_run_finished)
@@ -93,7 +97,7 @@ class ChatSession(QObject):
             return
         self._new_chat_system_prompt = None
         self.view.message_sent(text)
-        self.view.add_user_message(text)
+        self.view.add_user_message(conversation.messages[-1].content)  # as saved (a lone surrogate is not)
         self.replying_to = conversation
         self.controller.chat(conversation.chat_messages(), sampling)
 
@@ -240,12 +244,28 @@ class ChatSession(QObject):
         streaming = conversation is not None and conversation is self.replying_to
         self.view.show_conversation(conversation, streaming=streaming)
         self.view.show_system_prompt(self.system_prompt)
-        self.refresh()
+        skipped = ""
         if conversation is not None and conversation.skipped:
             records = "record" if conversation.skipped == 1 else "records"
-            self.sig_notice.emit(f"“{conversation.title}” had {conversation.skipped} damaged {records} that could "
-                                 f"not be read and {'was' if conversation.skipped == 1 else 'were'} skipped; "
-                                 "everything else is shown.")  # fmt: skip
+            skipped = (f"“{conversation.title}” had {conversation.skipped} damaged {records} that could not be "
+                       f"read and {'was' if conversation.skipped == 1 else 'were'} skipped; "
+                       "everything else is shown.")  # fmt: skip
+        self.refresh(skipped)
+
+    def salvage(self) -> None:
+        """Copy every readable conversation into a new database (the damaged one is kept), and show them."""
+        if self.controller.busy:
+            self.sig_save_failed.emit("Stop the running reply first: nothing may be written while the "
+                                      "conversations are salvaged.")  # fmt: skip
+            return
+        try:
+            done = self.store.salvage()
+        except StoreError as error:
+            self.sig_save_failed.emit(str(error))
+            return
+        shown, self.conversation = self.conversation, None  # its rows are new ones now: read again
+        self.open(shown.id if shown is not None else None)
+        self.sig_notice.emit(done)
 
     def find(self, conversation_id: str) -> Conversation | None:
         """The conversation with this id: the live object if it is shown or replied to, else the saved one."""
@@ -270,10 +290,14 @@ class ChatSession(QObject):
             self.open(None)
         self.refresh()
 
-    def refresh(self) -> None:
-        """Redraw the list (most recent first) and announce the title."""
+    def refresh(self, notice: str = "") -> None:
+        """Redraw the list (most recent first), announce the title, and tell what the store found (then `notice`)."""
         listed = self._read(self.store.list)
         if listed is None:
             listed = [self.conversation] if self.conversation else []
         self.panel.set_conversations(listed, self.conversation.id if self.conversation else None)
         self.sig_title_changed.emit(self.conversation.title if self.conversation else NEW_CHAT_TITLE)
+        notices = self.store.notices[self._told:]
+        self._told = len(self.store.notices)
+        if notices or notice:
+            self.sig_notice.emit(" ".join([*notices, notice]).strip())

@@ -29,6 +29,7 @@ class Actions:
     export_csv: QAction
     export_json: QAction
     quit: QAction
+    salvage: QAction
     choose_models: QAction
     stop: QAction
     colour_tokens: QAction
@@ -67,6 +68,8 @@ def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions
         export_csv=action("Charts as &CSV…"),
         export_json=action("Charts as &JSON…"),
         quit=action("&Quit", QKeySequence.StandardKey.Quit),
+        salvage=action("Sal&vage conversations", None, None,
+                       "Copy every conversation that can still be read into a new database (when it is damaged)"),
         choose_models=action("&Model pair…", "Ctrl+M", standard("SP_DriveHDIcon"),
                              "Choose the target and the drafter, and the sampling settings"),
         stop=action("&Stop", "Esc", standard("SP_MediaStop"), "Stop the generation"),
@@ -80,6 +83,7 @@ def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions
         train_heads=action("&Train heads…", None, None, "Train Medusa heads for a target on its own predictions"),
     )  # fmt: skip
     actions.stop.setEnabled(False)
+    actions.salvage.setEnabled(False)  # until the store finds damage
     # Esc stops a generation only from the chat and comparison panes: elsewhere (a title
     # being renamed in the list, a menu) it keeps its usual meaning, "cancel".
     actions.stop.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
@@ -98,6 +102,8 @@ def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions
     file_menu.addAction(actions.export_markdown)
     charts_menu = file_menu.addMenu("Export c&harts")
     charts_menu.addActions([actions.export_png, actions.export_svg, actions.export_csv, actions.export_json])
+    file_menu.addSeparator()
+    file_menu.addAction(actions.salvage)
     file_menu.addSeparator()
     file_menu.addAction(actions.quit)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 
-from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
 from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import (QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QTabWidget,
                                QVBoxLayout, QWidget)  # fmt: skip
@@ -200,10 +200,10 @@ class MainWindow(QMainWindow):
         """The banner at start: what could not be used, what was reset, what opening the store found."""
         if self._resets:
             problems.append(keys.describe_resets(self._resets))
-        opened = self.banner.text()  # what opening the restored conversation found (damaged records)
-        notes = problems + list(self.store.notices) + ([opened] if opened else [])
+        opened = self.banner.text()  # what opening the store and the restored conversation found
+        notes = problems + ([opened] if opened else [])
         if notes:
-            self.banner.show_message(" ".join(notes), "error" if problems else "info")
+            self.banner.show_message(" ".join(notes), "error" if problems else "info", self._offer_salvage())
 
     def _default_geometry(self) -> None:
         screen = self.screen().availableGeometry()
@@ -247,7 +247,7 @@ class MainWindow(QMainWindow):
         c.sig_error.connect(self.show_error)
         self.chats.sig_save_failed.connect(self._on_save_failed)
         self.chats.sig_save_recovered.connect(self._on_save_recovered)
-        self.chats.sig_notice.connect(self._show_info)
+        self.chats.sig_notice.connect(self._show_store_notice)
         self.chat_view.sig_send_requested.connect(self.send_message)
         self.chat_view.sig_stop_requested.connect(self.controller.stop)
         self.compare_view.sig_run_requested.connect(self.run_comparison)
@@ -274,6 +274,7 @@ class MainWindow(QMainWindow):
         for kind in ("png", "svg", "csv", "json"):
             getattr(a, f"export_{kind}").triggered.connect(lambda _=False, kind=kind: self.exports.charts(kind))
         a.quit.triggered.connect(self.close)
+        a.salvage.triggered.connect(self.chats.salvage)
         a.choose_models.triggered.connect(self.choose_models)
         a.stop.triggered.connect(self.controller.stop)
         a.regenerate.triggered.connect(lambda: self.regenerate())
@@ -422,8 +423,18 @@ class MainWindow(QMainWindow):
         self.banner.show_message(message, "info")
 
     def _on_save_failed(self, message: str) -> None:
-        self.show_error(message)
+        self.show_error(message, self._offer_salvage())
         self._save_failure = message
+
+    def _show_store_notice(self, message: str) -> None:
+        self.banner.show_message(message, "info", self._offer_salvage())
+
+    def _offer_salvage(self) -> list:
+        """Where the store has met a damaged page: File ▸ Salvage conversations, and a button that does it."""
+        self.actions.salvage.setEnabled(self.store.damaged)
+        # Once the button has closed the banner, or it would close the one that says how the salvage went.
+        salvage = ("Salvage conversations", lambda: QTimer.singleShot(0, self.chats.salvage))
+        return [salvage] if self.store.damaged else []
 
     def _on_save_recovered(self) -> None:
         if self._save_failure and self.banner.text() == self._save_failure:  # still up: replace it
