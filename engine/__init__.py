@@ -15,9 +15,13 @@ no torch (the CLI's `models` and `doctor` start fast, the app reads the drafter 
 and the config on its GUI thread); names from modules that load torch load it when used.
 """
 
-from importlib import import_module
+from engine.cli.interrupt import exit_quietly_in_program as _exit_quietly_in_program
 
-from engine.errors import (
+_exit_quietly_in_program()  # specdeck-cli: Ctrl+C exits quietly from here on, even inside the imports below
+
+from importlib import import_module  # noqa: E402
+
+from engine.errors import (  # noqa: E402
     ConfigError,
     ContextOverflowError,
     IncompatiblePairError,
@@ -26,6 +30,7 @@ from engine.errors import (
     OutOfMemoryError,
     SpecDeckError,
 )
+from engine.lazy import function_over_module  # noqa: E402
 
 # name -> (module under engine, attribute there; None = the same name)
 _LAZY = {
@@ -41,7 +46,7 @@ _LAZY = {
     "stats_specs": ("drafters.registry", None), "suggested_chains": ("drafters.registry", None),
     "is_drafter": ("drafters.registry", None),
     # checking before loading (light)
-    "preflight": ("preflight", None), "Preflight": ("preflight", None),
+    "Preflight": ("preflight", None),
     "Finding": ("models.doctor", None), "PairReport": ("models.doctor", None),
     "check_pair": ("models.doctor", None), "check_model": ("models.doctor", None),
     "format_finding": ("models.doctor", None), "format_bytes": ("models.doctor", None),
@@ -97,12 +102,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'engine' has no attribute {name!r}")
 
 
-# `preflight` is a module and its function: imported now (it is light), the function stays the package's
-# attribute; imported lazily, a later `import engine.preflight` anywhere would make it the module.
-from engine.preflight import Preflight, preflight  # noqa: E402
+# `engine.preflight` is a module and its function: the package's attribute stays the function, imported
+# on first use, even after an `import engine.preflight` anywhere (engine/lazy.py).
+function_over_module(__name__, "preflight")
 
 
 __all__ = sorted(
     ["ConfigError", "ContextOverflowError", "IncompatiblePairError", "ModelLoadError", "ModelNotFoundError",
-     "OutOfMemoryError", "SpecDeckError", *_LAZY]
+     "OutOfMemoryError", "SpecDeckError", "preflight", *_LAZY]
 )  # fmt: skip

@@ -1,9 +1,10 @@
 """Packages whose names are imported on first use: `engine.bench` and `engine.training` export records
 that load no torch beside functions that do, so `from engine.bench import BenchReport` must not
-import the runner."""
+import the runner; `engine` itself imports none of its modules until a name is used."""
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
 from typing import Callable
 
@@ -20,3 +21,28 @@ def lazy_getattr(package: str, table: dict[str, str]) -> Callable[[str], object]
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__
+
+
+def function_over_module(package: str, name: str) -> None:
+    """Make `package.name` the function `name` of the submodule `package.name`, imported on first use.
+
+    `engine.preflight` is both a module and its function. Whoever first imports the module
+    (`from engine.preflight import Preflight`, anywhere) makes the import system bind it to the
+    package's attribute of that name, and `engine.preflight(config)` would then call a module.
+    A property of the package's class outranks that binding: the name always gives the function.
+    Another value set on it (a test's monkeypatch) is kept until deleted or set back."""
+    module = sys.modules[package]
+    submodule, replaced = f"{package}.{name}", {}
+
+    def get(self):
+        return replaced[name] if name in replaced else getattr(import_module(submodule), name)
+
+    def set_(self, value) -> None:
+        if value is not sys.modules.get(submodule):  # the import system binding the submodule: ignored
+            replaced[name] = value
+
+    def delete(self) -> None:
+        replaced.pop(name, None)
+
+    cls = type(module)
+    module.__class__ = type(cls.__name__, (cls,), {name: property(get, set_, delete)})

@@ -16,10 +16,12 @@ waits until the write is done. Text streamed so far is flushed, never lost.
 Ctrl+C saves a checkpoint) and comes back to `exit_cancelled` for the second;
 `chat` does the same while a reply streams (`interrupt_sets`: Ctrl+C stops the reply).
 
-engine.cli.main installs the handler as its first statement when it is the program,
-before argparse, torch or llama.cpp import. What comes before that, the
-interpreter's start and site-packages (about 0.1 s), is Python's own: an
-interrupt there still ends with Python's traceback.
+The handler goes in as the first statement of `engine/__init__.py` when the process
+is specdeck-cli (`exit_quietly_in_program`): the console script's
+`from engine.cli.main import main` runs that file first, so every startup import
+(engine.cli.main's, argparse's, then torch's and llama.cpp's in the commands) is
+covered. What comes before it, the interpreter's start and site-packages, is
+Python's own: an interrupt there still ends the Python way.
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ def started_as_program() -> bool:
     """True in the specdeck-cli process itself (its console script), not where Python code
     imports the command line (tests, scripts)."""
     return Path(sys.argv[0] if sys.argv else "").stem == "specdeck-cli"
+
+
+def exit_quietly_in_program() -> None:
+    """In the specdeck-cli process, install the handler for good (`import engine` calls this first);
+    elsewhere (the app, tests, scripts that import the engine) leave Ctrl+C alone."""
+    if started_as_program():
+        exit_on_interrupt()
 
 
 def exit_on_interrupt() -> Callable[[], None]:

@@ -12,7 +12,7 @@ Text streams to stdout as it is produced; statistics go to stderr, so stdout
 holds exactly the reply. With --json, stdout holds one JSON object instead.
 Errors print one line that says what to do, and exit with status 2. Ctrl+C exits
 with status 130 and the line "cancelled", whatever is under way (see
-cli_interrupt.py); the handler goes in before this module imports anything else,
+cli/interrupt.py); the handler goes in before the package imports anything else,
 and torch, transformers and llama.cpp are imported only inside the commands.
 """
 
@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from engine.cli import interrupt as cli_interrupt
 
-if cli_interrupt.started_as_program():  # as early as it can be: before even argparse imports
-    cli_interrupt.exit_on_interrupt()
+cli_interrupt.exit_quietly_in_program()  # in place already (engine/__init__.py): before even argparse imports
 
 import argparse  # noqa: E402 (after the handler)
 import json  # noqa: E402
