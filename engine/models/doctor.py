@@ -20,6 +20,7 @@ import textwrap
 from dataclasses import asdict, dataclass
 
 from engine.errors import ConfigError, SpecDeckError
+from engine.models.hf_support import transformers_problem
 from engine.models.metadata import ModelMeta, read_metadata
 from engine.models.locate import ModelRef, resolve
 from engine.models.placement import CPU, Placement
@@ -98,19 +99,22 @@ def check_pair(
     dtype: str | None = None,
     target_on: Placement = CPU,
     draft_on: Placement = CPU,
+    architectures: bool = True,
 ) -> PairReport:
     """Check a target/draft pair from their files (or from metadata already read).
 
     `dtype` is the dtype Hugging Face models will be loaded in (None: as stored);
     GGUF models keep their quantization. `target_on` and `draft_on` say where each will
     sit (engine/models/placement.py): a GPU's memory is checked for what goes there,
-    system RAM for the rest. Raises ModelNotFoundError / ModelLoadError when a model
-    cannot be found or read, ConfigError for a bad n_ctx or dtype.
+    system RAM for the rest. `architectures=False` leaves out whether transformers can
+    build each folder's architecture (a loaded target could). Raises ModelNotFoundError /
+    ModelLoadError when a model cannot be found or read, ConfigError for a bad n_ctx or dtype.
     """
     _check_n_ctx(n_ctx)
     t, d = _meta(target), _meta(draft)
     placed = {"target": (t, target_on), "draft": (d, draft_on)}
     findings = (
+        *_files({"the target": t, "the draft": d}, architectures),
         _vocabulary(t, d),
         _special_tokens(t, d),
         _chat_templates(t, d),
@@ -132,7 +136,8 @@ def check_model(
         meta = _meta(spec)
     except SpecDeckError as e:
         return (Finding("error", "Cannot use this model", str(e)),)
-    findings = [Finding("ok", "Readable", describe(meta)), _context(n_ctx, {meta.ref.name: meta})]
+    findings = [Finding("ok", "Readable", describe(meta)), *_files({"": meta}),
+                _context(n_ctx, {meta.ref.name: meta})]  # fmt: skip
     if meta.chat_template is None:
         findings.append(
             Finding(
@@ -148,6 +153,17 @@ def check_model(
 
 
 # -- the checks ----------------------------------------------------------------------
+
+
+def _files(models: dict[str, ModelMeta], architectures: bool = True) -> list[Finding]:
+    """A folder whose architecture the installed transformers cannot build (hf_support.py);
+    `models`: role ("" for one model) -> meta."""
+    findings = []
+    for role, meta in models.items():
+        whose = f" ({role})" if role else ""
+        if meta.ref.kind == "hf" and architectures and (problem := transformers_problem(meta.ref.path)):
+            findings.append(Finding("error", f"transformers cannot load this architecture{whose}", problem))
+    return findings
 
 
 def _vocabulary(t: ModelMeta, d: ModelMeta) -> Finding:

@@ -63,7 +63,7 @@ def refuse_incompatible_pair(target: Backend, draft: str) -> None:
     so a draft whose ids mean other words than the target's cannot be used at all."""
     from engine.models.doctor import check_pair
 
-    report = check_pair(target.info.path, draft)
+    report = check_pair(target.info.path, draft, architectures=False)  # the draft's own load says
     errors = [f for f in report.findings if f.severity == "error"]
     if errors:
         reasons = " ".join(f"{f.title}: {f.detail}" for f in errors)
