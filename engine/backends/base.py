@@ -42,6 +42,7 @@ class Backend(abc.ABC):
     """A model with a KV cache for one sequence."""
 
     name: str = "base"
+    load_notes: tuple[str, ...] = ()  # what loading found that a user should hear (Engine.notes)
 
     def __init__(self) -> None:
         self.tokens: list[int] = []  # ids whose KV entries are in the cache, in order

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from engine.errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
+from engine.models.gguf_check import load_notes as gguf_load_notes
 from engine.models.memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory, release_frames
 from engine.backends.base import Backend, LoadProgress, ModelInfo
 from engine.backends import gpu_layers  # its llama_cpp_offloads read at each call: tests fake a GPU build
@@ -225,6 +226,7 @@ class LlamaCppBackend(Backend):
         self._chat_formatter = None
         self._build_batch(llm.n_batch)
         self._info = self._make_info()
+        self.load_notes = gguf_load_notes(path, self._display_name)  # a damaged file (zeroed weights) said
 
     def _load(self, n_ctx: int, flash_attn: bool = True) -> llama_cpp.Llama:
         _recent_errors.clear()

@@ -171,15 +171,17 @@ def decode_steps(
 
 
 def run_notes(target: Backend, drafter: Drafter | None) -> tuple[str, ...]:
-    """Sentences a UI should show about this target/drafter combination (RunStats.notes)."""
+    """Sentences a UI should show about this target/drafter combination (RunStats.notes): first what
+    loading the models found (a damaged GGUF: engine/models/gguf_check.py)."""
+    draft_model = getattr(drafter, "backend", None)  # the model drafter's draft model
+    notes = [*target.load_notes, *(draft_model.load_notes if isinstance(draft_model, Backend) else ())]
     if drafter is not None and drafter.drafts_trees and not has(target, TreeForward):
-        note = (
+        notes.append(
             f"The {target.name} backend verifies chains only, so each {drafter.name} draft tree is cut "
             "to its most likely branch: fewer tokens are accepted per step than with the PyTorch "
             "backend, which verifies the whole tree."
         )
-        return (note,)
-    return ()
+    return tuple(notes)
 
 
 def _token_info(token: int, i: int, path: list[int], verdict, q_token: tuple[float, ...] | None) -> TokenInfo:

@@ -20,6 +20,7 @@ import textwrap
 from dataclasses import asdict, dataclass
 
 from engine.errors import ConfigError, SpecDeckError
+from engine.models.gguf_check import damage_message
 from engine.models.hf_support import transformers_problem
 from engine.models.metadata import ModelMeta, read_metadata
 from engine.models.locate import ModelRef, resolve
@@ -156,13 +157,15 @@ def check_model(
 
 
 def _files(models: dict[str, ModelMeta], architectures: bool = True) -> list[Finding]:
-    """A folder whose architecture the installed transformers cannot build (hf_support.py);
-    `models`: role ("" for one model) -> meta."""
+    """A folder whose architecture the installed transformers cannot build (hf_support.py), a GGUF
+    whose weights have zeroed stretches (gguf_check.py); `models`: role ("" for one model) -> meta."""
     findings = []
     for role, meta in models.items():
         whose = f" ({role})" if role else ""
         if meta.ref.kind == "hf" and architectures and (problem := transformers_problem(meta.ref.path)):
             findings.append(Finding("error", f"transformers cannot load this architecture{whose}", problem))
+        if meta.ref.kind == "gguf" and (damage := damage_message(meta.ref.path, meta.ref.name)):
+            findings.append(Finding("warning", f"The file looks damaged{whose}", damage))
     return findings
 
 
