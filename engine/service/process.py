@@ -6,6 +6,10 @@ out-of-memory kill) leaves the window up. The child listens on a free loopback
 port with a random key that only this process knows (passed by environment, not
 on the command line), announces its port on standard output, and ends by itself
 if its parent dies. Its log goes to a file, whose last lines say why it died.
+It is started with `--client-paths`: the paths its one client sends (the heads
+folder, the training data, any model file) are that same user's choices, taken
+as given; why that is safe here and never for `specdeck-cli serve` is said in
+engine/service/paths.py.
 
 Light: starting the child imports nothing heavy here.
 """
@@ -23,6 +27,7 @@ import time
 from pathlib import Path
 
 from engine.service.client import EngineClient, EngineUnavailable
+from engine.service.paths import CLIENT_PATHS_FLAG
 from engine.service.run import LISTENING_PREFIX
 
 START_TIMEOUT_S = 60.0
@@ -64,7 +69,7 @@ class EngineProcess:
         env = dict(os.environ if self._env is None else self._env, SPECDECK_API_KEY=key, PYTHONUNBUFFERED="1")
         log_file = tempfile.NamedTemporaryFile("wb", prefix="specdeck-engine-", suffix=".log", delete=False)
         self._log_path = Path(log_file.name)
-        command = [*engine_command(self._python), "--port", "0", "--parent-pid", str(os.getpid())]
+        command = [*engine_command(self._python), "--port", "0", "--parent-pid", str(os.getpid()), CLIENT_PATHS_FLAG]
         try:
             # A session of its own: a Ctrl+C in the terminal that started the app reaches the app,
             # which then stops its engine, and not the engine behind its back.

@@ -22,8 +22,12 @@ machine never holds two copies of the models, and says so before anything else,
 gone and loads it again afterwards. Requests are checked before that, so a bad
 one (a 400) never costs the loaded pair.
 
-Paths (a training's `out_dir` and data, a checkpoint's folder) are on the
-server's machine: for the desktop app's own engine process, the same machine.
+Paths are on the server's machine, and each is asked of the server's path policy
+(engine/service/paths.py) before anything runs: a benchmark's llama-server is the
+server's own, never the request's; for `specdeck-cli serve` a training's `out_dir`
+and a checkpoint's are run names in the server's train folder, its data is under
+the server's data folder, and models are those the server may read. The desktop
+app's own engine process takes its one client's paths as given.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from engine.bench.results import BenchmarkCancelled, BenchSettings, plain, progr
 from engine.config import EngineConfig
 from engine.errors import ConfigError, SpecDeckError
 from engine.service.host import Host
+from engine.service.paths import ServerPaths, paths_of
 from engine.service.server import BadRequest, event_stream
 from engine.training.records import TrainSettings
 
@@ -76,7 +81,7 @@ class TrainRequest(_Strict):
 
 
 class CheckpointRequest(_Strict):
-    out_dir: str
+    out_dir: str  # for specdeck-cli serve, a run name (paths.py)
 
 
 def _host(request: Request) -> Host:
@@ -85,8 +90,9 @@ def _host(request: Request) -> Host:
 
 @router.post("/specdeck/bench")
 async def bench(body: BenchRequest, request: Request):
-    config, prompts = EngineConfig.from_dict(body.config), _prompts(body.prompts, "The benchmark")
-    settings = _record(BenchSettings.from_dict, body.settings, "benchmark settings")
+    paths = paths_of(request)
+    config, prompts = paths.check_config(EngineConfig.from_dict(body.config)), _prompts(body.prompts, "The benchmark")
+    settings = paths.bench_settings(_record(BenchSettings.from_dict, body.settings, "benchmark settings"))
     host = _host(request)
 
     def job(cancel, emit) -> None:
@@ -106,7 +112,8 @@ async def bench(body: BenchRequest, request: Request):
 
 @router.post("/specdeck/autotune")
 async def autotune(body: AutotuneRequest, request: Request):
-    config, prompts = EngineConfig.from_dict(body.config), _prompts(body.prompts, "Auto-tune")
+    config = paths_of(request).check_config(EngineConfig.from_dict(body.config))
+    prompts = _prompts(body.prompts, "Auto-tune")
     settings = _record(AutotuneSettings.from_dict, body.settings, "auto-tune settings")
     candidates = None
     if body.candidates is not None:
@@ -130,14 +137,15 @@ async def autotune(body: AutotuneRequest, request: Request):
 
 @router.post("/specdeck/train")
 async def train(body: TrainRequest, request: Request):
-    options = _train_options(body.options)
+    paths = paths_of(request)
+    options, command = _train_options(body.options, paths), paths.command(body.command)
     host = _host(request)
 
     def job(cancel, emit) -> None:
         from engine.training.medusa import train_heads  # loads torch
 
         _free(host, emit)  # training loads its own target
-        result = train_heads(**options, resume=body.resume, command=body.command, cancel=cancel,
+        result = train_heads(**options, resume=body.resume, command=command, cancel=cancel,
                              progress=lambda event: emit({"progress": event.to_dict()}))  # fmt: skip
         emit({"result": result.to_dict()})
 
@@ -145,9 +153,9 @@ async def train(body: TrainRequest, request: Request):
 
 
 @router.post("/specdeck/checkpoint")
-async def checkpoint(body: CheckpointRequest) -> dict:
+async def checkpoint(body: CheckpointRequest, request: Request) -> dict:
     """A file read, not a job: it needs no model, and answers while a generation runs."""
-    return await asyncio.to_thread(_read_checkpoint, body.out_dir)
+    return await asyncio.to_thread(_read_checkpoint, paths_of(request).run_dir(body.out_dir))
 
 
 # -- the engine a job uses -----------------------------------------------------------------------
@@ -194,9 +202,9 @@ def _prompts(data: list[dict], who: str) -> tuple[BenchPrompt, ...]:
     return prompts
 
 
-def _train_options(options: dict[str, Any]) -> dict[str, Any]:
-    """train_heads' options, checked as train_heads checks them (settings, data paths) before the job
-    starts: a mistake must not free the loaded pair first."""
+def _train_options(options: dict[str, Any], paths: ServerPaths) -> dict[str, Any]:
+    """train_heads' options, with the server's folders (`paths`), checked as train_heads checks them
+    (settings, data paths) before the job starts: a mistake must not free the loaded pair first."""
     unknown = sorted(set(options) - TRAIN_OPTIONS)
     if unknown:
         raise BadRequest(f"Unknown training option(s) {', '.join(map(repr, unknown))}; train_heads takes "
@@ -204,6 +212,7 @@ def _train_options(options: dict[str, Any]) -> dict[str, Any]:
     missing = [name for name in ("target_spec", "out_dir") if not options.get(name)]
     if missing:
         raise BadRequest(f"The training options lack {' and '.join(map(repr, missing))}.")
+    options = paths.train_options(options)
     data = options.get("data")
     sources = (data,) if isinstance(data, str) else tuple(data or ())
     values = {k: v for k, v in options.items() if k not in ("target_spec", "out_dir", "data")}
@@ -213,7 +222,7 @@ def _train_options(options: dict[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
-def _read_checkpoint(out_dir: str) -> dict:
+def _read_checkpoint(out_dir) -> dict:
     from engine.training.checkpoint import checkpoint_info, load_state  # load torch (torch.load)
 
     info = checkpoint_info(out_dir)

@@ -99,7 +99,7 @@ async def info(request: Request) -> dict:
 
 @router.post("/specdeck/load")
 async def load(body: LoadRequest, request: Request):
-    config = _config(body.config)
+    config = _config(body.config, request)
     host = _host(request)
 
     def job(cancel, emit) -> None:
@@ -174,11 +174,11 @@ async def compare(body: CompareRequest, request: Request):
 
 
 @router.post("/specdeck/preflight")
-async def check(body: PreflightRequest):
+async def check(body: PreflightRequest, request: Request):
     """Beside the jobs, not through the host's queue (see the module docstring)."""
     from engine.preflight import preflight
 
-    config = _config(body.config)  # a bad config is a 400 with the engine's message
+    config = _config(body.config, request)  # a bad config is a 400 with the engine's message
     try:
         result = await asyncio.to_thread(preflight, config)
     except Exception as error:  # noqa: BLE001 - preflight reports bad models as findings: this is a bug
@@ -232,8 +232,11 @@ def drafter_stats(drafter) -> dict | None:
         return None
 
 
-def _config(data: dict) -> EngineConfig:
-    return EngineConfig.from_dict(data)  # ConfigError (a 400) names the field and what to do
+def _config(data: dict, request: Request) -> EngineConfig:
+    """ConfigError (a 400) names the field and what to do; a model the server may not read is a 400 too."""
+    from engine.service.paths import paths_of
+
+    return paths_of(request).check_config(EngineConfig.from_dict(data))
 
 
 def _sampling(data: dict):

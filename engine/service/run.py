@@ -61,7 +61,7 @@ def bind(address: str, port: int) -> socket.socket:
 
 def serve(host: Host, *, address: str = LOOPBACK, port: int = 0, api_key: str | None = None,
           model_name: str | None = None, announce: bool = True, log_level: str = "warning",
-          sock: socket.socket | None = None) -> None:  # fmt: skip
+          sock: socket.socket | None = None, paths=None) -> None:  # fmt: skip
     """Serve `host` until interrupted (Ctrl+C, SIGTERM); closes its engine at the end. `sock`: a socket
     `bind` made already (specdeck-cli serve binds before loading, so a busy port is said at once)."""
     import uvicorn
@@ -70,7 +70,7 @@ def serve(host: Host, *, address: str = LOOPBACK, port: int = 0, api_key: str | 
 
     check_bind(address, api_key)
     sock = sock or bind(address, port)
-    app = create_app(host, api_key=api_key, model_name=model_name)
+    app = create_app(host, api_key=api_key, model_name=model_name, paths=paths)
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=3)
     server = _server_class(uvicorn)(config)
     if announce:
@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.service", description=main.__doc__)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--parent-pid", type=int, default=None)
+    parser.add_argument("--client-paths", action="store_true",
+                        help="take file paths from the one client holding the key (the app's own engine: paths.py)")
     args = parser.parse_args(argv)
     if args.parent_pid:
         exit_with_parent(args.parent_pid)
@@ -111,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         threads.add_companion(args.parent_pid)
     # The key comes by environment, not the command line, where every user of the machine can read it.
     api_key = os.environ.get("SPECDECK_API_KEY") or None
+    from engine.service.paths import ServerPaths
+
     try:
-        serve(Host(), port=args.port, api_key=api_key)
+        paths = ServerPaths.trusting_client() if args.client_paths else None  # None: specdeck-cli serve's rules
+        serve(Host(), port=args.port, api_key=api_key, paths=paths)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

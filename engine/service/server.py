@@ -31,11 +31,14 @@ log = logging.getLogger(__name__)
 OPEN_PATHS = ("/health",)  # answered without the API key: a supervisor polls it
 
 
-def create_app(host: Host, *, api_key: str | None = None, model_name: str | None = None) -> FastAPI:
+def create_app(host: Host, *, api_key: str | None = None, model_name: str | None = None, paths=None) -> FastAPI:
     """The server's ASGI app; `model_name` is the id `/v1/models` lists (default: the target's name)."""
     app = FastAPI(title="SpecDeck engine", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.host = host
     app.state.model_name = model_name
+    from engine.service.paths import server_paths
+
+    app.state.paths = server_paths(paths, host, api_key)  # what a request may name on this machine (paths.py)
 
     if api_key:
         app.add_middleware(RequireKey, api_key=api_key)

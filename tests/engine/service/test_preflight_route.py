@@ -18,6 +18,7 @@ import pytest
 from engine import ConfigError, EngineConfig, SpecDeckError, preflight
 from engine.service.client import EngineClient
 from engine.service.host import Host
+from engine.service.paths import ServerPaths
 from tests.engine.service.conftest import Raw
 
 KEY = "preflight-key-31a"
@@ -63,7 +64,8 @@ def served():
     engine = StalledEngine()
     host = Host(engine, queue_limit=1)
     sock = bind(LOOPBACK, 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(host, api_key=KEY), log_level="warning", access_log=False))
+    app = create_app(host, api_key=KEY, paths=ServerPaths.trusting_client())  # the pair dialog's engine: any path
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://{LOOPBACK}:{sock.getsockname()[1]}"
