@@ -35,6 +35,18 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                        help=f"the key clients send as 'Authorization: Bearer KEY' (default: ${ENV_KEY}, else none)")
     serve.add_argument("--queue", type=int, default=8,
                        help="requests that may wait while one generates (default 8); more get 503")
+    files = serve.add_argument_group("what a client may name on this machine (engine/service/paths.py)")
+    files.add_argument("--models-dir", action="append", default=[], metavar="DIR",
+                       help="a folder whose models clients may load besides the served ones, 'default' and "
+                            "cached models by name (repeatable; $SPECDECK_MODEL_DIRS too)")
+    files.add_argument("--train-dir", default=None, metavar="DIR",
+                       help="where training runs are saved, one folder per run name (default: "
+                            "~/.cache/specdeck/serve/train, under $SPECDECK_CACHE)")
+    files.add_argument("--data-dir", default=None, metavar="DIR",
+                       help="the folder training data is read from, by relative path (default: none, only 'builtin')")
+    files.add_argument("--llama-server", default=None, metavar="PATH",
+                       help="the llama-server binary for benchmark peers (default: $SPECDECK_LLAMA_SERVER, $PATH, or "
+                            "the one `specdeck-cli llama-server build` made); never a client's")
     serve.set_defaults(func=cmd_serve)
     return serve
 
@@ -52,6 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be from 0 (any free port) to 65535, got {args.port}.")
     run.check_bind(args.host, api_key)  # before the load: a refusal should not take the load's time
     config = _engine_config(args)
+    paths = _server_paths(args, config)  # a missing folder or binary is said before the load too
     sock = run.bind(args.host, args.port)  # a port in use is said before the load too
     thread = EngineThread()  # loaded where it will decode: one OpenMP pool (EngineThread)
     try:
@@ -67,5 +80,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
           "Ctrl+C stops", flush=True)  # fmt: skip
     sys.stderr.flush()
     run.serve(Host(engine, queue_limit=args.queue, thread=thread), address=args.host, port=port, api_key=api_key,
-              announce=False, sock=sock)  # fmt: skip
+              announce=False, sock=sock, paths=paths)  # fmt: skip
     return 0
+
+
+def _server_paths(args: argparse.Namespace, config):
+    from engine.service.paths import ServerPaths
+
+    return ServerPaths.served(config, train_dir=args.train_dir, data_dir=args.data_dir, models_dirs=args.models_dir,
+                              llama_server=args.llama_server)  # fmt: skip
