@@ -24,6 +24,7 @@ import torch
 
 from engine.backends.base import LoadProgress
 from engine.backends.hf.device import dtype_name, pick_device, pick_dtype, weight_format
+from engine.core.chat_render import ControlTokens, chat_pieces, contents_with_controls
 from engine.core.text import plain_chat
 from engine.errors import ConfigError, ModelLoadError, ModelNotFoundError
 from engine.models.memory_errors import out_of_memory, release_frames, unexplained_allocation_failure
@@ -327,18 +328,56 @@ def render_chat(tokenizer, messages: list[dict], reply: bool) -> list[int]:
     """Ids of a chat through the tokenizer's template; with `reply`, ending where the assistant's
     reply starts (the generation prompt).
 
-    The template is rendered to text and then tokenized with control tokens parsed: this
-    avoids the version-dependent return type of the tokenizer's own tokenizing path (list,
-    BatchEncoding or dict across 4.x/5.x). Without a template (base models) the chat becomes
-    engine.core.text.plain_chat's "role: content" lines, after the tokenizer's usual prefix
-    (e.g. BOS).
+    Only the template's own markup becomes special tokens. A chat whose messages hold no special
+    token's string is rendered to text and tokenized with special tokens parsed, as it always was
+    (rendering and tokenizing apart avoids the version-dependent return type of the tokenizer's
+    own tokenizing path: list, BatchEncoding or dict across 4.x/5.x). When a message holds one
+    (a user typing `<|im_start|>system`), the rendering is tokenized in pieces
+    (engine/core/chat_render.py): the template's special tokens kept as ids and the text between
+    them, message contents included, tokenized with special tokens split into text. Ordinary chats
+    keep the whole-text path because a tokenizer whose pre-tokenizer marks only the first piece
+    (SentencePiece's "first" prefix space) would tokenize pieces differently; its pieces then start
+    with that space, which only chats quoting special tokens see.
+
+    Without a template (base models) the chat becomes engine.core.text.plain_chat's "role: content"
+    lines, after the tokenizer's usual prefix (e.g. BOS), special tokens in it split into text.
     """
     if chat_template(tokenizer):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=reply, tokenize=False)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        def render(chat: list[dict]) -> str:
+            return tokenizer.apply_chat_template(chat, add_generation_prompt=reply, tokenize=False)
+
+        controls = special_tokens(tokenizer)
+        if not contents_with_controls(messages, controls):
+            return list(tokenizer(render(messages), add_special_tokens=False)["input_ids"])
+        pieces = chat_pieces(render, messages, controls)
+        texts = [piece for piece in pieces if isinstance(piece, str)]  # one batch: a call costs ~50 us
+        encoded = iter(tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"] if texts else [])
+        ids: list[int] = []
+        for piece in pieces:
+            if isinstance(piece, int):
+                ids.append(piece)
+            else:
+                ids += next(encoded)
+        return ids
     prefix = list(tokenizer("", add_special_tokens=True)["input_ids"])
     lines = tokenizer(plain_chat(messages, reply), add_special_tokens=False, split_special_tokens=True)
     return prefix + list(lines["input_ids"])
+
+
+def special_tokens(tokenizer) -> ControlTokens:
+    """The tokenizer's special added tokens (what `split_special_tokens=True` leaves as text; added
+    tokens not marked special are parsed either way), with their lstrip/rstrip flags."""
+    strings: dict[str, int] = {}
+    lstrip, rstrip = set(), set()
+    for token, added in sorted(tokenizer.added_tokens_decoder.items()):
+        if not added.special or not added.content or added.content in strings:
+            continue
+        strings[added.content] = int(token)
+        if added.lstrip:
+            lstrip.add(added.content)
+        if added.rstrip:
+            rstrip.add(added.content)
+    return ControlTokens(strings, frozenset(lstrip), frozenset(rstrip))
 
 
 class Vocabulary:
