@@ -14,8 +14,9 @@ not rendered as a whole; only fenced code blocks are, because they are what
 becomes unreadable in a proportional font: a line that starts with three
 backticks opens or closes a block, drawn in a monospace font on a shaded block.
 With `set_markdown(True)` a finished reply is drawn as Markdown (headings,
-lists, tables, inline code: Qt's own Markdown reader); its characters then no
-longer carry their tokens' provenance, which is what turning it off brings back.
+lists, tables, inline code: Qt's own Markdown reader) and each token's tint is
+laid over the rendered text where its characters landed (markdown_tints); a
+token that was only syntax ("**", "# ") is not drawn, so it has no tint.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from PySide6.QtGui import (QColor, QFont, QFontDatabase, QTextBlockFormat, QText
 from PySide6.QtWidgets import QTextBrowser, QToolTip, QWidget
 
 from engine import Source, TokenInfo
+from app.chat.markdown_tints import token_spans
 from app.chat.provenance import SOURCE_COLOURS, token_tooltip
 
 SOURCE_PROPERTY = QTextFormat.Property.UserProperty + 1  # Source.value of the token a character belongs to
@@ -268,16 +270,43 @@ class TokenView(QTextBrowser):
                 self.mark_token(number, index, tooltip)
 
     def _render_markdown(self, entry: _Entry) -> None:
-        """Replace a finished reply's tokens by its text rendered as Markdown."""
+        """Replace a finished reply's tokens by its text rendered as Markdown, each token still tinted."""
         cursor = QTextCursor(self.document())
-        cursor.setPosition(entry.body)
-        cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
-        cursor.removeSelectedText()
-        cursor.setBlockFormat(QTextBlockFormat())
-        cursor.setCharFormat(self._plain_format())
-        cursor.insertFragment(QTextDocumentFragment.fromMarkdown(entry.content))
-        entry.spans = []  # its characters are no longer its tokens'
-        self._style_code(entry.body)
+        cursor.beginEditBlock()  # one change to the layout: the scroll position is not thrown about
+        try:
+            cursor.setPosition(entry.body)
+            cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+            cursor.removeSelectedText()
+            cursor.setBlockFormat(QTextBlockFormat())
+            cursor.setCharFormat(self._plain_format())
+            cursor.insertFragment(QTextDocumentFragment.fromMarkdown(entry.content))
+            self._style_code(entry.body)
+            rendered = self.document().toRawText()[entry.body:]  # raw text: one character per position
+            entry.spans = token_spans([t.text for t in entry.tokens], rendered, offset=entry.body)
+            self._tint_rendered(entry)
+        finally:
+            cursor.endEditBlock()
+
+    def _tint_rendered(self, entry: _Entry) -> None:
+        """Give each token's rendered characters its source (and tint), over the Markdown's own
+        formats: a **bold** token stays bold. Neighbours from one source are merged as one run."""
+        cursor = QTextCursor(self.document())
+        runs: list[tuple[int, int, TokenInfo]] = []
+        for (start, end), info in zip(entry.spans, entry.tokens):
+            if start == end:
+                continue  # only syntax ("**", "# "): nothing of it is drawn
+            if runs and runs[-1][1] == start and runs[-1][2].source is info.source:
+                runs[-1] = (runs[-1][0], end, runs[-1][2])
+            else:
+                runs.append((start, end, info))
+        formats: dict[Source, QTextCharFormat] = {}
+        for start, end, info in runs:
+            tint = formats.get(info.source)
+            if tint is None:
+                tint = formats[info.source] = self._token_format(info)
+            cursor.setPosition(start)
+            cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+            cursor.mergeCharFormat(tint)
 
     def _style_code(self, start: int) -> None:
         """Code as in a streaming reply: fenced blocks shaded, code (inline too) in the monospace font."""

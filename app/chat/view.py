@@ -107,8 +107,8 @@ class ChatView(QWidget):
         self.transcript.setPlaceholderText("Ask the model something. Replies appear here as they are decoded.")
         self.legend = Legend()
         self.markdown = QCheckBox("Markdown")
-        self.markdown.setToolTip("Draw finished replies as Markdown (headings, lists, tables, code); "
-                                 "off: token by token, in their colours")  # fmt: skip
+        self.markdown.setToolTip("Draw finished replies as Markdown (headings, lists, tables, code), each token "
+                                 "still in its colour; off: the text exactly as the model wrote it")  # fmt: skip
         self.composer = Composer()
         self.composer.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line, Esc to stop)")
         self.composer.setTabChangesFocus(True)

@@ -75,7 +75,7 @@ def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions
         stop=action("&Stop", "Esc", standard("SP_MediaStop"), "Stop the generation"),
         colour_tokens=action("&Colour tokens", "Ctrl+Shift+C", None, "Tint each token by where it came from"),
         markdown=action("Replies as &Markdown", "Ctrl+Shift+M", None,
-                        "Draw finished replies as Markdown; off: token by token, in their colours"),
+                        "Draw finished replies as Markdown, tokens still in their colours; off: as written"),
         regenerate=action("&Regenerate reply", "Ctrl+R", None, "Write the last reply again"),
         system_prompt=action("S&ystem prompt…", None, None,
                              "This chat's system prompt, and the one new chats start with"),
@@ -126,9 +126,9 @@ def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions
     toolbar.setObjectName("main_toolbar")
     toolbar.setMovable(False)
     toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+    # "Colour tokens" is not here: the check box beside the colour legend, under the chat, is
+    # the one place it is shown (and View > Colour tokens, Ctrl+Shift+C).
     toolbar.addActions([actions.new_chat, actions.choose_models, actions.stop])
-    toolbar.addSeparator()
-    toolbar.addAction(actions.colour_tokens)
     window.addToolBar(toolbar)
     return actions
 

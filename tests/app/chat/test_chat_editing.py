@@ -42,7 +42,8 @@ def test_finished_replies_are_drawn_as_markdown_and_the_toggle_brings_the_colour
     assert "Plan" in shown and "# Plan" not in shown and "**" not in shown and "|---|" not in shown
     tables = [f for f in view.transcript.document().rootFrame().childFrames() if isinstance(f, QTextTable)]
     assert len(tables) == 1 and (tables[0].rows(), tables[0].columns()) == (2, 2)
-    assert view.transcript.character_sources(-1) == []  # rendered text carries no provenance
+    # The rendered text keeps its tokens' provenance (tests/app/chat/test_colours_kept.py: and tints).
+    assert {"plain", "accepted"} <= {source for _, source in view.transcript.character_sources(-1)}
 
     view.set_markdown(False)
 
