@@ -17,6 +17,8 @@ With `set_markdown(True)` a finished reply is drawn as Markdown (headings,
 lists, tables, inline code: Qt's own Markdown reader) and each token's tint is
 laid over the rendered text where its characters landed (markdown_tints); a
 token that was only syntax ("**", "# ") is not drawn, so it has no tint.
+
+The view follows the newest text unless the user has scrolled up (follow.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from PySide6.QtGui import (QColor, QFont, QFontDatabase, QTextBlockFormat, QText
 from PySide6.QtWidgets import QTextBrowser, QToolTip, QWidget
 
 from engine import Source, TokenInfo
+from app.chat.follow import FollowLatest
 from app.chat.markdown_tints import token_spans
 from app.chat.provenance import SOURCE_COLOURS, token_tooltip
 
@@ -68,6 +71,7 @@ class TokenView(QTextBrowser):
         self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
                                      | Qt.TextInteractionFlag.TextSelectableByKeyboard)  # fmt: skip
         self.viewport().installEventFilter(self)
+        self.follow = FollowLatest(self)  # at the newest text unless the user scrolled up
         self._entries: list[_Entry] = []
         self._colours = True
         self._markdown = False  # finished replies drawn as Markdown instead of token by token
@@ -101,7 +105,6 @@ class TokenView(QTextBrowser):
 
     def append_tokens(self, tokens: list[TokenInfo] | tuple[TokenInfo, ...]) -> None:
         entry = self._entries[-1]
-        follow = self._at_bottom()
         # One edit block: the document lays the paragraph out once for the batch, not per token.
         # One cursor, which stays at the end as it writes, and one format per source: this runs
         # on the GUI thread while the engine decodes on the same cores.
@@ -119,8 +122,6 @@ class TokenView(QTextBrowser):
                 entry.spans.append((start, cursor.position()))
         finally:
             cursor.endEditBlock()
-        if follow:
-            self._scroll_to_bottom()
 
     def end_message(self, note: str = "") -> None:
         """Close the message; `note` (e.g. "stopped") is shown after it in small grey type."""
@@ -258,6 +259,7 @@ class TokenView(QTextBrowser):
     # -- writing ---------------------------------------------------------------------
 
     def _rerender(self) -> None:
+        following, place = self.follow.following, self.verticalScrollBar().value()
         entries, self._entries = self._entries, []
         self.clear()
         for number, entry in enumerate(entries):
@@ -268,6 +270,8 @@ class TokenView(QTextBrowser):
                 self.add_message(entry.role, entry.title, entry.text, entry.tokens, entry.note)
             for index, tooltip in entry.marks.items():
                 self.mark_token(number, index, tooltip)
+        if not following:  # a user reading further up stays there
+            self.follow.hold(place)
 
     def _render_markdown(self, entry: _Entry) -> None:
         """Replace a finished reply's tokens by its text rendered as Markdown, each token still tinted."""
@@ -405,10 +409,3 @@ class TokenView(QTextBrowser):
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         return cursor
-
-    def _at_bottom(self) -> bool:
-        bar = self.verticalScrollBar()
-        return bar.value() >= bar.maximum() - 4
-
-    def _scroll_to_bottom(self) -> None:
-        self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
