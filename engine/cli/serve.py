@@ -20,6 +20,7 @@ import os
 import sys
 
 from engine.cli.options import ENV_KEY  # noqa: E402 (one name for the key everywhere)
+from engine.service.limits import Limits
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -35,6 +36,22 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                        help=f"the key clients send as 'Authorization: Bearer KEY' (default: ${ENV_KEY}, else none)")
     serve.add_argument("--queue", type=int, default=8,
                        help="requests that may wait while one generates (default 8); more get 503")
+    limits = serve.add_argument_group("limits on clients (see README, 'What the server promises')")
+    limits.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="a Host name to answer to besides the --host address and loopback names (repeatable; "
+                             "'*': any, for a server behind a proxy that names it)")
+    limits.add_argument("--max-body-mb", type=float, default=Limits.max_body_bytes / 2**20,
+                        help=f"the largest request body, in MB (default {Limits.max_body_bytes / 2**20:g})")
+    limits.add_argument("--max-messages", type=int, default=Limits.max_messages,
+                        help=f"the most messages in one chat request (default {Limits.max_messages})")
+    limits.add_argument("--max-connections", type=int, default=Limits.max_connections,
+                        help=f"connections open at once (default {Limits.max_connections}; lowered to fit the "
+                             "open-file limit)")
+    limits.add_argument("--header-timeout", type=float, default=Limits.header_timeout_s, metavar="SECONDS",
+                        help=f"how long a connection may take to send a request's headers (default "
+                             f"{Limits.header_timeout_s:g} s); then it is closed")
+    limits.add_argument("--timeout", type=float, default=Limits.generation_timeout_s, metavar="SECONDS",
+                        help=f"the longest one generation may run (default {Limits.generation_timeout_s:g} s)")
     files = serve.add_argument_group("what a client may name on this machine (engine/service/paths.py)")
     files.add_argument("--models-dir", action="append", default=[], metavar="DIR",
                        help="a folder whose models clients may load besides the served ones, 'default' and "
@@ -56,6 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.errors import ConfigError
     from engine.service import run
     from engine.service.host import EngineThread, Host
+    from engine.service.server import check_key
 
     api_key = args.api_key or os.environ.get(ENV_KEY) or None
     if args.queue < 0:
@@ -63,6 +81,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be from 0 (any free port) to 65535, got {args.port}.")
     run.check_bind(args.host, api_key)  # before the load: a refusal should not take the load's time
+    if api_key:
+        check_key(api_key)
+    limits = _limits(args)
     config = _engine_config(args)
     paths = _server_paths(args, config)  # a missing folder or binary is said before the load too
     sock = run.bind(args.host, args.port)  # a port in use is said before the load too
@@ -80,7 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           "Ctrl+C stops", flush=True)  # fmt: skip
     sys.stderr.flush()
     run.serve(Host(engine, queue_limit=args.queue, thread=thread), address=args.host, port=port, api_key=api_key,
-              announce=False, sock=sock, paths=paths)  # fmt: skip
+              announce=False, sock=sock, limits=limits, host_names=tuple(args.allowed_host), paths=paths)  # fmt: skip
     return 0
 
 
@@ -89,3 +110,14 @@ def _server_paths(args: argparse.Namespace, config):
 
     return ServerPaths.served(config, train_dir=args.train_dir, data_dir=args.data_dir, models_dirs=args.models_dir,
                               llama_server=args.llama_server)  # fmt: skip
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    from engine.errors import ConfigError
+
+    try:
+        return Limits(max_body_bytes=int(args.max_body_mb * 2**20), max_messages=args.max_messages,
+                      max_connections=args.max_connections, header_timeout_s=args.header_timeout,
+                      generation_timeout_s=args.timeout)  # fmt: skip
+    except ValueError as error:
+        raise ConfigError(f"Bad limit: {error}.") from None

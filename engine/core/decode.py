@@ -87,9 +87,12 @@ def decode_steps(
             f"The {drafter.name} drafter reads the target's hidden states, which the {target.name} "
             "backend does not expose: load the target with the PyTorch backend (--backend torch)."
         )
-    target.prepare_threads()  # the cores free now, not at load (a draft model's follow in drafter.reset)
     draft_length = draft_length or DraftLength(0 if drafter is None else "auto")
     costs = costs if costs is not None else CostModel()
+    if cancel is not None and cancel.is_set():  # before the prefill, the step's first costly part
+        yield _Run(0.0, run_notes(target, drafter), costs).event(0, _NOTHING, finish="cancelled")
+        return
+    target.prepare_threads()  # the cores free now, not at load (a draft model's follow in drafter.reset)
     generator = make_generator(sampling.seed)
     eos = target.eos_ids
     if drafter is not None:

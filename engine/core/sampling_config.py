@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from engine.errors import ConfigError
 
 
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy
@@ -36,6 +39,9 @@ class SamplingConfig:
             raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}; use 1 to turn it off.")
         if not (math.isfinite(self.min_p) and 0.0 <= self.min_p < 1.0):
             raise ConfigError(f"min-p must be in [0, 1), got {self.min_p}; use 0 to turn it off (0.05 is typical).")
+        if not SEED_MIN <= self.seed <= SEED_MAX:  # what a random generator's seed can hold (torch's range)
+            given = self.seed if abs(self.seed).bit_length() <= 128 else f"a {abs(self.seed).bit_length()}-bit number"
+            raise ConfigError(f"the seed must be a whole number from {SEED_MIN} to {SEED_MAX}, got {given}.")
         if self.max_tokens < 1:
             raise ConfigError(f"max tokens must be at least 1, got {self.max_tokens}.")
         if any(not s for s in self.stop):

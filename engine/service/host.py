@@ -20,21 +20,19 @@ or still waiting, and never another client's.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from concurrent.futures import Future
 from typing import Any, AsyncIterator, Callable
 
-from engine.errors import SpecDeckError
+from engine.service.errors import ServerBusy
 
+log = logging.getLogger(__name__)
 Job = Callable[[threading.Event, Callable[[Any], None]], None]  # job(cancel, emit)
 _ITEM, _DONE, _FAILED = "item", "done", "failed"
 DISCONNECT_POLL_S = 0.25
 JOB_HEADER = "X-SpecDeck-Job"
-
-
-class ServerBusy(SpecDeckError):
-    """The queue of waiting requests is full."""
 
 
 class EngineThread:
@@ -93,6 +91,43 @@ class Host:
             return "idle"
         return "loading" if self.job_name == "load" else "busy"
 
+    # -- the loaded pair (on the engine's thread, inside a job) ---------------------------------------
+
+    def replace(self, config, progress=None) -> None:
+        """Load `config` in place of the loaded pair. The old pair is freed first (two pairs at once
+        is how memory runs out); when the new one fails to load, the old one is loaded again, so a
+        bad request never leaves every client without a model, and the error says so."""
+        from engine.api import Engine, load_summary  # loads torch: only when a model is asked for
+
+        load_summary(config)  # a target that cannot be found is said before anything is freed
+        old = self.free()
+        try:
+            self.engine = Engine.load(config, progress=progress)
+        except BaseException as error:
+            if old is not None:
+                _add_sentence(error, self.restore(old))
+            raise
+
+    def free(self):
+        """Close the loaded pair; its config (None when nothing was loaded)."""
+        if self.engine is None:
+            return None
+        old, self.engine = self.engine, None
+        old.close()
+        return old.config
+
+    def restore(self, config) -> str:
+        """Load `config` again after a job that needed the memory (a failed load, a training); a
+        sentence that says how it went, for the job's last word."""
+        from engine.api import Engine
+
+        try:
+            self.engine = Engine.load(config)
+        except Exception as error:  # noqa: BLE001 - said to the client; the server stays up without a pair
+            log.warning("the pair that was loaded could not be loaded again: %s", error)
+            return f"The pair loaded before could not be loaded again ({error}): load one (POST /specdeck/load)."
+        return f"The pair loaded before ({self.engine.target.info.name}) was loaded again and answers as before."
+
     def cancel(self, job_id: str | None = None) -> bool:
         """Ask job `job_id` (default: the running one) to stop at its next step, or a waiting one to
         end as soon as its turn comes; False when there is no such job."""
@@ -102,11 +137,13 @@ class Host:
         cancel.set()
         return True
 
-    async def run(self, name: str, job: Job, request=None) -> AsyncIterator[Any]:
+    async def run(self, name: str, job: Job, request=None, *, time_limit_s: float | None = None
+                  ) -> AsyncIterator[Any]:  # fmt: skip
         """Run `job` once the engine is free; yield what it emits. Raises what the job raised.
 
-        `request` (a Starlette request): when its client disconnects, the job is cancelled; its
-        JOB_HEADER names the job for `cancel`.
+        `request` (a Starlette request): when its client disconnects, the job is cancelled, while it
+        waits too (a job whose client has gone never starts); its JOB_HEADER names the job for
+        `cancel`. `time_limit_s`: the job is cancelled that long after it starts.
         """
         if self._lock is None:
             self._lock = asyncio.Lock()
@@ -114,21 +151,25 @@ class Host:
             raise ServerBusy(
                 f"The server is busy: {self.waiting} requests are already waiting for the engine. Try again later."
             )
-        cancel = threading.Event()
+        cancel, gone = threading.Event(), threading.Event()  # gone: nobody reads what the job would make
         job_id = request.headers.get(JOB_HEADER) if request is not None else None
         if job_id:
             self._named[job_id] = cancel
+        watcher = asyncio.create_task(_watch(request, cancel, gone)) if request is not None else None
         self.waiting += 1
         try:
             await self._lock.acquire()
         except BaseException:
             self._named.pop(job_id, None)
+            if watcher is not None:
+                watcher.cancel()
             raise
         finally:
             self.waiting -= 1
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
         self._cancel, self.job_name = cancel, name
+        timer = loop.call_later(time_limit_s, cancel.set) if time_limit_s is not None else None
 
         def put(kind: str, value: Any) -> None:
             try:
@@ -147,6 +188,8 @@ class Host:
         def target() -> None:
             outcome = (_DONE, None)
             try:
+                if gone.is_set():  # its client left while it waited: it never starts
+                    return
                 job(cancel, lambda value: put(_ITEM, value))
             except BaseException as error:  # noqa: BLE001 - handed to the request, which says it
                 outcome = (_FAILED, error)
@@ -156,9 +199,8 @@ class Host:
                 except RuntimeError:  # the loop has closed: the server is shutting down
                     pass
 
-        # Started inside the try: whatever happens to the request from here, the job is cancelled
+        # Submitted inside the try: whatever happens to the request from here, the job is cancelled
         # or ends, and the lock is released by the thread itself once the engine is free.
-        watcher = asyncio.create_task(_watch(request, cancel)) if request is not None else None
         try:
             self.thread.submit(target)
             while True:
@@ -169,15 +211,25 @@ class Host:
                     raise value
                 yield value
         finally:
+            gone.set()
             cancel.set()  # a no-op once the job has ended; else the request went away
             if watcher is not None:
                 watcher.cancel()
+            if timer is not None:
+                timer.cancel()
 
 
-async def _watch(request, cancel: threading.Event) -> None:
+def _add_sentence(error: BaseException, sentence: str) -> None:
+    """Append `sentence` to an error's message (its first argument, when that is the message)."""
+    if error.args and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]} {sentence}", *error.args[1:])
+
+
+async def _watch(request, cancel: threading.Event, gone: threading.Event) -> None:
     """Cancel the job when the client disconnects (a non-streaming request notices nothing else)."""
-    while not cancel.is_set():
+    while not gone.is_set():
         if await request.is_disconnected():
+            gone.set()
             cancel.set()
             return
         await asyncio.sleep(DISCONNECT_POLL_S)

@@ -1,6 +1,7 @@
 """OpenAI's routes over the engine: what any OpenAI client (and llama-server's) uses.
 
     GET  /v1/models             the one model this server holds
+    GET  /v1/models/{id}        that model, or a 404
     POST /v1/chat/completions   messages -> a reply, streamed (SSE, `data: {chunk}` ... `data: [DONE]`) or not
     POST /v1/completions        a prompt string -> its continuation, likewise
 
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import threading
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterator
@@ -48,7 +48,8 @@ from engine.service import openai_api
 from engine.service.metrics import metrics_of
 from engine.service.openai_api import ChatRequest, CompletionRequest, Reply
 from engine.service.routes_specdeck import drafter_stats, step_item
-from engine.service.server import BadRequest, event_stream, require_engine
+from engine.service.limits import check_message_count, limits_of
+from engine.service.server import BadRequest, error_response, event_stream, parse_json, require_engine
 
 router = APIRouter()
 P_MIN_DRAFTERS = ("model",)  # drafters whose drafts carry the draft's probabilities q
@@ -64,10 +65,22 @@ async def models(request: Request) -> dict:
     return {"object": "list", "data": data}
 
 
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request) -> dict:
+    """One model, as `openai`'s `models.retrieve` asks for it; a 404 in OpenAI's shape for any other."""
+    host = request.app.state.host
+    if host.engine is not None and model_id == model_name(request.app, host.engine):
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "specdeck"}
+    served = f"'{model_name(request.app, host.engine)}'" if host.engine is not None else "no model (none is loaded)"
+    return error_response(404, f"The model '{model_id}' does not exist on this server: it serves {served}.",
+                          "invalid_request_error")  # fmt: skip
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
     body = await _parsed(request, ChatRequest)
     openai_api.refuse_unsupported(body)
+    check_message_count(body.messages, limits_of(request))
     messages = openai_api.chat_messages(body.messages)
     return await _serve(body, request, lambda engine: engine.prompt_ids(messages), chat=True)
 
@@ -85,12 +98,9 @@ def model_name(app, engine) -> str:
 
 
 async def _parsed(request: Request, model: type[BaseModel]):
-    """The body as `model`, whatever its Content-Type says: `curl -d '{...}'` sends JSON labelled as
-    a form, and llama-server reads it. Bad JSON and bad fields are the server's 400s."""
-    try:
-        data = json.loads(await request.body() or b"null")  # json.JSONDecodeError: the server's 400
-    except UnicodeDecodeError:
-        raise BadRequest("Bad request: the body is not UTF-8 text (JSON must be).") from None
+    """The body as `model` (limits.Guard made sure it is labelled JSON). Bad JSON and bad fields
+    are the server's 400s."""
+    data = parse_json(await request.body())
     try:
         return model.model_validate(data)
     except ValidationError as error:
@@ -125,6 +135,8 @@ async def _serve(body, request: Request, tokenize, chat: bool):
         engine = require_engine(host)
         plan = _plan(engine, body, options)
         prompt = tokenize(engine)
+        if cancel.is_set():  # the client left, or the time ran out, while the prompt was tokenized
+            return
         counted = openai_api.Prompt(len(prompt), common_prefix_length(engine.target.tokens, prompt[:-1]))
         room = max(1, engine.target.n_ctx - len(prompt))  # no max_tokens: up to the context's end
         run_sampling = dataclasses.replace(sampling, max_tokens=room if limit is None else limit)
@@ -137,7 +149,7 @@ async def _serve(body, request: Request, tokenize, chat: bool):
                 item = _item(engine, step, drafter) if options.events else None
                 emit(Emitted(step, item, counted, name))
 
-    items = host.run("generate", job, request)
+    items = host.run("generate", job, request, time_limit_s=limits_of(request).generation_timeout_s)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
         return await event_stream(_chunks(items, chat, include_usage, options.events), done="[DONE]")

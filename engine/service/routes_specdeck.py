@@ -44,6 +44,7 @@ from engine.errors import SpecDeckError
 from engine.service import wire
 from engine.service.batches import Batches, batch_interval
 from engine.service.host import Host
+from engine.service.limits import check_message_count, limits_of
 from engine.service.metrics import metrics_of
 from engine.service.server import BadRequest, error_response, event_stream, require_engine
 
@@ -103,18 +104,12 @@ async def load(body: LoadRequest, request: Request):
     host = _host(request)
 
     def job(cancel, emit) -> None:
-        from engine.api import Engine  # loads torch: only when a model is asked for
-
         if host.engine is not None and host.engine.config == config and not body.reload:
             emit({"loaded": loaded_info(host.engine)})  # already loaded: a client that reconnects
             return
-        if host.engine is not None:  # free the old pair first: two pairs at once is how memory runs out
-            old, host.engine = host.engine, None
-            old.close()
-        engine = Engine.load(config, progress=lambda message, fraction: emit(
-            {"progress": {"message": message, "fraction": fraction}}))  # fmt: skip
-        host.engine = engine
-        emit({"loaded": loaded_info(engine)})
+        progress = lambda message, fraction: emit({"progress": {"message": message, "fraction": fraction}})  # noqa: E731
+        host.replace(config, progress)
+        emit({"loaded": loaded_info(host.engine)})
 
     return await event_stream(host.run("load", job, request))
 
@@ -124,9 +119,7 @@ async def unload(request: Request) -> dict:
     host = _host(request)
 
     def job(cancel, emit) -> None:
-        if host.engine is not None:
-            old, host.engine = host.engine, None
-            old.close()
+        host.free()
         emit({"loaded": None})
 
     async for item in host.run("unload", job, request):
@@ -138,6 +131,7 @@ async def unload(request: Request) -> dict:
 async def generate(body: GenerateRequest, request: Request):
     host = _host(request)
     sampling = _sampling(body.sampling)
+    check_message_count(body.messages, limits_of(request))
     metrics = metrics_of(request.app)
 
     def job(cancel, emit) -> None:
@@ -149,13 +143,15 @@ async def generate(body: GenerateRequest, request: Request):
                 metrics.observe(step, len(prompt))
                 send(wire.dumps(step_item(engine, step, speculative)), last=step.finish_reason is not None)
 
-    return await event_stream(host.run("generate", job, request))
+    timeout = limits_of(request).generation_timeout_s
+    return await event_stream(host.run("generate", job, request, time_limit_s=timeout))
 
 
 @router.post("/specdeck/compare")
 async def compare(body: CompareRequest, request: Request):
     host = _host(request)
     sampling = _sampling(body.sampling)
+    check_message_count(body.messages, limits_of(request))
     metrics = metrics_of(request.app)
 
     def job(cancel, emit) -> None:
@@ -170,7 +166,8 @@ async def compare(body: CompareRequest, request: Request):
             comparison = engine.compare(prompt, sampling, cancel=cancel, on_event=on_event)
         emit({"divergence": wire.divergence_to_dict(comparison.divergence)})
 
-    return await event_stream(host.run("compare", job, request))
+    timeout = limits_of(request).generation_timeout_s
+    return await event_stream(host.run("compare", job, request, time_limit_s=timeout))
 
 
 @router.post("/specdeck/preflight")

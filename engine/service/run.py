@@ -20,8 +20,10 @@ import time
 from engine.backends import threads
 from engine.errors import ConfigError
 from engine.service.host import Host
+from engine.service.limits import Limits
 
 LISTENING_PREFIX = "SPECDECK_LISTENING"
+ACCEPT_QUEUE = 2048  # connections the kernel holds before they are accepted (capped by net.core.somaxconn)
 LOOPBACK = "127.0.0.1"
 
 
@@ -55,24 +57,33 @@ def bind(address: str, port: int) -> socket.socket:
         sock.close()
         raise ConfigError(f"Cannot listen on {address}:{port} ({error.strerror}). Choose another --port, or "
                           "stop the program that uses it.") from error  # fmt: skip
-    sock.listen(128)
+    sock.listen(128)  # connections.BACKLOG, which uvicorn sets again
     return sock
 
 
 def serve(host: Host, *, address: str = LOOPBACK, port: int = 0, api_key: str | None = None,
           model_name: str | None = None, announce: bool = True, log_level: str = "warning",
-          sock: socket.socket | None = None, paths=None) -> None:  # fmt: skip
+          sock: socket.socket | None = None, limits: Limits | None = None,
+          host_names: tuple[str, ...] = (), paths=None) -> None:  # fmt: skip
     """Serve `host` until interrupted (Ctrl+C, SIGTERM); closes its engine at the end. `sock`: a socket
-    `bind` made already (specdeck-cli serve binds before loading, so a busy port is said at once)."""
+    `bind` made already (specdeck-cli serve binds before loading, so a busy port is said at once).
+    `limits`: the bounds on requests and connections; `host_names`: Host names to answer to besides
+    `address`'s own (limits.allowed_hosts)."""
     import uvicorn
 
+    from engine.service.connections import BACKLOG, connection_limit, guarded_protocol, quiet_floods
     from engine.service.server import create_app
 
     check_bind(address, api_key)
+    limits = limits or Limits()
     sock = sock or bind(address, port)
-    app = create_app(host, api_key=api_key, model_name=model_name, paths=paths)
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=3)
-    server = _server_class(uvicorn)(config)
+    app = create_app(host, api_key=api_key, model_name=model_name, limits=limits, address=address,
+                     host_names=host_names, paths=paths)  # fmt: skip
+    protocol = guarded_protocol(connection_limit(limits.max_connections), limits.header_timeout_s)
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=3,
+                            http=protocol, backlog=BACKLOG)  # fmt: skip
+    quiet_floods()
+    server = _server_class(uvicorn, accept_queue=ACCEPT_QUEUE)(config)
     if announce:
         chosen = sock.getsockname()[1]
         print(f"{LISTENING_PREFIX} {address}:{chosen}", flush=True)
@@ -127,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 TICK_S = 1.0  # how often the server's loop does its housekeeping when nothing else wakes it
 
 
-def _server_class(uvicorn):
+def _server_class(uvicorn, accept_queue: int | None = None):
     """uvicorn's Server, with its housekeeping (the Date header, the exit check) once a second
     instead of ten times: each tick woke the event loop for ~0.25 ms, 0.25% of a core for an idle
     engine and half of what the loop took while a reply streamed, on the cores the engine decodes
@@ -146,6 +157,15 @@ def _server_class(uvicorn):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), TICK_S)
                 should_exit = await self.on_tick(counter)
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            for sock in (sockets or []) if accept_queue else []:
+                # asyncio listened with uvicorn's backlog, which is also how many connections it accepts
+                # in one go (file descriptors at once); the kernel's queue may be deeper, for free: a
+                # burst of connections then waits there instead of each one's SYN being dropped and
+                # retried a second later.
+                sock.listen(accept_queue)
 
         def handle_exit(self, sig, frame) -> None:
             super().handle_exit(sig, frame)

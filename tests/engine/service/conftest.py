@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-SERVER_KEY = "test-key-8f2c"
+SERVER_KEY = "test-key-8f2c-5d1e9a"  # 16 characters at least: serve refuses a shorter key
 N_CTX = 1024
 QUEUE = 1
 SERVE_ARGS = ["-m", "default", "--backend", "llama.cpp", "--drafter", "ngram", "--k", "3", "-c", str(N_CTX),
@@ -34,20 +34,21 @@ def cli_command(*args: str) -> list[str]:
 @dataclass(frozen=True)
 class Server:
     url: str
-    key: str
+    key: str | None
     banner: str  # the line `serve` printed on stdout
     process: subprocess.Popen
     log: Path  # its stderr
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory) -> Server:
-    log = tmp_path_factory.mktemp("serve") / "stderr.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+def start_server(args: list[str], log: Path, key: str | None = None, env: dict | None = None, **popen) -> Server:
+    """`specdeck-cli serve ARGS --port 0` as a child process, once it says where it listens. `env`: more
+    environment variables; `popen`: subprocess.Popen's options (cwd, preexec_fn)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     env.pop("SPECDECK_API_KEY", None)
+    keyed = ["--api-key", key] if key else []
     with open(log, "wb") as err:
-        process = subprocess.Popen(cli_command("serve", *SERVE_ARGS, "--port", "0", "--api-key", SERVER_KEY),
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env)  # fmt: skip
+        process = subprocess.Popen(cli_command("serve", *args, "--port", "0", *keyed), stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=err, env=env, **popen)  # fmt: skip
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.append(process.stdout.readline().decode()), daemon=True)
     reader.start()
@@ -57,14 +58,24 @@ def server(tmp_path_factory) -> Server:
         process.kill()
         process.wait()
         pytest.fail(f"specdeck-cli serve did not say where it listens: {lines!r}; its log: {log.read_text()[-2000:]}")
-    yield Server(found.group(0), SERVER_KEY, lines[0].strip(), process, log)
-    process.terminate()
+    return Server(found.group(0), key, lines[0].strip(), process, log)
+
+
+def stop_server(server: Server) -> None:
+    server.process.terminate()
     try:
-        process.wait(10)
+        server.process.wait(10)
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    process.stdout.close()
+        server.process.kill()
+        server.process.wait()
+    server.process.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> Server:
+    started = start_server(SERVE_ARGS, tmp_path_factory.mktemp("serve") / "stderr.log", SERVER_KEY)
+    yield started
+    stop_server(started)
 
 
 @pytest.fixture(scope="session")
@@ -95,12 +106,14 @@ class Raw:
         self.address, self.key = (parts.hostname, parts.port), key
 
     def request(self, method: str, path: str, body: bytes | str | dict | None = None, *, key: str | None = "",
-                content_type: str = "application/json", timeout: float = 60) -> tuple[int, dict, bytes]:  # fmt: skip
-        """`key` "" (the default): the server's key; None: no Authorization header; else that key."""
+                content_type: str | None = "application/json", timeout: float = 60, headers: dict | None = None
+                ) -> tuple[int, dict, bytes]:  # fmt: skip
+        """`key` "" (the default): the server's key; None: no Authorization header; else that key.
+        `content_type` None: no Content-Type header; `headers`: more (a Host of the test's own, say)."""
         import http.client
         import json
 
-        headers = {"Content-Type": content_type}
+        headers = {**({"Content-Type": content_type} if content_type else {}), **(headers or {})}
         key = self.key if key == "" else key
         if key is not None:
             headers["Authorization"] = f"Bearer {key}"

@@ -98,10 +98,10 @@ def test_a_missing_or_wrong_key_is_a_401_and_health_is_open(server, raw):
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl_streams_server_sent_events_ending_in_done(server):
-    """As the README shows it, with curl's default form content type (-d), as llama-server accepts."""
+    """As the README shows it: JSON said to be JSON (curl's -d alone says it is a form, which the server refuses)."""
     body = json.dumps({"messages": MESSAGES, "max_tokens": 6, "temperature": 0, "stream": True})
     out = subprocess.run(["curl", "-sN", f"{server.url}/v1/chat/completions", "-H",
-                          f"Authorization: Bearer {server.key}", "-d", body],
+                          f"Authorization: Bearer {server.key}", "-H", "Content-Type: application/json", "-d", body],
                          capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
     events = [line for line in out.splitlines() if line]
     assert all(line.startswith("data: ") for line in events) and events[-1] == "data: [DONE]"
@@ -112,7 +112,7 @@ def test_curl_streams_server_sent_events_ending_in_done(server):
 
 def test_raw_requests_get_json_in_openais_shape(raw):
     status, headers, data = raw.request("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 3},
-                                        content_type="text/plain")  # fmt: skip
+                                        content_type="application/json; charset=utf-8")  # fmt: skip
     reply = json.loads(data)
     assert status == 200 and headers["content-type"].startswith("application/json")
     assert reply["choices"][0]["text"] and reply["usage"]["completion_tokens"] <= 3
@@ -125,3 +125,16 @@ def test_raw_requests_get_json_in_openais_shape(raw):
 def test_a_body_that_is_not_text_is_a_400(raw):
     status, error = raw.json("POST", "/v1/chat/completions", b'{"messages": "\xff\xfe"}')
     assert status == 400 and "UTF-8" in error["error"]["message"]
+
+
+def test_the_openai_client_retrieves_the_model_and_every_404_is_in_openais_shape(openai_client, raw):
+    served = openai_client.models.list().data[0].id
+    assert openai_client.models.retrieve(served).id == served
+    with pytest.raises(openai.NotFoundError) as raised:
+        openai_client.models.retrieve("no-such-model")
+    assert f"it serves '{served}'" in _message(raised.value)
+    for method, path in (("GET", "/v1/nowhere"), ("POST", "/v1/embeddings")):
+        status, error = raw.json(method, path, {} if method == "POST" else None)
+        assert status == 404 and error["error"]["message"] == f"There is no {path} on this server.", path
+    status, error = raw.json("GET", "/v1/chat/completions")
+    assert status == 405 and "does not take GET requests" in error["error"]["message"]
