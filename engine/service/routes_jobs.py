@@ -18,9 +18,12 @@ own dialogs: a benchmark or auto-tune of the config the server has loaded uses
 the loaded engine, which stays loaded. For any other config, and for training
 (which loads its own target), the server first frees its engine, so that a
 machine never holds two copies of the models, and says so before anything else,
-`{"unloaded": <the freed EngineConfig.to_dict()>}`: the client knows its pair is
-gone and loads it again afterwards. Requests are checked before that, so a bad
-one (a 400) never costs the loaded pair.
+`{"unloaded": <the freed EngineConfig.to_dict()>}`. When the job ends, however it
+ends, the server loads that pair again and says so last, `{"reloaded": "<a
+sentence>"}`: a benchmark or a training run by one client never leaves the
+others without a model. Requests are checked before that (a bad one is a 400; a
+target that cannot be found is said before anything is freed), so a mistake never
+costs the loaded pair.
 
 Paths are on the server's machine, and each is asked of the server's path policy
 (engine/service/paths.py) before anything runs: a benchmark's llama-server is the
@@ -33,6 +36,7 @@ app's own engine process takes its one client's paths as given.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import fields
 from typing import Any, Callable
 
@@ -98,14 +102,14 @@ async def bench(body: BenchRequest, request: Request):
     def job(cancel, emit) -> None:
         from engine.bench.runner import run_benchmark  # loads torch: only when a benchmark is asked for
 
-        engine = _lend(host, config, emit)
-        try:
-            report = run_benchmark(config, prompts, settings, engine=engine, cancel=cancel,
-                                   prompts_source=body.prompts_source or "", progress=_progress(emit))  # fmt: skip
-        except BenchmarkCancelled:
-            emit(CANCELLED)
-            return
-        emit({"report": report.to_dict()})
+        with _engine_for(host, config, emit) as engine:
+            try:
+                report = run_benchmark(config, prompts, settings, engine=engine, cancel=cancel,
+                                       prompts_source=body.prompts_source or "", progress=_progress(emit))  # fmt: skip
+            except BenchmarkCancelled:
+                emit(CANCELLED)
+                return
+            emit({"report": report.to_dict()})
 
     return await event_stream(host.run("bench", job, request))
 
@@ -123,14 +127,14 @@ async def autotune(body: AutotuneRequest, request: Request):
     def job(cancel, emit) -> None:
         from engine.bench.autotune import run_autotune  # loads torch
 
-        engine = _lend(host, config, emit)
-        try:
-            result = run_autotune(config, prompts, settings, engine=engine, candidates=candidates, cancel=cancel,
-                                  progress=_progress(emit))  # fmt: skip
-        except BenchmarkCancelled:
-            emit(CANCELLED)
-            return
-        emit({"result": result.to_dict()})
+        with _engine_for(host, config, emit) as engine:
+            try:
+                result = run_autotune(config, prompts, settings, engine=engine, candidates=candidates,
+                                      cancel=cancel, progress=_progress(emit))  # fmt: skip
+            except BenchmarkCancelled:
+                emit(CANCELLED)
+                return
+            emit({"result": result.to_dict()})
 
     return await event_stream(host.run("autotune", job, request))
 
@@ -144,10 +148,10 @@ async def train(body: TrainRequest, request: Request):
     def job(cancel, emit) -> None:
         from engine.training.medusa import train_heads  # loads torch
 
-        _free(host, emit)  # training loads its own target
-        result = train_heads(**options, resume=body.resume, command=command, cancel=cancel,
-                             progress=lambda event: emit({"progress": event.to_dict()}))  # fmt: skip
-        emit({"result": result.to_dict()})
+        with _memory_for(host, emit):  # training loads its own target
+            result = train_heads(**options, resume=body.resume, command=command, cancel=cancel,
+                                 progress=lambda event: emit({"progress": event.to_dict()}))  # fmt: skip
+            emit({"result": result.to_dict()})
 
     return await event_stream(host.run("train", job, request))
 
@@ -161,21 +165,33 @@ async def checkpoint(body: CheckpointRequest, request: Request) -> dict:
 # -- the engine a job uses -----------------------------------------------------------------------
 
 
-def _lend(host: Host, config: EngineConfig, emit):
-    """The host's engine when it was loaded from `config` (it stays loaded); else None, after freeing
-    the host's engine: the job loads and closes its own."""
+@contextlib.contextmanager
+def _engine_for(host: Host, config: EngineConfig, emit):
+    """The host's engine when it was loaded from `config` (it stays loaded); else None, with the
+    host's pair freed for the job, which loads and closes its own (`_memory_for`)."""
     if host.engine is not None and host.engine.config == config:
-        return host.engine
-    _free(host, emit)
-    return None
-
-
-def _free(host: Host, emit) -> None:
-    if host.engine is None:
+        yield host.engine
         return
-    old, host.engine = host.engine, None
-    emit({"unloaded": old.config.to_dict()})
-    old.close()
+    from engine.api import load_summary
+
+    load_summary(config)  # a target that cannot be found is said before the loaded pair is freed
+    with _memory_for(host, emit):
+        yield None
+
+
+@contextlib.contextmanager
+def _memory_for(host: Host, emit):
+    """The host's pair freed while the job runs, and loaded again once it has ended, however it
+    ended: a benchmark of another pair or a training never leaves the server's other clients
+    without a model. Says both: `{"unloaded": config}` first, `{"reloaded": sentence}` last."""
+    freed = host.free()
+    if freed is not None:
+        emit({"unloaded": freed.to_dict()})
+    try:
+        yield
+    finally:
+        if freed is not None:
+            emit({"reloaded": host.restore(freed)})
 
 
 def _progress(emit) -> Callable[[str, float], None]:

@@ -10,16 +10,12 @@ the marker a script writes, the bytes of a config.json, the folders that appear.
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
-import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 
-from tests.engine.service.conftest import START_TIMEOUT_S, Raw, cli_command
+from tests.engine.service.conftest import Raw, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -43,34 +39,13 @@ def served(tmp_path_factory):
     served = Served(tmp_path_factory.mktemp("serve-paths"))
     served.cwd.mkdir(parents=True)
     make_tiny_llama(served.models / "tiny-llama", seed=0)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "SPECDECK_CACHE": str(served.root / "cache"),
-           "SPECDECK_MODEL_DIRS": str(served.models)}  # fmt: skip
-    env.pop("SPECDECK_API_KEY", None)
-    log = served.root / "stderr.log"
-    with open(log, "wb") as err:
-        command = cli_command("serve", "-m", "default", "--backend", "llama.cpp", "--drafter", "ngram", "-c", "512",
-                              "--port", "0")
-        process = subprocess.Popen(command, cwd=served.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=err, env=env)  # fmt: skip
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(process.stdout.readline().decode()), daemon=True)
-    reader.start()
-    reader.join(START_TIMEOUT_S)
-    found = re.search(r"http://127\.0\.0\.1:\d+", lines[0]) if lines else None
-    if found is None:
-        process.kill()
-        process.wait()
-        pytest.fail(f"specdeck-cli serve did not say where it listens: {lines!r}; its log: {log.read_text()[-2000:]}")
-    served.raw = Raw(found.group(0), None)  # no key: anyone on the machine
-    served.config = loaded(served)  # what it was started with (training frees it; a load brings it back)
+    env = {"SPECDECK_CACHE": str(served.root / "cache"), "SPECDECK_MODEL_DIRS": str(served.models)}
+    args = ["-m", "default", "--backend", "llama.cpp", "--drafter", "ngram", "-c", "512"]
+    server = start_server(args, served.root / "stderr.log", env=env, cwd=served.cwd)
+    served.raw = Raw(server.url, None)  # no key: anyone on the machine
+    served.config = loaded(served)  # what it was started with
     yield served
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    process.stdout.close()
+    stop_server(server)
 
 
 def post(served: Served, path: str, body: dict, timeout: float = 600) -> tuple[int, list[dict]]:
@@ -106,7 +81,7 @@ def files_under(folder: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def trained(served) -> list[dict]:
     status, items = train(served, RUN)
-    assert status == 200 and "result" in items[-1], items[-3:]
+    assert status == 200 and "result" in items[-2], items[-3:]
     return items
 
 
@@ -161,7 +136,7 @@ def test_training_data_outside_the_server_is_refused(served, tmp_path):
 
 
 def test_a_run_name_trains_into_the_servers_own_train_folder(served, trained):
-    result = trained[-1]["result"]
+    result = trained[-2]["result"]
     folder = served.train_dir / RUN
     assert result["out_dir"] == str(folder) and (result["step"], result["cancelled"]) == (2, False)
     assert json.loads((folder / "config.json").read_text())["specdeck"]["training"]["command"] == COMMAND  # as sent
@@ -197,3 +172,24 @@ def test_a_model_outside_the_servers_folders_is_refused_and_the_loaded_pair_stay
     inside = {**served.config, "target": str(served.models / "tiny-llama"), "backend": "auto"}
     status, items = post(served, "/specdeck/preflight", {"config": inside})  # $SPECDECK_MODEL_DIRS: allowed
     assert status == 200, items
+
+
+def test_a_load_that_fails_leaves_the_pair_that_was_loaded_answering(served):
+    broken = served.models / "broken.gguf"  # a file the server may read, whose load fails past the header
+    broken.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + b"\xff" * 4096)
+    assert loaded(served) == served.config
+
+    status, items = post(served, "/specdeck/load", {"config": {**served.config, "target": str(broken)}})
+
+    assert "was loaded again and answers as before" in message(items), (status, items[-1:])  # the stream's last word
+    assert loaded(served) == served.config
+    status, items = post(served, "/v1/chat/completions", {"messages": PROMPT["messages"], "max_tokens": 4})
+    assert status == 200 and items[0]["choices"][0]["message"]["content"]
+
+
+def test_after_a_training_the_pair_that_was_loaded_answers_again(served, trained):
+    assert trained[0] == {"unloaded": served.config}
+    assert "was loaded again" in trained[-1]["reloaded"] and "result" in trained[-2]
+    assert loaded(served) == served.config
+    status, items = post(served, "/v1/chat/completions", {"messages": PROMPT["messages"], "max_tokens": 4})
+    assert status == 200 and items[0]["choices"][0]["message"]["content"]
