@@ -184,7 +184,29 @@ def label_sides(overall: float | None, break_even: float | None) -> tuple[bool, 
     return overall_above, break_even_above
 
 
+def shows(curve: pg.PlotDataItem, x, y) -> bool:
+    """Whether `curve` already draws these points: handed over again, pyqtgraph would build its
+    path again and repaint the panel, for nothing (the theory curves between two cost models, a
+    histogram between two steps that changed no bar)."""
+    shown_x, shown_y = curve.xData, curve.yData
+    if shown_x is None or shown_y is None or len(shown_x) != len(x) or len(shown_y) != len(y):
+        return False
+    return bool(np.array_equal(shown_x, x) and np.array_equal(shown_y, y, equal_nan=True))
+
+
+def set_bars(bars: pg.BarGraphItem, x, height) -> None:
+    """Bars at `x` this tall, unless they are already (each setOpts rebuilds and repaints them)."""
+    shown_x, shown_height = bars.opts.get("x"), bars.opts.get("height")
+    if (shown_x is not None and shown_height is not None and np.shape(shown_x) == np.shape(x)
+            and np.shape(shown_height) == np.shape(height) and np.array_equal(shown_x, x)
+            and np.array_equal(shown_height, height)):  # fmt: skip
+        return
+    bars.setOpts(x=x, height=height)
+
+
 def set_curve(curve: pg.PlotDataItem, x: np.ndarray, y: np.ndarray) -> None:
+    if shows(curve, x, y):
+        return
     # skipFiniteCheck saves a pass over the data, but a NaN in a path it did not
     # check breaks the drawing, so it is only skipped when the data is all finite.
     finite = bool(np.isfinite(y).all())
@@ -281,7 +303,7 @@ class HistogramPanel(Panel):
     def show_series(self, series: dict) -> None:
         h = series["accepted_histogram"]
         if h["steps"]:
-            self.bars.setOpts(x=h["bins"], height=h["measured"])
+            set_bars(self.bars, h["bins"], h["measured"])
             set_curve(self.model, h["bins"], h["predicted"])
             # Headroom above the tallest bar, and the legend over the lower half of the
             # bars, keep the legend off the data.
@@ -496,7 +518,7 @@ class DepthPanel(Panel):
         depth = series["depth"]
         n = len(depth["depth"])
         heights = np.nan_to_num(depth["rate"], nan=0.0)
-        self.bars.setOpts(x=depth["depth"], height=heights)
+        set_bars(self.bars, depth["depth"], heights)
         # Ticks, axis label and range change with the number of bars only: set again, each would
         # repaint the cached axis at every redraw of a streaming reply.
         if (n, self.label) != self._axis_for:

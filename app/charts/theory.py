@@ -14,7 +14,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt
 
-from app.charts.panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, set_label_anchor
+from app.charts.panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, set_label_anchor, shows
 
 # The legend (up to five rows, top left) needs more room than other panels' two.
 THEORY_HEADROOM = 2.2
@@ -64,10 +64,12 @@ class TheoryPanel(Panel):
         t = series["theory"]
         k = t["k"]
         self.set_title(f"Theory for k = {k}")
-        self.expected.setData(t["a"], t["tokens_per_step"], skipFiniteCheck=True)
+        # The curves change only with k and the cost model: most redraws move the measured points alone.
+        if not shows(self.expected, t["a"], t["tokens_per_step"]):
+            self.expected.setData(t["a"], t["tokens_per_step"], skipFiniteCheck=True)
         if t["speedup"] is None:
             self.speedup.setData([], [])
-        else:
+        elif not shows(self.speedup, t["a"], t["speedup"]):
             self.speedup.setData(t["a"], t["speedup"], skipFiniteCheck=True)
         break_even = t["break_even"]
         self.break_even.setVisible(break_even is not None)
