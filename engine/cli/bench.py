@@ -101,6 +101,11 @@ def _prompts_and_settings(args: argparse.Namespace):
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) if args.kinds else None
     path = args.prompts or default_prompts_path()
+    if args.server and args.llama_server:
+        from engine.errors import ConfigError
+
+        raise ConfigError("--llama-server names a program on this machine; a server runs its own (its operator's "
+                          "`serve --llama-server`), never a client's: drop --llama-server, or run without --server.")
     if args.peers and not args.server:
         _say_llama_server(args.llama_server)
     settings = BenchSettings(max_tokens=args.max_tokens, repeat=args.repeat, warmup=args.warmup, peers=args.peers,

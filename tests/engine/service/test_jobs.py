@@ -157,6 +157,8 @@ def test_cli_bench_on_a_server_prints_the_local_tables(client, tmp_path, capsys)
     assert [r["mode"] for r in saved["runs"]] == [VANILLA, SPECULATIVE]
     assert saved["settings"]["prompts_file"] == str(prompts)
     assert client.loaded().config == CONFIG  # the server's pair was benchmarked, and stays
+    assert main([*args, "--peers", "--llama-server", "/bin/true"]) == 2  # a program is never the client's to name
+    assert "never a client's" in capsys.readouterr().err
 
     # The pair is the server's: a flag about a local one is refused, before anything runs.
     assert main([*args, "--target", "other.gguf"]) == 2
