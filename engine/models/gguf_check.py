@@ -174,14 +174,8 @@ def gguf_layout(path: str) -> Layout:
                 alignment = int(value) or 32
             elif key.endswith(".vocab_size") and isinstance(value, int):
                 vocab_sizes.add(value)
-        tensors = []
-        for _ in range(n_tensors):
-            name = p.strings(1)[0]
-            (n_dims,) = p.unpack("I")
-            shape = list(p.unpack(f"{n_dims}Q"))
-            ttype, offset = p.unpack("IQ")
-            tensors.append((name, shape, ttype, offset))
-        return Layout(tuple(tensors), -(-p.pos // alignment) * alignment, len(buf), frozenset(vocab_sizes))
+        tensors = tuple(p.tensor_table(n_tensors))
+        return Layout(tensors, -(-p.pos // alignment) * alignment, len(buf), frozenset(vocab_sizes))
 
 
 _STRING, _ARRAY = 8, 9  # GGUF value types

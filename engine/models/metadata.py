@@ -153,6 +153,17 @@ class _GGUFParser:
         self.pos += s.size
         return values
 
+    def tensor_table(self, n_tensors: int) -> list[tuple[str, list[int], int, int]]:
+        """The tensor infos after the key-values: (name, shape, GGML type, offset in the data) each."""
+        tensors = []
+        for _ in range(n_tensors):
+            name = self.strings(1)[0]
+            (n_dims,) = self.unpack("I")
+            shape = list(self.unpack(f"{n_dims}Q"))
+            ttype, offset = self.unpack("IQ")
+            tensors.append((name, shape, ttype, offset))
+        return tensors
+
     def strings(self, n: int) -> list[str]:
         if n * 8 > len(self.buf) - self.pos:
             raise ValueError(f"an array of {n} strings cannot fit in the file")
@@ -189,13 +200,7 @@ def _parse_gguf(path: str) -> tuple[dict, list[tuple[str, list[int], int, int]],
             key = p.strings(1)[0]
             (vtype,) = p.unpack("I")
             kv[key] = p.value(vtype)
-        tensors = []
-        for _ in range(n_tensors):
-            name = p.strings(1)[0]
-            (n_dims,) = p.unpack("I")
-            shape = list(p.unpack(f"{n_dims}Q"))
-            ttype, offset = p.unpack("IQ")
-            tensors.append((name, shape, ttype, offset))
+        tensors = p.tensor_table(n_tensors)
         align = int(kv.get("general.alignment", 32)) or 32
         data_start = -(-p.pos // align) * align
         return kv, tensors, data_start, len(buf)
