@@ -5,21 +5,20 @@ and arms a single-shot timer; the redraw runs at most ~25 times a second, and no
 all while nothing new arrives (an idle app does not wake up 25 times a second for
 nothing), nor while the charts are hidden (their dock closed: about half of what the
 window takes while a reply streams), catching up once shown. While steps stream in,
-the charts keep to a budget: their redraws (the data, the panels and their painting)
-may take REDRAW_BUDGET of a core (a redraw costs 30-60 ms on a small CPU while the
-engine decodes, and every millisecond of it is taken from a core the engine process
-decodes on: on two cores, llama.cpp's threads wait for each other, so it costs the
-engine more than that), so the interval between redraws follows what the last ones
-cost (`RedrawPace`). Where the window's own engine decodes on the CPU, the window
-shares its cores, and the budget is SHARED_CORES_BUDGET, a third of that, with a
-redraw at least every SHARED_CORES_SLOWEST_MS (`set_sharing_cores`): on a 2-core
-machine the plots then move every five or six seconds of a long reply, and a
-reply shorter than that is drawn when it ends. Ranges move in steps (`Panel.fit`)
-and the axes are cached, so most redraws repaint no axis. The summary line's numbers follow the steps every
-SUMMARY_MS between redraws: once a second, as each change lays its rich text out
-again and invalidates the panels' layout (~4 ms on a small CPU; at 3 Hz it was a
-third of what the window took while a reply streamed). Call everything from the GUI
-thread: the main window gets steps from its worker through a queued signal.
+the plots move at least every SLOWEST_REDRAW_MS (more than twice a second), on every machine:
+the window exists to show the run as it happens. Faster than that, the charts keep to a
+budget: their redraws (the data, the panels and their painting) may take REDRAW_BUDGET
+of a core, or SHARED_CORES_BUDGET where the window's own engine decodes on the CPU the
+window runs on (`set_sharing_cores`: each millisecond of drawing there costs the reply
+about two), so the interval between redraws follows what the last ones cost
+(`RedrawPace`) between REDRAW_MS and SLOWEST_REDRAW_MS. What keeps two redraws a second
+affordable on two cores is what a redraw does: `setData` on the items each panel made
+once, nothing re-added, ranges that move in steps (`Panel.fit`) so most redraws repaint
+no axis (cached), unchanged data not handed to pyqtgraph again (`set_curve`), and the
+summary line's rich text laid out again at most every SUMMARY_MS (~4 ms a time on a
+small CPU, and it invalidates the panels' layout). Between `begin_run` and a run's first
+step the summary says a run is starting, never "No run yet". Call everything from the
+GUI thread: the main window gets steps from its worker through a queued signal.
 
 Panels (three columns when wide, two when tall):
   tokens per second | acceptance rate (rolling)  | tokens accepted per step
@@ -67,14 +66,16 @@ from app.charts.panels import (
 from app.charts.theory import TheoryPanel
 
 REDRAW_MS = 40  # 25 Hz at most: smooth to the eye
-SLOWEST_REDRAW_MS = 3000  # at least every three seconds while steps arrive, whatever drawing costs
+# More than two redraws a second while steps arrive, whatever drawing costs, on every machine: steps
+# reach the window every 0.25 s on a CPU, so the plots move at every second hand-over (2.5 times a
+# second), with room for a GUI thread that a busy machine wakes late (at 0.45 s: 2.0 a second there).
+SLOWEST_REDRAW_MS = 400
 FIRST_REDRAW_MS = 200  # until a redraw has been measured
-REDRAW_BUDGET = 0.015  # of one core: what the charts' redraws may take while a reply streams
+REDRAW_BUDGET = 0.015  # of one core: what the charts' redraws may take while a reply streams, faster than that
 # The budget while the window's own engine decodes on the cores the window runs on, where each
-# millisecond of drawing costs the reply about two; the headline numbers still follow every SUMMARY_MS.
+# millisecond of drawing costs the reply about two: redraws faster than SLOWEST_REDRAW_MS only when cheap.
 SHARED_CORES_BUDGET = 0.005
-SHARED_CORES_SLOWEST_MS = 6000
-SUMMARY_MS = 1000  # the summary line's numbers, between the plots' redraws (each costs a relayout: ~4 ms)
+SUMMARY_MS = 1000  # the summary line's numbers, at most this often (each costs a relayout: ~4 ms)
 
 
 class RedrawPace:
@@ -91,8 +92,8 @@ class RedrawPace:
     same at any pace. While a reply streams, the engine decodes on every core it found free,
     so each millisecond the window takes is one the engine loses (llama.cpp's threads wait
     for each other at every operation: more than one). A redraw costs 5-15 ms on a quiet
-    machine and 30-60 ms on a 2-core one whose cores both decode: a few redraws a second
-    on the first, one every two or three seconds on the second.
+    machine and 15-30 ms on a 2-core one whose cores both decode: there the cap, slowest_ms,
+    decides the pace, and the redraw's own cost is what is left to make small.
     """
 
     def __init__(self, budget: float = REDRAW_BUDGET, slowest_ms: int = SLOWEST_REDRAW_MS) -> None:
@@ -130,6 +131,11 @@ class LiveCharts(QWidget):
         self._costs_taken: CostSnapshot | None = None  # the snapshot it was made from, if any
         self._drafter: str | None = None  # EngineConfig.drafter of the loaded engine
         self._dirty = False
+        self._running = False  # between begin_run and end_run
+        self.redraws = 0  # how many times the panels were drawn (the tests and docs/bench/app_speed.py read it)
+        self._redrawn_at = float("-inf")  # time.monotonic() of the last redraw
+        self._summary_at = float("-inf")  # and of the summary's last new text
+        self._summary_had_stats = False  # whether that text gave a run's numbers
         self.throughput = ThroughputPanel(self)
         self.acceptance = AcceptancePanel(self)
         self.histogram = HistogramPanel(self)
@@ -183,12 +189,9 @@ class LiveCharts(QWidget):
 
     def set_sharing_cores(self, sharing: bool) -> None:
         """Whether the engine decodes on the cores this window runs on (steps.shares_cores): the
-        redraws then keep to SHARED_CORES_BUDGET of a core instead of REDRAW_BUDGET, at least every
-        SHARED_CORES_SLOWEST_MS instead of SLOWEST_REDRAW_MS."""
-        if sharing:
-            self.pace.set_budget(SHARED_CORES_BUDGET, SHARED_CORES_SLOWEST_MS)
-        else:
-            self.pace.set_budget(REDRAW_BUDGET, SLOWEST_REDRAW_MS)
+        redraws then keep to SHARED_CORES_BUDGET of a core instead of REDRAW_BUDGET, and still
+        come at least every SLOWEST_REDRAW_MS."""
+        self.pace.set_budget(SHARED_CORES_BUDGET if sharing else REDRAW_BUDGET, SLOWEST_REDRAW_MS)
         self._timer.setInterval(self.pace.interval_ms)
 
     def reset(self) -> None:
@@ -199,6 +202,20 @@ class LiveCharts(QWidget):
         for plot in self._all_panels():
             plot.unfit()
         self._schedule()
+
+    def begin_run(self) -> None:
+        """A run starts (the window's sig_run_started): forget the last one, and say at once that this
+        one is starting. Its first step comes after the prompt is read, which on a busy CPU takes a
+        second or more; until then the summary said "No run yet", or the last reply's numbers."""
+        self._running = True
+        self.reset()
+        self._show_summary()
+
+    def end_run(self) -> None:
+        """The run ended (finished, stopped or failed): a run with no step is "No run yet" again."""
+        self._running = False
+        if not self._runs:
+            self._show_summary()
 
     def add_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None,
                  costs: CostSnapshot | None = None) -> None:  # fmt: skip
@@ -284,11 +301,21 @@ class LiveCharts(QWidget):
             # second paint: fitted now, each panel is painted once per redraw (half the cost).
             for plot in getattr(panel, "plots", (panel,)):
                 plot.plot.getViewBox().prepareForPaint()
-        self._show_summary(data)
+        # The summary's numbers change at every step, but each new text lays the panels out again:
+        # at most every SUMMARY_MS, and at once when a run ends (its final numbers), when its first
+        # step comes or when the runs were forgotten.
+        ended = any(run.finish_reason is not None for run in self._runs.values())
+        since_ms = 1000 * (time.monotonic() - self._summary_at)
+        if ended or bool(data["stats"]) != self._summary_had_stats or since_ms >= SUMMARY_MS * 0.95:
+            self._show_summary(data)
+        elif not self._summary_timer.isActive():  # the numbers of these steps, if no redraw comes before
+            self._summary_timer.start(round(SUMMARY_MS - since_ms))
         painted = sum(panel.painted_s for panel in self._all_panels())
         cost = time.thread_time() - started + painted - self._painted_before
         self._painted_before = painted
         self._timer.setInterval(self.pace.redrawn(cost))
+        self.redraws += 1
+        self._redrawn_at = time.monotonic()
         self.sig_redrawn.emit()
 
     def _all_panels(self) -> list[Panel]:
@@ -297,9 +324,13 @@ class LiveCharts(QWidget):
 
     def _show_summary(self, data: dict | None = None) -> None:
         self._summary_timer.stop()
+        self._summary_at = time.monotonic()
         data = self.series() if data is None else data
-        self.summary.setText(summary_html(data, self.palette().color(QPalette.ColorRole.Text).name(), self._notes))
-        self._fit_summary()
+        self._summary_had_stats = bool(data["stats"])
+        text = summary_html(data, self.palette().color(QPalette.ColorRole.Text).name(), self._notes, self._running)
+        if text != self.summary.text():
+            self.summary.setText(text)
+            self._fit_summary()
 
     def _schedule(self, at_once: bool = False) -> None:
         self._dirty = True
@@ -308,9 +339,10 @@ class LiveCharts(QWidget):
         if at_once:
             self._timer.start(0)
         elif not self._timer.isActive():
-            self._timer.start()
-        if not self._summary_timer.isActive():
-            self._summary_timer.start()
+            # The pace counts from the last redraw, not from these steps: steps that come every
+            # 0.25 s would otherwise put off a redraw due in 0.1 s by a whole interval.
+            since_ms = 1000 * (time.monotonic() - self._redrawn_at)
+            self._timer.start(max(0, round(self.pace.interval_ms - since_ms)))
 
     def _fit_summary(self, shrink: bool = False) -> None:
         """Give the summary line the height its text needs, growing only (unless `shrink`): a
@@ -514,10 +546,13 @@ def _slug(title: str) -> str:
     return "-".join(words) or "panel"
 
 
-def summary_html(series: dict, text_colour: str, shown_notes: tuple[str, ...] = ()) -> str:
+def summary_html(series: dict, text_colour: str, shown_notes: tuple[str, ...] = (), running: bool = False) -> str:
     """The headline numbers: throughput per run, acceptance, measured vs predicted speedup, break-even;
-    the run's notes but those `shown_notes` (said under the summary already)."""
+    the run's notes but those `shown_notes` (said under the summary already). `running`: a run has
+    started (its first step may not have come yet)."""
     stats = series["stats"]
+    if not stats and running:
+        return f"<span style='color:{text_colour}'>Reading the prompt: the charts fill in from the first step.</span>"
     if not stats:
         return f"<span style='color:{text_colour}'>No run yet: the charts fill in as tokens are generated.</span>"
     parts = []

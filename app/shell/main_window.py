@@ -465,7 +465,7 @@ class MainWindow(QMainWindow):
 
     def _on_run_started(self, kind: str) -> None:
         self.charts.set_sharing_cores(self.controller.shares_cores)
-        self.charts.reset()
+        self.charts.begin_run()
         if kind == COMPARE:
             self.compare_view.begin()
         self._run_kind = kind
@@ -478,6 +478,7 @@ class MainWindow(QMainWindow):
 
     def _on_run_finished(self, kind: str, result) -> None:
         self._run_kind = None
+        self.charts.end_run()
         if kind != COMPARE:
             return
         if result is None:
