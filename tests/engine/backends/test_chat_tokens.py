@@ -187,7 +187,8 @@ def test_whitespace_beside_strip_tokens_goes_as_in_llama_cpp():
 
 
 def _seconds(backend, chat: list[dict], repeats: int) -> float:
-    """Best time of `repeats` runs, without Python's garbage collector: its full passes walk every
+    """Best CPU time of `repeats` runs (the process's: a busy machine's waits are not counted, the
+    tokenizers' own threads are), without Python's garbage collector: its full passes walk every
     object of the test session (models included), as often as the chat allocates, which made the
     transformers run 15x slower for 8x the messages where the work itself grows 6x."""
     best = float("inf")
@@ -195,9 +196,9 @@ def _seconds(backend, chat: list[dict], repeats: int) -> float:
         gc.collect()
         gc.disable()
         try:
-            start = time.perf_counter()
+            start = time.process_time()
             backend.apply_chat_template(chat)
-            best = min(best, time.perf_counter() - start)
+            best = min(best, time.process_time() - start)
         finally:
             gc.enable()
     return best
@@ -215,4 +216,5 @@ def test_tokenizing_a_chat_is_linear_in_its_messages(backend):
 
     backend.apply_chat_template(chat(10))  # reads the control tokens once
     small, large = _seconds(backend, chat(2_000), repeats=3), _seconds(backend, chat(16_000), repeats=2)
-    assert large / small < 12, f"2,000 messages: {small:.3f} s, 16,000: {large:.3f} s ({large / small:.1f}x, linear: 8x)"
+    # Linear is 8x and quadratic 64x (the old llama.cpp path measured 109x); 20 leaves room for a busy machine.
+    assert large / small < 20, f"2,000 messages: {small:.3f} s, 16,000: {large:.3f} s ({large / small:.1f}x, linear: 8x)"
