@@ -326,17 +326,33 @@ def depth_acceptance(run: Run) -> dict:
     return {"depth": np.arange(1, len(tested) + 1), "tested": tested, "accepted": accepted, "rate": rate}
 
 
-def theory_curves(costs: CostModel | None, k: int, measured_a: float | None) -> dict:
-    """E[tokens/step] and the predicted speedup against acceptance, and the break-even a, for draft length k."""
+_last_curves: list = [None, None]  # [what they were computed for, the curves]: one model holds for many redraws
+
+
+def _curves(costs: CostModel | None, k: int) -> dict:
+    """theory_curves' part that depends on the cost model's numbers and k alone: 400 Python calls,
+    ~2 ms a redraw, done again only when one of them changes."""
+    key = (k, None if costs is None else (tuple(sorted(costs.verify_s.items())), costs.draft_s_per_token,
+                                          costs.draft_fixed_s, costs.window))  # fmt: skip
+    if _last_curves[0] == key:
+        return _last_curves[1]
     a = np.linspace(0.0, 1.0, THEORY_POINTS)
-    tokens = np.array([expected_tokens(x, k) for x in a])
-    out = {"k": k, "a": a, "tokens_per_step": tokens, "speedup": None, "break_even": None, "max_speedup": None}
+    out = {"k": k, "a": a, "tokens_per_step": np.array([expected_tokens(x, k) for x in a]), "speedup": None,
+           "break_even": None, "max_speedup": None}  # fmt: skip
     if costs is not None:
         out["speedup"] = np.array([costs.speedup(x, k) for x in a])
         out["break_even"] = break_even_acceptance(costs, k)
         out["max_speedup"] = costs.speedup(1.0, k)
         out["verify_ratio"] = costs.verify_ratio(k + 1)
         out["draft_ratio"] = costs.draft_ratio()
+    _last_curves[:] = [key, out]
+    return out
+
+
+def theory_curves(costs: CostModel | None, k: int, measured_a: float | None) -> dict:
+    """E[tokens/step] and the predicted speedup against acceptance, and the break-even a, for draft length k."""
+    out = dict(_curves(costs, k))
+    if costs is not None:
         if measured_a is not None:
             out["predicted_at_measured"] = costs.speedup(measured_a, k)
     return out

@@ -141,17 +141,33 @@ class TheoryPanel(Panel):
         view = box.sceneBoundingRect()
         legend = self._legend_rows()
         points = self._drawn_points()
-        # The search moves the label up to 60 times: it is done again only when something it
-        # avoids has moved by a few pixels (while a run streams, the measured points and the
-        # cost model's curve move a little at every frame), or the line by a pixel.
-        key = (round(value, 3), view.getRect(), tuple(row.getRect() for row in legend),
-               np.round(points / 4).tobytes())  # fmt: skip
-        if self._placed is None or self._placed[0] != key:
-            self._placed = (key, self._search(texts, value, view, legend, points))
-        rank, position, side = self._placed[1]
-        label.setFormat(texts[min(rank, len(texts) - 1)])
-        label.setPosition(position)
+        # The search moves the label up to 60 times (~10 ms, a third of a redraw): it is done
+        # again when the view or the legend changes, or when the line (the cost model is measured
+        # again at every step) or what the label avoids (the measured points move at every redraw)
+        # has moved and the label, where it was, now covers something; a label still clear stays.
+        key = (view.getRect(), tuple(row.getRect() for row in legend))
+        moved = (round(value, 3), np.round(points / 4).tobytes())
+        placed = self._placed
+        if placed is None or placed[0] != key or (placed[1] != moved and not self._clear(texts, placed[2], view, legend, points)):
+            self._placed = (key, moved, self._search(texts, value, view, legend, points))
+        self._put_label(texts, self._placed[2])
+
+    def _put_label(self, texts: list[str], placement: tuple[int, float, tuple[int, int]]) -> None:
+        rank, position, side = placement
+        self.break_even.label.setFormat(texts[min(rank, len(texts) - 1)])
+        self.break_even.label.setPosition(position)
         set_label_anchor(self.break_even, side)
+
+    def _clear(self, texts: list[str], placement: tuple[int, float, tuple[int, int]], view: QRectF,
+               legend: list[QRectF], points: np.ndarray) -> bool:  # fmt: skip
+        """Whether the label, placed so, covers no point, no legend row, and stays inside the view."""
+        if placement[0] > 0:
+            return False  # a shorter wording: the full one may fit somewhere now, look again
+        self._put_label(texts, placement)
+        rect = self.break_even.label.sceneBoundingRect()
+        inside = ((points[:, 0] >= rect.left()) & (points[:, 0] <= rect.right())
+                  & (points[:, 1] >= rect.top()) & (points[:, 1] <= rect.bottom()))  # fmt: skip
+        return view.contains(rect) and not inside.any() and not any(rect.intersects(row) for row in legend)
 
     def _search(self, texts: list[str], value: float, view: QRectF, legend: list[QRectF],
                 points: np.ndarray) -> tuple[int, float, tuple[int, int]]:  # fmt: skip
