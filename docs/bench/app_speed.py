@@ -29,6 +29,9 @@ memory happens to lie). The CLI is a new process every round, so it samples that
 spread, while the app's one engine process is a single draw for the whole run: its
 ratio to the CLI then moves from one run to the next by as much as the app costs.
 
+The last column is the live charts' redraws per second of the app's replies (from Send to
+the reply's end): the app is measured with its charts drawing, not only shown.
+
 `--smoke` (the test suite's): two short rounds of the first config, checking only that every
 number was read. Prints a markdown table; the numbers in docs/benchmarks.md came from it.
 """
@@ -90,6 +93,7 @@ class App:
         self.window.sampling = SamplingConfig(max_tokens=max_tokens)
         self.window.resize(1400, 900)
         self.window.show()
+        self.redraw_rates: list[float] = []  # the charts' redraws per second of each reply (0 with the dock closed)
         if not charts:
             self.window.charts_dock.close()  # as the dock's close button does
         self._load()
@@ -109,9 +113,12 @@ class App:
         view.composer.setFocus()
         self._test.keyClicks(view.composer, PROMPT)
         cpu_before, wall_before = time.process_time(), time.monotonic()
+        redraws_before = self.window.charts.redraws
         self._test.mouseClick(view.send_button, self._qt.MouseButton.LeftButton)
         self._wait(lambda: results, "the reply")
-        gui_share = (time.process_time() - cpu_before) / (time.monotonic() - wall_before)
+        wall = time.monotonic() - wall_before
+        gui_share = (time.process_time() - cpu_before) / wall
+        self.redraw_rates.append((self.window.charts.redraws - redraws_before) / wall)
         self.window.controller.sig_run_finished.disconnect(connection)
         self._wait(lambda: not self.window.controller.busy, "the engine to be free")
         if results[0] is None:
@@ -191,6 +198,7 @@ def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | 
     ratios = [a / c for a, c in zip(gui, cli)]
     return {"config": name, "busy": busy, "charts": charts, "k": k, "fresh_engine": fresh_engine,
             "cli": cli, "app": gui, "gui_cpu": [share for _, _, share in rounds_read],
+            "redraws_per_s": app.redraw_rates,  # the live charts' redraws per second of each app reply
             "steps": [(c.steps, a.steps) for c, a, _ in rounds_read],  # (CLI, app) per round
             "drafted": [(c.drafted, a.drafted) for c, a, _ in rounds_read],
             "ratio": statistics.median(gui) / statistics.median(cli),
@@ -231,13 +239,14 @@ def main() -> int:
             rows.append(measure(name, args.rounds, args.max_tokens, busy, args.threads, not args.charts_closed, args.k,
                                 args.fresh_engine))  # fmt: skip
     print("| config | charts | other process busy | CLI tok/s (median) | app tok/s (median) | app / CLI "
-          "| app / CLI, median of rounds (middle half) | window's CPU |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| app / CLI, median of rounds (middle half) | window's CPU | chart redraws / s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['config']} | {'shown' if row['charts'] else 'closed'} | {'yes' if row['busy'] else 'no'} "
               f"| {statistics.median(row['cli']):.1f} | {statistics.median(row['app']):.1f} | {row['ratio']:.2f} "
               f"| {row['pair_ratio']:.2f} ({row['pair_quartiles'][0]:.2f}-{row['pair_quartiles'][2]:.2f}) "
-              f"| {statistics.median(row['gui_cpu']):.0%} of a core |")  # fmt: skip
+              f"| {statistics.median(row['gui_cpu']):.0%} of a core "
+              f"| {statistics.median(row['redraws_per_s']):.1f} |")  # fmt: skip
     for row in rows:
         same = row["same_steps_ratios"]
         if len(same) < len(row["steps"]):  # another text in some rounds: say how the like-for-like ones compare
