@@ -74,8 +74,12 @@ class EngineThread:
 
 
 class Host:
-    def __init__(self, engine=None, *, queue_limit: int = 8, thread: EngineThread | None = None) -> None:
+    def __init__(self, engine=None, *, queue_limit: int = 8, thread: EngineThread | None = None,
+                 reload_after_jobs: bool = True) -> None:  # fmt: skip
         self.engine = engine  # an engine.Engine, or None until one is loaded
+        # Load the pair again after a job that freed it (routes_jobs): a shared server's other clients
+        # need it. The app's own engine leaves that to its one client, which reloads when it wants.
+        self.reload_after_jobs = reload_after_jobs
         self.thread = thread or EngineThread()  # where every job runs; the one that loaded `engine`, if given
         self.queue_limit = queue_limit
         self.job_name: str | None = None  # what the running job is doing ("load", "generate"...), None when idle

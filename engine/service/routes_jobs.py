@@ -21,7 +21,8 @@ machine never holds two copies of the models, and says so before anything else,
 `{"unloaded": <the freed EngineConfig.to_dict()>}`. When the job ends, however it
 ends, the server loads that pair again and says so last, `{"reloaded": "<a
 sentence>"}`: a benchmark or a training run by one client never leaves the
-others without a model. Requests are checked before that (a bad one is a 400; a
+others without a model. (Not the app's own engine, `Host.reload_after_jobs`
+False: its one client loads its pair again when its dialog is done.) Requests are checked before that (a bad one is a 400; a
 target that cannot be found is said before anything is freed), so a mistake never
 costs the loaded pair.
 
@@ -190,7 +191,7 @@ def _memory_for(host: Host, emit):
     try:
         yield
     finally:
-        if freed is not None:
+        if freed is not None and host.reload_after_jobs:
             emit({"reloaded": host.restore(freed)})
 
 

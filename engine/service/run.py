@@ -128,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         paths = ServerPaths.trusting_client() if args.client_paths else None  # None: specdeck-cli serve's rules
-        serve(Host(), port=args.port, api_key=api_key, paths=paths)
+        # The app's engine (--client-paths) has one client, the window, which loads its pair again itself
+        # once a benchmark or training dialog is done with the memory: no reload between its jobs.
+        serve(Host(reload_after_jobs=not args.client_paths), port=args.port, api_key=api_key, paths=paths)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -102,7 +102,7 @@ def test_a_bench_of_another_config_frees_the_loaded_pair_first_and_says_so(clien
                           on_unloaded=lambda freed: events.append(freed))  # fmt: skip
     assert events[0] == CONFIG and CONFIG not in events[1:]  # before anything else, once
     assert report.settings["k"] == 2  # the job's own pair, loaded and closed by it
-    assert client.loaded().config == CONFIG  # and then the server's pair again: no client is left without one
+    assert client.loaded() is None  # nothing stays loaded: the app's engine leaves the reload to the app
 
 
 def test_training_on_the_server_streams_progress_and_its_checkpoint_reads_back(client, tmp_path):
@@ -126,7 +126,7 @@ def test_training_on_the_server_streams_progress_and_its_checkpoint_reads_back(c
     result = client.train(options, resume=False, command="SpecDeck: train heads", progress=events.append,
                           on_unloaded=unloaded.append)  # fmt: skip
     steps = [e for e in events if e.phase == "train"]
-    assert unloaded == [CONFIG] and client.loaded().config == CONFIG  # freed for the training, then loaded again
+    assert unloaded == [CONFIG] and client.loaded() is None  # training loads its own target
     assert [e.step for e in steps] == [1, 2, 3] and all(len(e.head_accuracy) == 4 for e in steps)
     assert events[-1].phase == "done"
     assert (result.step, result.steps, result.cancelled, result.out_dir) == (3, 3, False, str(out))
