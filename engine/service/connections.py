@@ -74,10 +74,6 @@ def guarded_protocol(limit: int, header_timeout_s: float) -> type[H11Protocol]:
             """Serving a request: its headers have come and its reply has not ended."""
             return self.cycle is not None and not self.cycle.response_complete
 
-        @property
-        def idle(self) -> bool:
-            return not self.busy
-
         def _arm(self) -> None:
             if self._deadline is None and not self.transport.is_closing():
                 self._deadline = self.loop.call_later(header_timeout_s, self._expire, self.cycle)
@@ -102,7 +98,7 @@ def guarded_protocol(limit: int, header_timeout_s: float) -> type[H11Protocol]:
 
 def _evict_idle(connections: dict) -> bool:
     """Close the oldest connection that is not serving a request; False when every one is."""
-    oldest = next((c for c in connections if c.idle), None)
+    oldest = next((c for c in connections if not c.busy), None)
     if oldest is None:
         return False
     connections.pop(oldest, None)

@@ -83,7 +83,7 @@ def serve(host: Host, *, address: str = LOOPBACK, port: int = 0, api_key: str | 
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=3,
                             http=protocol, backlog=BACKLOG)  # fmt: skip
     quiet_floods()
-    server = _server_class(uvicorn, accept_queue=ACCEPT_QUEUE)(config)
+    server = _server_class(uvicorn)(config)
     if announce:
         chosen = sock.getsockname()[1]
         print(f"{LISTENING_PREFIX} {address}:{chosen}", flush=True)
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 TICK_S = 1.0  # how often the server's loop does its housekeeping when nothing else wakes it
 
 
-def _server_class(uvicorn, accept_queue: int | None = None):
+def _server_class(uvicorn):
     """uvicorn's Server, with its housekeeping (the Date header, the exit check) once a second
     instead of ten times: each tick woke the event loop for ~0.25 ms, 0.25% of a core for an idle
     engine and half of what the loop took while a reply streamed, on the cores the engine decodes
@@ -162,12 +162,12 @@ def _server_class(uvicorn, accept_queue: int | None = None):
 
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
-            for sock in (sockets or []) if accept_queue else []:
+            for sock in sockets or []:
                 # asyncio listened with uvicorn's backlog, which is also how many connections it accepts
                 # in one go (file descriptors at once); the kernel's queue may be deeper, for free: a
                 # burst of connections then waits there instead of each one's SYN being dropped and
                 # retried a second later.
-                sock.listen(accept_queue)
+                sock.listen(ACCEPT_QUEUE)
 
         def handle_exit(self, sig, frame) -> None:
             super().handle_exit(sig, frame)
