@@ -21,6 +21,7 @@ from app.chat.token_view import TokenView
 
 LABELS = ("vanilla", "speculative")
 TITLES = {"vanilla": "Vanilla decoding (target only)", "speculative": "Speculative decoding"}
+EMPTY_VERDICT = "Run a prompt to compare plain and speculative decoding on the loaded models."
 
 
 def _speed(stats: RunStats) -> str:
@@ -88,6 +89,11 @@ class _Pane(QWidget):
         self.stats.setText("waiting…")
         self.steps = 0
 
+    def clear(self) -> None:
+        self.view.clear_messages()
+        self.stats.setText(" ")
+        self.steps = 0
+
     def add_step(self, event: StepEvent) -> None:
         self.view.append_tokens(event.tokens)
         self.stats.setText(_speed(event.stats))
@@ -112,7 +118,7 @@ class CompareView(QWidget):
         self.settings_label = QLabel()
         self.settings_label.setWordWrap(True)
         self.panes = {label: _Pane(TITLES[label]) for label in LABELS}
-        self.verdict = QLabel("Run a prompt to compare plain and speculative decoding on the loaded models.")
+        self.verdict = QLabel(EMPTY_VERDICT)
         self.verdict.setWordWrap(True)
         self.verdict.setTextFormat(Qt.TextFormat.RichText)
         self.verdict.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -151,6 +157,13 @@ class CompareView(QWidget):
 
     def add_step(self, label: str, event: StepEvent) -> None:
         self.panes[label].add_step(event)
+
+    def clear_results(self) -> None:
+        """Empty both outputs, their numbers and the verdict: a new pair starts clean, with
+        no run of the previous pair shown under its name. The prompt stays."""
+        for pane in self.panes.values():
+            pane.clear()
+        self.verdict.setText(EMPTY_VERDICT)
 
     def show_comparison(self, comparison: Comparison, greedy: bool) -> None:
         """The verdict; also draws both results if they did not stream in (e.g. loaded from a file)."""

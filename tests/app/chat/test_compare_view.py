@@ -116,3 +116,21 @@ def _cursor(text_view, position):
     cursor = QTextCursor(text_view.document())
     cursor.setPosition(position + 1)
     return cursor
+
+
+def test_clear_results_leaves_no_run_of_the_previous_pair_on_screen(view):
+    """Item 6 of issue 36: a new pair starts clean (the window calls this when a pair loads)."""
+    view.prompt.setPlainText("kept for the next pair")
+    view.begin()
+    speculative = result(token(1, "alpha"), token(2, " beta"), tokens_per_s=20)
+    vanilla = result(token(1, "alpha"), token(2, " beta"), tokens_per_s=10)
+    view.show_comparison(Comparison(vanilla, speculative, None), greedy=True)
+    assert "Speedup" in view.verdict.text() and "alpha" in view.panes["vanilla"].view.toPlainText()
+
+    view.clear_results()
+
+    assert "Speedup" not in view.verdict.text() and "identical" not in view.verdict.text()
+    for pane in view.panes.values():
+        assert pane.view.toPlainText().strip() == ""
+        assert "tokens" not in pane.stats.text()
+    assert view.prompt.toPlainText() == "kept for the next pair"
