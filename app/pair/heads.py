@@ -18,11 +18,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, QStandardPaths, Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, QWidget
 
+import engine
 from engine import describe_heads  # one line about a heads folder, as the pair check says it
 from engine import heads_config_kind
 
@@ -32,11 +34,30 @@ TRAINED_KEY = "medusa/trained"  # JSON list of folders trained in the app (eithe
 LAST_TRAINED_KEY = "medusa/last_trained"
 MAX_REMEMBERED = 12
 KINDS = ("medusa", "eagle", "eagle3")
-SHIPPED_LABEL = "Shipped heads for the target"
-SHIPPED_LABELS = {"medusa": SHIPPED_LABEL, "eagle": "Shipped EAGLE head for the target",
-                  "eagle3": "Shipped EAGLE-3 head for the target"}  # fmt: skip
 KIND_NAMES = {"medusa": "Medusa heads", "eagle": "EAGLE head", "eagle3": "EAGLE-3 head"}
 _EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+def resources_dir() -> Path:
+    """engine.models.shipped.resources_dir, which cannot be imported here: its module loads torch."""
+    bundle = getattr(sys, "_MEIPASS", None)
+    return Path(bundle) / "resources" if bundle else Path(engine.__file__).resolve().parents[1] / "resources"
+
+
+def shipped_models(kind: str) -> list[str]:
+    """The models SpecDeck ships heads of `kind` for (resources/heads/{kind}-{model}/), e.g. ["smollm2-135m"]."""
+    folder = resources_dir() / "heads"
+    if not folder.is_dir():
+        return []
+    return sorted(sub.name[len(kind) + 1:] for sub in folder.iterdir()
+                  if sub.name.startswith(f"{kind}-") and (sub / "config.json").is_file())  # fmt: skip
+
+
+def shipped_label(kind: str) -> str | None:
+    """The first entry of a heads picker: the shipped heads and the models they are for; None when
+    no heads of this kind ship at all (the picker then offers no shipped entry)."""
+    models = shipped_models(kind)
+    return f"Shipped {KIND_NAMES[kind]} (for {', '.join(models)} only)" if models else None
 
 
 def heads_root() -> Path:
@@ -138,15 +159,19 @@ class HeadsPicker(QWidget):
         self.combo.setInsertPolicy(QComboBox.NoInsert)
         self.combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.combo.setMinimumContentsLength(24)
-        self.combo.addItem(SHIPPED_LABELS[kind], "")
-        shipped = {"medusa": "The heads that ship with SpecDeck for this target (the embedded model has some)",
-                   "eagle": "The EAGLE head that ships with SpecDeck for this target (the embedded model has one)",
-                   "eagle3": "The EAGLE-3 head that ships with SpecDeck for this target, if there is one"}
-        self.combo.setItemData(0, shipped[kind], Qt.ToolTipRole)
+        label = shipped_label(kind)
+        if label is not None:
+            self.combo.addItem(label, "")
+            self.combo.setItemData(0, f"The {KIND_NAMES[kind]} that ship with SpecDeck: the engine uses them when "
+                                      "the target is one of these models", Qt.ToolTipRole)  # fmt: skip
         for folder in known_heads(settings, kind):
             self.combo.addItem(folder, folder)
             self.combo.setItemData(self.combo.count() - 1, describe_heads(folder), Qt.ToolTipRole)
         files = {"medusa": "medusa_lm_head.safetensors"}.get(kind, "model.safetensors")
+        if label is None:  # nothing ships: the empty field asks for a folder
+            self.combo.setCurrentIndex(-1)
+            self.combo.setEditText("")
+            files += f" (no {KIND_NAMES[kind]} ships with SpecDeck: train one with Models > Train heads…)"
         self.combo.lineEdit().setPlaceholderText(f"a folder with config.json and {files}")
         self.combo.lineEdit().editingFinished.connect(self.sig_chosen)
         self.combo.activated.connect(self.sig_chosen)

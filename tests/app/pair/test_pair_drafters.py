@@ -220,8 +220,19 @@ def test_the_eagle_picker_offers_eagle_heads_and_remembers_a_trained_one(qtbot, 
     eagle_heads, heads = picker_dialog.form.field("eagle", "heads"), picker_dialog.form.field("medusa", "heads")
     assert str(eagle) in eagle_heads.choices() and str(eagle) not in heads.choices()
     assert eagle_heads.folder() == str(eagle) and heads.folder() == ""
-    assert eagle_heads.combo.itemText(0) == "Shipped EAGLE head for the target"
+    assert eagle_heads.combo.itemText(0) == "Shipped EAGLE head (for smollm2-135m only)"
     assert "EAGLE head" in eagle_heads.combo.itemData(1, Qt.ToolTipRole)
     eagle3_heads = picker_dialog.form.field("eagle3", "heads")
-    assert eagle3_heads.choices() == ["", str(eagle3)]
-    assert eagle3_heads.combo.itemText(0) == "Shipped EAGLE-3 head for the target"
+    assert eagle3_heads.choices() == [str(eagle3)]  # no EAGLE-3 head ships: no entry says one does
+
+
+def test_the_eagle3_field_offers_no_shipped_head_since_none_ships(qtbot, settings):
+    dialog = PairDialog(settings=settings)
+    qtbot.addWidget(dialog)
+    eagle3 = dialog.form.field("eagle3", "heads")
+    texts = [eagle3.combo.itemText(i) for i in range(eagle3.combo.count())]
+    assert not any("Shipped" in text for text in texts) and eagle3.combo.currentText() == ""
+    assert "no EAGLE-3 head ships" in eagle3.combo.lineEdit().placeholderText()
+    assert eagle3.folder() == ""  # the engine's check then says that none ships, and asks for a folder
+    medusa = dialog.form.field("medusa", "heads")
+    assert medusa.combo.itemText(0).startswith("Shipped Medusa heads (for smollm2-135m")
