@@ -39,8 +39,9 @@ def _folder(path: str) -> str:
 
     if not os.path.isdir(path):
         raise ModelLoadError(
-            f"MTP layers are read from a model folder's safetensors, and {path} is not a folder (a GGUF "
-            "file's MTP tensors are not read): load the model's original folder, or choose another drafter."
+            f"MTP layers are read from a model folder's safetensors, and {os.path.basename(path) or path} is not "
+            "a folder (a GGUF file's MTP tensors are not read): load the model's original folder, or choose "
+            "another drafter."
         )
     return path
 
