@@ -170,15 +170,26 @@ class Engine:
         cancel: threading.Event | None = None,
         on_event: Callable[[str, StepEvent], None] | None = None,
     ) -> Comparison:
-        """Vanilla, then speculative decoding, with the same sampling settings and seed."""
+        """Vanilla, then speculative decoding, with the same sampling settings and seed.
+
+        Each run starts from empty caches and reads the prompt itself: the speculative run
+        second would otherwise find the prompt in the cache the vanilla run filled, and show a
+        prefill (and a time to first token) of nearly nothing, as if speculation removed it."""
         runs = {}
         for label, speculative in (("vanilla", False), ("speculative", True)):
+            self.clear_prompt_caches()
             callback = (lambda event, label=label: on_event(label, event)) if on_event else None
             runs[label] = self.generate(prompt, sampling, speculative=speculative, cancel=cancel, on_event=callback)
         divergence = None
         if sampling.greedy and runs["vanilla"].tokens != runs["speculative"].tokens:
             divergence = first_divergence(runs["speculative"], runs["vanilla"], rounding_bound(self.target.info))
         return Comparison(runs["vanilla"], runs["speculative"], divergence)
+
+    def clear_prompt_caches(self) -> None:
+        """Empty the KV caches of the target and of every draft model: the next generation
+        prefills its whole prompt, as the first one after loading does."""
+        for backend in _backends(self.target, self.drafter):
+            backend.rollback(0)
 
     def close(self) -> None:
         if self.drafter is not None:
@@ -203,6 +214,18 @@ def _chosen_backend(config: EngineConfig) -> str:
         return "llama.cpp" if resolve(config.target).kind == "gguf" else "torch"
     except SpecDeckError:
         return "torch"
+
+
+def _backends(target: Backend, drafter: Drafter | None) -> list[Backend]:
+    """The target and the draft models behind `drafter` (a chain's members' too), each once."""
+    found, drafters = [target], [drafter] if drafter is not None else []
+    while drafters:
+        current = drafters.pop()
+        drafters.extend(member.drafter for member in getattr(current, "members", ()))
+        backend = getattr(current, "backend", None)  # a draft model's own (ModelDrafter.backend)
+        if isinstance(backend, Backend) and all(backend is not seen for seen in found):
+            found.append(backend)
+    return found
 
 
 def _out_of_memory_said(steps: Iterator[StepEvent], target: Backend) -> Iterator[StepEvent]:
