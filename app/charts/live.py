@@ -49,6 +49,7 @@ from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
 from engine import CostModel, StepEvent
+from engine.core import figures
 
 from app.runtime.costs import CostSnapshot
 from app.charts.data import COLUMNS, DRAFTER_COLUMNS, DRAFTER_VIEWS, Run, chart_series, drafter_view, stats_text
@@ -154,6 +155,8 @@ class LiveCharts(QWidget):
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.RichText)
         self.summary.setContentsMargins(6, 2, 6, 2)
+        self.summary.setToolTip(figure_tips(figures.DRAFT_ACCEPTANCE, figures.ACCEPTANCE_LENGTH,
+                                            figures.PREDICTED_SPEEDUP, figures.DECODE_SPEEDUP))  # fmt: skip
         # What the engine's numbers cannot show (a remote server's), in its own words; set per pair.
         self.notes = QLabel(self)
         self.notes.setWordWrap(True)
@@ -541,6 +544,11 @@ def panel_svg(panel) -> bytes:
     return bytes(buffer.data())
 
 
+def figure_tips(*shown: figures.Figure) -> str:
+    """A tooltip naming each figure a widget shows and what it is (Help ▸ What the numbers mean has more)."""
+    return "<br>".join(f"<b>{html.escape(f.name.capitalize())}</b>: {html.escape(f.tip)}" for f in shown)
+
+
 def _slug(title: str) -> str:
     words = "".join(c.lower() if c.isalnum() else " " for c in title).split()
     return "-".join(words) or "panel"
@@ -561,18 +569,17 @@ def summary_html(series: dict, text_colour: str, shown_notes: tuple[str, ...] = 
         if s is None:
             continue
         text = f"<b style='color:{RUN_COLOURS[label]}'>■ {label}</b> {s.tokens_per_s:.1f} tokens/s"
-        if s.tested:
-            text += (f", a = {s.acceptance_rate:.2f} (accepted/tested), drafts accepted {s.draft_acceptance_rate:.0%}, "
-                     f"{s.tokens_per_step:.2f} tokens/step")  # fmt: skip
+        if s.drafted:  # the figures llama.cpp and LM Studio print, under engine/core/figures.py's names
+            text += f", {figures.draft_acceptance_text(s)}, {figures.acceptance_length_text(s)}"
             measured = series["theory"]["measured"]
             if measured and abs(measured[1] - s.tokens_per_step) >= 0.005:  # some steps did not draft (auto k)
-                text += f" ({measured[1]:.2f} when drafting)"
+                text += f" ({measured[1]:.2f} on the steps that drafted)"
         parts.append(text)
     t = series["theory"]
     if t["measured_speedup"]:
-        parts.append(f"speedup {t['measured_speedup'][1]:.2f}× measured")
+        parts.append(f"{figures.DECODE_SPEEDUP.name} {t['measured_speedup'][1]:.2f}× measured")
     if "speculative" in stats and stats["speculative"].tested:
-        parts.append(f"{stats['speculative'].predicted_speedup:.2f}× predicted")
+        parts.append(f"{figures.PREDICTED_SPEEDUP.name} {stats['speculative'].predicted_speedup:.2f}×")
     line = " &nbsp;·&nbsp; ".join(parts)
     drafter = drafter_summary(series.get("drafter"))
     if drafter:

@@ -17,6 +17,7 @@ from PySide6.QtGui import QColor, QFont, QFontMetrics, QPalette
 from PySide6.QtWidgets import QGraphicsItem, QHBoxLayout, QWidget
 
 from engine import stats_owner
+from engine.core import figures
 from app.charts.data import drafter_columns_of
 
 RUN_COLOURS = {"speculative": "#0072B2", "vanilla": "#E69F00"}  # blue, orange
@@ -47,13 +48,16 @@ EMPTY = (np.zeros(0), np.zeros(0))
 class Panel(pg.PlotWidget):
     """A PlotWidget themed from the Qt palette, with a title, axis labels and a legend."""
 
-    def __init__(self, title: str, x_label: str, y_label: str, parent=None, axis_items=None) -> None:
+    def __init__(self, title: str | tuple[str, ...], x_label: str, y_label: str | tuple[str, ...], parent=None,
+                 axis_items=None, tip: str = "") -> None:  # fmt: skip
+        """`title` and `y_label`: a text, or texts longest first; the longest that fits is shown (the
+        y axis title runs along the plot's height, which a small window makes short). `tip`: what the
+        chart shows, for its tooltip."""
         palette = parent.palette() if parent is not None else QPalette()
         self.fg = palette.color(QPalette.ColorRole.Text)
         self.bg = palette.color(QPalette.ColorRole.Base)
         super().__init__(parent=parent, background=self.bg, axisItems=axis_items)
         self.plot = self.getPlotItem()
-        self.set_title(title)
         tick_font = QFont(self.font())
         tick_font.setPointSizeF(8.5)
         for side in ("left", "bottom"):
@@ -66,9 +70,12 @@ class Panel(pg.PlotWidget):
             # range moves: half of what painting a panel cost while a reply streams.
             axis.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         # No `units=`: pyqtgraph would SI-scale them into "ktokens/s".
-        label_style = {"color": self.fg.name(), "font-size": "9pt"}
-        self.plot.setLabel("bottom", x_label, **label_style)
-        self.plot.setLabel("left", y_label, **label_style)
+        self._titles: tuple[str, ...] = ()
+        self._y_labels = (y_label,) if isinstance(y_label, str) else tuple(y_label)
+        self.plot.setLabel("bottom", x_label, **self.label_style())
+        self.plot.setLabel("left", self._y_labels[0], **self.label_style())
+        if tip:
+            self.setToolTip(tip)
         self.plot.showGrid(x=True, y=True, alpha=0.15)
         # Room on the right for the last x tick label, which pyqtgraph drops when it would overflow.
         self.plot.layout.setContentsMargins(2, 2, 14, 2)
@@ -83,6 +90,11 @@ class Panel(pg.PlotWidget):
         self._fitted: dict[int, tuple[float, float]] = {}  # axis (0 x, 1 y) -> what fit() asked for
         self._shown: dict[int, list[float]] = {}  # axis -> the view range that gave
         self.painted_s = 0.0  # the GUI thread's CPU time in paintEvent, in all (what LiveCharts' pace counts)
+        self.set_title(title)
+        self.plot.getViewBox().sigResized.connect(self._fit_words)
+
+    def label_style(self) -> dict:
+        return {"color": self.fg.name(), "font-size": "9pt"}
 
     def paintEvent(self, event) -> None:
         started = time.thread_time()
@@ -110,12 +122,32 @@ class Panel(pg.PlotWidget):
         self._fitted.clear()
         self._shown.clear()
 
-    def set_title(self, title: str) -> None:
-        self.plot.setTitle(title, color=self.fg.name(), size="10pt", bold=True)
-        # A title sets its own width as the plot's minimum, and a plot wider than its
-        # widget is drawn cut off on the right, axis and all. In a narrow dock a
-        # clipped title is the lesser evil.
-        self.plot.titleLabel.setMinimumWidth(0)
+    def set_title(self, title: str | tuple[str, ...]) -> None:
+        """`title`: a text, or texts longest first (the longest that fits the panel's width is shown)."""
+        titles = (title,) if isinstance(title, str) else tuple(title)
+        if titles != self._titles:
+            self._titles = titles
+            self._fit_words()
+
+    def _fit_words(self, *_) -> None:
+        """Show the longest title and y axis title that fit: a clipped one reads as a broken window."""
+        title = longest_fitting(self._titles, self._font(10, bold=True), self.width() - 24)
+        if title != self.plot.titleLabel.text:
+            self.plot.setTitle(title, color=self.fg.name(), size="10pt", bold=True)
+            # A title sets its own width as the plot's minimum, and a plot wider than its
+            # widget is drawn cut off on the right, axis and all.
+            self.plot.titleLabel.setMinimumWidth(0)
+        axis = self.plot.getAxis("left")
+        height = axis.geometry().height() or self.height() * 0.6
+        label = longest_fitting(self._y_labels, self._font(9), height - 4)
+        if label != axis.labelText:
+            self.plot.setLabel("left", label, **self.label_style())
+
+    def _font(self, points: float, bold: bool = False) -> QFont:
+        font = QFont(self.font())
+        font.setPointSizeF(points)
+        font.setBold(bold)
+        return font
 
     def show_series(self, series: dict) -> None:
         raise NotImplementedError
@@ -151,6 +183,12 @@ class CappedAxis(pg.AxisItem):
     def tickValues(self, minVal, maxVal, size):
         levels = super().tickValues(minVal, maxVal, size)
         return [(spacing, [v for v in values if v <= self.top + 1e-9]) for spacing, values in levels]
+
+
+def longest_fitting(texts: tuple[str, ...], font: QFont, room: float) -> str:
+    """The first of `texts` (longest first) that is at most `room` pixels wide, else the last."""
+    metrics = QFontMetrics(font)
+    return next((text for text in texts if metrics.horizontalAdvance(text) <= room), texts[-1] if texts else "")
 
 
 def set_label_anchor(line: pg.InfiniteLine, anchor: tuple[float, float]) -> None:
@@ -217,7 +255,9 @@ class ThroughputPanel(Panel):
     """Tokens per second over a rolling window; the run colours are explained once, in the header."""
 
     def __init__(self, parent=None) -> None:
-        super().__init__("Tokens per second", "decoding time (s)", "tokens/s (last 16 steps)", parent)
+        super().__init__("Tokens per second", "decoding time (s)", ("tokens/s (last 16 steps)", "tokens/s"), parent,
+                         tip="How fast the reply was decoded, over the last 16 steps (prefill left out). With the "
+                             "side by side, the vanilla run's line is orange.")  # fmt: skip
         self.legend.hide()
         self.curves = {}
         for label in RUN_ORDER:
@@ -240,7 +280,9 @@ class ThroughputPanel(Panel):
 
 class AcceptancePanel(Panel):
     def __init__(self, parent=None) -> None:
-        super().__init__("Acceptance rate", "step", "accepted / tested (last 16 steps)", parent)
+        super().__init__(("Per-token acceptance a", "Acceptance a"), "step", ("a (last 16 steps)", "a"), parent,
+                         tip=f"{figures.PER_TOKEN_ACCEPTANCE.tip} The dashed lines: the whole run's a, and the "
+                             f"{figures.BREAK_EVEN.name}: {figures.BREAK_EVEN.tip}")  # fmt: skip
         self.legend.hide()  # the two reference lines carry their own labels
         self.curve = self.plot.plot([], [], pen=pg.mkPen(RUN_COLOURS["speculative"], width=2), antialias=True)
         self.overall = pg.InfiniteLine(
@@ -287,13 +329,15 @@ class AcceptancePanel(Panel):
 
 class HistogramPanel(Panel):
     def __init__(self, parent=None) -> None:
-        super().__init__("Tokens accepted per step", "draft tokens accepted", "share of drafting steps", parent,
-                         axis_items={"left": CappedAxis("left")})  # fmt: skip
+        super().__init__(("Draft tokens accepted per step", "Accepted per step"), "draft tokens accepted",
+                         ("share of drafting steps", "share of steps"), parent, axis_items={"left": CappedAxis("left")},
+                         tip="How many drafted tokens each step kept. The dots: what the per-token acceptance a "
+                             "predicts (the first rejection ends a step, so the counts fall geometrically).")  # fmt: skip
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.75, brush=RUN_COLOURS["speculative"],
                                     pen=pg.mkPen(None), name="measured")  # fmt: skip
         self.plot.addItem(self.bars)
         self.model = self.plot.plot([], [], pen=pg.mkPen(self.fg, width=1.5), symbol="o", symbolSize=6,
-                                    symbolBrush=self.fg, symbolPen=None, name="geometric model")  # fmt: skip
+                                    symbolBrush=self.fg, symbolPen=None, name="predicted from a")  # fmt: skip
         self.plot.getAxis("bottom").setTickSpacing(major=1, minor=1)
         self.plot.getAxis("left").setTickSpacing(major=0.5, minor=0.1)
         self.plot.getAxis("left").setStyle(maxTextLevel=0)  # labels at 0, 0.5, 1 only
@@ -308,7 +352,7 @@ class HistogramPanel(Panel):
             # Headroom above the tallest bar, and the legend over the lower half of the
             # bars, keep the legend off the data.
             top = max(float(h["measured"].max()), float(h["predicted"].max()))
-            self.fit("y", 0.0, min(1.0, top) * HISTOGRAM_HEADROOM, padding=0.0)
+            self.fit("y", 0.0, min(1.0, top) * self.legend_headroom(HISTOGRAM_HEADROOM), padding=0.0)
             tallest_on_right = int(np.argmax(h["measured"])) >= len(h["bins"]) / 2
             self.legend.setOffset((6, 6) if tallest_on_right else (-6, 6))
         else:
@@ -334,7 +378,7 @@ class DraftLengthPanel(Panel):
     NAMES = {False: ("k asked", "drafted"), True: ("node budget k", "tree nodes")}
 
     def __init__(self, parent=None) -> None:
-        super().__init__(self.TITLES[False], "step", "tokens", parent)
+        super().__init__(self.TITLES[False], "step", "tokens", parent, tip=figures.DRAFT_LENGTH.tip)
         self.tree = False
         self.asked = self.plot.plot([], [], pen=pg.mkPen(RUN_COLOURS["speculative"], width=2), stepMode="left")
         # What the drafter actually proposed (an n-gram drafter often finds fewer than k),
@@ -400,7 +444,9 @@ class TimeSplitPanel(Panel):
     BAR_MAX = 26  # pixels: a bar no thicker than this, however tall the panel
 
     def __init__(self, parent=None) -> None:
-        super().__init__("Where the time goes", "seconds", "", parent)
+        super().__init__("Where the time goes", "seconds", "", parent,
+                         tip="Decoding time split into drafting, verifying (the target's forward over the drafted "
+                             "tokens) and the rest (sampling, the acceptance rule, bookkeeping).")  # fmt: skip
         self.legend.hide()
         self.bars = {}
         for part, colour in TIME_COLOURS.items():
@@ -493,7 +539,10 @@ class DepthPanel(Panel):
 
     def __init__(self, parent=None) -> None:
         super().__init__(self.LABELS["position"], "", "accepted / tested", parent,
-                         axis_items={"left": CappedAxis("left")})  # fmt: skip
+                         axis_items={"left": CappedAxis("left")},
+                         tip="The per-token acceptance a at each draft position (or Medusa head, or tree depth): "
+                             "a position is tested only when every one before it was accepted; the counts say "
+                             "how many times.")  # fmt: skip
         self.legend.hide()
         self.label = "position"
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=RUN_COLOURS["speculative"], pen=pg.mkPen(None))

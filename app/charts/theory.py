@@ -13,17 +13,27 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QFontMetrics
 
-from app.charts.panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, set_label_anchor, shows
+from app.charts.panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, longest_fitting, set_label_anchor, shows
 
 # The legend (up to five rows, top left) needs more room than other panels' two.
 THEORY_HEADROOM = 2.2
+TIP = ("The article's formula for draft length k: a step gives E = (1 - a^(k+1)) / (1 - a) tokens on average "
+       "(blue), and the predicted speedup divides that by the step's cost against a plain step (green). The dots: "
+       "this run's mean acceptance length on the steps that drafted, and its measured decoding speedup. Where "
+       "green crosses 1 is the break-even a.")
+# Which legend rows a short plot keeps first: the formula's curves, then the run, then the rest.
+# The note (no break-even, no cost model) is not in here: it outranks them all.
+LEGEND_NEED = {"E[tokens per step]": 5, "predicted speedup": 4, "this run": 3, "this run's speedup": 2,
+               "plain decoding (1×)": 1}
 LABEL_POSITIONS = (0.94, 0.84, 0.74, 0.64, 0.54, 0.44, 0.34, 0.24, 0.14, 0.06)  # along the break-even line, best first
 
 
 class TheoryPanel(Panel):
     def __init__(self, parent=None) -> None:
-        super().__init__("Theory", "acceptance rate a", "tokens per step  /  speedup ×", parent)
+        super().__init__("Theory", "per-token acceptance a", ("tokens per step  /  speedup ×", "tokens/step or ×"),
+                         parent, tip=TIP)  # fmt: skip
         self.legend.setOffset((6, 6))  # top left: every curve rises to the right
         # No box: in a short plot the five rows' box took most of the height and faded the
         # curves and the break-even label under it; the rows themselves are kept clear of them.
@@ -55,6 +65,7 @@ class TheoryPanel(Panel):
         self.plot.getViewBox().setLimits(xMin=-0.05, xMax=1.05, yMin=-0.2)
         self._k = None
         self._legend_entries = None
+        self._shown_theory: dict | None = None  # the series' theory part last shown (a resize lays its legend out again)
         self._data_top = 1.0
         self.plot.getViewBox().sigResized.connect(self._refit)
         self.note = ""  # what the legend says when there is no break-even line; tests read it
@@ -63,7 +74,7 @@ class TheoryPanel(Panel):
     def show_series(self, series: dict) -> None:
         t = series["theory"]
         k = t["k"]
-        self.set_title(f"Theory for k = {k}")
+        self.set_title((f"Theory for k = {k}", f"Theory, k = {k}"))
         # The curves change only with k and the cost model: most redraws move the measured points alone.
         if not shows(self.expected, t["a"], t["tokens_per_step"]):
             self.expected.setData(t["a"], t["tokens_per_step"], skipFiniteCheck=True)
@@ -79,6 +90,7 @@ class TheoryPanel(Panel):
         self.measured.setData(*([measured[0]], [measured[1]]) if measured else ([], []))
         self.measured_speedup.setData(*([points[0]], [points[1]]) if points else ([], []))
         self.note = self._note(t)
+        self._shown_theory = t
         self._show_legend(t)
 
         # Headroom keeps the top-left legend above the curves, which start near 1.
@@ -114,7 +126,10 @@ class TheoryPanel(Panel):
         return min(max(1.08 * self._data_top, needed), 3.0 * THEORY_HEADROOM * self._data_top)
 
     def _refit(self, *_) -> None:
-        """On a resize: the legend's share of the plot changed."""
+        """On a resize: the legend's share of the plot changed, and how many of its rows fit."""
+        if self._shown_theory is not None:
+            self.note = self._note(self._shown_theory)
+            self._show_legend(self._shown_theory)
         if self._k is not None:
             self.plot.setYRange(0.0, self._top(), padding=0.02)
         self._place_break_even_label()
@@ -207,6 +222,14 @@ class TheoryPanel(Panel):
         span = LABEL_POSITIONS[-1] - LABEL_POSITIONS[0]
         return [first.translated(shift * ((position - LABEL_POSITIONS[0]) / span)) for position in LABEL_POSITIONS]
 
+    def _rows_that_fit(self) -> int:
+        """How many legend rows fit in 70% of the view's height (all of them before layout)."""
+        height = self.plot.getViewBox().height()
+        if height <= 0:
+            return len(LEGEND_NEED) + 1
+        row = QFontMetrics(self._font(8)).height() + 2  # the legend's row, less its negative spacing
+        return max(2, int(0.7 * height // row))
+
     def _legend_rows(self) -> list[QRectF]:
         """Where the legend's samples and words are drawn (scene coordinates): in a short
         plot its translucent box takes most of the height, and the label may sit on the box."""
@@ -247,28 +270,37 @@ class TheoryPanel(Panel):
         self.measured_speedup.setData([], [])
 
     def _note(self, t: dict) -> str:
+        """The legend's last row, the longest wording that fits beside its blank sample."""
         if t["speedup"] is None:
-            return "speedup: no cost model yet"
-        if t["break_even"] is None:
-            return f"no break-even at k = {t['k']}: no a pays"
-        return ""
+            texts = ("speedup: no cost model yet", "no cost model yet", "no cost model")
+        elif t["break_even"] is None:
+            texts = (f"no break-even at k = {t['k']}: no a pays", f"no break-even at k = {t['k']}", "no break-even")
+        else:
+            return ""
+        room = self.plot.getViewBox().width() - 40  # the legend's offset and its sample's width
+        return longest_fitting(texts, self._font(8), room) if room > 0 else texts[0]
 
     def _show_legend(self, t: dict) -> None:
         measured, points = t["measured"], t["measured_speedup"]
         # Short entries: a wide legend would cover the curves' right ends. The numbers
         # are in LiveCharts' summary line.
         fg = self.fg.name()
-        entries = [(self.expected, "E[tokens/step]", fg)]
+        entries = [(self.expected, "E[tokens per step]", fg)]
         if t["speedup"] is not None:
             entries.append((self.speedup, "predicted speedup", fg))
         entries.append((self.plain_sample, "plain decoding (1×)", fg))
         if measured:
-            entries.append((self.measured, "measured tokens/step", fg))
+            entries.append((self.measured, "this run", fg))
         if points:
-            entries.append((self.measured_speedup, "measured speedup", fg))
+            entries.append((self.measured_speedup, "this run's speedup", fg))
         if self.note:
             colour = BREAK_EVEN if t["speedup"] is not None else self.muted(220).name()
             entries.append((self.note_sample, self.note, colour))
+        # A short plot (a small window) takes fewer rows, the least needed dropped first (the
+        # tooltip explains them all): rows past the view's height would sit on the axis title.
+        rows = self._rows_that_fit()
+        while len(entries) > rows:
+            entries.remove(min(entries, key=lambda entry: LEGEND_NEED.get(entry[1], 10)))
         if entries == self._legend_entries:
             return
         self._legend_entries = entries
