@@ -65,9 +65,8 @@ class TrainDialog(QDialog):
         self.form = TrainForm(target or keys.engine_config().target, self)
 
         self.progress = QProgressBar(self)
-        self.progress.setRange(0, 1)
-        self.progress.setValue(0)
-        self.progress.setFormat("%v / %m steps")
+        self._show_steps(self.form.steps.value())  # "0 / 500 steps" from the start, as Steps says
+        self.form.steps.valueChanged.connect(self._show_steps)
         self.status = QLabel("Choose a target and data, then press Start.", self)
         self.status.setWordWrap(True)
         self.status.setTextFormat(Qt.TextFormat.PlainText)  # engine messages are text, never markup
@@ -235,6 +234,7 @@ class TrainDialog(QDialog):
         if event.phase == "checkpoint":
             self._saved_step = event.step
         if event.phase == "train":
+            self.progress.setFormat("%v / %m steps")  # after the target's own replies, counted as replies
             self.progress.setRange(0, event.steps)
             self.progress.setValue(event.step)
             self.charts.add(event.step, event.loss, event.head_accuracy)
@@ -329,6 +329,14 @@ class TrainDialog(QDialog):
 
     def _kind_changed(self, kind: str) -> None:
         self.setWindowTitle(TITLES[kind])  # the charts follow at Start: until then they show the last run
+
+    def _show_steps(self, steps: int) -> None:
+        """The bar before a run: none of the form's steps done (a run in progress keeps its own count)."""
+        if self.worker is not None:
+            return
+        self.progress.setFormat("%v / %m steps")
+        self.progress.setRange(0, steps)
+        self.progress.setValue(0)
 
     def _set_running(self, running: bool) -> None:
         self.form.set_running(running)

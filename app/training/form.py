@@ -7,6 +7,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QFormLayout,
@@ -79,9 +80,15 @@ class TrainForm(QWidget):
         self.data_path = QLineEdit(self)
         self.data_path.setPlaceholderText("the file or folder to train on")
         self.data_browse = QPushButton("Browse…", self)
-        self.self_generate = _spin(0, 100_000, 0, self, step=10, special="off")
-        self.self_generate.setToolTip("Prompts the target answers itself before training: the closest data to what "
-                                      "it will be asked to guess, and slow to make (a reply at a time)")  # fmt: skip
+        # A check box says whether; the number beside it says how many replies (a spin box reading
+        # "off" at 0 left the number unexplained).
+        self.self_generate_on = QCheckBox("Also train on replies the target writes itself:", self)
+        self.self_generate = _spin(1, 100_000, 100, self, step=10)
+        self.self_generate.setSuffix(" replies")
+        tip = ("Prompts the target answers itself before training: the closest data to what it will be asked to "
+               "guess, and slow to make (a reply at a time)")  # fmt: skip
+        self.self_generate_on.setToolTip(tip)
+        self.self_generate.setToolTip(tip)
         self.num_heads = _spin(1, 8, 4, self)
         self.num_layers = _spin(1, 4, 1, self)
         self.draft_vocab = _spin(0, 1_000_000, DEFAULT_DRAFT_VOCAB, self, step=1024, special="all")
@@ -104,7 +111,13 @@ class TrainForm(QWidget):
         data_form.addRow("&Target:", self.target)
         data_form.addRow("&Data:", self.data_kind)
         data_form.addRow("File or folder:", _path_row(self.data_path, self.data_browse))
-        data_form.addRow("Self-generated replies:", self.self_generate)
+        self_generated = QWidget(self)
+        row = QHBoxLayout(self_generated)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.self_generate_on)
+        row.addWidget(self.self_generate)
+        row.addStretch(1)
+        data_form.addRow("Target's own replies:", self_generated)
         data_form.addRow("&Save heads in:", _path_row(self.out_dir, self.out_browse))
         sizes_box = QGroupBox("Heads and training", self)
         sizes = QGridLayout(sizes_box)
@@ -127,6 +140,7 @@ class TrainForm(QWidget):
         layout.addWidget(sizes_box)
 
         self.data_kind.currentIndexChanged.connect(lambda: self.set_running(self._running))
+        self.self_generate_on.toggled.connect(lambda: self.set_running(self._running))
         self.kind.currentIndexChanged.connect(self._kind_changed)
         self.data_browse.clicked.connect(self._browse_data)
         self.out_browse.clicked.connect(self._browse_out)
@@ -147,8 +161,6 @@ class TrainForm(QWidget):
         path = self.data_path.text().strip()
         if kind in ("file", "folder") and not path:
             raise ConfigError(f"Choose the {kind} to train on, or use the built-in corpus.")
-        if kind == "none" and self.self_generate.value() == 0:
-            raise ConfigError("Set how many replies the target should write, or choose some data.")
         if not self.out_dir.text().strip():
             raise ConfigError("Choose the folder to save the heads in.")
         data = {"builtin": ["builtin"], "file": [path], "folder": [path], "none": []}[kind]
@@ -156,7 +168,7 @@ class TrainForm(QWidget):
             "kind": self.heads_kind(), "target_spec": self.target.spec(), "data": data,
             "out_dir": str(Path(self.out_dir.text().strip()).expanduser()), "steps": self.steps.value(),
             "batch_size": self.batch_size.value(), "seq_len": self.seq_len.value(),
-            "self_generate": self.self_generate.value(), "objective": self.objective.currentData(),
+            "self_generate": self.self_generated(), "objective": self.objective.currentData(),
         }  # fmt: skip
         if self.heads_kind() in ONE_HEAD:  # one head, drafted by depth: Medusa's sizes do not apply
             options["draft_vocab"] = self.draft_vocab.value()
@@ -164,13 +176,22 @@ class TrainForm(QWidget):
             options.update(num_heads=self.num_heads.value(), num_layers=self.num_layers.value())
         return options
 
+    def self_generated(self) -> int:
+        """How many replies the target writes itself before training (0: none)."""
+        return self.self_generate.value() if self.self_generate_on.isChecked() else 0
+
     def set_running(self, running: bool) -> None:
         """Nothing can change while a run uses these settings."""
         self._running = running
         eagle = self.heads_kind() in ONE_HEAD
-        for widget in (self.kind, self.target, self.data_kind, self.self_generate, self.steps, self.batch_size,
+        for widget in (self.kind, self.target, self.data_kind, self.steps, self.batch_size,
                        self.seq_len, self.out_dir, self.out_browse):  # fmt: skip
             widget.setEnabled(not running)
+        only_replies = self.data_kind.currentData() == "none"  # the target's replies are the only data
+        if only_replies:
+            self.self_generate_on.setChecked(True)
+        self.self_generate_on.setEnabled(not running and not only_replies)
+        self.self_generate.setEnabled(not running and self.self_generate_on.isChecked())
         for widget in (self.num_heads, self.num_layers, self.size_labels[self.num_heads],
                        self.size_labels[self.num_layers]):  # fmt: skip
             widget.setEnabled(not running and not eagle)
