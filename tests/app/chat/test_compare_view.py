@@ -9,6 +9,7 @@ from engine import EngineConfig, SamplingConfig
 from engine.core.divergence import first_divergence
 from engine.core.events import RunStats, Source, StepEvent, TokenInfo
 from engine.api import Comparison, collect
+from engine.core.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
 from tests.app.conftest import REPLY_TIMEOUT_MS, STRICT_QT_LOG
 
 pytestmark = STRICT_QT_LOG
@@ -38,7 +39,7 @@ def test_greedy_float32_runs_are_reported_identical(qtbot, make_window, tiny_lla
     assert isinstance(comparison, Comparison) and comparison.identical
     assert comparison.vanilla.stats.tokens >= 10  # a real comparison, not two empty runs
     verdict = window.compare_view.verdict.text()
-    assert "Outputs identical" in verdict and "Speedup:" in verdict and "tok/s" in verdict
+    assert "Outputs identical" in verdict and "Decoding speedup:" in verdict and "tok/s" in verdict
     views = {label: pane.view for label, pane in window.compare_view.panes.items()}
     assert views["vanilla"].toPlainText() == views["speculative"].toPlainText()
     assert comparison.vanilla.text in views["vanilla"].toPlainText().replace("\u2029", "\n")
@@ -50,11 +51,13 @@ def token(token_id: int, text: str, top: tuple[tuple[int, float], ...] = ()) -> 
     return TokenInfo(token_id, text, Source.PLAIN, 0.5, None, tuple(i for i, _ in top), tuple(v for _, v in top))
 
 
-def result(*infos: TokenInfo, tokens_per_s: float):
+def result(*infos: TokenInfo, tokens_per_s: float, prefill_s: float = 0.0):
     """A GenerationResult with one step per token, as a greedy run of the engine would report it."""
     events = []
     for index, info in enumerate(infos):
-        stats = RunStats(steps=index + 1, tokens=index + 1, wall_s=(index + 1) / tokens_per_s)
+        wall_s = (index + 1) / tokens_per_s
+        stats = RunStats(steps=index + 1, tokens=index + 1, wall_s=wall_s, prefill_s=prefill_s,
+                         time_to_first_token_s=prefill_s + 1 / tokens_per_s)  # fmt: skip
         finish = "length" if index == len(infos) - 1 else None
         events.append(StepEvent(index, (info,), info.text, 0, 0, 0, 0.0, 0.0, 0.0, stats, finish))
     return collect(events)
@@ -84,7 +87,7 @@ def test_a_divergence_within_rounding_is_reported_as_explained(view):
     assert "Outputs differ from token 1" in verdict
     assert "&#x27; dog&#x27;" in verdict and "&#x27; cat&#x27;" in verdict  # both tokens named (escaped)
     assert "Explained by rounding" in verdict and "bug" not in verdict
-    assert "Speedup:</b> 2.00×" in verdict
+    assert "Decoding speedup:</b> 2.00×" in verdict
     for pane in view.panes.values():  # the first differing token is marked in both outputs
         start, _ = pane.view._entries[0].spans[1]
         assert "First difference" in pane.view.tooltip_at(pane.view.cursorRect(_cursor(pane.view, start)).center())
@@ -125,12 +128,51 @@ def test_clear_results_leaves_no_run_of_the_previous_pair_on_screen(view):
     speculative = result(token(1, "alpha"), token(2, " beta"), tokens_per_s=20)
     vanilla = result(token(1, "alpha"), token(2, " beta"), tokens_per_s=10)
     view.show_comparison(Comparison(vanilla, speculative, None), greedy=True)
-    assert "Speedup" in view.verdict.text() and "alpha" in view.panes["vanilla"].view.toPlainText()
+    assert "speedup" in view.verdict.text() and "alpha" in view.panes["vanilla"].view.toPlainText()
 
     view.clear_results()
 
-    assert "Speedup" not in view.verdict.text() and "identical" not in view.verdict.text()
+    assert "speedup" not in view.verdict.text() and "identical" not in view.verdict.text()
     for pane in view.panes.values():
         assert pane.view.toPlainText().strip() == ""
         assert "tokens" not in pane.stats.text()
     assert view.prompt.toPlainText() == "kept for the next pair"
+
+
+def test_the_verdict_names_the_decoding_speedup_and_each_runs_time_to_first_token(view):
+    speculative = result(token(1, "a"), token(2, "b"), tokens_per_s=20, prefill_s=0.31)
+    vanilla = result(token(1, "a"), token(2, "b"), tokens_per_s=10, prefill_s=0.29)
+
+    view.show_comparison(Comparison(vanilla, speculative, None), greedy=True)
+
+    verdict = view.verdict.text()
+    assert "Decoding speedup:</b> 2.00×" in verdict and "decoding phase only" in verdict
+    assert "time to first token 0.39 s (prefill 0.29 s)" in verdict  # vanilla: 0.29 s + its first step
+    assert "time to first token 0.36 s (prefill 0.31 s)" in verdict  # speculative: its own prefill
+    assert "prefill 0.00 s" not in verdict
+    assert "time to first token 0.39 s" in view.panes["vanilla"].stats.text()
+    assert "time to first token 0.36 s" in view.panes["speculative"].stats.text()
+    assert DECODE_SPEEDUP.tip in view.verdict.toolTip() and TIME_TO_FIRST_TOKEN.tip in view.verdict.toolTip()
+
+
+def test_the_chart_labels_both_bars_with_the_verdicts_times(view):
+    speculative = result(token(1, "a"), token(2, "b"), tokens_per_s=20, prefill_s=0.31)
+    vanilla = result(token(1, "a"), token(2, "b"), tokens_per_s=10, prefill_s=0.29)
+
+    view.show_comparison(Comparison(vanilla, speculative, None), greedy=True)
+
+    verdict = view.verdict.text()
+    for label, run in (("vanilla", vanilla), ("speculative", speculative)):
+        text = view.chart.labels[label]
+        assert text.isVisible() and text.toPlainText().startswith(f"{label}: ")
+        times = text.toPlainText().removeprefix(f"{label}: ")
+        assert times in verdict and f"decoding {run.stats.wall_s:.2f} s" in times
+    # each bar is as long as its run's prefill and decoding, the numbers the labels say
+    order = list(view.chart.labels)
+    spec, van = order.index("speculative"), order.index("vanilla")
+    assert view.chart.prefill.opts["width"][van] == vanilla.stats.prefill_s
+    assert view.chart.decoding.opts["width"][spec] == speculative.stats.wall_s
+
+    view.clear_results()
+    assert not any(text.isVisible() for text in view.chart.labels.values())
+    assert not view.chart.decoding.opts["width"].any()
