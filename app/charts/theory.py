@@ -10,6 +10,8 @@ curve never crosses 1 and the panel says so instead of drawing a line.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt
@@ -27,6 +29,7 @@ TIP = ("The article's formula for draft length k: a step gives E = (1 - a^(k+1))
 # The note (no break-even, no cost model) is not in here: it outranks them all.
 LEGEND_NEED = {"E[tokens per step]": 5, "predicted speedup": 4, "this run": 3, "this run's speedup": 2,
                "plain decoding (1×)": 1}
+SEARCH_S = 1.0  # the break-even label's place is looked for again at most this often while points move
 LABEL_POSITIONS = (0.94, 0.84, 0.74, 0.64, 0.54, 0.44, 0.34, 0.24, 0.14, 0.06)  # along the break-even line, best first
 
 
@@ -70,6 +73,7 @@ class TheoryPanel(Panel):
         self.plot.getViewBox().sigResized.connect(self._refit)
         self.note = ""  # what the legend says when there is no break-even line; tests read it
         self._placed = None  # what the break-even label was last placed for (it only moves when that changes)
+        self._searched_at = float("-inf")  # time.monotonic() of the label's last search
 
     def show_series(self, series: dict) -> None:
         t = series["theory"]
@@ -163,8 +167,14 @@ class TheoryPanel(Panel):
         key = (view.getRect(), tuple(row.getRect() for row in legend))
         moved = (round(value, 3), np.round(points / 4).tobytes())
         placed = self._placed
-        if placed is None or placed[0] != key or (placed[1] != moved and not self._clear(texts, placed[2], view, legend, points)):
+        # While a reply streams, the measured points move at every redraw: the label follows them
+        # at most every SEARCH_S (the search was a third of a redraw), and at once when the view,
+        # the legend or the line moved.
+        recent = time.monotonic() - self._searched_at < SEARCH_S
+        if placed is None or placed[0] != key or (
+                placed[1] != moved and not recent and not self._clear(texts, placed[2], view, legend, points)):
             self._placed = (key, moved, self._search(texts, value, view, legend, points))
+            self._searched_at = time.monotonic()
         self._put_label(texts, self._placed[2])
 
     def _put_label(self, texts: list[str], placement: tuple[int, float, tuple[int, int]]) -> None:
