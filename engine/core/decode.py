@@ -164,11 +164,16 @@ def decode_steps(
                 finish = "length"
             if finish:
                 break
-        infos, step_text = reply.release(final=finish is not None)
-        step = _Step(k, len(drafted), kept, tested, t1 - t0, t2 - t1, time.perf_counter() - t2,
+        infos, step_text, stop_infos = reply.release(final=finish is not None)
+        # What the step counts (RunStats): its tokens up to and including the one that ended the
+        # reply, token i. An end at a draft (i < kept) makes that draft the step's own token, as the
+        # target's would have been, and the drafts accepted after it go unused: the step counts i
+        # drafts accepted and tested, so tokens = steps + accepted holds for every step.
+        counted, counted_tested = (kept, tested) if i >= kept else (i, i)
+        step = _Step(k, len(drafted), counted, counted_tested, t1 - t0, t2 - t1, time.perf_counter() - t2,
                      feed.tree_depth, feed.extra)  # fmt: skip
-        run.add(reply.count, step)
-        yield run.event(index, step, infos, step_text, finish, end)
+        run.add(counted + 1, step)
+        yield run.event(index, step, infos, step_text, finish, end, stop_infos)
         if finish is not None:
             return
 
@@ -227,7 +232,8 @@ class _Reply:
                 return True
         return False
 
-    def release(self, final: bool) -> tuple[tuple[TokenInfo, ...], str]:
+    def release(self, final: bool) -> tuple[tuple[TokenInfo, ...], str, tuple[TokenInfo, ...]]:
+        """(the tokens now safe to show, their text, the stop string's tokens once the reply ends at one)."""
         if final and self.cut is None:
             self.text.flush()
         full = self.text.text
@@ -236,11 +242,13 @@ class _Reply:
         else:
             safe = len(full) if final else len(full) - held_back(full, self.stops)
         out: list[TokenInfo] = []
+        stop: tuple[TokenInfo, ...] = ()
         while self.pending:
             info, start = self.pending[0]
             end = self.pending[1][1] if len(self.pending) > 1 else len(full)
             if final and self.cut is not None and start >= self.cut:
-                self.count -= len(self.pending)  # tokens of the stop string itself
+                stop = tuple(replace(token, text="") for token, _ in self.pending)  # the stop string's own
+                self.count -= len(self.pending)
                 self.pending.clear()
                 break
             if not final and end > safe:
@@ -249,7 +257,7 @@ class _Reply:
             self.pending.pop(0)
         if final and self.cut is not None:
             self.text.text = full[: self.cut]
-        return tuple(out), "".join(info.text for info in out)
+        return tuple(out), "".join(info.text for info in out), stop
 
 
 @dataclass(frozen=True)
@@ -283,9 +291,10 @@ class _Run:
         self.tree_shapes: dict[tuple[int, int, int], int] = {}
         self.loop_start = time.perf_counter()
 
-    def add(self, total_tokens: int, step: _Step) -> None:
+    def add(self, tokens: int, step: _Step) -> None:
+        """Count a step that gave `tokens` tokens: its accepted drafts plus its own one."""
         s = self.stats
-        self.tokens = total_tokens
+        self.tokens += tokens
         if step.tree_depth is None:
             shape = (step.drafted, step.extra)
             self.drafted_lengths[shape] = self.drafted_lengths.get(shape, 0) + 1
@@ -312,7 +321,7 @@ class _Run:
 
     def event(
         self, index: int, step: _Step, infos: tuple[TokenInfo, ...] = (), text: str = "",
-        finish: str | None = None, end: TokenInfo | None = None,
+        finish: str | None = None, end: TokenInfo | None = None, stop_tokens: tuple[TokenInfo, ...] = (),
     ) -> StepEvent:  # fmt: skip
         s, costs = self.stats, self.costs
         a = s.acceptance_rate
@@ -342,7 +351,7 @@ class _Run:
             predicted_speedup=gain / cost if cost > 0 else 1.0,
         )
         return StepEvent(index, infos, text, step.k, step.drafted, step.kept, step.draft_s, step.verify_s,
-                         step.other_s, self.stats, finish, end)  # fmt: skip
+                         step.other_s, self.stats, finish, end, stop_tokens)  # fmt: skip
 
 
 def _count_first(counts: tuple[int, ...], n: int, length: int = 0) -> tuple[int, ...]:

@@ -45,11 +45,27 @@ class TokenInfo:
 
 @dataclass(frozen=True)
 class RunStats:
+    """A run's running totals, and the figures derived from them.
+
+    Every step (one target forward) gives the reply its accepted drafts and then exactly one
+    token of its own (the bonus, the token resampled after a rejection, or a plain token), so
+
+        tokens == steps + accepted,   accepted <= tested <= drafted,   tokens / steps >= 1.
+
+    The token that ends a run counts as a token of the step that made it, though the reply does
+    not show it: the end-of-generation token (`StepEvent.end_token`) and the tokens of a stop
+    string (`StepEvent.stop_tokens`) are tokens the target generated, as vLLM's and llama.cpp's
+    counts have them. When that end came at a draft the target accepted, that draft is the
+    step's own token and the drafts accepted after it are dropped unused: the step counts the
+    drafts before the end as accepted (and tested), the ones after it as drafted only. So the
+    tokens shown plus the end tokens are `tokens`, and no figure contradicts another.
+    """
+
     steps: int = 0  # target forwards in the decode loop
-    tokens: int = 0  # tokens emitted
+    tokens: int = 0  # tokens generated: the reply's, plus the end token or stop string that ended it
     drafted: int = 0  # draft tokens sent to the target
-    accepted: int = 0  # draft tokens accepted
-    tested: int = 0  # draft tokens the rule looked at (accepted + one per rejection)
+    accepted: int = 0  # draft tokens accepted and used (not those after the end of the reply)
+    tested: int = 0  # draft tokens the rule looked at and counted (accepted + one per rejection)
     wall_s: float = 0.0  # decode loop time (prefill excluded)
     prefill_s: float = 0.0
     time_to_first_token_s: float = 0.0  # from the start of the prefill to the first token shown (0: none yet)
@@ -143,6 +159,12 @@ class StepEvent:
     stats: RunStats
     finish_reason: str | None = None  # "stop" | "length" | "context" | "stop_string" | "cancelled"
     end_token: TokenInfo | None = None  # the end-of-generation token that finished the run, not shown
+    stop_tokens: tuple[TokenInfo, ...] = ()  # the stop string's tokens that finished the run, not shown
+
+    @property
+    def ended_with(self) -> int:
+        """Tokens the target generated that end the run and are not shown (counted in RunStats.tokens)."""
+        return len(self.stop_tokens) + (self.end_token is not None)
 
 
 @dataclass(frozen=True)

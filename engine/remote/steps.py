@@ -15,6 +15,12 @@ whose totals rose by d drafted and a accepted gave a accepted drafts and then th
 target's own token, the bonus when a == d, else the token resampled after the
 rejection; a step whose totals did not move drafted nothing (a plain token). p and q
 never come over these APIs: each token's p is NaN and q None, and the notes say so.
+
+The totals keep RunStats' identity, tokens = steps + accepted (engine/core/events.py): a
+step cut short (the end-of-turn token or the limit came inside its accepted drafts; servers
+do not send the end token) counts its last token as its own and the accepted drafts before
+it, and when the server's own totals for the run replace the chunks' at the end, the steps
+are what those totals imply: tokens - accepted.
 """
 
 from __future__ import annotations
@@ -114,8 +120,14 @@ class StepBuilder:
         if drafted is not None:
             changes["drafted"] = drafted
         if accepted is not None:
+            # Every step gave its accepted drafts and one token of its own: a run of t tokens accepted
+            # at most t - 1 drafts in at least one step (and no more than were drafted).
+            accepted = max(0, min(accepted, stats.tokens - 1, changes.get("drafted", stats.drafted)))
+            rejections = stats.tested - stats.accepted  # the rejections the chunks showed
             changes["accepted"] = accepted
-            changes["tested"] = accepted + (stats.tested - stats.accepted)  # the rejections the chunks showed
+            changes["tested"] = min(accepted + rejections, changes.get("drafted", stats.drafted))
+            if stats.tokens:
+                changes["steps"] = stats.tokens - accepted
         if depth_tested is not None and depth_accepted is not None:
             changes["depth_tested"], changes["depth_accepted"] = tuple(depth_tested), tuple(depth_accepted)
         stats = replace(stats, **changes)
@@ -134,11 +146,13 @@ class StepBuilder:
         count = len(step.texts)
         infos = tuple(TokenInfo(UNKNOWN_ID, piece, source, math.nan, None)
                       for piece, source in zip(step.texts, _sources(count, step.drafted, step.accepted)))  # fmt: skip
-        d, a = step.drafted or 0, min(step.accepted or 0, count)
+        # A step cut short inside its accepted drafts: its last token is its own (RunStats' identity).
+        d, a = step.drafted or 0, min(step.accepted or 0, max(count - 1, 0))
+        tested = a if (step.accepted or 0) > a else a + (1 if d > a else 0)
         stats = self._stats
         self._stats = stats = replace(
             stats, steps=stats.steps + 1, tokens=stats.tokens + count, drafted=stats.drafted + d,
-            accepted=stats.accepted + a, tested=stats.tested + a + (1 if d > a else 0), k=d, tree_nodes=d,
+            accepted=stats.accepted + a, tested=stats.tested + tested, k=d, tree_nodes=d,
             time_to_first_token_s=stats.time_to_first_token_s or self._first_token_s,
             wall_s=max(0.0, now - self._first_token_s),
         )  # fmt: skip

@@ -65,11 +65,12 @@ def test_one_step_per_chunk_with_known_k():
 
 def test_without_counters_tokens_are_unreported_and_the_totals_come_at_the_end():
     builder = StepBuilder(clock=_clock(), notes=("no per-token numbers",))
-    for text in ("Hello", ",", " world"):
+    for text in ("Hello", ",", " world", ",", " how", " are", " you", " to", "day"):
         builder.add(text)
     result = builder.finish("stop", drafted=10, accepted=6)
     assert {i.source for i in result.token_infos} == {Source.UNREPORTED}
     assert (result.stats.drafted, result.stats.accepted) == (10, 6)
+    assert result.stats.steps == 9 - 6  # the steps the totals imply: each gave its drafts and one token
     assert result.stats.notes == ("no per-token numbers",)
     assert result.events[-1].finish_reason == "stop"
 
@@ -77,3 +78,24 @@ def test_without_counters_tokens_are_unreported_and_the_totals_come_at_the_end()
 def test_a_reply_with_no_token_still_ends_with_one_step():
     result = StepBuilder(clock=_clock()).finish("cancelled")
     assert result.finish_reason == "cancelled" and result.text == "" and len(result.events) == 1
+
+
+def test_a_step_cut_short_by_the_end_of_the_reply_keeps_tokens_equal_to_steps_plus_accepted():
+    """llama-server counted 4 drafts accepted, but the reply ended (its end token, never sent) after two
+    of them: the second is the step's own token, and the reply is 1 + 2 tokens from 2 steps."""
+    builder = StepBuilder(clock=_clock())
+    builder.add("Four", tokens=1, drafted=0, accepted=0)
+    builder.add(".", tokens=2, drafted=4, accepted=4)
+    builder.add(" Done", tokens=3, drafted=4, accepted=4)
+    stats = builder.finish("stop").stats
+    assert (stats.steps, stats.tokens, stats.accepted) == (2, 3, 1)
+    assert stats.tokens == stats.steps + stats.accepted and stats.accepted <= stats.tested <= stats.drafted
+
+
+def test_the_servers_totals_never_claim_more_accepted_drafts_than_the_tokens_allow():
+    builder = StepBuilder(clock=_clock())
+    for text in ("2", " +", " 2"):
+        builder.add(text)
+    stats = builder.finish("stop", drafted=4, accepted=4).stats  # the end token was the 4th: never sent
+    assert (stats.tokens, stats.accepted, stats.steps) == (3, 2, 1)
+    assert stats.tokens == stats.steps + stats.accepted and stats.tokens_per_step == 3.0
