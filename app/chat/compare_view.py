@@ -18,8 +18,10 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QSplitter, QVBoxLayout,
                                QWidget)  # fmt: skip
 
-from engine import Comparison, GenerationResult, RunStats, StepEvent
+from engine import Comparison, GenerationResult, RunStats, SamplingConfig, StepEvent
 from engine.core.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
+from engine.core.sampling_config import side_by_side
+from app.shell.settings import describe_sampling
 from app.chat.compare_chart import CompareChart, run_times
 from app.chat.view import Composer
 from app.chat.token_view import TokenView
@@ -156,6 +158,7 @@ class CompareView(QWidget):
         layout.addWidget(self.verdict)
 
         self._busy = self._ready = False
+        self._sampling = side_by_side(SamplingConfig())
         self.prompt.sig_submit.connect(self._submit)
         self.prompt.sig_escape.connect(self.sig_stop_requested)
         self.run_button.clicked.connect(lambda: self.sig_stop_requested.emit() if self._busy else self._submit())
@@ -180,8 +183,11 @@ class CompareView(QWidget):
         self.chart.clear_runs()
         self.verdict.setText(EMPTY_VERDICT)
 
-    def show_comparison(self, comparison: Comparison, greedy: bool) -> None:
-        """The verdict; also draws both results if they did not stream in (e.g. loaded from a file)."""
+    def show_comparison(self, comparison: Comparison, greedy: bool | None = None) -> None:
+        """The verdict; also draws both results if they did not stream in (e.g. loaded from a file).
+        `greedy`: whether the runs were greedy; by default what `set_sampling` said (they are:
+        EngineController.compare decodes both runs greedily)."""
+        greedy = self._sampling.greedy if greedy is None else greedy
         for label, result in (("vanilla", comparison.vanilla), ("speculative", comparison.speculative)):
             pane = self.panes[label]
             if pane.steps != len(result.events):  # not streamed here: a result handed over whole
@@ -202,6 +208,12 @@ class CompareView(QWidget):
 
     def set_settings_summary(self, text: str) -> None:
         self.settings_label.setText(text)
+
+    def set_sampling(self, chat_sampling: SamplingConfig) -> None:
+        """The chat's sampling: both runs use its seed, length and stop strings, greedily."""
+        self._sampling = side_by_side(chat_sampling)
+        self.set_settings_summary(f"Both runs: {describe_sampling(self._sampling)} (the side by side is always "
+                                  "greedy, so the outputs must match); same models and seed.")  # fmt: skip
 
     def set_busy(self, busy: bool) -> None:
         self._busy = busy

@@ -27,6 +27,7 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine import GenerationResult, SamplingConfig
+from engine.core.sampling_config import with_new_seed
 from app.chat.view import ChatView
 from app.chat.conversation_panel import ConversationPanel
 from app.chat.conversations import Conversation, ConversationStore, StoreError
@@ -34,6 +35,8 @@ from app.runtime.engine_controller import CHAT, EngineController
 from app.runtime.steps import Step
 
 NEW_CHAT_TITLE = "New chat"
+GREEDY_REGENERATE = ("Greedy decoding gives the same reply: raise the temperature in Models ▸ Model pair… (Ctrl+M) "
+                     "to get a different one.")  # fmt: skip
 _NOT_SENT = "Your message was not sent (it is still in the message box)."
 
 
@@ -56,7 +59,8 @@ class ChatSession(QObject):
     """A write succeeded after failures: everything shown is saved again."""
 
     sig_notice = Signal(str)
-    """Something the user should know about the conversations (damaged records or rows skipped, a salvage)."""
+    """Something the user should know about the conversations (damaged records or rows skipped, a salvage)
+    or a reply (that regenerating a greedy one gives the same text)."""
 
     def __init__(self, store: ConversationStore, controller: EngineController, view: ChatView,
                  panel: ConversationPanel, parent: QObject | None = None) -> None:  # fmt: skip
@@ -102,7 +106,9 @@ class ChatSession(QObject):
         self.controller.chat(conversation.chat_messages(), sampling)
 
     def regenerate(self, sampling: SamplingConfig) -> None:
-        """Write the last reply again (the reply goes; the question stays and is answered anew)."""
+        """Write the last reply again (the reply goes; the question stays and is answered anew),
+        with a seed of its own: the same seed would draw the same reply. Greedy decoding has
+        no draw to change, so the user is told how to get another reply."""
         if self._after_stop(lambda: self.regenerate(sampling)):
             return
         conversation = self.conversation
@@ -115,7 +121,9 @@ class ChatSession(QObject):
                 return
         self.view.show_conversation(conversation)
         self.replying_to = conversation
-        self.controller.chat(conversation.chat_messages(), sampling)
+        if sampling.greedy:
+            self.sig_notice.emit(GREEDY_REGENERATE)
+        self.controller.chat(conversation.chat_messages(), with_new_seed(sampling))
 
     def edit_and_resend(self, position: int, text: str, sampling: SamplingConfig) -> None:
         """Replace the user's message at `position` with `text`, drop what came after it, and send it."""

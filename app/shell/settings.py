@@ -6,7 +6,9 @@ folder. Reads are typed (`value(key, default, type)`), as in Frescobaldi.
 
 The model pair is ONE key, `engine/config`: the engine's own versioned JSON
 (`EngineConfig.to_dict()`), which the window loads, the pair dialog edits and
-the presets keep. Sampling is `engine/sampling`. Where the pair runs (the
+the presets keep. Sampling is `engine/sampling`; without it, a chat samples as the
+saved target recommends, else as llama.cpp does (`chat_default`), never greedily:
+Regenerate must be able to write another reply. Where the pair runs (the
 window's own engine process, or a server) is `engine/choice`, an `EngineChoice`;
 a store without it reads as Local, so adding it needed no version step. Anything unreadable (a hand
 edit, a newer version's config) falls back to the defaults rather than
@@ -35,6 +37,7 @@ from typing import TypeVar
 from PySide6.QtCore import QByteArray, QSettings
 
 from engine import ConfigError, EngineConfig, SamplingConfig, config_from_legacy
+from engine.core.sampling_config import CHAT_DEFAULT, chat_default
 
 VERSION = "settings/version"  # which of MIGRATIONS this store has been through
 ENGINE_CONFIG = "engine/config"  # the model pair: EngineConfig.to_dict(), versioned by the engine
@@ -67,7 +70,9 @@ LABELS = {
 
 # What a first start uses: the embedded SmolLM2-135M-Instruct with the n-gram drafter on llama.cpp.
 DEFAULT_ENGINE_CONFIG = EngineConfig()
-DEFAULT_SAMPLING = SamplingConfig()  # greedy, seed 0, up to 256 tokens: the pair dialog's defaults too
+DEFAULT_SAMPLING = CHAT_DEFAULT  # temperature 0.8, seed 0, up to 256 tokens: the pair dialog's defaults too
+# What a first start saved before issue 36 (greedy, as DEFAULT_SAMPLING was then): see _v1_to_v2.
+_V1_DEFAULT_SAMPLING = SamplingConfig(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, max_tokens=256)
 
 T = TypeVar("T")
 
@@ -244,9 +249,23 @@ def set_engine_choice(choice: EngineChoice, settings: QSettings | None = None) -
 
 
 def sampling_config(settings: QSettings | None = None, resets: list[str] | None = None) -> SamplingConfig:
+    """The saved sampling; with none saved (or none readable), what the saved target recommends
+    in its files, else DEFAULT_SAMPLING (`chat_default`)."""
     settings = settings or QSettings()
     migrate(settings)
-    return _read(settings, SAMPLING_CONFIG, SamplingConfig, DEFAULT_SAMPLING, resets)
+    saved = _read(settings, SAMPLING_CONFIG, SamplingConfig, None, resets)
+    return saved if saved is not None else recommended_chat_sampling(engine_config(settings))
+
+
+def recommended_chat_sampling(config: EngineConfig) -> SamplingConfig:
+    """The chat sampling for `config`'s target: its files' recommendation on top of DEFAULT_SAMPLING.
+    Reads the GGUF header or generation_config.json (a tenth of a second), on a first start only."""
+    from engine.models.recommended import recommended_sampling
+
+    try:
+        return chat_default(recommended_sampling(config.target))
+    except Exception:  # noqa: BLE001 - a target that cannot be read recommends nothing; its load says why
+        return DEFAULT_SAMPLING
 
 
 def set_sampling_config(config: SamplingConfig, settings: QSettings | None = None) -> None:
@@ -377,7 +396,19 @@ def _v0_to_v1(settings: QSettings) -> None:
         settings.remove(f"{_V0_PREFIX}/{name}")
 
 
-MIGRATIONS = (_v0_to_v1,)  # MIGRATIONS[v] takes a store from version v to v + 1
+def _v1_to_v2(settings: QSettings) -> None:
+    """Issue 36: chats sample by default (Regenerate gave the same reply again). Before, the
+    window saved its sampling with every pair it loaded, so a store holding exactly the old
+    greedy default most likely holds a default nobody chose (greedy was no choice then: it was
+    all there was unless one changed the temperature): it goes, and the new default applies. A
+    store where anything differs from it (a seed, a length, a temperature) was chosen and stays,
+    greedy included; from this version on, greedy saved by the user is kept as it is."""
+    fields = _json_object(settings.value(SAMPLING_CONFIG)) if settings.contains(SAMPLING_CONFIG) else None
+    if fields is not None and _from_fields(SamplingConfig, fields) == _V1_DEFAULT_SAMPLING:
+        settings.remove(SAMPLING_CONFIG)
+
+
+MIGRATIONS = (_v0_to_v1, _v1_to_v2)  # MIGRATIONS[v] takes a store from version v to v + 1
 SETTINGS_VERSION = len(MIGRATIONS)
 
 

@@ -8,7 +8,8 @@ without loading torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, replace
 
 from engine.errors import ConfigError
 
@@ -50,3 +51,34 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+# What a chat reply is sampled with when neither the user nor the model says otherwise:
+# llama.cpp's own defaults (common_params_sampling: temperature 0.8, top-k 40, top-p 0.95,
+# min-p 0.05), which llama-server, llama-cli and LM Studio start from and Ollama nearly shares
+# (top-p 0.9). Greedy decoding gives the same reply every time, so Regenerate would show
+# nothing new; a chat app samples. Greedy stays where identity is the point: the side by side.
+CHAT_DEFAULT = SamplingConfig(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+
+
+def chat_default(recommended: dict | None = None) -> SamplingConfig:
+    """CHAT_DEFAULT with what the model recommends in its files (engine.models.recommended),
+    when that samples: a recommended temperature 0 is most often `do_sample: false`, the
+    transformers default copied into generation_config.json, not a choice for chat."""
+    recommended = dict(recommended or {})
+    if not recommended or recommended.get("temperature", CHAT_DEFAULT.temperature) <= 0:
+        return CHAT_DEFAULT
+    # The model's own values replace ours; a filter it does not name is off, as the model was tuned.
+    named = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, **recommended}
+    return replace(CHAT_DEFAULT, **named)
+
+
+def side_by_side(sampling: SamplingConfig) -> SamplingConfig:
+    """The sampling of both runs of a comparison: greedy, so that the outputs must be identical
+    and any difference is found and explained; the seed, length and stop strings are the chat's."""
+    return replace(sampling, temperature=0.0)
+
+
+def with_new_seed(sampling: SamplingConfig) -> SamplingConfig:
+    """`sampling` with a fresh random seed (Regenerate: another draw, not the same reply again)."""
+    return replace(sampling, seed=secrets.randbits(63))

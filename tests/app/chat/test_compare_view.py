@@ -176,3 +176,13 @@ def test_the_chart_labels_both_bars_with_the_verdicts_times(view):
     view.clear_results()
     assert not any(text.isVisible() for text in view.chart.labels.values())
     assert not view.chart.decoding.opts["width"].any()
+
+
+def test_the_side_by_side_says_it_is_greedy_whatever_the_chat_samples_with(view):
+    view.set_sampling(SamplingConfig(temperature=0.8, top_k=40, seed=5, max_tokens=9))
+
+    assert "greedy, seed 5, up to 9 tokens" in view.settings_label.text()
+    assert "temperature" not in view.settings_label.text()
+    same = result(token(1, "a"), token(2, "b"), tokens_per_s=10)
+    view.show_comparison(Comparison(same, same, None))  # greedy unless told otherwise: the runs were
+    assert "Outputs identical" in view.verdict.text()
