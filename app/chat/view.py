@@ -12,12 +12,14 @@ everything after it) or regenerates the last reply.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPoint, Qt, Signal
+from PySide6.QtCore import QEvent, QPoint, Qt, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent
 from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QMenu, QPlainTextEdit,
-                               QPushButton, QVBoxLayout, QWidget)  # fmt: skip
+                               QPushButton, QToolTip, QVBoxLayout, QWidget)  # fmt: skip
 
 from engine import TokenInfo
+from engine.core.events import RunStats
+from engine.core.figures import ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE, TIME_TO_FIRST_TOKEN, summary, tips
 from app.chat.conversations import Conversation
 from app.chat.provenance import Legend
 from app.chat.token_view import TokenView
@@ -32,22 +34,25 @@ _FINISH_NOTES = {
 }
 
 
+# The footer's tooltip: what its figures are (engine/core/figures.py), and where to read more.
+FOOTER_TIP = tips(DRAFT_ACCEPTANCE, ACCEPTANCE_LENGTH, TIME_TO_FIRST_TOKEN) + (
+    "\n\nHelp > What the numbers mean explains them with this run's numbers.")
+
+
 def reply_note(finish_reason: str | None, stats: dict | None) -> str:
-    """The grey line under a reply: how it ended and how fast it went."""
+    """The grey line under a reply: how it ended, the run's leading figures, and how fast it went."""
     parts = []
     if finish_reason in _FINISH_NOTES:
         parts.append(_FINISH_NOTES[finish_reason])
     elif finish_reason is None:
         parts.append("interrupted (the app closed while this reply was being written)")
     if stats and stats.get("tokens"):
+        if stats.get("drafted"):  # a vanilla reply has no draft figures to lead with
+            run = RunStats(**{key: int(stats.get(key, 0)) for key in ("steps", "tokens", "drafted", "accepted")})
+            parts.append(summary(run))
         parts.append(f"{stats['tokens']} tokens at {stats.get('tokens_per_s', 0):.1f} tok/s")
         if stats.get("time_to_first_token_s"):
-            parts.append(f"first token after {stats['time_to_first_token_s']:.2f} s")
-        if stats.get("drafted"):
-            accepted, drafted = stats.get("accepted", 0), stats["drafted"]
-            parts.append(f"{accepted}/{drafted} drafts accepted ({accepted / drafted:.0%})")
-            if stats.get("steps"):
-                parts.append(f"{stats['tokens'] / stats['steps']:.2f} tokens per forward")
+            parts.append(f"{TIME_TO_FIRST_TOKEN.name} {stats['time_to_first_token_s']:.2f} s")
     return " · ".join(parts)
 
 
@@ -105,6 +110,8 @@ class ChatView(QWidget):
         self.transcript.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.transcript.customContextMenuRequested.connect(self._show_menu)
         self.transcript.setPlaceholderText("Ask the model something. Replies appear here as they are decoded.")
+        self.transcript.viewport().installEventFilter(self)  # after TokenView's own: asked first (footer_tip_at)
+        self._footers: set[str] = set()  # the footers written under replies, to explain them on hover
         self.legend = Legend()
         self.markdown = QCheckBox("Markdown")
         self.markdown.setToolTip("Draw finished replies as Markdown (headings, lists, tables, code), each token "
@@ -157,7 +164,7 @@ class ChatView(QWidget):
                 self.begin_reply()
                 self.append_tokens(tuple(message.tokens or ()))
             else:
-                note = reply_note(message.finish_reason, message.stats)
+                note = self._footer(message.finish_reason, message.stats)
                 self.transcript.add_message("assistant", ASSISTANT_TITLE, tokens=list(message.tokens or []), note=note)
 
     def message_sent(self, text: str) -> None:
@@ -212,7 +219,28 @@ class ChatView(QWidget):
         self.transcript.append_tokens(tokens)
 
     def end_reply(self, finish_reason: str, stats: dict | None) -> None:
-        self.transcript.end_message(reply_note(finish_reason, stats))
+        self.transcript.end_message(self._footer(finish_reason, stats))
+
+    def footer_tip_at(self, point: QPoint) -> str:
+        """The footer's tooltip when `point` (the transcript viewport's coordinates) is on the footer
+        under a reply that gives figures, else ""."""
+        block = self.transcript.cursorForPosition(point).block()
+        return FOOTER_TIP if block.text() in self._footers else ""
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt API
+        # A reply's footer explains its figures; everywhere else TokenView's own filter answers (a token's p, q).
+        if event.type() == QEvent.Type.ToolTip and watched is self.transcript.viewport():
+            tip = self.footer_tip_at(event.pos())
+            if tip:
+                QToolTip.showText(event.globalPos(), tip, self.transcript.viewport())
+                return True
+        return super().eventFilter(watched, event)
+
+    def _footer(self, finish_reason: str | None, stats: dict | None) -> str:
+        note = reply_note(finish_reason, stats)
+        if stats and stats.get("tokens"):
+            self._footers.add(note)
+        return note
 
     def set_busy(self, busy: bool) -> None:
         """While a reply is written the button stops it instead of sending."""

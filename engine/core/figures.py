@@ -88,3 +88,8 @@ def summary(stats: RunStats) -> str:
     """The run in one line, the leading figures first: what a chat reply's footer says."""
     parts = [draft_acceptance_text(stats), acceptance_length_text(stats)]
     return " · ".join(part for part in parts if part)
+
+
+def tips(*figures: Figure) -> str:
+    """A tooltip for several figures: each one's name and what it means, a paragraph each."""
+    return "\n\n".join(f"{figure.name[0].upper()}{figure.name[1:]}: {figure.tip}" for figure in figures)

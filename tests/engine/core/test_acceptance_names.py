@@ -31,7 +31,8 @@ def test_the_cli_json_and_summary_give_both_rates_and_the_mean_acceptance_length
     assert "mean acceptance length" in err and "(accepted/tested: the formula's a)" in err
 
 
-def test_the_chat_footer_says_drafts_accepted_with_their_share_and_tokens_per_forward():
-    note = reply_note("stop", {"tokens": 30, "tokens_per_s": 40.0, "drafted": 20, "accepted": 15, "steps": 12})
+def test_the_chat_footer_leads_with_the_share_of_drafted_tokens_accepted_then_the_mean_acceptance_length():
+    note = reply_note("stop", {"tokens": 30, "tokens_per_s": 40.0, "drafted": 20, "accepted": 18, "steps": 12})
 
-    assert note == "30 tokens at 40.0 tok/s · 15/20 drafts accepted (75%) · 2.50 tokens per forward"
+    assert note == ("90% of drafted tokens accepted (18 of 20) · mean acceptance length 2.50 · "
+                    "30 tokens at 40.0 tok/s")  # fmt: skip
