@@ -61,6 +61,22 @@ def dialog_order(specs) -> list:
     return sorted(specs, key=rank)
 
 
+def listed_drafters() -> dict:
+    """The drafters a user picks from (the registry's and the chains it suggests), by name, in `dialog_order`."""
+    return {spec.name: spec for spec in dialog_order([*all_drafters(), *suggested_chains()])}
+
+
+def add_drafter(combo: QComboBox, spec) -> None:
+    """List `spec` in a drafter combo box: its label, its name as data, its summary as the tooltip."""
+    combo.addItem(spec.choice_label or spec.label, spec.name)
+    combo.setItemData(combo.count() - 1, spec.summary, Qt.ToolTipRole)
+
+
+def draft_model_option(spec) -> str | None:
+    """The name of the option of `spec` that names a draft model ("draft"), or None when it loads none."""
+    return next((setting.name for setting in option_settings(spec) if setting.kind == "model"), None)
+
+
 def _combo(items, parent) -> QComboBox:
     combo = QComboBox(parent)
     for item in items:
@@ -90,10 +106,10 @@ class PairForm(QWidget):
         self.backend = _combo(BACKENDS, self)
         self.backend.setToolTip("auto: GGUF files run on llama.cpp, Hugging Face folders on PyTorch")
         self.target = ModelPicker(models, "target", self)
-        self.specs = {spec.name: spec for spec in dialog_order([*all_drafters(), *suggested_chains()])}
-        self.drafter = _combo([(spec.choice_label or spec.label, spec.name) for spec in self.specs.values()], self)
-        for i, spec in enumerate(self.specs.values()):
-            self.drafter.setItemData(i, spec.summary, Qt.ToolTipRole)
+        self.specs = listed_drafters()
+        self.drafter = QComboBox(self)
+        for spec in self.specs.values():
+            add_drafter(self.drafter, spec)
         models_box = self.models_box = QGroupBox("Models", self)
         form = self._models_form = QFormLayout(models_box)
         form.addRow("&Backend:", self.backend)
@@ -224,8 +240,7 @@ class PairForm(QWidget):
         if name in self.specs or not is_drafter(name):
             return
         spec = self.specs[name] = drafter_spec(name)
-        self.drafter.addItem(spec.choice_label or spec.label, spec.name)
-        self.drafter.setItemData(self.drafter.count() - 1, spec.summary, Qt.ToolTipRole)
+        add_drafter(self.drafter, spec)
         self._add_fields(spec)
 
     def config(self) -> EngineConfig:
@@ -290,10 +305,10 @@ class PairForm(QWidget):
 
     def model_option(self) -> tuple[str, str] | None:
         """(drafter, option) of the first drafter option that names a draft model, if any drafter has one."""
-        for name, fields in self.options.items():
-            for field in fields.values():
-                if field.setting.kind == "model":
-                    return name, field.name
+        for name, spec in self.specs.items():
+            option = draft_model_option(spec)
+            if option is not None:
+                return name, option
         return None
 
     def _update_recommended(self) -> None:

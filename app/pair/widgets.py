@@ -1,5 +1,5 @@
-"""Pieces of the pair dialog: a model picker, an "auto or a number" field, llama.cpp's GPU layers field and the
-view of the doctor's findings."""
+"""Pieces of the pair dialog and the pair bar: a model picker, an "auto or a number" field, llama.cpp's GPU
+layers field, a check that never raises, and the view of the doctor's findings."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import Finding, ModelRef
+from engine import EngineUnavailable, Finding, ModelRef, Preflight, SpecDeckError
 
 AUTO = "auto"
 
@@ -45,6 +45,13 @@ def model_label(ref: ModelRef) -> str:
     return f"{ref.name}  ({', '.join(f for f in facts if f)})"
 
 
+def add_models(combo: QComboBox, models, label=model_label) -> None:
+    """List `models` in `combo`: `label(ref)` as the text, the spec as data, the path as the tooltip."""
+    for ref in models:
+        combo.addItem(label(ref), ref.spec)
+        combo.setItemData(combo.count() - 1, ref.path, Qt.ToolTipRole)
+
+
 class ModelPicker(QWidget):
     """An editable list of the models found on this machine, and a Browse… menu for files and folders.
 
@@ -67,9 +74,7 @@ class ModelPicker(QWidget):
         self.combo.setInsertPolicy(QComboBox.NoInsert)  # a typed path must not join the list
         self.combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.combo.setMinimumContentsLength(24)
-        for ref in models:
-            self.combo.addItem(model_label(ref), ref.spec)
-            self.combo.setItemData(self.combo.count() - 1, ref.path, Qt.ToolTipRole)
+        add_models(self.combo, models)
         self.combo.lineEdit().setPlaceholderText("default, a .gguf file, a model folder or a repo id")
         self.combo.lineEdit().textEdited.connect(self.sig_edited)
         self.combo.lineEdit().editingFinished.connect(self.sig_chosen)
@@ -268,6 +273,20 @@ class GpuLayersField(QComboBox):
     def _finished(self) -> None:
         self.set_value(self.value())  # "" or "AUTO" or "+3": show what it means
         self.sig_chosen.emit()
+
+
+def checked(check, config, retry: str = "Press Check pair to try again.") -> Preflight:
+    """`check(config)` (a Preflight), on a worker thread: never raises. A check that cannot run (the
+    engine process did not start, or stopped during the check: `retry` says what to do) or fails is an
+    error finding that says so."""
+    try:
+        return check(config)
+    except EngineUnavailable as e:
+        return Preflight((Finding("error", "The engine could not check this pair", f"{e} {retry}"),))
+    except SpecDeckError as e:
+        return Preflight((Finding("error", "The engine could not check this pair", str(e)),))
+    except Exception as e:  # a bug, not a bad model: still no traceback in the user's face
+        return Preflight((Finding("error", "The check failed", f"{type(e).__name__}: {e}"),))
 
 
 class FindingsView(QTextBrowser):

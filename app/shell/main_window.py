@@ -24,7 +24,7 @@ import logging
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
 from PySide6.QtGui import QCloseEvent, QShowEvent
-from PySide6.QtWidgets import (QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QTabWidget,
+from PySide6.QtWidgets import (QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QTabWidget, QToolBar,
                                QVBoxLayout, QWidget)  # fmt: skip
 
 from engine import EngineConfig, EngineProcess, LoadedPair, SamplingConfig, all_drafters
@@ -46,6 +46,7 @@ from app.runtime.steps import Step
 from app.pair.dialog import PairDialog
 from app.pair.heads import engine_notes
 from app.pair.model_drop import ModelDrops
+from app.pair.pair_bar import PairBar
 from app.training.dialog import TrainDialog
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class MainWindow(QMainWindow):
         self.store = store
         self.controller = EngineController(self, process=engine_process)
         self._resets: list[str] = []  # settings keys that were unreadable and fell back to their defaults
-        keys.engine_config(resets=self._resets)  # read only to check it; start() loads it
+        saved_pair = keys.engine_config(resets=self._resets)  # start() loads it
         self._sampling = keys.sampling_config(resets=self._resets)
         self._run_kind: str | None = None
         self._compare_sampling = self._sampling  # what the running comparison was started with
@@ -94,6 +95,7 @@ class MainWindow(QMainWindow):
         self.train_dialog: TrainDialog | None = None  # made on first use; it stays while training runs
         self._freed: EngineConfig | None = None  # the pair freed for a benchmark or a training, to load again
         self._engine_stopped = ""  # the banner's text while it says the engine process stopped
+        self._shown_pair = None  # (where, which pair) the charts and the side by side show runs of
 
         self.banner = Banner()
         self.chat_view = ChatView()
@@ -125,6 +127,15 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.engine_label)
 
         self.actions = create_actions(self, (self.conversations_dock, self.charts_dock))
+        # The pair bar, on the toolbar's line: above the chat, and as wide as the window (the chat
+        # between the docks is ~580 px wide at 1280 px).
+        self.pair_bar = PairBar(self.controller.preflight)
+        self.pair_bar.set_config(saved_pair)
+        pair_toolbar = QToolBar("Model pair bar", self)
+        pair_toolbar.setObjectName("pair_bar")  # saveState() needs names
+        pair_toolbar.setMovable(False)
+        pair_toolbar.addWidget(self.pair_bar)
+        self.addToolBar(pair_toolbar)
         self.exports = Exports(self, self.charts)
         self._connect()
         self._connect_actions()
@@ -245,6 +256,8 @@ class MainWindow(QMainWindow):
         c.sig_run_finished.connect(self._on_run_finished)
         c.sig_busy_changed.connect(self._on_busy_changed)
         c.sig_error.connect(self.show_error)
+        self.pair_bar.sig_pair_chosen.connect(lambda config: self.apply_pair(config, self.sampling))
+        self.pair_bar.sig_more_requested.connect(self.choose_models)
         self.chats.sig_save_failed.connect(self._on_save_failed)
         self.chats.sig_save_recovered.connect(self._on_save_recovered)
         self.chats.sig_notice.connect(self._show_store_notice)
@@ -334,6 +347,9 @@ class MainWindow(QMainWindow):
 
     def _on_load_started(self, config: EngineConfig) -> None:
         """A load began: asked for here, or the controller's own after the engine process stopped."""
+        self.pair_bar.set_config(config)
+        self.pair_bar.set_remote(self.controller.choice.remote)
+        self.pair_bar.set_busy(True)  # said before the controller's busy signal, which comes after this one
         self._set_ready(False, "Loading the model…")
         self.engine_label.setText("Loading…")
         if not self.progress.isVisible():
@@ -360,6 +376,7 @@ class MainWindow(QMainWindow):
         if self._engine_stopped and self.banner.text() == self._engine_stopped:
             self._show_info("The engine process was started again; the models are loaded.")
         self._engine_stopped = ""
+        self._start_clean(loaded)
         if isinstance(loaded, ServerPair):  # no config, no cost model: the charts say what they lack
             self.charts.set_cost_model(None)
             self.charts.set_drafter(None)
@@ -374,6 +391,17 @@ class MainWindow(QMainWindow):
         if notes:
             self.banner.show_message(" ".join(notes), "info")
         self._set_ready(True)
+
+    def _start_clean(self, loaded: LoadedPair | ServerPair) -> None:
+        """A different pair loaded: the charts and the side by side forget the runs of the one before, which
+        would read as this pair's under its headline. The same pair loaded again (after the engine process
+        restarted, or a benchmark) keeps them."""
+        config = loaded.config
+        pair = (self.controller.choice, config if config is not None else loaded.describe())
+        if self._shown_pair is not None and pair != self._shown_pair:
+            self.charts.reset()
+            self.compare_view.clear_results()
+        self._shown_pair = pair
 
     def _on_load_failed(self, message: str) -> None:
         self.progress.hide()
@@ -464,6 +492,7 @@ class MainWindow(QMainWindow):
         self.controller.compare([{"role": "user", "content": prompt}], self.sampling)
 
     def _on_run_started(self, kind: str) -> None:
+        self.pair_bar.set_busy(True)  # the controller says it is busy after this
         self.charts.set_sharing_cores(self.controller.shares_cores)
         self.charts.begin_run()
         if kind == COMPARE:
@@ -492,6 +521,7 @@ class MainWindow(QMainWindow):
         generating = self.controller.busy and not self.controller.loading
         self.chat_view.set_busy(generating)
         self.compare_view.set_busy(generating)
+        self.pair_bar.set_busy(self.controller.busy)  # a reply, a load, or a benchmark's or training's job
         self.actions.stop.setEnabled(generating)
 
     def _set_ready(self, ready: bool, reason: str = "") -> None:
