@@ -16,6 +16,7 @@ from PySide6.QtGui import QAction, QIcon, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QStyle, QToolBar
 
 import app
+from app.shell.numbers_help import open_numbers_help
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Actions:
     system_prompt: QAction
     benchmark: QAction
     train_heads: QAction
+    numbers_help: QAction
 
 
 def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions:
@@ -81,6 +83,8 @@ def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions
                              "This chat's system prompt, and the one new chats start with"),
         benchmark=action("&Benchmark…", None, None, "Time vanilla against speculative decoding on a set of prompts"),
         train_heads=action("&Train heads…", None, None, "Train Medusa heads for a target on its own predictions"),
+        numbers_help=action("What the &numbers mean", QKeySequence.StandardKey.HelpContents, None,
+                            "Each figure in plain words, and the article's formula with your last reply's numbers"),
     )  # fmt: skip
     actions.stop.setEnabled(False)
     actions.salvage.setEnabled(False)  # until the store finds damage
@@ -120,6 +124,10 @@ def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions
         view_menu.addAction(dock.toggleViewAction())
 
     help_menu = menus.addMenu("&Help")
+    help_menu.addAction(actions.numbers_help)
+    # Opened here, as About is: the window gives its last run through last_run_stats() (numbers_help.py).
+    actions.numbers_help.triggered.connect(lambda: open_numbers_help(window))
+    help_menu.addSeparator()
     help_menu.addAction("&About SpecDeck", lambda: _about(window))
 
     toolbar = QToolBar("Main toolbar", window)

@@ -27,6 +27,8 @@ from typing import Callable, TextIO
 from engine.cli import interrupt as cli_interrupt
 from engine.errors import ContextOverflowError, SpecDeckError
 from engine.core.events import GenerationResult, Source, StepEvent
+from engine.core.figures import (ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE, PREDICTED_SPEEDUP,
+                                 draft_acceptance_text)
 
 COLOURS = {  # ANSI foreground colours, the app's tints where a terminal has them
     Source.ACCEPTED: "\033[32m",  # green: the draft guessed right
@@ -188,12 +190,13 @@ class Chat:
             self._say("no reply yet: /stats shows the last reply's statistics")
             return
         s = self.last.stats
-        lines = [
-            f"tokens/s: {s.tokens_per_s:.1f} ({s.tokens} tokens in {s.wall_s:.2f} s, {s.steps} target forwards)",
-            f"draft acceptance rate: {s.draft_acceptance_rate:.0%} ({s.accepted} accepted of {s.drafted} drafted)",
-            f"mean acceptance length: {s.mean_acceptance_length:.2f} tokens per target forward",
-            f"per-token acceptance a: {s.acceptance_rate:.2f} (accepted/tested: the formula's a)",
-            f"predicted speedup: {s.predicted_speedup:.2f}x (the formula, from a and the measured costs)",
+        lines = [  # the figures by engine/core/figures.py's names, in its order
+            f"tokens/s: {s.tokens_per_s:.1f} ({s.tokens} tokens in {s.wall_s:.2f} s, {s.steps} steps)",
+            f"{DRAFT_ACCEPTANCE.name}: {draft_acceptance_text(s) or 'nothing drafted'}",
+            f"{ACCEPTANCE_LENGTH.name}: {s.mean_acceptance_length:.2f} (tokens per step: the accepted drafts + 1)",
+            f"{PER_TOKEN_ACCEPTANCE.name}: {s.acceptance_rate:.2f} ({s.accepted} accepted of {s.tested} tested: "
+            "the formula's a)",
+            f"{PREDICTED_SPEEDUP.name}: {s.predicted_speedup:.2f}x (the formula, from a and the measured costs)",
         ]
         counts = {source: 0 for source in Source}
         for info in self.last.token_infos:

@@ -37,6 +37,7 @@ from engine.cli.options import (add_drafter_options, add_gpu_layers_option, add_
 from engine.cli.serve import add_serve_parser  # noqa: E402
 from engine.cli.train import add_train_parser  # noqa: E402
 from engine.errors import ConfigError, SpecDeckError  # noqa: E402
+from engine.core.figures import DECODE_SPEEDUP, details  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -400,13 +401,9 @@ def _drafter_sentence(stats) -> str | None:
 def _summary_lines(result, comparison, n_ctx: int, per_depth: bool = False, drafter: str | None = None) -> list[str]:
     """The run's statistics in sentences, and with a comparison the speedup and the verdict."""
     s = result.stats
-    lines = [
-        f"{s.tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), {s.steps} target forwards "
-        f"({s.tokens_per_step:.2f} tokens each); drafted {s.drafted}, accepted {s.accepted}; "
-        f"formula predicts {s.predicted_speedup:.2f}x",
-        f"draft acceptance rate {s.draft_acceptance_rate:.0%} (accepted/drafted), mean acceptance length "
-        f"{s.mean_acceptance_length:.2f} (tokens per target forward), per-token acceptance "
-        f"a = {s.acceptance_rate:.2f} (accepted/tested: the formula's a)",
+    lines = [  # the figures by engine/core/figures.py's names, in its order
+        f"{s.tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), {s.steps} steps (target forwards)",
+        details(s),
     ]
     if per_depth and s.depth_tested:
         lines.append("acceptance per head: " + ", ".join(
@@ -426,7 +423,7 @@ def _verdict_lines(comparison) -> list[str]:
     """Vanilla's speed, the speedup, whether the outputs are identical, and where they first differ."""
     v = comparison.vanilla.stats
     lines = [
-        f"vanilla: {v.tokens} tokens at {v.tokens_per_s:.1f} tok/s -> speedup {comparison.speedup:.2f}x; "
+        f"vanilla: {v.tokens} tokens at {v.tokens_per_s:.1f} tok/s -> {DECODE_SPEEDUP.name} {comparison.speedup:.2f}x; "
         + ("outputs identical" if comparison.identical else "outputs differ")
     ]
     d = comparison.divergence

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.core.draft_length import expected_tokens
 from engine.core.events import RunStats
 
 
@@ -84,6 +85,24 @@ def acceptance_length_text(stats: RunStats) -> str:
     return f"{ACCEPTANCE_LENGTH.name} {stats.mean_acceptance_length:.2f}"
 
 
+def per_token_acceptance_text(stats: RunStats) -> str:
+    """'per-token acceptance a 0.94 (22 of 24 tested)', or '' when no draft was tested."""
+    if not stats.tested:
+        return ""
+    return f"{PER_TOKEN_ACCEPTANCE.name} {stats.acceptance_rate:.2f} ({stats.accepted} of {stats.tested} tested)"
+
+
+def predicted_speedup_text(stats: RunStats) -> str:
+    """'predicted speedup 1.29x', or '' before the first step."""
+    return f"{PREDICTED_SPEEDUP.name} {stats.predicted_speedup:.2f}x" if stats.steps else ""
+
+
+def details(stats: RunStats) -> str:
+    """The leading figures, then the article's a and the speedup its formula predicts (the CLI's line)."""
+    parts = [summary(stats), per_token_acceptance_text(stats), predicted_speedup_text(stats)]
+    return " · ".join(part for part in parts if part)
+
+
 def summary(stats: RunStats) -> str:
     """The run in one line, the leading figures first: what a chat reply's footer says."""
     parts = [draft_acceptance_text(stats), acceptance_length_text(stats)]
@@ -93,3 +112,40 @@ def summary(stats: RunStats) -> str:
 def tips(*figures: Figure) -> str:
     """A tooltip for several figures: each one's name and what it means, a paragraph each."""
     return "\n\n".join(f"{figure.name[0].upper()}{figure.name[1:]}: {figure.tip}" for figure in figures)
+
+
+@dataclass(frozen=True)
+class FormulaExample:
+    """The article's formula with one run's numbers plugged in (Help > What the numbers mean)."""
+
+    a: float  # per-token acceptance: accepted / tested
+    k: int  # draft length: the run's drafted tokens per step, rounded
+    c: float  # a step's cost beyond one plain forward: verifying k + 1 tokens and drafting k, in forwards
+    expected: float  # E[tokens per step] = (1 - a^(k+1)) / (1 - a)
+    speedup: float  # expected / (1 + c)
+    break_even: float | None  # the a at which expected = 1 + c; None when no a <= 1 gets there
+
+
+def formula_example(stats: RunStats) -> FormulaExample | None:
+    """The formula for this run, or None when it drafted nothing. The cost is the run's measured
+    cost ratios (RunStats.verify_cost_ratio at the run's mean draft length, draft_cost_ratio per
+    drafted token); RunStats.predicted_speedup weighs each step's own draft length and the drafting
+    time as timed, so the two agree exactly for a run that drafted k tokens at every step."""
+    if not stats.steps or not stats.tested:
+        return None
+    k = max(1, round(stats.drafted / stats.steps))
+    a = stats.acceptance_rate
+    c = max(stats.verify_cost_ratio + k * stats.draft_cost_ratio - 1.0, 0.0)
+    expected = expected_tokens(a, k)
+    return FormulaExample(a, k, c, expected, expected / (1.0 + c), _break_even(k, c))
+
+
+def _break_even(k: int, c: float) -> float | None:
+    """The a where (1 - a^(k+1)) / (1 - a) = 1 + c (it grows with a, up to k + 1 at a = 1)."""
+    if expected_tokens(1.0, k) <= 1.0 + c:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) <= 1.0 + c else (lo, mid)
+    return hi

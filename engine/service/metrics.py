@@ -36,7 +36,7 @@ _COUNTERS = (
     ("spec_decode_num_draft_tokens", "Draft tokens sent to the target for verification."),
     ("spec_decode_num_accepted_tokens", "Draft tokens the target accepted."),
     ("prompt_tokens", "Prompt tokens prefilled."),
-    ("generation_tokens", "Tokens generated."),
+    ("generation_tokens", "Tokens of the replies (usage.completion_tokens: the end token or stop string not counted)."),
 )
 
 
