@@ -12,8 +12,10 @@ runs on an engine process of its own, started by its first run and stopped when
 it closes. One run at a time; Cancel (or closing the dialog) stops it between
 two generations. An engine process that dies under a run ends it with its
 own account of how; what the dialog showed stays, and Run starts the engine
-again. The result is a bar chart, a table and the three checks in words;
-Export saves everything measured as JSON, as `--json` does. "Find the best
+again. The result is a bar chart, a table and the three checks in words; the
+rows are drawn as each prompt has run in both modes (the engine sends each row as
+it is measured), the checks once the run has ended. Export saves everything
+measured as JSON, as `--json` does. "Find the best
 settings" runs auto-tune (engine/bench/autotune.py) the same way, on the same
 prompts with replies of at most 64 tokens, and shows the candidates ranked;
 "Use these settings" hands the fastest configuration to `apply_config` (the
@@ -32,8 +34,11 @@ from PySide6.QtWidgets import (QCheckBox, QDialog, QFileDialog, QFormLayout, QHB
 from engine import (AutotuneResult, AutotuneSettings, BenchmarkCancelled, BenchReport, BenchSettings, Candidate,
                     EngineClient, EngineConfig, EngineUnavailable, SpecDeckError, count_prompts,
                     default_prompts_path, load_prompts, write_json)  # fmt: skip
+from engine.bench.results import PromptSummary, report_so_far  # light: no torch
+from engine.core.figures import DECODE_SPEEDUP
 from app.bench.autotune_view import AutotunePanel
-from app.bench.view import BenchChart, BenchTable, checks_html
+from app.bench.chart import BenchChart
+from app.bench.view import BenchTable, checks_html
 from app.runtime.engine_controller import EngineController
 from app.runtime.worker import GeneratorWorker
 
@@ -44,6 +49,8 @@ AUTOTUNE_MAX_TOKENS = 64  # auto-tune runs every candidate on every prompt: shor
 class BenchDialog(QDialog):
     sig_finished = Signal(object)
     """A run ended: its BenchReport, or None when it failed or was cancelled."""
+    sig_rows_shown = Signal(int)
+    """The chart and the table show the rows measured so far (their number) while the run goes on."""
     sig_tuned = Signal(object)
     """An auto-tune ended: its AutotuneResult, or None when it failed or was cancelled."""
 
@@ -61,6 +68,7 @@ class BenchDialog(QDialog):
             host.sig_unloaded.connect(self._on_window_unloaded)
         self.autotune_candidates: tuple[Candidate, ...] | None = None  # None: all the loaded target allows
         self.report: BenchReport | None = None
+        self.rows: dict[str, PromptSummary] = {}  # the running benchmark's rows so far, by prompt (turn) id
         self._job = ""  # "bench" or "autotune": what the running worker does
         if parent is not None:  # the window closing must not leave our thread running
             parent.installEventFilter(self)
@@ -92,9 +100,10 @@ class BenchDialog(QDialog):
         self.run_button = QPushButton("Run", clicked=self.run)
         self.run_button.setDefault(True)
         self.autotune_button = QPushButton("Find the best settings", clicked=self.autotune)
-        self.autotune_button.setToolTip("Try every drafter this pair allows with a few draft lengths, on these "
-                                        f"prompts (replies of up to {AUTOTUNE_MAX_TOKENS} tokens), and rank them "
-                                        "by speedup over plain decoding")  # fmt: skip
+        self.autotune_button.setToolTip("Try every drafter this pair allows (suffix decoding and chains too) with "
+                                        "a few draft lengths, on these prompts (replies of up to "
+                                        f"{AUTOTUNE_MAX_TOKENS} tokens), and rank them by {DECODE_SPEEDUP.name} "
+                                        "(geometric mean over the prompts, as the benchmark's)")  # fmt: skip
         self.cancel_button = QPushButton("Cancel", clicked=self.cancel, enabled=False)
         self.export_button = QPushButton("Export JSON…", clicked=lambda: self.export_json(), enabled=False)
         close = QPushButton("Close", clicked=self.reject)
@@ -121,14 +130,15 @@ class BenchDialog(QDialog):
         self.autotune_panel.sig_apply.connect(self.use_settings)
         self.autotune_panel.hide()  # until auto-tune has run
         results.addWidget(self.autotune_panel)
-        results.setSizes([380, 220, 220])
+        results.setSizes([460, 200, 220])
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addLayout(buttons)
         layout.addWidget(self.status)
         layout.addWidget(results, 1)
         layout.addWidget(self.checks)
-        self.resize(1100, 820)
+        screen = (parent.screen() if parent is not None else self.screen()).availableGeometry()
+        self.resize(min(1100, screen.width() - 40), min(820, screen.height() - 40))  # all of it on a 1280x720 screen
 
     @property
     def running(self) -> bool:
@@ -162,8 +172,9 @@ class BenchDialog(QDialog):
         def job(client: EngineClient, cancel, report) -> BenchReport:
             return client.bench(config, prompts, settings, prompts_source=str(path), cancel=cancel,
                                 progress=lambda message, fraction: report((message, fraction)),
-                                on_unloaded=report)  # fmt: skip
+                                on_unloaded=report, on_row=report)  # fmt: skip
 
+        self.rows = {}  # a new run draws its own rows from the first
         self._start(job, "bench", self._on_report, f"Benchmarking {count_prompts(prompts)} from {path.name}…")
 
     def autotune(self) -> None:
@@ -241,6 +252,17 @@ class BenchDialog(QDialog):
             if self.host is not None:
                 self.host.freed_by_job(value)  # the window hears it now, and so does "Models:" (sig_unloaded)
             return
+        if isinstance(value, PromptSummary):  # a row just measured: drawn now, not at the end of the run
+            if not self.rows:  # the last run's report leaves the screen: its checks and export with it
+                self.report = None
+                self.checks.clear()
+                self.export_button.setEnabled(False)
+            self.rows[value.id] = value
+            partial = report_so_far(self.rows.values())
+            self.chart.show_report(partial)
+            self.table.show_report(partial)
+            self.sig_rows_shown.emit(len(self.rows))
+            return
         message, fraction = value
         self.status.setText(message)
         self.progress.setValue(round(fraction * 100))
@@ -248,9 +270,10 @@ class BenchDialog(QDialog):
     @Slot(object)
     def _on_report(self, report: BenchReport) -> None:
         self.show_report(report)
-        self._set_status(f"Done: {len(report.prompts)} prompts, speedup {report.overall.speedup:.2f}× overall "
-                         "(geometric mean), outputs identical for "
-                         f"{report.overall.identical} of {report.overall.prompts}.")  # fmt: skip
+        self._set_status(f"Done: {DECODE_SPEEDUP.name} {report.overall.speedup:.2f}× (geometric mean over "
+                         f"{len(report.prompts)} prompts, replies of up to {report.settings.get('max_tokens', '?')} "
+                         f"tokens), outputs identical for {report.overall.identical} of "
+                         f"{report.overall.prompts}.")  # fmt: skip
         self.sig_finished.emit(report)
 
     @Slot(object)
@@ -258,7 +281,7 @@ class BenchDialog(QDialog):
         if isinstance(error, BenchmarkCancelled):
             self._set_status("Cancelled: nothing was measured to the end.")
         elif isinstance(error, EngineUnavailable):  # the engine process died (its account) or cannot start
-            kept = " The results shown here are kept." if self.report is not None else ""
+            kept = " The results shown here are kept." if self.report is not None or self.rows else ""
             self._set_status(f"{error}{kept} Run starts the engine again.", error=True)
         elif isinstance(error, SpecDeckError):
             self._set_status(str(error), error=True)
@@ -271,8 +294,9 @@ class BenchDialog(QDialog):
         self.autotune_panel.show_result(result, can_apply=self.apply_config is not None)
         self.autotune_panel.show()
         best = result.best
-        fastest = (f"the fastest is {best.candidate.label}, {best.speedup:.2f}× plain decoding" if result.beats_vanilla
-                   else "none beat plain decoding")  # fmt: skip
+        fastest = (f"the fastest is {best.candidate.label}, {DECODE_SPEEDUP.name} {best.speedup:.2f}× (geometric "
+                   f"mean over {result.prompts} prompts, replies of up to {result.max_tokens} tokens)"
+                   if result.beats_vanilla else "none beat plain decoding")  # fmt: skip
         self._set_status(f"Done: {len(result.ranked)} settings measured; {fastest}.")
         self.sig_tuned.emit(result)
 

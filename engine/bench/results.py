@@ -56,9 +56,13 @@ def known_fields(cls, data: dict) -> dict:
     return {key: value for key, value in data.items() if key in names}
 
 
-def progress_to_dict(message: str, fraction: float) -> dict:
-    """What run_benchmark's and run_autotune's `progress(message, fraction)` was called with, as JSON."""
-    return {"message": message, "fraction": fraction}
+def progress_to_dict(message: str, fraction: float, row: PromptSummary | None = None) -> dict:
+    """What run_benchmark's and run_autotune's `progress(message, fraction)` was called with, as JSON;
+    with `row`, a benchmark's row just measured (run_benchmark's `on_row`) rides along."""
+    data = {"message": message, "fraction": fraction}
+    if row is not None:
+        data["row"] = row.to_dict()
+    return data
 
 
 def progress_from_dict(data: dict) -> tuple[str, float]:
@@ -448,6 +452,18 @@ def summarize(runs: list[RunRecord]) -> tuple[tuple[PromptSummary, ...], tuple[G
         kinds.setdefault(prompt.kind, []).append(prompt)
     groups = tuple(summarize_group(kind, members) for kind, members in kinds.items())
     return prompts, groups, summarize_group("all", list(prompts))
+
+
+def report_so_far(rows) -> BenchReport:
+    """The rows measured so far (PromptSummary, as run_benchmark's `on_row` gives them) as a report a
+    view can draw while the run goes on: per kind and overall from these rows; no checks yet."""
+    rows = tuple(rows)
+    kinds: dict[str, list[PromptSummary]] = {}
+    for row in rows:
+        kinds.setdefault(row.kind, []).append(row)
+    return BenchReport(settings={}, prompts=rows, kinds=tuple(summarize_group(k, m) for k, m in kinds.items()),
+                       overall=summarize_group("all", list(rows)), floor=None,
+                       memory=MemoryCheck(None, None, 0, True))  # fmt: skip
 
 
 def memory_check(runs: list[RunRecord], draft_bytes: int, per_run: bool) -> MemoryCheck:

@@ -34,7 +34,7 @@ from engine.bench import system
 from engine.bench.peers import PeerSpec, default_peers, run_peers
 from engine.bench.prompts import BenchPrompt, Turns
 from engine.bench.results import (SPECULATIVE, VANILLA, BenchmarkCancelled, BenchReport, BenchSettings, FloorCheck,
-                                  RunRecord, memory_check, summarize)  # fmt: skip
+                                  PromptSummary, RunRecord, memory_check, summarize, summarize_prompt)  # fmt: skip
 
 # progress(message, fraction): what is being done, in words ("Loading the models", "Warming up",
 # "Repeat 1/3: fix-typos, speculative", "Peer ...", "Done"), and the share of the run done, rising
@@ -54,6 +54,7 @@ def run_benchmark(
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
     prompts_source: str = "",
+    on_row: Callable[[PromptSummary], None] | None = None,
 ) -> BenchReport:
     """Load `config` (unless an `engine` is given, which stays open), measure, report.
 
@@ -62,13 +63,15 @@ def run_benchmark(
     `progress(message, fraction)` is called on this thread as the run goes: a message in
     words and the share of the run done (rising from 0.0 to 1.0), last ("Done", 1.0);
     `results.progress_to_dict` / `progress_from_dict` carry it as JSON.
+    `on_row(PromptSummary)` is called as each prompt (each turn of a conversation) has run in both
+    modes, with its row so far (the repeats done until then): a view can draw the rows as they come.
     """
     if not prompts:
         raise ConfigError("The benchmark needs at least one prompt.")
     report = progress or (lambda message, fraction: None)
     cancel = cancel or threading.Event()
     with engine_for(config, engine, report) as engine:
-        return _measure(engine, prompts, settings, peers, report, cancel, prompts_source)
+        return _measure(engine, prompts, settings, peers, report, cancel, prompts_source, on_row)
 
 
 @contextlib.contextmanager
@@ -86,7 +89,7 @@ def engine_for(config: EngineConfig, engine: Engine | None, report):
         engine.close()
 
 
-def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_source) -> BenchReport:
+def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_source, on_row=None) -> BenchReport:
     if engine.drafter is None:
         raise ConfigError(
             "The benchmark compares vanilla and speculative decoding, so it needs a drafter: "
@@ -144,6 +147,8 @@ def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_sour
                     runs.append(_record(asked, mode, repeat, result, peak, identical, divergence))
                     done += 1
                 replies.append(vanilla.text)
+                if on_row is not None:
+                    on_row(summarize_prompt([r for r in runs if r.prompt_id == asked.id]))
     asked_prompts = turns.rows(prompts)
 
     prompt_summaries, kinds, overall = summarize(runs)

@@ -148,16 +148,22 @@ class EngineClient:
 
     def bench(self, config: EngineConfig, prompts, settings, *, prompts_source: str | None = None,
               progress: Callable[[str, float], None] | None = None, cancel: threading.Event | None = None,
-              on_unloaded: Callable[[EngineConfig], None] | None = None):  # fmt: skip
+              on_unloaded: Callable[[EngineConfig], None] | None = None, on_row=None):  # fmt: skip
         """`run_benchmark` on the server: `prompts` (BenchPrompt), `settings` (BenchSettings) ->
-        BenchReport; `progress(message, fraction)` as run_benchmark's. Raises BenchmarkCancelled
-        when `cancel` stops it."""
-        from engine.bench.results import BenchReport
+        BenchReport; `progress(message, fraction)` and `on_row(PromptSummary)` as run_benchmark's.
+        Raises BenchmarkCancelled when `cancel` stops it."""
+        from engine.bench.results import BenchReport, PromptSummary, progress_from_dict
+
+        def report(data: dict) -> None:
+            if data.get("row") is not None:  # a row just measured, on its progress item
+                if on_row is not None:
+                    on_row(PromptSummary.from_dict(data["row"]))
+            elif progress is not None:
+                progress(*progress_from_dict(data))
 
         body = {"config": config.to_dict(), "prompts": [p.to_dict() for p in prompts],
                 "settings": settings.to_dict(), "prompts_source": prompts_source}  # fmt: skip
-        item = self._job("/specdeck/bench", body, "report", self._bench_progress(progress), cancel, on_unloaded,
-                         "the benchmark")  # fmt: skip
+        item = self._job("/specdeck/bench", body, "report", report, cancel, on_unloaded, "the benchmark")
         return BenchReport.from_dict(item)
 
     def autotune(self, config: EngineConfig, prompts, settings, *, candidates=None,

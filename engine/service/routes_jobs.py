@@ -1,7 +1,7 @@
 """The long jobs on a server: benchmark, auto-tune, training, and reading a saved training run.
 
     POST /specdeck/bench       {"config", "prompts": [BenchPrompt.to_dict()], "settings": BenchSettings.to_dict(),
-                                "prompts_source"?} -> stream of {"unloaded"}?, {"progress": {"message",
+                                "prompts_source"?} -> stream of {"unloaded"}?, {"progress": {"message", "row"?,
                                 "fraction"}}..., then {"report": BenchReport.to_dict()} or {"cancelled": true}
     POST /specdeck/autotune    {"config", "prompts", "settings": AutotuneSettings.to_dict(), "candidates"?:
                                 [Candidate.to_dict()]} -> the same, ending {"result": AutotuneResult.to_dict()}
@@ -103,10 +103,20 @@ async def bench(body: BenchRequest, request: Request):
     def job(cancel, emit) -> None:
         from engine.bench.runner import run_benchmark  # loads torch: only when a benchmark is asked for
 
+        last = ["", 0.0]  # the last progress: a row rides on it (its message and fraction again)
+
+        def progress(message: str, fraction: float) -> None:
+            last[:] = [message, fraction]
+            emit({"progress": progress_to_dict(message, fraction)})
+
+        def on_row(row) -> None:
+            emit({"progress": progress_to_dict(*last, row=row)})
+
         with _engine_for(host, config, emit) as engine:
             try:
                 report = run_benchmark(config, prompts, settings, engine=engine, cancel=cancel,
-                                       prompts_source=body.prompts_source or "", progress=_progress(emit))  # fmt: skip
+                                       prompts_source=body.prompts_source or "", progress=progress,
+                                       on_row=on_row)  # fmt: skip
             except BenchmarkCancelled:
                 emit(CANCELLED)
                 return

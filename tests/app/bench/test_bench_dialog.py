@@ -83,8 +83,7 @@ def test_a_run_on_the_users_prompts_shows_bars_a_table_and_exports(qtbot, dialog
     vanilla, speculative = dialog.chart.bars["SpecDeck vanilla"], dialog.chart.bars["SpecDeck speculative"]
     assert len(vanilla.opts["height"]) == 2 and all(h > 0 for h in vanilla.opts["height"])
     assert all(h > 0 for h in speculative.opts["height"])
-    ticks = dialog.chart.plot.getAxis("bottom")._tickLevels[0]
-    assert [label.strip() for _, label in ticks] == ["echo", "story"]
+    assert [name for _, name in dialog.chart.axis.names] == ["echo", "story"]  # the names under the bars
     table = dialog.table
     assert table.rowCount() == 2 + 2 + 1  # the prompts, each kind, all prompts
     assert table.item(0, 0).text() == "echo" and table.item(4, 0).text() == "all prompts"
@@ -96,6 +95,24 @@ def test_a_run_on_the_users_prompts_shows_bars_a_table_and_exports(qtbot, dialog
     data = json.loads(saved.read_text())
     assert data["settings"]["max_tokens"] == 8 and len(data["runs"]) == 4
     assert data["settings"]["prompts_file"] == str(own_prompts)
+
+
+def test_rows_are_drawn_as_prompts_finish_not_at_the_end(qtbot, dialog, own_prompts):
+    dialog.prompts_edit.setText(str(own_prompts))
+    dialog.repeat.setValue(2)
+    dialog.max_tokens.setValue(8)
+    shown = []  # at each row: (rows, the final report yet?, bars drawn, table rows)
+    dialog.sig_rows_shown.connect(lambda n: shown.append(
+        (n, dialog.report is not None, len(dialog.chart.bars["SpecDeck speculative"].opts["height"]),
+         [dialog.table.item(r, 0).text() for r in range(n)])))  # fmt: skip
+    report = run_and_wait(qtbot, dialog)
+
+    assert report is not None, dialog.status.text()
+    # Each repeat sends each prompt's row again, over the repeats so far; the chart and table draw it at once.
+    assert [(n, final, bars) for n, final, bars, _ in shown] == [(1, False, 1), (2, False, 2), (2, False, 2),
+                                                                 (2, False, 2)]  # fmt: skip
+    assert shown[0][3] == ["echo"] and shown[-1][3] == ["echo", "story"]
+    assert dialog.table.item(0, 0).text() == "echo" and dialog.report is report
 
 
 def test_a_bad_prompts_file_is_reported_and_nothing_runs(qtbot, dialog, tmp_path):
@@ -300,13 +317,13 @@ def test_an_engine_process_killed_under_a_run_leaves_the_dialog_its_report_and_t
     exported = dialog.export_json(tmp_path / "first.json")
 
     dialog.repeat.setValue(20)
-    kill = lambda value: value > 15 and window.controller.process.running and os.kill(  # noqa: E731
+    kill = lambda rows: window.controller.process.running and os.kill(  # noqa: E731
         window.controller.process.pid, signal.SIGKILL)  # fmt: skip
-    dialog.progress.valueChanged.connect(kill)  # a few generations in
+    dialog.sig_rows_shown.connect(kill)  # once the new run has drawn its first row
     with qtbot.waitSignal(dialog.sig_finished, timeout=RUN_TIMEOUT_MS) as blocker:
         dialog.run()
     qtbot.waitUntil(lambda: not window.controller.busy, timeout=LOAD_TIMEOUT_MS)
-    dialog.progress.valueChanged.disconnect(kill)
+    dialog.sig_rows_shown.disconnect(kill)
 
     assert blocker.args[0] is None
     status = dialog.status.text()
@@ -314,7 +331,10 @@ def test_an_engine_process_killed_under_a_run_leaves_the_dialog_its_report_and_t
     assert "The results shown here are kept. Run starts the engine again." in status
     assert "color: #D55E00" in dialog.status.styleSheet()
     assert dialog.isVisible() and window.isVisible() and dialog.run_button.isEnabled()
-    assert dialog.report is first and dialog.table.rowCount() == 5  # the last results are still shown
+    # What the new run measured stays on screen (its first row, its kind, all prompts); the first run's
+    # report, which it replaced, is not offered for export under it.
+    assert dialog.report is None and dialog.table.rowCount() == 3 and dialog.table.item(0, 0).text() == "echo"
+    assert not dialog.export_button.isEnabled()
     assert json.loads(exported.read_text())["settings"]["repeat"] == 1  # and the export is untouched
     assert window.controller.loaded is None and not window.chat_view.send_button.isEnabled()
 

@@ -315,7 +315,8 @@ def test_a_real_short_run_reports_both_modes_identity_and_peers(one_thread_llama
     assert data["prompts"][0]["identical"] is True and len(data["runs"]) == 4
     assert data["peers"][-1]["ok"] is False and data["floor"]["ratio"] > 0
     # Both rates, by their names: accepted / drafted never exceeds accepted / tested.
-    assert "drafts acc." in text and 0 < data["prompts"][0]["draft_acceptance"] <= data["prompts"][0]["acceptance"]
+    assert "draft acceptance" in text and "mean acceptance length" in text and "goal: at most" not in text
+    assert 0 < data["prompts"][0]["draft_acceptance"] <= data["prompts"][0]["acceptance"]
     assert one_thread_llama.tokenize("still open")  # an engine handed in is the caller's to close
 
 
