@@ -12,9 +12,15 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
                                QTableWidgetItem, QVBoxLayout, QWidget)  # fmt: skip
 
 from engine import AutotuneResult
+from engine.core.figures import ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE
 
-COLUMNS = ("#", "drafter", "k or\nnode budget", "speedup", "tok/s", "acceptance\n(a)", "tokens /\nforward",
-           "identical")  # fmt: skip
+# (header, tooltip): the glossary's names (engine/core/figures.py), as the benchmark's table has them.
+COLUMNS = (("#", ""), ("drafter", ""), ("k or\nnode budget", "The draft length k, or a tree drafter's node budget."),
+           ("decoding\nspeedup", DECODE_SPEEDUP.tip + " Over the prompts: the geometric mean, as the benchmark's."),
+           ("tok/s", "Decode tokens per second, prefill left out: the median over the prompts."),
+           ("draft\nacceptance", DRAFT_ACCEPTANCE.tip), ("mean acceptance\nlength", ACCEPTANCE_LENGTH.tip),
+           ("per-token\nacceptance a", PER_TOKEN_ACCEPTANCE.tip),
+           ("identical", "Prompts whose reply is plain decoding's, token for token."))  # fmt: skip
 
 
 class AutotunePanel(QWidget):
@@ -32,7 +38,9 @@ class AutotunePanel(QWidget):
         top.addWidget(self.summary, 1)
         top.addWidget(self.apply_button)
         self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.setHorizontalHeaderLabels([header for header, _ in COLUMNS])
+        for column, (_, tip) in enumerate(COLUMNS):
+            self.table.horizontalHeaderItem(column).setToolTip(tip)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.verticalHeader().hide()
@@ -47,8 +55,9 @@ class AutotunePanel(QWidget):
         self.result = result
         best = result.best
         if result.beats_vanilla:
-            self.summary.setText(f"<b>Fastest: {best.candidate.label}</b>, {best.speedup:.2f}× plain decoding "
-                                 f"(median of {result.prompts} prompts, {result.max_tokens} tokens a reply).")  # fmt: skip
+            self.summary.setText(f"<b>Fastest: {best.candidate.label}</b>, {DECODE_SPEEDUP.name} "
+                                 f"{best.speedup:.2f}× (geometric mean over {result.prompts} prompts, replies of up "
+                                 f"to {result.max_tokens} tokens).")  # fmt: skip
         else:
             self.summary.setText("<b>Nothing beat plain decoding</b> on these prompts: the fastest is decoding "
                                  "without a drafter.")  # fmt: skip
@@ -57,8 +66,9 @@ class AutotunePanel(QWidget):
         for row, r in enumerate(result.ranked):
             plain = r.candidate.drafter == "none"
             cells = (str(row + 1), "none (plain decoding)" if plain else r.candidate.drafter, str(r.candidate.k),
-                     f"{r.speedup:.2f}×", f"{r.tokens_per_s:.1f}", "" if plain else f"{r.acceptance:.2f}",
-                     f"{r.tokens_per_forward:.2f}", f"{r.identical}/{r.prompts}")  # fmt: skip
+                     f"{r.speedup:.2f}×", f"{r.tokens_per_s:.1f}", "" if plain else f"{r.draft_acceptance:.0%}",
+                     f"{r.tokens_per_forward:.2f}", "" if plain else f"{r.acceptance:.2f}",
+                     f"{r.identical}/{r.prompts}")  # fmt: skip
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if column >= 2:

@@ -1,13 +1,21 @@
 """Auto-tune: which drafter and draft length are fastest for this target on these prompts.
 
 Every drafter the loaded target allows is tried with a few draft lengths k
-(for tree drafters k is the node budget), greedy, on short replies; plain
-decoding (k = 0) is measured once per prompt and is the baseline of every
-candidate. A candidate's score is the median over prompts of its speedup
-(speculative tokens/s over vanilla tokens/s on that prompt), the number the
-benchmark reports per prompt. The target loads once: each candidate's drafter
-is made on that same target (engine/drafters/registry.py make_drafter) and closed after,
-so a second copy of the target is never loaded.
+(for tree drafters k is the node budget), greedy, on short replies: n-gram
+lookup and suffix decoding always, the loaded draft model, the PyTorch-only
+drafters, and the suggested chains (suffix+model, suffix+eagle, suffix+medusa)
+whose members are all allowed. Plain decoding (k = 0) is measured once per
+prompt and is the baseline of every candidate. A candidate's score is its
+decoding speedup as the benchmark reports it for all prompts: the geometric mean
+over prompts of speculative tokens/s over vanilla tokens/s on that prompt. The
+target loads once: each candidate's drafter is made on that same target
+(engine/drafters/registry.py make_drafter) and closed after, so a second copy of
+the target is never loaded; a chain's member that is the engine's own drafter
+(its draft model) is that drafter, not a second copy.
+
+The run time is bounded by the candidates: each runs every prompt once. A chain
+is tried at k "auto" only (its members size their drafts as it decodes), so the
+three suggested chains add at most three passes over the prompts.
 
     result = run_autotune(EngineConfig(), load_prompts(default_prompts_path()))
     print(format_autotune(result)); best = result.best_config
@@ -31,7 +39,8 @@ from engine.api import Engine, EngineConfig
 from engine.models.shipped import default_heads_dir
 from engine.bench.prompts import BenchPrompt, Turns
 from engine.bench.runner import check_context_room, encode_prompt, engine_for
-from engine.bench.results import BenchmarkCancelled
+from engine.bench.results import BenchmarkCancelled, geometric_mean
+from engine.drafters.chain_spec import SUGGESTED, is_chain, member_names
 from engine.bench.autotune_results import (CHAIN_KS, PLAIN, TREE_KS, AutotuneResult,  # noqa: F401
                                            AutotuneSettings, Candidate, CandidateResult, format_autotune)  # fmt: skip
 
@@ -43,10 +52,11 @@ WARMUP_TOKENS = 8
 
 
 def allowed_drafters(config: EngineConfig, target) -> tuple[str, ...]:
-    """The drafters `target` (a loaded Backend) can serve with what `config` has: n-gram always,
-    the draft model if one is loaded; on PyTorch also lookahead and early exit, and Medusa, EAGLE
-    and EAGLE-3 where there are heads (given, or shipped for this target)."""
-    drafters = ["ngram"]
+    """The drafters `target` (a loaded Backend) can serve with what `config` has: n-gram and suffix
+    decoding always, the draft model if one is loaded; on PyTorch also lookahead and early exit, and
+    Medusa, EAGLE and EAGLE-3 where there are heads (given, or shipped for this target); then each
+    suggested chain whose members are all among these."""
+    drafters = ["ngram", "suffix"]
     if config.draft:
         drafters.append("model")
     if target.info.backend == "torch":
@@ -55,15 +65,18 @@ def allowed_drafters(config: EngineConfig, target) -> tuple[str, ...]:
             given = getattr(config.drafter_options(), "heads", None) if config.drafter == kind else None
             if given or default_heads_dir(kind, target.info):
                 drafters.append(kind)
+    drafters += [chain for chain in SUGGESTED if all(member in drafters for member in member_names(chain))]
     return tuple(drafters)
 
 
 def candidates_for(drafters: tuple[str, ...], backend: str = "torch") -> tuple[Candidate, ...]:
-    """Each drafter with the draft lengths tried, or the node budgets where it drafts trees on `backend`."""
+    """Each drafter with the draft lengths tried, or the node budgets where it drafts trees on `backend`;
+    a chain at "auto" only."""
     found = []
     for d in drafters:
         budget = node_budget(d, backend)
-        found += [Candidate(d, k, budget) for k in (TREE_KS if budget else CHAIN_KS)]
+        ks = ("auto",) if is_chain(d) else TREE_KS if budget else CHAIN_KS  # a chain sizes its drafts itself
+        found += [Candidate(d, k, budget) for k in ks]
     return tuple(found)
 
 
@@ -75,7 +88,13 @@ def config_for(config: EngineConfig, candidate: Candidate, target_backend: str) 
         changes["backend"] = target_backend
     # The candidate's own options when it is the loaded drafter, else its defaults (heads given
     # for one kind are not the other kind's; a draft model belongs to the model drafter only).
-    return dataclasses.replace(config.with_drafter(candidate.drafter), **changes)
+    chosen = config.with_drafter(candidate.drafter)
+    if is_chain(candidate.drafter) and candidate.drafter != config.drafter:
+        # A chain holds its members' options: the loaded drafter's (its draft model, its heads) carry over.
+        names = {f.name for f in dataclasses.fields(chosen.options)}
+        kept = {f.name: getattr(config.options, f.name) for f in dataclasses.fields(config.options) if f.name in names}
+        chosen = dataclasses.replace(chosen, options=dataclasses.replace(chosen.options, **kept))
+    return dataclasses.replace(chosen, **changes)
 
 
 def run_autotune(
@@ -142,7 +161,7 @@ def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> Auto
         by_drafter.setdefault(candidate.drafter, []).append(candidate)
     for kind, group in by_drafter.items():
         step(f"Preparing the {kind} drafter")
-        drafter, made = _drafter(engine, kind)
+        drafter, made = _drafter(engine, kind)  # made: what to close after (never the engine's own drafter)
         try:
             costs = CostModel(verify_s=dict(engine.costs.verify_s))
             if engine.config.measure_costs and drafter is not None:
@@ -163,10 +182,10 @@ def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> Auto
                 _check(cancel)
                 results.append(_score(candidate, runs, vanilla))
         finally:
-            if made and drafter is not None:
-                drafter.close()
-            elif hasattr(drafter, "costs"):
-                drafter.costs = engine.costs  # the engine's own drafter: back on the engine's cost model
+            for each in made:
+                each.close()
+            if engine.drafter is not None and hasattr(engine.drafter, "costs"):
+                engine.drafter.costs = engine.costs  # the engine's own drafter: back on the engine's cost model
     report("Done", 1.0)
     baseline = CandidateResult(PLAIN, 1.0, statistics.median(r.stats.tokens_per_s for r in vanilla), 0.0, 1.0,
                                len(vanilla), len(vanilla))  # fmt: skip
@@ -182,29 +201,53 @@ def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> Auto
 
 
 def _drafter(engine: Engine, kind: str):
-    """(drafter, made here): the engine's own when it is of this kind, else a new one on its target."""
-    config = engine.config
-    if kind == config.drafter and engine.drafter is not None:
-        return engine.drafter, False
+    """(drafter, the drafters made here, to close after): the engine's own when it is of this kind,
+    else a new one on its target; a chain of new members and the engine's own drafter where it is one."""
+    own = engine.drafter if engine.drafter is not None else None
+    if kind == engine.config.drafter and own is not None:
+        return own, []
+    if not is_chain(kind):
+        made = _made_drafter(engine, kind)
+        return made, [made] if made is not None else []
+    from engine.drafters.chain import ChainDrafter
+
+    members, made = [], []
+    try:
+        for name in member_names(kind):
+            if name == engine.config.drafter and own is not None:
+                members.append((name, own))  # the loaded draft model: never a second copy
+            else:
+                made.append(_made_drafter(engine, name))
+                members.append((name, made[-1]))
+        return ChainDrafter(members), made
+    except BaseException:
+        for each in made:
+            each.close()
+        raise
+
+
+def _made_drafter(engine: Engine, kind: str):
     if kind == "model":
         raise ConfigError("The draft model is not loaded: choose it in the model pair to tune it.")
-    return make_drafter(engine.target, config.with_drafter(kind)), True
+    return make_drafter(engine.target, engine.config.with_drafter(kind))
 
 
 def _score(candidate: Candidate, runs, vanilla) -> CandidateResult:
     speedups = [_ratio(s.stats.tokens_per_s, v.stats.tokens_per_s) for s, v in zip(runs, vanilla)]
     accepted = sum(r.stats.accepted for r in runs)
     tested = sum(r.stats.tested for r in runs)
+    drafted = sum(r.stats.drafted for r in runs)
     tokens = sum(r.stats.tokens for r in runs)
     steps = sum(r.stats.steps for r in runs)
     return CandidateResult(
         candidate=candidate,
-        speedup=statistics.median(speedups),
+        speedup=geometric_mean(speedups),  # the benchmark's decoding speedup over prompts
         tokens_per_s=statistics.median(r.stats.tokens_per_s for r in runs),
         acceptance=accepted / tested if tested else 0.0,
         tokens_per_forward=tokens / steps if steps else 0.0,
         identical=sum(s.tokens == v.tokens for s, v in zip(runs, vanilla)),
         prompts=len(runs),
+        draft_acceptance=accepted / drafted if drafted else 0.0,
     )
 
 

@@ -60,12 +60,13 @@ PLAIN = Candidate("none", 0)  # the baseline, ranked with the others: it may be 
 @dataclass(frozen=True)
 class CandidateResult:
     candidate: Candidate
-    speedup: float  # median over prompts of speculative tokens/s / vanilla tokens/s
+    speedup: float  # decoding speedup: geometric mean over prompts of speculative tokens/s / vanilla tokens/s
     tokens_per_s: float  # median over prompts
-    acceptance: float  # pooled accepted / tested
-    tokens_per_forward: float  # pooled
+    acceptance: float  # pooled accepted / tested (per-token acceptance a)
+    tokens_per_forward: float  # pooled (mean acceptance length)
     identical: int  # prompts whose output equals plain decoding's
     prompts: int
+    draft_acceptance: float = 0.0  # pooled accepted / drafted (0 from an engine older than this field)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "candidate": self.candidate.to_dict()}
@@ -107,11 +108,12 @@ class AutotuneResult:
 def format_autotune(result: AutotuneResult) -> str:
     """The ranked table as text, fastest first, and the proposal."""
     lines = [f"Auto-tune: {result.prompts} prompts, {result.max_tokens} tokens a reply, greedy; "
-             f"plain decoding {result.vanilla_tps:.1f} tok/s",
-             f"{'#':>2}  {'drafter':<12} {'k':>5} {'speedup':>8} {'tok/s':>8} {'accept':>7} {'tok/fwd':>8} {'same':>6}"]  # fmt: skip
+             f"plain decoding {result.vanilla_tps:.1f} tok/s; decoding speedup: geometric mean over the prompts",
+             f"{'#':>2}  {'drafter':<14} {'k':>5} {'decoding speedup':>16} {'tok/s':>8} {'draft acceptance':>16} "
+             f"{'mean acceptance length':>22} {'same':>6}"]  # fmt: skip
     for rank, r in enumerate(result.ranked, start=1):
-        lines.append(f"{rank:>2}  {r.candidate.drafter:<12} {str(r.candidate.k):>5} {r.speedup:>7.2f}× "
-                     f"{r.tokens_per_s:>8.1f} {r.acceptance:>7.2f} {r.tokens_per_forward:>8.2f} "
+        lines.append(f"{rank:>2}  {r.candidate.drafter:<14} {str(r.candidate.k):>5} {r.speedup:>15.2f}× "
+                     f"{r.tokens_per_s:>8.1f} {r.draft_acceptance:>16.0%} {r.tokens_per_forward:>22.2f} "
                      f"{r.identical:>3}/{r.prompts:<2}")  # fmt: skip
     best = result.best
     verdict = "" if result.beats_vanilla else " (no candidate beat plain decoding here)"

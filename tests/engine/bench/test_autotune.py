@@ -36,19 +36,21 @@ def target(backend: str, name: str = "SmolLM2-135M-Instruct"):
     return SimpleNamespace(info=info)
 
 
-def test_a_llama_cpp_target_allows_ngram_and_a_loaded_draft_model_only():
-    assert allowed_drafters(CONFIG, target("llama.cpp")) == ("ngram",)
+def test_a_llama_cpp_target_allows_ngram_suffix_decoding_and_a_loaded_draft_model_and_their_chain():
+    assert allowed_drafters(CONFIG, target("llama.cpp")) == ("ngram", "suffix")
     with_draft = CONFIG.with_drafter("model", draft="draft.gguf")
-    assert allowed_drafters(with_draft, target("llama.cpp")) == ("ngram", "model")
+    # Suffix decoding needs nothing; the chain of it and the draft model is tried too (README: every drafter).
+    assert allowed_drafters(with_draft, target("llama.cpp")) == ("ngram", "suffix", "model", "suffix+model")
 
 
 def test_a_torch_target_also_allows_its_own_drafters_and_heads_where_they_exist():
     # The embedded model ships Medusa and EAGLE heads; another model has none unless given.
-    assert allowed_drafters(CONFIG, target("torch")) == ("ngram", "lookahead", "early-exit", "medusa", "eagle")
+    assert allowed_drafters(CONFIG, target("torch")) == ("ngram", "suffix", "lookahead", "early-exit", "medusa",
+                                                         "eagle", "suffix+eagle", "suffix+medusa")  # fmt: skip
     other = SimpleNamespace(info=SimpleNamespace(**{**vars(target("torch", "Qwen2-0.5B").info), "n_layers": 24}))
-    assert allowed_drafters(CONFIG, other) == ("ngram", "lookahead", "early-exit")
+    assert allowed_drafters(CONFIG, other) == ("ngram", "suffix", "lookahead", "early-exit")
     given = CONFIG.with_drafter("medusa", heads="/my/heads")
-    assert allowed_drafters(given, other) == ("ngram", "lookahead", "early-exit", "medusa")
+    assert allowed_drafters(given, other) == ("ngram", "suffix", "lookahead", "early-exit", "medusa", "suffix+medusa")
 
 
 def test_tree_drafters_are_tried_with_node_budgets_and_chains_with_draft_lengths():
@@ -59,6 +61,9 @@ def test_tree_drafters_are_tried_with_node_budgets_and_chains_with_draft_lengths
                                                                  "suffix, node budget 16"]  # fmt: skip
     # llama.cpp verifies a tree's best branch only: there suffix decoding's k is a draft length.
     assert [c.label for c in candidates_for(("suffix",), "llama.cpp")][1] == "suffix, k 2"
+    # A chain sizes its drafts itself: one candidate each, so the chains add a pass over the prompts each.
+    assert [c.label for c in candidates_for(("suffix+model",), "llama.cpp")] == ["suffix+model, k auto"]
+    assert [c.label for c in candidates_for(("suffix+eagle",), "torch")] == ["suffix+eagle, node budget auto"]
 
 
 def test_a_candidates_config_keeps_the_loaded_target_and_its_backend():
@@ -112,6 +117,43 @@ def test_candidates_run_on_the_engines_own_target_which_is_never_loaded_again(mo
         assert engine.generate(engine.prompt_ids("Hi"), SamplingConfig(max_tokens=4), speculative=False).tokens  # still open
     finally:
         engine.close()
+
+
+def test_suffix_decoding_and_the_chain_with_the_draft_model_run_on_the_loaded_draft(monkeypatch):
+    engine = Engine.load(CONFIG.with_drafter("model", draft="default"))  # the embedded model drafts for itself
+    try:
+        import engine.models.loading as loading
+
+        def no_second_model(*args, **kwargs):
+            raise AssertionError("a second copy of a model was loaded")
+
+        monkeypatch.setattr(loading, "load_backend", no_second_model)
+        monkeypatch.setattr("engine.api.load_backend", no_second_model)
+        result = run_autotune(engine.config, COPY_PROMPTS[:1], AutotuneSettings(max_tokens=16, warmup=False),
+                              engine=engine)  # fmt: skip
+        tried = {r.candidate.drafter for r in result.ranked}
+        assert {"suffix", "suffix+model", "model", "ngram"} <= tried
+        chain = next(r for r in result.ranked if r.candidate.drafter == "suffix+model")
+        assert chain.identical == 1 and chain.tokens_per_forward >= 1.0  # greedy: the reply plain decoding gives
+        if result.best.candidate.drafter == "suffix+model":
+            assert result.best_config.options.draft == "default"  # the proposal loads the same draft model
+        assert engine.generate(engine.prompt_ids("Hi"), SamplingConfig(max_tokens=4)).tokens  # its drafter still open
+    finally:
+        engine.close()
+
+
+def test_a_candidates_speedup_is_the_geometric_mean_over_prompts_as_the_benchmarks():
+    from engine.bench.autotune import _score
+
+    def run(tps):
+        return SimpleNamespace(tokens=[1], stats=SimpleNamespace(tokens_per_s=tps, accepted=1, tested=1, drafted=2,
+                                                                 tokens=2, steps=1))  # fmt: skip
+
+    vanilla = [run(10.0), run(10.0), run(10.0)]
+    scored = _score(Candidate("ngram", 4), [run(40.0), run(10.0), run(10.0)], vanilla)
+    # 4x, 1x and 1x: the benchmark's aggregate (4 ** (1/3)), not the median (1x), so one dialog gives one number.
+    assert scored.speedup == pytest.approx(4 ** (1 / 3))
+    assert scored.draft_acceptance == pytest.approx(0.5)  # accepted / drafted, the glossary's leading figure
 
 
 def test_cancel_stops_auto_tune_between_two_generations():
