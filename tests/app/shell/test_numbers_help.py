@@ -96,3 +96,11 @@ def test_help_menu_opens_the_page_with_the_windows_last_run(qtbot):
     window.stats = None  # a new chat, nothing run in it: the page says so the next time it opens
     window.actions.numbers_help.trigger()
     assert window.findChildren(NumbersHelpDialog) == [dialog] and NO_RUN in dialog.text()
+
+
+def test_the_main_windows_help_menu_opens_the_page(qtbot, make_window):
+    window = make_window(load=False)  # nothing run yet
+    window.actions.numbers_help.trigger()
+    dialog = window.findChild(NumbersHelpDialog)
+    assert dialog is not None and dialog.isVisible()
+    assert NO_RUN in dialog.text() and PER_TOKEN_ACCEPTANCE.tip in dialog.text()
