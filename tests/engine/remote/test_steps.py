@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from engine.core.events import Source
 from engine.remote.steps import StepBuilder
 
@@ -99,3 +102,26 @@ def test_the_servers_totals_never_claim_more_accepted_drafts_than_the_tokens_all
     stats = builder.finish("stop", drafted=4, accepted=4).stats  # the end token was the 4th: never sent
     assert (stats.tokens, stats.accepted, stats.steps) == (3, 2, 1)
     assert stats.tokens == stats.steps + stats.accepted and stats.tokens_per_step == 3.0
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=12),
+    cut=st.integers(0, 5),
+    totals=st.booleans(),
+)
+def test_rebuilt_steps_keep_tokens_equal_to_steps_plus_accepted(steps, cut, totals):
+    """llama-server's counters over any run: steps of (drafted d, accepted a <= d), each sending a + 1
+    tokens one chunk at a time, the last cut short by `cut` tokens (its end token is never sent)."""
+    builder = StepBuilder(clock=_clock())
+    sent = drafted = accepted = 0
+    for number, (d, a) in enumerate(steps):
+        a = min(a, d)
+        drafted, accepted = drafted + d, accepted + a
+        tokens = a + 1 if number < len(steps) - 1 else max(a + 1 - cut, 1)
+        for _ in range(tokens):
+            sent += 1
+            builder.add("x", tokens=sent, drafted=drafted, accepted=accepted)
+    stats = (builder.finish("stop", drafted=drafted, accepted=accepted) if totals else builder.finish("stop")).stats
+    assert stats.tokens == sent == stats.steps + stats.accepted
+    assert 0 <= stats.accepted <= stats.tested <= stats.drafted and stats.tokens_per_step >= 1
