@@ -34,10 +34,10 @@ from app.pair.widgets import AUTO, SEVERITY_COLOURS, AutoNumberField, add_models
 
 # A model box asks for room for about MODEL_CHARS characters and gives it up down to MIN_CHARS when the
 # line is short of room (a narrow window, or a reason to show): a longer name is elided in the middle.
-MODEL_CHARS, DRAFTER_CHARS, MIN_CHARS = 20, 22, 9
-REASON_PX = 200  # the room a reason takes from the boxes, at most (the rest is elided; its tooltip says it all)
+MODEL_CHARS, DRAFTER_CHARS, MIN_CHARS = 20, 22, 8
+REASON_PX = 230  # the room a reason takes from the boxes, at most (the rest is elided; its tooltip says it all)
 K_SUGGESTIONS = (2, 3, 4, 5, 6, 8)
-NO_DRAFT = "(choose a draft model)"
+NO_DRAFT = "(choose one)"
 RETRY = "Choose the pair again to retry."
 FIELDS_REMOTE = "The window runs on a server: choose its pair in Models ▸ Model pair…"
 

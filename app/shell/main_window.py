@@ -1,8 +1,10 @@
 """The main window: the views, the engine controller, and what connects them.
 
-Layout: a banner for messages, then tabs (Chat, Side by side); the saved
-conversations in a dock on the left and the live charts in a dock on the right;
-the loaded models and loading progress in the status bar.
+Layout: the toolbar, and on its line the pair bar (target, drafter, draft model,
+k: a change loads); a banner for messages, then tabs (Chat, Side by side); the
+saved conversations in a dock on the left and the live charts in a dock on the
+right; the loaded models and loading progress in the status bar. A different
+pair loaded clears the charts and the side by side (`_start_clean`).
 
 The window loads the engine (in the engine process its controller starts, or
 on the server the pair dialog chose: `keys.EngineChoice`), runs comparisons,
@@ -377,6 +379,8 @@ class MainWindow(QMainWindow):
             self._show_info("The engine process was started again; the models are loaded.")
         self._engine_stopped = ""
         self._start_clean(loaded)
+        if config is not None:
+            self.pair_bar.set_config(config)  # as the engine holds it
         if isinstance(loaded, ServerPair):  # no config, no cost model: the charts say what they lack
             self.charts.set_cost_model(None)
             self.charts.set_drafter(None)
