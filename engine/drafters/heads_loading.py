@@ -18,8 +18,9 @@ def heads_folder(kind: str, what: str, target, heads: str | None) -> str:
     folder = heads or default_heads_dir(kind, target.info)
     if folder is None:
         raise ConfigError(
-            f"No {what} for {target.info.name}: train some with "
-            f"`specdeck-cli train-heads --kind {kind} ...` or pass --heads DIR."
+            f"No {what} for {target.info.name}: train some (in the window: Models > Train heads…; in a terminal: "
+            f"`specdeck-cli train-heads --kind {kind} ...`), then choose their folder (the pair dialog's heads "
+            f"field, or --heads DIR)."
         )
     return folder
 

@@ -31,6 +31,12 @@ def test_the_bandwidth_floor_is_explained_and_not_failed():
     assert "goal" not in floor and "not met" not in floor and "2.73× the floor" in floor
 
 
+def test_the_efficiency_is_explained_and_not_graded_against_our_own_target():
+    efficiency = next(line for line in checks_html(sample_report()).split("<br>") if "Efficiency" in line)
+    assert "share of the article's predicted speedup" in efficiency
+    assert "goal" not in efficiency and "met" not in efficiency
+
+
 def test_the_benchmark_and_find_the_best_settings_name_one_speedup_the_same_way(qtbot):
     from app.bench.autotune_view import AutotunePanel
     from app.bench.dialog import BenchDialog

@@ -248,8 +248,9 @@ def test_missing_folder_and_missing_heads_say_what_to_do(mirrored, tmp_path):
     backend, _ = mirrored
     with pytest.raises(ModelLoadError, match="not found"):
         make_drafter("eagle", backend, heads=str(tmp_path / "nowhere"))
-    with pytest.raises(ConfigError, match="train-heads --kind eagle"):
+    with pytest.raises(ConfigError, match="train-heads --kind eagle") as refused:
         make_drafter("eagle", backend)
+    assert "in the window: Models > Train heads" in str(refused.value)  # a window user is not sent to a terminal
 
 
 def test_eagle_on_llama_cpp_says_to_use_the_torch_backend(default_llama, mirrored, tmp_path):
