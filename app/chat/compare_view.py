@@ -20,7 +20,6 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QSplitt
 
 from engine import Comparison, GenerationResult, RunStats, SamplingConfig, StepEvent
 from engine.core.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
-from engine.core.sampling_config import side_by_side
 from app.shell.settings import describe_sampling
 from app.chat.compare_chart import CompareChart, run_times
 from app.chat.view import Composer
@@ -158,7 +157,7 @@ class CompareView(QWidget):
         layout.addWidget(self.verdict)
 
         self._busy = self._ready = False
-        self._sampling = side_by_side(SamplingConfig())
+        self._sampling = SamplingConfig().as_greedy()
         self.prompt.sig_submit.connect(self._submit)
         self.prompt.sig_escape.connect(self.sig_stop_requested)
         self.run_button.clicked.connect(lambda: self.sig_stop_requested.emit() if self._busy else self._submit())
@@ -211,7 +210,7 @@ class CompareView(QWidget):
 
     def set_sampling(self, chat_sampling: SamplingConfig) -> None:
         """The chat's sampling: both runs use its seed, length and stop strings, greedily."""
-        self._sampling = side_by_side(chat_sampling)
+        self._sampling = chat_sampling.as_greedy()
         self.set_settings_summary(f"Both runs: {describe_sampling(self._sampling)} (the side by side is always "
                                   "greedy, so the outputs must match); same models and seed.")  # fmt: skip
 

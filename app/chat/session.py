@@ -27,7 +27,6 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine import GenerationResult, SamplingConfig
-from engine.core.sampling_config import with_new_seed
 from app.chat.view import ChatView
 from app.chat.conversation_panel import ConversationPanel
 from app.chat.conversations import Conversation, ConversationStore, StoreError
@@ -123,7 +122,7 @@ class ChatSession(QObject):
         self.replying_to = conversation
         if sampling.greedy:
             self.sig_notice.emit(GREEDY_REGENERATE)
-        self.controller.chat(conversation.chat_messages(), with_new_seed(sampling))
+        self.controller.chat(conversation.chat_messages(), sampling.with_new_seed())
 
     def edit_and_resend(self, position: int, text: str, sampling: SamplingConfig) -> None:
         """Replace the user's message at `position` with `text`, drop what came after it, and send it."""

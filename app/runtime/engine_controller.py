@@ -58,7 +58,6 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from engine import (EngineClient, EngineConfig, EngineProcess, EngineUnavailable, LoadedPair, SamplingConfig,
                     SpecDeckError)  # fmt: skip
-from engine.core.sampling_config import side_by_side
 from app.runtime import remote
 from app.runtime.steps import StepBatches, hand_over_s, shares_cores
 from app.runtime.worker import GeneratorWorker, TaskRunner
@@ -207,10 +206,10 @@ class EngineController(QObject):
         self._start(CHAT, job)
 
     def compare(self, messages: list[dict], sampling: SamplingConfig) -> None:
-        """Both runs of the side by side, always greedy (`side_by_side`): identical outputs are
+        """Both runs of the side by side, always greedy (`SamplingConfig.as_greedy`): identical outputs are
         what it shows, whatever temperature the chat samples at."""
         self._restart_if_stopped()
-        sampling = side_by_side(sampling)
+        sampling = sampling.as_greedy()
 
         interval = self._hand_over_s()  # read here, on the GUI thread that owns `loaded`
 

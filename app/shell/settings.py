@@ -7,7 +7,7 @@ folder. Reads are typed (`value(key, default, type)`), as in Frescobaldi.
 The model pair is ONE key, `engine/config`: the engine's own versioned JSON
 (`EngineConfig.to_dict()`), which the window loads, the pair dialog edits and
 the presets keep. Sampling is `engine/sampling`; without it, a chat samples as the
-saved target recommends, else as llama.cpp does (`chat_default`), never greedily:
+saved target recommends, else as llama.cpp does (`SamplingConfig.for_chat`), never greedily:
 Regenerate must be able to write another reply. Where the pair runs (the
 window's own engine process, or a server) is `engine/choice`, an `EngineChoice`;
 a store without it reads as Local, so adding it needed no version step. Anything unreadable (a hand
@@ -37,7 +37,6 @@ from typing import TypeVar
 from PySide6.QtCore import QByteArray, QSettings
 
 from engine import ConfigError, EngineConfig, SamplingConfig, config_from_legacy
-from engine.core.sampling_config import CHAT_DEFAULT, chat_default
 
 VERSION = "settings/version"  # which of MIGRATIONS this store has been through
 ENGINE_CONFIG = "engine/config"  # the model pair: EngineConfig.to_dict(), versioned by the engine
@@ -70,7 +69,7 @@ LABELS = {
 
 # What a first start uses: the embedded SmolLM2-135M-Instruct with the n-gram drafter on llama.cpp.
 DEFAULT_ENGINE_CONFIG = EngineConfig()
-DEFAULT_SAMPLING = CHAT_DEFAULT  # temperature 0.8, seed 0, up to 256 tokens: the pair dialog's defaults too
+DEFAULT_SAMPLING = SamplingConfig.for_chat()  # temperature 0.8, seed 0, up to 256 tokens: the pair dialog's defaults too
 # What a first start saved before issue 36 (greedy, as DEFAULT_SAMPLING was then): see _v1_to_v2.
 _V1_DEFAULT_SAMPLING = SamplingConfig(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, max_tokens=256)
 
@@ -250,7 +249,7 @@ def set_engine_choice(choice: EngineChoice, settings: QSettings | None = None) -
 
 def sampling_config(settings: QSettings | None = None, resets: list[str] | None = None) -> SamplingConfig:
     """The saved sampling; with none saved (or none readable), what the saved target recommends
-    in its files, else DEFAULT_SAMPLING (`chat_default`)."""
+    in its files, else DEFAULT_SAMPLING (`SamplingConfig.for_chat`)."""
     settings = settings or QSettings()
     migrate(settings)
     saved = _read(settings, SAMPLING_CONFIG, SamplingConfig, None, resets)
@@ -260,10 +259,10 @@ def sampling_config(settings: QSettings | None = None, resets: list[str] | None 
 def recommended_chat_sampling(config: EngineConfig) -> SamplingConfig:
     """The chat sampling for `config`'s target: its files' recommendation on top of DEFAULT_SAMPLING.
     Reads the GGUF header or generation_config.json (a tenth of a second), on a first start only."""
-    from engine.models.recommended import recommended_sampling
+    from engine import recommended_sampling
 
     try:
-        return chat_default(recommended_sampling(config.target))
+        return SamplingConfig.for_chat(recommended_sampling(config.target))
     except Exception:  # noqa: BLE001 - a target that cannot be read recommends nothing; its load says why
         return DEFAULT_SAMPLING
 

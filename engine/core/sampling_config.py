@@ -52,33 +52,31 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @classmethod
+    def for_chat(cls, recommended: dict | None = None) -> "SamplingConfig":
+        """CHAT_DEFAULT with what the model recommends in its files (engine.models.recommended),
+        when that samples: a recommended temperature 0 is most often `do_sample: false`, the
+        transformers default copied into generation_config.json, not a choice for chat."""
+        recommended = dict(recommended or {})
+        if not recommended or recommended.get("temperature", CHAT_DEFAULT.temperature) <= 0:
+            return CHAT_DEFAULT
+        # The model's own values replace ours; a filter it does not name is off, as the model was tuned.
+        return replace(CHAT_DEFAULT, **{"top_k": 0, "top_p": 1.0, "min_p": 0.0, **recommended})
 
-# What a chat reply is sampled with when neither the user nor the model says otherwise:
-# llama.cpp's own defaults (common_params_sampling: temperature 0.8, top-k 40, top-p 0.95,
-# min-p 0.05), which llama-server, llama-cli and LM Studio start from and Ollama nearly shares
-# (top-p 0.9). Greedy decoding gives the same reply every time, so Regenerate would show
-# nothing new; a chat app samples. Greedy stays where identity is the point: the side by side.
+    def as_greedy(self) -> "SamplingConfig":
+        """These settings decoding greedily (the side by side's: identical outputs are its point);
+        the seed, length and stop strings stay."""
+        return replace(self, temperature=0.0)
+
+    def with_new_seed(self) -> "SamplingConfig":
+        """These settings with a fresh random seed (Regenerate: another draw, not the same reply)."""
+        return replace(self, seed=secrets.randbits(63))
+
+
+# What a chat reply is sampled with when neither the user nor the model says otherwise
+# (`SamplingConfig.for_chat`): llama.cpp's own defaults (common_params_sampling: temperature 0.8,
+# top-k 40, top-p 0.95, min-p 0.05), which llama-server, llama-cli and LM Studio start from and
+# Ollama nearly shares (top-p 0.9). Greedy decoding gives the same reply every time, so Regenerate
+# would show nothing new: a chat app samples. Greedy stays where identity is the point: the side by
+# side. The dataclass's own default stays greedy: the CLI, the benchmark and tests decode greedily.
 CHAT_DEFAULT = SamplingConfig(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
-
-
-def chat_default(recommended: dict | None = None) -> SamplingConfig:
-    """CHAT_DEFAULT with what the model recommends in its files (engine.models.recommended),
-    when that samples: a recommended temperature 0 is most often `do_sample: false`, the
-    transformers default copied into generation_config.json, not a choice for chat."""
-    recommended = dict(recommended or {})
-    if not recommended or recommended.get("temperature", CHAT_DEFAULT.temperature) <= 0:
-        return CHAT_DEFAULT
-    # The model's own values replace ours; a filter it does not name is off, as the model was tuned.
-    named = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, **recommended}
-    return replace(CHAT_DEFAULT, **named)
-
-
-def side_by_side(sampling: SamplingConfig) -> SamplingConfig:
-    """The sampling of both runs of a comparison: greedy, so that the outputs must be identical
-    and any difference is found and explained; the seed, length and stop strings are the chat's."""
-    return replace(sampling, temperature=0.0)
-
-
-def with_new_seed(sampling: SamplingConfig) -> SamplingConfig:
-    """`sampling` with a fresh random seed (Regenerate: another draw, not the same reply again)."""
-    return replace(sampling, seed=secrets.randbits(63))

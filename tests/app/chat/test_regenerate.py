@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from app.chat.session import GREEDY_REGENERATE
 from engine import EngineClient, SamplingConfig
-from engine.core.sampling_config import CHAT_DEFAULT
+from app.shell.settings import DEFAULT_SAMPLING as CHAT_DEFAULT
 from tests.app.conftest import REPLY_TIMEOUT_MS, STRICT_QT_LOG, send_and_wait
 
 pytestmark = STRICT_QT_LOG
