@@ -155,7 +155,7 @@ class PairBar(QWidget):
         add_models(self.draft, models, label=lambda ref: ref.name)
         self.k = AutoNumberField(K_SUGGESTIONS, self, tooltip=f"{figures.DRAFT_LENGTH.tip} auto: chosen at "
                                  "each step from the measured acceptance and costs.")  # fmt: skip
-        self.k.setMinimumContentsLength(3)  # "auto", or a number under 100
+        self.k.setMinimumContentsLength(3)  # room for "auto" (a few letters are narrower than Qt's "x")
         self.more = QPushButton("More…", self)
         self.more.setToolTip("Every setting of the pair: backend, hardware, sampling, the drafter's options "
                              "(Models ▸ Model pair…, Ctrl+M)")  # fmt: skip

@@ -29,7 +29,7 @@ from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import (QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QTabWidget, QToolBar,
                                QVBoxLayout, QWidget)  # fmt: skip
 
-from engine import EngineConfig, EngineProcess, LoadedPair, SamplingConfig, all_drafters
+from engine import EngineConfig, EngineProcess, LoadedPair, RunStats, SamplingConfig, all_drafters
 from app.bench.dialog import BenchDialog
 from app.shell import settings as keys
 from app.shell.actions import create_actions
@@ -42,7 +42,7 @@ from app.chat.compare_view import CompareView
 from app.chat.conversation_panel import ConversationPanel
 from app.chat.conversations import ConversationStore, StoreError, default_data_dir, is_valid_id
 from app.runtime.costs import CostSnapshot
-from app.runtime.engine_controller import COMPARE, EngineController
+from app.runtime.engine_controller import CHAT, COMPARE, EngineController
 from app.runtime.remote import ServerPair
 from app.runtime.steps import Step
 from app.pair.dialog import PairDialog
@@ -98,6 +98,7 @@ class MainWindow(QMainWindow):
         self._freed: EngineConfig | None = None  # the pair freed for a benchmark or a training, to load again
         self._engine_stopped = ""  # the banner's text while it says the engine process stopped
         self._shown_pair = None  # (where, which pair) the charts and the side by side show runs of
+        self._last_reply: RunStats | None = None  # Help ▸ What the numbers mean works the formula through with it
 
         self.banner = Banner()
         self.chat_view = ChatView()
@@ -512,12 +513,18 @@ class MainWindow(QMainWindow):
     def _on_run_finished(self, kind: str, result) -> None:
         self._run_kind = None
         self.charts.end_run()
+        if kind == CHAT and result is not None:
+            self._last_reply = result.stats
         if kind != COMPARE:
             return
         if result is None:
             self.compare_view.show_failure("See the message above.")
         else:
             self.compare_view.show_comparison(result, self._compare_sampling.greedy)
+
+    def last_run_stats(self) -> RunStats | None:
+        """The last chat reply's figures (Help ▸ What the numbers mean, app/shell/numbers_help.py)."""
+        return self._last_reply
 
     def _on_busy_changed(self, busy: bool) -> None:
         # Read the state rather than trust the argument: another listener may already
