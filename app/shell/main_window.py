@@ -260,7 +260,7 @@ class MainWindow(QMainWindow):
         c.sig_busy_changed.connect(self._on_busy_changed)
         c.sig_error.connect(self.show_error)
         self.pair_bar.sig_pair_chosen.connect(lambda config: self.apply_pair(config, self.sampling))
-        self.pair_bar.sig_more_requested.connect(self.choose_models)
+        self.pair_bar.sig_more_requested.connect(self._more_pair_settings)
         self.chats.sig_save_failed.connect(self._on_save_failed)
         self.chats.sig_save_recovered.connect(self._on_save_recovered)
         self.chats.sig_notice.connect(self._show_store_notice)
@@ -325,6 +325,14 @@ class MainWindow(QMainWindow):
                                                         dialog.engine_choice()))  # fmt: skip
         dialog.finished.connect(self._forget_pair_dialog)
         dialog.open()  # window-modal: the rest of the app (other windows, the tray) stays usable
+
+    def _more_pair_settings(self) -> None:
+        """The pair bar's More…: the dialog, on the bar's choice (one it refused, too: the dialog says all of why)."""
+        opened = self.pair_dialog is None
+        self.choose_models()
+        shown = self.pair_bar.config()
+        if opened and shown != self.pair_dialog.engine_config():  # an open dialog keeps what the user set there
+            self.pair_dialog.set_config(shown)
 
     def _forget_pair_dialog(self) -> None:
         self.pair_dialog = None

@@ -60,6 +60,9 @@ def test_an_impossible_pair_shows_the_reason_and_loads_nothing(qtbot, make_windo
     assert bar.message().startswith("Not loaded: No EAGLE-3 head ships for") and bar.reason.isVisible()
     assert "Train one" in bar.reason.toolTip()  # the check's advice, in full
     assert loads == [] and controller.loaded.config == FAST_CONFIG
+    bar.more.click()  # the dialog, on the refused choice: its findings say all of why
+    assert window.pair_dialog.engine_config().drafter == "eagle3"
+    window.pair_dialog.reject()
 
     # The draft model's box shows only for a drafter that loads one; none chosen is the check's reason too.
     assert not bar.draft.isVisible()
@@ -91,6 +94,7 @@ def test_the_bar_follows_a_pair_loaded_by_the_dialog_and_waits_while_a_reply_run
 
     assert controller.loaded.config.drafter == "lookahead"
     assert bar.drafter.currentData() == "lookahead" and bar.config() == controller.loaded.config
+    assert bar.message() == ""
 
     enabled_while_replying = []
     controller.sig_run_started.connect(lambda _kind: enabled_while_replying.append(bar.fields_enabled()))
@@ -135,3 +139,19 @@ def test_the_whole_bar_is_readable_in_the_window(qtbot, make_window, size):
         assert combo.fontMetrics().horizontalAdvance(text) <= combo.text_width()
     assert isinstance(bar.reason, QLabel) and bar.reason.text().startswith("Not loaded")
     assert bar.reason.width() >= bar.reason.minimumWidth() > 0
+
+
+def test_on_a_server_the_fields_wait_for_the_dialog_and_more_still_opens_it(qtbot):
+    from app.pair.pair_bar import PairBar
+
+    bar = PairBar(check=lambda config: None)
+    qtbot.addWidget(bar)
+    bar.show()
+    more = []
+    bar.sig_more_requested.connect(lambda: more.append(True))
+
+    bar.set_remote(True)
+    assert not bar.fields_enabled() and bar.more.isEnabled() and "Model pair" in bar.target.toolTip()
+    bar.more.click()
+    bar.set_remote(False)
+    assert bar.fields_enabled() and more == [True]
