@@ -109,6 +109,7 @@ def step_to_dict(step: StepEvent) -> dict:
         "drafted": step.drafted, "accepted": step.accepted, "draft_s": step.draft_s, "verify_s": step.verify_s,
         "other_s": step.other_s, "stats": stats_to_dict(step.stats), "finish_reason": step.finish_reason,
         "end_token": None if step.end_token is None else token_to_dict(step.end_token),
+        "stop_tokens": [token_to_dict(t) for t in step.stop_tokens],
     }  # fmt: skip
 
 
@@ -120,6 +121,7 @@ def step_from_dict(data: dict) -> StepEvent:
         draft_s=float(data["draft_s"]), verify_s=float(data["verify_s"]), other_s=float(data["other_s"]),
         stats=stats_from_dict(data["stats"]), finish_reason=data.get("finish_reason"),
         end_token=None if end is None else token_from_dict(end),
+        stop_tokens=tuple(token_from_dict(t) for t in data.get("stop_tokens", ())),  # absent from older servers
     )  # fmt: skip
 
 

@@ -74,7 +74,8 @@ def test_a_streamed_reply_comes_in_batches_that_hold_every_step_in_order(server)
     steps = [wire.step_from_dict(item["step"]) for item in unbatched(events)]
     assert [step.index for step in steps] == list(range(len(steps)))
     assert steps[-1].finish_reason is not None
-    assert sum(len(step.tokens) for step in steps) == steps[-1].stats.tokens
+    # Every token counted, the unshown ones that ended the reply too (an end token, a stop string's).
+    assert sum(len(step.tokens) + step.ended_with for step in steps) == steps[-1].stats.tokens
     # At most one batch per interval of the run's own decoding time, besides the first and the last.
     assert len(events) <= 2 + math.ceil(steps[-1].stats.wall_s / BATCH_S)
 
@@ -91,7 +92,7 @@ def test_a_reply_decoded_on_the_cpu_goes_out_four_times_a_second(server):
     )  # fmt: skip
     events = sse_events(body)
     steps = [wire.step_from_dict(item["step"]) for item in unbatched(events)]
-    assert sum(len(step.tokens) for step in steps) == steps[-1].stats.tokens  # every step, in fewer events
+    assert sum(len(step.tokens) + step.ended_with for step in steps) == steps[-1].stats.tokens  # all, in fewer events
     assert len(events) <= 2 + math.ceil(steps[-1].stats.wall_s / CPU_BATCH_S)  # at 10 a second: 2 + 2.5x that
 
 

@@ -19,14 +19,15 @@ def a_step(p: float = 0.1 + 0.2) -> StepEvent:
                      notes=("a note",))  # fmt: skip
     return StepEvent(index=40, tokens=(token,), text=token.text, k=3, drafted=3, accepted=1,
                      draft_s=1.03049999893301e-05, verify_s=0.03116016699999591, other_s=4.77e-4,
-                     stats=stats)  # fmt: skip
+                     stats=stats, finish_reason="stop_string",
+                     stop_tokens=(TokenInfo(id=2, text="END", source=Source.BONUS, p=0.5, q=None),))  # fmt: skip
 
 
 def test_a_step_reads_back_equal_here_and_in_any_json_reader():
     item = {"run": "speculative", "step": wire.step_to_dict(a_step()), "drafter_stats": {"hits": 3}}
     encoded = wire.dumps(item)
     assert json.loads(encoded) == item  # the standard library (and so an OpenAI client) reads the same values
-    assert wire.step_from_dict(wire.loads(encoded)["step"]) == a_step()  # every float exactly
+    assert wire.step_from_dict(wire.loads(encoded)["step"]) == a_step()  # every float exactly, the stop's tokens too
 
 
 def test_a_batch_is_the_event_its_items_make():
