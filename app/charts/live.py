@@ -21,8 +21,8 @@ step the summary says a run is starting, never "No run yet". Call everything fro
 GUI thread: the main window gets steps from its worker through a queued signal.
 
 Panels (three columns when wide, two when tall):
-  tokens per second | acceptance rate (rolling)  | tokens accepted per step
-  draft length k    | where the time goes        | theory: E[tokens/step] and speedup vs a
+  tokens per second | per-token acceptance a     | draft tokens accepted per step
+  draft length k    | where the time goes        | theory: E[tokens per step] and speedup vs a
   acceptance per draft position (per Medusa head, per tree depth), across the last row
 The draft length panel shows a tree drafter's tree size and accepted length
 per step instead. Lookahead and early exit add the drafter panel (two plots:
@@ -593,5 +593,5 @@ def summary_html(series: dict, text_colour: str, shown_notes: tuple[str, ...] = 
         why = f"verifying {t['k'] + 1} tokens costs {t['verify_ratio']:.1f} plain steps"
         if t["draft_ratio"] >= 0.01:
             why += f" and drafting one costs {t['draft_ratio']:.2f}"
-        line += f"<br>No break-even at k = {t['k']}: {why}, so no acceptance rate makes drafting pay."
+        line += f"<br>No break-even at k = {t['k']}: {why}, so no per-token acceptance a makes drafting pay."
     return f"<span style='color:{text_colour}'>{line}</span>"
