@@ -22,7 +22,7 @@ import dataclasses
 import os
 import threading
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QStyle,
                                QStyleOptionComboBox, QStylePainter, QWidget)  # fmt: skip
 
@@ -183,6 +183,10 @@ class PairBar(QWidget):
         for combo in (self.target, self.drafter, self.draft):
             combo.currentIndexChanged.connect(self._changed)
         self.k.sig_chosen.connect(self._changed)
+        for field in (self.target, self.drafter, self.draft, self.k):
+            # A wheel turned over the toolbar on its way elsewhere must not load another pair.
+            field.setFocusPolicy(Qt.StrongFocus)
+            field.installEventFilter(self)
         self.set_config(self._config)
 
     # -- what the window tells the bar ---------------------------------------------
@@ -278,6 +282,12 @@ class PairBar(QWidget):
         self.sig_checked.emit(result.compatible)
 
     # -- plumbing ------------------------------------------------------------------
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt API
+        """The fields take the wheel only once clicked into (focused)."""
+        if event.type() == QEvent.Wheel and not watched.hasFocus():
+            return True
+        return super().eventFilter(watched, event)
 
     def _list_drafter(self, name: str) -> None:
         """A drafter the list lacks (a chain chosen on the command line): listed, like the dialog does;

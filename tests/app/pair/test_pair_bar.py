@@ -10,7 +10,7 @@ from PySide6.QtCore import QRect, Qt
 from PySide6.QtWidgets import QLabel, QToolBar, QToolButton
 
 from app.shell import settings as keys
-from engine import EngineConfig
+from engine import EngineConfig, Preflight
 from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, STRICT_QT_LOG, send_and_wait
 
 pytestmark = STRICT_QT_LOG
@@ -144,7 +144,7 @@ def test_the_whole_bar_is_readable_in_the_window(qtbot, make_window, size):
 def test_on_a_server_the_fields_wait_for_the_dialog_and_more_still_opens_it(qtbot):
     from app.pair.pair_bar import PairBar
 
-    bar = PairBar(check=lambda config: None)
+    bar = PairBar(check=lambda config: Preflight(()))
     qtbot.addWidget(bar)
     bar.show()
     more = []
@@ -155,3 +155,30 @@ def test_on_a_server_the_fields_wait_for_the_dialog_and_more_still_opens_it(qtbo
     bar.more.click()
     bar.set_remote(False)
     assert bar.fields_enabled() and more == [True]
+
+
+def test_a_wheel_turned_over_the_bar_changes_nothing_until_a_field_is_clicked(qtbot):
+    from PySide6.QtCore import QPoint, QPointF
+    from PySide6.QtGui import QWheelEvent
+    from PySide6.QtWidgets import QApplication
+
+    from app.pair.pair_bar import PairBar
+
+    bar = PairBar(check=lambda config: Preflight(()))
+    qtbot.addWidget(bar)
+    bar.show()
+    before = bar.drafter.currentIndex()
+
+    def wheel() -> None:
+        centre = QPointF(bar.drafter.rect().center())
+        event = QWheelEvent(centre, QPointF(bar.drafter.mapToGlobal(centre.toPoint())), QPoint(0, 0),
+                            QPoint(0, -120), Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier,
+                            Qt.ScrollPhase.NoScrollPhase, False)  # fmt: skip
+        QApplication.sendEvent(bar.drafter, event)
+
+    wheel()
+    assert bar.drafter.currentIndex() == before and bar.config().drafter == "ngram"
+    bar.drafter.setFocus()
+    qtbot.waitUntil(bar.drafter.hasFocus)
+    wheel()
+    assert bar.drafter.currentIndex() == before + 1
