@@ -3,7 +3,7 @@
 The bar of a run is its prefill (reading the prompt, grey) followed by its decoding (in the
 run's colour). The line above each bar names the run and gives the same numbers as the
 verdict below the chart (`run_times`, one text for both), so the chart and the verdict can
-never disagree. The speedup compares the coloured parts only (figures.DECODE_SPEEDUP).
+never disagree; its prefill and decoding are written in their bars' colours, as a legend. The speedup compares the coloured parts only (figures.DECODE_SPEEDUP).
 
 The y axis counts rows: run i has its bar in row 2i and its label in row 2i + 1, and the
 chart is tall enough for a label's line to fit in its row (`ROW_PX`).
@@ -47,6 +47,7 @@ class CompareChart(pg.PlotWidget):
         self.plot.setMenuEnabled(False)
         self.plot.hideAxis("left")  # the labels name the runs
         self.plot.setLabel("bottom", "seconds")
+        self.plot.getAxis("bottom").enableAutoSIPrefix(False)  # "seconds (x0.001)" under 0..500 reads as a bug
         self.plot.getViewBox().setMouseEnabled(x=False, y=False)
         self.plot.enableAutoRange(enable=False)
         self.plot.setYRange(-0.5, 2 * len(RUN_ORDER) - 0.5, padding=0)
@@ -82,10 +83,19 @@ class CompareChart(pg.PlotWidget):
             stats = runs.get(label)
             text.setVisible(stats is not None)
             if stats is not None:
-                text.setHtml(f"<span style='font-size:8pt; color:{self.fg.name()}'><b style='color:"
-                             f"{RUN_COLOURS[label]}'>{label}</b>: {html.escape(run_times(stats))}</span>")  # fmt: skip
+                text.setHtml(self._label_html(label, stats))
         longest = float((prefill + decoding).max()) if len(runs) else 0.0
         self.plot.setXRange(0, longest if longest > 0 else 1.0, padding=0.02)
+
+    def _label_html(self, label: str, stats: RunStats) -> str:
+        """The run's name and `run_times`, its prefill and decoding written in their bars' colours
+        (the line doubles as the legend)."""
+        times = html.escape(run_times(stats))
+        for part, colour in ((f"prefill {stats.prefill_s:.2f} s", PREFILL_COLOUR),
+                             (f"decoding {stats.wall_s:.2f} s", RUN_COLOURS[label])):  # fmt: skip
+            times = times.replace(part, f"<span style='color:{colour}; font-weight:600'>{part}</span>")
+        return (f"<span style='font-size:8pt; color:{self.fg.name()}'>"
+                f"<b style='color:{RUN_COLOURS[label]}'>{label}</b>: {times}</span>")  # fmt: skip
 
     def clear_runs(self) -> None:
         self.show_runs({})

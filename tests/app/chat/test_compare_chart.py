@@ -53,3 +53,20 @@ def test_every_bar_is_labelled_inside_the_plot_and_nothing_overlaps(qtbot, make_
         assert not any(rect.intersects(bar) for bar in bars)
     assert not rects[0].intersects(rects[1])
     window.grab().save(f"/tmp/sbs/window-{size[0]}-{spec_speed}.png")
+
+
+def test_a_short_run_is_drawn_in_seconds_not_thousandths(qtbot):
+    from app.chat.compare_view import CompareView
+
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.resize(700, 700)
+    view.show()
+    infos = [token(i, f" w{i}") for i in range(8)]
+    view.show_comparison(Comparison(result(*infos, tokens_per_s=60, prefill_s=0.43),
+                                    result(*infos, tokens_per_s=50, prefill_s=0.35), None))  # fmt: skip
+    qtbot.wait(50)
+
+    axis = view.chart.plot.getAxis("bottom")
+    assert "seconds" in axis.labelString() and "x0.001" not in axis.labelString()
+    assert max(value for _, values in axis.tickValues(0, 0.6, 400) for value in values) <= 0.6
