@@ -1,13 +1,13 @@
 """Side by side: one prompt decoded plainly and speculatively, and the verdict.
 
-Both runs use the same models, sampling settings and seed, one after the other
-(`Engine.compare`), each from empty caches (so each pays its own prefill), and both
-stream into their own pane. The verdict gives each run's time to first token, prefill
-and decoding time, the decoding speedup (prefill left out, as speculation does not
-change it), and for greedy runs whether the outputs are identical; where they are not,
-it names the first differing token and says whether the engine explains the
-difference by rounding (see engine/core/divergence.py). The chart above the verdict
-draws the same times (app/chat/compare_chart.py).
+Both runs decode greedily (whatever the chat samples with: identical outputs are the
+point), with the same models, seed and length, one after the other (`Engine.compare`),
+each from empty caches (so each pays its own prefill), and both stream into their own
+pane. The verdict gives each run's time to first token, prefill and decoding time, the
+decoding speedup (prefill left out, as speculation does not change it), and whether the
+outputs are identical; where they are not, it names the first differing token and says
+whether the engine explains the difference by rounding (see engine/core/divergence.py).
+The chart above the verdict draws the same times (app/chat/compare_chart.py).
 """
 
 from __future__ import annotations
