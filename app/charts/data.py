@@ -383,7 +383,10 @@ def chart_series(runs: dict[str, Run], costs: CostModel | None, window: int = WI
         if run.stats.tested:
             acceptance[label] = (col("step"), rolling_rate(col("total_accepted"), col("total_tested"), window))
         s = run.stats
-        time_split[label] = {"draft": s.draft_s, "verify": s.verify_s, "other": s.other_s}
+        # "other" is the rest of the decoding time, the time between steps too: the bar then ends
+        # at the run's decoding time, the number the side by side's verdict gives.
+        time_split[label] = {"draft": s.draft_s, "verify": s.verify_s,
+                             "other": max(s.wall_s - s.draft_s - s.verify_s, 0.0)}  # fmt: skip
 
     spec = runs.get("speculative")
     depth = depth_acceptance(spec if spec is not None else Run())

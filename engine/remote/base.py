@@ -65,6 +65,9 @@ class RemoteEngine:
         self.url = self.server.url
         self.model = model
         self.pair: RemotePair | None = None
+        # True while `compare` runs: each run reads the prompt itself (its own prefill and time to the
+        # first token), where a server lets a request skip its prompt cache (llama-server).
+        self.cold_prompts = False
 
     # -- the engine's calls -----------------------------------------------------------------
 
@@ -128,10 +131,14 @@ class RemoteEngine:
             raise SpecDeckError(f"The {self.server.name} does not decode speculatively: there is nothing to compare "
                                 "(start it with a draft model or a speculative type).")  # fmt: skip
         self.ensure_vanilla()
-        vanilla = self.generate(messages, sampling, speculative=False, cancel=cancel, on_step=on_step)
-        if cancel is not None and cancel.is_set():
-            return Comparison(vanilla, vanilla, None)
-        speculative = self.generate(messages, sampling, speculative=True, cancel=cancel, on_step=on_step)
+        self.cold_prompts = True
+        try:
+            vanilla = self.generate(messages, sampling, speculative=False, cancel=cancel, on_step=on_step)
+            if cancel is not None and cancel.is_set():
+                return Comparison(vanilla, vanilla, None)
+            speculative = self.generate(messages, sampling, speculative=True, cancel=cancel, on_step=on_step)
+        finally:
+            self.cold_prompts = False
         return Comparison(vanilla, speculative, None)
 
     def ensure_vanilla(self) -> None:

@@ -123,7 +123,9 @@ class LlamaServerEngine(RemoteEngine):
     def _body(self, messages, sampling, vanilla: bool) -> dict:
         body = super()._body(messages, sampling, vanilla)
         body["timings_per_token"] = True
-        body["cache_prompt"] = True
+        # A side by side's runs each read the prompt: on one server the second run would find it cached
+        # and show no prefill. vLLM and SGLang have no such switch per request (their notes say so).
+        body["cache_prompt"] = not self.cold_prompts
         if vanilla and self.vanilla is None:
             body["speculative.n_max"] = 0  # honoured by builds that read it; checked afterwards
         return body

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 import json
 import os
 
@@ -142,6 +143,17 @@ def test_vanilla_run_gets_its_own_throughput_curve_and_time_bar(charts, qtbot):
     widths = charts.time_split.bars["verify"].opts["width"]
     assert len(widths) == 2 and all(w > 0 for w in widths)
     assert "speedup" in charts.summary.text() and "measured" in charts.summary.text()
+
+
+def test_a_runs_time_bar_ends_at_its_decoding_time(charts, qtbot):
+    """The side by side's verdict gives the decoding time (wall_s): the bar adds up to it, the time
+    between steps counted as "other", not left out."""
+    events = make_run(SPEC_STEPS)
+    last = events[-1]
+    gap = replace(last.stats, wall_s=last.stats.wall_s + 0.5)  # half a second the steps' parts do not cover
+    feed(charts, "speculative", events[:-1] + [replace(last, stats=gap)])
+    parts = charts.series()["time_split"]["speculative"]
+    assert sum(parts.values()) == pytest.approx(gap.wall_s)
 
 
 def test_rolling_acceptance_follows_the_last_steps():

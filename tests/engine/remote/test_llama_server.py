@@ -83,6 +83,18 @@ def test_the_vanilla_side_of_a_comparison_runs_on_the_second_server(speculative_
     assert comparison.vanilla.text.startswith(comparison.speculative.text[:10])
 
 
+def test_each_run_of_a_side_by_side_reads_the_prompt_itself(speculative_server, vanilla_server):
+    """On one server the speculative run would find the prompt the vanilla run cached (prefill 0.00 s)."""
+    remote = open_remote("llama-server", speculative_server.url, vanilla_url=vanilla_server.url)
+    remote.connect()
+    bodies, body = [], remote._body
+    remote._body = lambda *args: bodies.append(body(*args)) or bodies[-1]
+    remote.generate(COPY, SamplingConfig(max_tokens=4))  # a chat reply: the prompt cache helps the next turn
+    comparison = remote.compare(COPY, SamplingConfig(max_tokens=8))
+    assert [b["cache_prompt"] for b in bodies] == [True, False, False]
+    assert comparison.speculative.stats.prefill_s > 0 and comparison.vanilla.stats.prefill_s > 0
+
+
 def test_without_a_vanilla_server_specdeck_starts_the_twin_of_a_local_one(speculative_server):
     remote = open_remote("llama-server", speculative_server.url)
     try:
