@@ -38,7 +38,7 @@ def test_the_models_recommended_sampling_is_offered_and_applied(dialog, tmp_path
 
     assert not dialog.form.recommended.isHidden()
     assert dialog.form.recommended.text() == "The model recommends temperature 0.6, top-p 0.95."
-    assert dialog.sampling_config().greedy  # offered, not imposed
+    assert dialog.sampling_config() == keys.DEFAULT_SAMPLING  # offered, not imposed
     dialog.form.use_recommended.click()
     sampling = dialog.sampling_config()
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == pytest.approx((0.6, 0.95, 0, 0))
