@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
 import threading
 
-from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QStyle,
                                QStyleOptionComboBox, QStylePainter, QWidget)  # fmt: skip
 
@@ -39,6 +40,7 @@ REASON_PX = 230  # the room a reason takes from the boxes, at most (the rest is 
 K_SUGGESTIONS = (2, 3, 4, 5, 6, 8)
 NO_DRAFT = "(choose one)"
 RETRY = "Choose the pair again to retry."
+POLL_MS = 50  # how often a running check is looked at (it reads metadata: well under a second)
 FIELDS_REMOTE = "The window runs on a server: choose its pair in Models ▸ Model pair…"
 
 
@@ -130,7 +132,6 @@ class PairBar(QWidget):
     sig_checked = Signal(bool)
     """A check of the bar's pair ended: True when it can load (sig_pair_chosen came first), False when
     the bar says why not."""
-    _sig_result = Signal(int, object)  # from the check's thread: generation, (config, Preflight)
 
     def __init__(self, check, models=None, parent=None) -> None:
         """`check(config) -> Preflight`, called on a worker thread; `models`: what the boxes list
@@ -138,11 +139,14 @@ class PairBar(QWidget):
         super().__init__(parent)
         self._check = check
         self._config = EngineConfig()  # the pair loaded, or loading: what a change is made to
-        self._generation = 0  # a newer change, or a pair set from outside, makes a running check stale
+        # The running check: its pair and where its thread puts the Preflight. The thread touches no Qt
+        # object (a signal emitted on a bar being deleted crashed), and a newer change or a pair set from
+        # outside replaces it (a stale result is never read).
+        self._pending: tuple[EngineConfig, queue.SimpleQueue] | None = None
+        self._poll = QTimer(self, interval=POLL_MS, timeout=self._take_result)
         self._filling = False  # set_config fills the fields: that is no change of the user's
         self._busy = self._remote = False
         models = list_models() if models is None else models
-        self._sig_result.connect(self._on_result, Qt.QueuedConnection)
 
         self.target = ElidedCombo(MODEL_CHARS, self)
         add_models(self.target, models, label=lambda ref: ref.name)
@@ -194,7 +198,7 @@ class PairBar(QWidget):
     def set_config(self, config: EngineConfig) -> None:
         """Show `config`, the pair loaded or loading (nothing is checked or loaded); a check still
         running is forgotten, and so is what the last one said."""
-        self._generation += 1
+        self._forget_check()
         self._config = config
         self._filling = True
         try:
@@ -251,27 +255,32 @@ class PairBar(QWidget):
         if self._filling:
             return
         self._show_draft()
-        self._generation += 1
+        self._forget_check()
         config = self.config()
         if config == self._config:  # back to the pair that is loaded
             self._say("")
             return
         self._say("Checking the pair…")
-        generation = self._generation
+        check, answer = self._check, queue.SimpleQueue()
+        threading.Thread(target=lambda: answer.put(checked(check, config, RETRY)), daemon=True,
+                         name="pair-bar-check").start()  # fmt: skip
+        self._pending = (config, answer)
+        self._poll.start()
 
-        def run() -> None:
-            result = checked(self._check, config, RETRY)
-            try:
-                self._sig_result.emit(generation, (config, result))
-            except RuntimeError:
-                pass  # the bar was deleted while the check ran
+    def _forget_check(self) -> None:
+        self._pending = None
+        self._poll.stop()
 
-        threading.Thread(target=run, daemon=True, name="pair-bar-check").start()
-
-    def _on_result(self, generation: int, payload) -> None:
-        if generation != self._generation:
-            return  # the fields changed since, or a pair was set from outside
-        config, result = payload
+    def _take_result(self) -> None:
+        """The timer's: the running check's result, once its thread has put it."""
+        if self._pending is None:
+            return self._poll.stop()
+        config, answer = self._pending
+        try:
+            result = answer.get_nowait()
+        except queue.Empty:
+            return
+        self._forget_check()
         if result.compatible:
             self._config = config  # before the window hears it: its load's busy signal keeps it shown
             self._say("")

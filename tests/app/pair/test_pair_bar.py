@@ -27,7 +27,8 @@ def choose(combo, data) -> None:
 def test_changing_the_drafter_or_k_in_the_bar_loads_the_new_pair(qtbot, make_window):
     window = make_window()
     bar, controller = window.pair_bar, window.controller
-    assert bar.drafter.currentData() == "ngram" and bar.k.value() == "4" and bar.fields_enabled()
+    qtbot.waitUntil(bar.fields_enabled)  # once the first load's job has ended
+    assert bar.drafter.currentData() == "ngram" and bar.k.value() == "4"
     enabled_while_loading = []
     controller.sig_load_started.connect(lambda _config: enabled_while_loading.append(bar.fields_enabled()))
 
@@ -50,6 +51,7 @@ def test_changing_the_drafter_or_k_in_the_bar_loads_the_new_pair(qtbot, make_win
 def test_an_impossible_pair_shows_the_reason_and_loads_nothing(qtbot, make_window):
     window = make_window()
     bar, controller = window.pair_bar, window.controller
+    qtbot.waitUntil(bar.fields_enabled)  # once the first load's job has ended
     loads = []
     controller.sig_load_started.connect(loads.append)
 
@@ -99,7 +101,8 @@ def test_the_bar_follows_a_pair_loaded_by_the_dialog_and_waits_while_a_reply_run
     enabled_while_replying = []
     controller.sig_run_started.connect(lambda _kind: enabled_while_replying.append(bar.fields_enabled()))
     send_and_wait(qtbot, window, "Say hello.")
-    assert enabled_while_replying == [False] and bar.fields_enabled()
+    assert enabled_while_replying == [False]
+    qtbot.waitUntil(bar.fields_enabled)  # once the reply's job has ended
 
 
 LONG_TARGET = "/models/Qwen2.5-Coder-32B-Instruct-abliterated-GGUF/Qwen2.5-Coder-32B-Instruct-abliterated.Q4_K_M.gguf"
