@@ -84,6 +84,7 @@ _LAZY = {
     "BenchmarkCancelled": ("bench.results", None), "BenchReport": ("bench.results", None),
     "BenchSettings": ("bench.results", None), "EFFICIENCY_LIMIT": ("bench.results", None),
     "SPECULATIVE": ("bench.results", None), "VANILLA": ("bench.results", None),
+    "PromptSummary": ("bench.results", None), "bench_report_so_far": ("bench.results", "report_so_far"),
     "bench_progress_to_dict": ("bench.results", "progress_to_dict"),
     "bench_progress_from_dict": ("bench.results", "progress_from_dict"),
     "BenchPrompt": ("bench.prompts", None), "default_prompts_path": ("bench.prompts", None),
@@ -93,7 +94,13 @@ _LAZY = {
 }  # fmt: skip
 
 
+# Modules that are part of the public API themselves.
+_MODULES = ("figures",)  # the name and the meaning of every figure of a run (light: no torch)
+
+
 def __getattr__(name: str):
+    if name in _MODULES:
+        return import_module(f".{name}", __name__)
     if name in _LAZY:
         module, attribute = _LAZY[name]
         value = getattr(import_module(f".{module}", __name__), attribute or name)
@@ -109,5 +116,5 @@ function_over_module(__name__, "preflight")
 
 __all__ = sorted(
     ["ConfigError", "ContextOverflowError", "IncompatiblePairError", "ModelLoadError", "ModelNotFoundError",
-     "OutOfMemoryError", "SpecDeckError", "preflight", *_LAZY]
+     "OutOfMemoryError", "SpecDeckError", "preflight", *_MODULES, *_LAZY]
 )  # fmt: skip

@@ -12,9 +12,9 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
                                QTableWidgetItem, QVBoxLayout, QWidget)  # fmt: skip
 
 from engine import AutotuneResult
-from engine.core.figures import ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE
+from engine.figures import ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE
 
-# (header, tooltip): the glossary's names (engine/core/figures.py), as the benchmark's table has them.
+# (header, tooltip): the glossary's names (engine/figures.py), as the benchmark's table has them.
 COLUMNS = (("#", ""), ("drafter", ""), ("k or\nnode budget", "The draft length k, or a tree drafter's node budget."),
            ("decoding\nspeedup", DECODE_SPEEDUP.tip + " Over the prompts: the geometric mean, as the benchmark's."),
            ("tok/s", "Decode tokens per second, prefill left out: the median over the prompts."),

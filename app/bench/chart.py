@@ -19,7 +19,7 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QFontMetricsF
 
 from engine import SPECULATIVE, VANILLA, BenchReport
-from engine.core.figures import DECODE_SPEEDUP
+from engine.figures import DECODE_SPEEDUP
 from app.charts.panels import RUN_COLOURS, Panel
 
 PEER_COLOURS = ("#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442")  # green, purple, sky, vermillion, yellow

@@ -34,8 +34,8 @@ from PySide6.QtWidgets import (QCheckBox, QDialog, QFileDialog, QFormLayout, QHB
 from engine import (AutotuneResult, AutotuneSettings, BenchmarkCancelled, BenchReport, BenchSettings, Candidate,
                     EngineClient, EngineConfig, EngineUnavailable, SpecDeckError, count_prompts,
                     default_prompts_path, load_prompts, write_json)  # fmt: skip
-from engine.bench.results import PromptSummary, report_so_far  # light: no torch
-from engine.core.figures import DECODE_SPEEDUP
+from engine import PromptSummary, bench_report_so_far
+from engine.figures import DECODE_SPEEDUP
 from app.bench.autotune_view import AutotunePanel
 from app.bench.chart import BenchChart
 from app.bench.view import BenchTable, checks_html
@@ -258,7 +258,7 @@ class BenchDialog(QDialog):
                 self.checks.clear()
                 self.export_button.setEnabled(False)
             self.rows[value.id] = value
-            partial = report_so_far(self.rows.values())
+            partial = bench_report_so_far(self.rows.values())
             self.chart.show_report(partial)
             self.table.show_report(partial)
             self.sig_rows_shown.emit(len(self.rows))

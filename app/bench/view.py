@@ -1,6 +1,6 @@
 """A benchmark report on screen: the table and the checks in words (chart.py draws the chart).
 
-Every figure is named as engine/core/figures.py names it, with its tooltip on the column's header.
+Every figure is named as engine/figures.py names it, with its tooltip on the column's header.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem
 
 from engine import BenchReport
-from engine.core.figures import (ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE,
+from engine.figures import (ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE,
                                  PREDICTED_SPEEDUP)  # fmt: skip
 
 SPEED_TIP = "Decode tokens per second, prefill left out: the median of the repeats."

@@ -49,7 +49,7 @@ from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
 from engine import CostModel, StepEvent
-from engine.core import figures
+from engine import figures
 
 from app.runtime.costs import CostSnapshot
 from app.charts.data import COLUMNS, DRAFTER_COLUMNS, DRAFTER_VIEWS, Run, chart_series, drafter_view, stats_text
@@ -569,7 +569,7 @@ def summary_html(series: dict, text_colour: str, shown_notes: tuple[str, ...] = 
         if s is None:
             continue
         text = f"<b style='color:{RUN_COLOURS[label]}'>■ {label}</b> {s.tokens_per_s:.1f} tokens/s"
-        if s.drafted:  # the figures llama.cpp and LM Studio print, under engine/core/figures.py's names
+        if s.drafted:  # the figures llama.cpp and LM Studio print, under engine/figures.py's names
             text += f", {figures.draft_acceptance_text(s)}, {figures.acceptance_length_text(s)}"
             measured = series["theory"]["measured"]
             if measured and abs(measured[1] - s.tokens_per_step) >= 0.005:  # some steps did not draft (auto k)

@@ -18,7 +18,7 @@ import pyqtgraph as pg
 from PySide6.QtGui import QPalette
 
 from engine import RunStats
-from engine.core.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
+from engine.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
 from app.charts.panels import RUN_COLOURS
 
 RUN_ORDER = ("speculative", "vanilla")  # bottom to top: vanilla, which ran first, on top

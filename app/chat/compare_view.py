@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QSplitt
                                QWidget)  # fmt: skip
 
 from engine import Comparison, GenerationResult, RunStats, SamplingConfig, StepEvent
-from engine.core.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
+from engine.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
 from app.shell.settings import describe_sampling
 from app.chat.compare_chart import CompareChart, run_times
 from app.chat.view import Composer

@@ -18,8 +18,8 @@ from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QHBoxLayout
                                QPushButton, QToolTip, QVBoxLayout, QWidget)  # fmt: skip
 
 from engine import TokenInfo
-from engine.core.events import RunStats
-from engine.core.figures import ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE, TIME_TO_FIRST_TOKEN, summary, tips
+from engine import RunStats
+from engine.figures import ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE, TIME_TO_FIRST_TOKEN, summary, tips
 from app.chat.conversations import Conversation
 from app.chat.provenance import Legend
 from app.chat.token_view import TokenView
@@ -34,7 +34,7 @@ _FINISH_NOTES = {
 }
 
 
-# The footer's tooltip: what its figures are (engine/core/figures.py), and where to read more.
+# The footer's tooltip: what its figures are (engine/figures.py), and where to read more.
 FOOTER_TIP = tips(DRAFT_ACCEPTANCE, ACCEPTANCE_LENGTH, TIME_TO_FIRST_TOKEN) + (
     "\n\nHelp > What the numbers mean explains them with this run's numbers.")
 

@@ -43,14 +43,14 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from engine import (EngineConfig, EngineUnavailable, Finding, PairReport, Preflight, SamplingConfig, SpecDeckError,
+from engine import (EngineConfig, Finding, PairReport, Preflight, SamplingConfig,
                     list_models, preflight)  # fmt: skip
 
 from app.shell import settings as keys
 from app.pair.engine_row import EngineRow
 from app.pair.model_drop import DRAFT, TARGET, ModelDrops
 from app.pair.form import PairForm
-from app.pair.widgets import SEVERITY_COLOURS, FindingsView
+from app.pair.widgets import SEVERITY_COLOURS, FindingsView, checked
 from app.pair.presets import PresetStore
 
 # The dialog's own state (geometry, the last folder browsed); the pair itself is keys.ENGINE_CONFIG.
@@ -296,15 +296,7 @@ class PairDialog(QDialog):
 
     def _run_check(self, generation: int, config: EngineConfig) -> None:
         """On the worker thread: never raise, always report."""
-        try:
-            result = self._check(config)
-        except EngineUnavailable as e:  # the engine process did not start, or stopped during the check
-            result = Preflight((Finding("error", "The engine could not check this pair",
-                                        f"{e} Press Check pair to try again."),))  # fmt: skip
-        except SpecDeckError as e:
-            result = Preflight((Finding("error", "The engine could not check this pair", str(e)),))
-        except Exception as e:  # a bug, not a bad model: still no traceback in the user's face
-            result = Preflight((Finding("error", "The check failed", f"{type(e).__name__}: {e}"),))
+        result = checked(self._check, config)  # the pair bar's check too
         try:
             self._sig_result.emit(generation, (result, self.form.key_of(config)))
         except RuntimeError:

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPushButton, QSiz
                                QStyleOptionComboBox, QStylePainter, QWidget)  # fmt: skip
 
 from engine import EngineConfig, list_models
-from engine.core import figures
+from engine import figures
 
 from app.pair.form import add_drafter, draft_model_option, listed_drafters
 from app.pair.widgets import AUTO, SEVERITY_COLOURS, AutoNumberField, add_models, checked

@@ -160,8 +160,7 @@ class MainWindow(QMainWindow):
     @sampling.setter
     def sampling(self, sampling: SamplingConfig) -> None:
         self._sampling = sampling
-        summary = f"Both runs: {keys.describe_sampling(sampling)}; same models, settings and seed."
-        self.compare_view.set_settings_summary(summary)
+        self.compare_view.set_sampling(sampling)  # it says what its runs use: these, made greedy
 
     # -- start-up and settings -----------------------------------------------------------
 
@@ -501,7 +500,7 @@ class MainWindow(QMainWindow):
         self.chats.set_system_prompt(text)
 
     def run_comparison(self, prompt: str) -> None:
-        self._compare_sampling = self.sampling
+        self._compare_sampling = self.sampling.as_greedy()  # as EngineController.compare runs it
         self.controller.compare([{"role": "user", "content": prompt}], self.sampling)
 
     def _on_run_started(self, kind: str) -> None:

@@ -1,7 +1,7 @@
 """Help > What the numbers mean: every figure the window shows, in plain words, with the user's own
 last run plugged into the article's formula.
 
-The words are engine/core/figures.py's (the names and tooltips every surface uses); the worked
+The words are engine/figures.py's (the names and tooltips every surface uses); the worked
 example is `figures.formula_example`. The dialog is given the run to explain (`set_stats`); with
 none it says to send a message first.
 """
@@ -12,8 +12,8 @@ from html import escape
 
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTextBrowser, QVBoxLayout, QWidget
 
-from engine.core.events import RunStats
-from engine.core.figures import (ACCEPTANCE_LENGTH, BREAK_EVEN, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE,
+from engine import RunStats
+from engine.figures import (ACCEPTANCE_LENGTH, BREAK_EVEN, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE,
                                  PREDICTED_SPEEDUP, STEP, TIME_TO_FIRST_TOKEN, Figure, formula_example)  # fmt: skip
 
 TITLE = "What the numbers mean"

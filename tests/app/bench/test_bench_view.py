@@ -1,9 +1,9 @@
-"""The benchmark's table and checks name each figure as engine/core/figures.py does, with its tooltip, and
+"""The benchmark's table and checks name each figure as engine/figures.py does, with its tooltip, and
 the bandwidth floor is explained, not graded against a target of ours."""
 
 from __future__ import annotations
 
-from engine.core.figures import ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE
+from engine.figures import ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE
 from app.bench.view import BenchTable, checks_html
 from tests.app.bench.sample_report import sample_report
 from tests.app.conftest import STRICT_QT_LOG

@@ -9,7 +9,7 @@ from engine import EngineConfig, SamplingConfig
 from engine.core.divergence import first_divergence
 from engine.core.events import RunStats, Source, StepEvent, TokenInfo
 from engine.api import Comparison, collect
-from engine.core.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
+from engine.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
 from tests.app.conftest import REPLY_TIMEOUT_MS, STRICT_QT_LOG
 
 pytestmark = STRICT_QT_LOG

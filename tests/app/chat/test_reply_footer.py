@@ -1,5 +1,5 @@
 """The footer under a reply leads with the figures llama.cpp and LM Studio users know, named as
-engine/core/figures.py names them, and its tooltip says what they are."""
+engine/figures.py names them, and its tooltip says what they are."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from app.chat.view import FOOTER_TIP, ChatView
 from engine.core.decode import decode_steps
 from engine.core.draft_length import DraftLength
 from engine.core.events import collect
-from engine.core.figures import ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE
+from engine.figures import ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE
 from engine.core.sampling import SamplingConfig
 from engine.drafters.ngram import NgramDrafter
 

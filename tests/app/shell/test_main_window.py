@@ -133,7 +133,7 @@ def test_accepting_the_pair_dialog_reloads_and_uses_its_sampling(qtbot, make_win
     assert window.sampling == sampling and keys.sampling_config(QSettings()) == sampling
     assert keys.engine_config(QSettings()) == missing
     assert "gone.gguf" in window.banner.text()
-    assert "temperature 0.7, seed 5, up to 9 tokens" in window.compare_view.settings_label.text()
+    assert "greedy, seed 5, up to 9 tokens" in window.compare_view.settings_label.text()  # the side by side's own
 
 
 def test_an_incompatible_pair_is_refused_and_nothing_loads(qtbot, make_window, pair_dialog_class, tmp_path):

@@ -13,7 +13,7 @@ from app.shell.numbers_help import NO_DRAFTS, NO_RUN, NumbersHelpDialog
 from engine.core.decode import decode_steps
 from engine.core.draft_length import DraftLength
 from engine.core.events import RunStats, collect
-from engine.core.figures import ACCEPTANCE_LENGTH, BREAK_EVEN, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE
+from engine.figures import ACCEPTANCE_LENGTH, BREAK_EVEN, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE
 from engine.core.sampling import SamplingConfig
 from tests.factories.fake import MarkovBackend, MarkovDrafter, random_transition
 

@@ -123,7 +123,7 @@ def test_chat_answers_then_prints_stats_and_compare_without_colours_on_a_pipe():
     reply = out.splitlines()[0]
     assert reply.strip() and not reply.startswith("tokens/s")
     labels = ("tokens/s: ", "draft acceptance: ", "mean acceptance length: ", "per-token acceptance a: ",
-              "predicted speedup: ")  # engine/core/figures.py's names, in its order
+              "predicted speedup: ")  # engine/figures.py's names, in its order
     for label in labels:
         assert re.search(rf"^{label}(\d|nothing drafted)", out, re.MULTILINE), label
     assert [out.index(f"\n{label}") for label in labels] == sorted(out.index(f"\n{label}") for label in labels)

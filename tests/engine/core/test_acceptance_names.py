@@ -30,7 +30,7 @@ def test_the_cli_json_and_summary_give_both_rates_and_the_mean_acceptance_length
     err = capsys.readouterr().err
     share = (f"{stats['accepted'] / stats['drafted']:.0%} of drafted tokens accepted "
              f"({stats['accepted']} of {stats['drafted']})")  # fmt: skip
-    # engine/core/figures.py's names in its order: the two everyone knows, then the formula's a and its speedup
+    # engine/figures.py's names in its order: the two everyone knows, then the formula's a and its speedup
     assert re.search(re.escape(share) + r" · mean acceptance length \d\.\d\d · per-token acceptance a \d\.\d\d "
                      r"\(\d+ of \d+ tested\) · predicted speedup \d+\.\d\dx", err), err  # fmt: skip
     assert "rate" not in err and "per target forward" not in err  # the names the glossary replaced
