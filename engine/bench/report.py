@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from engine.bench.results import VANILLA, BenchReport, GroupSummary, PeerResult, PromptSummary
-from engine.core.figures import (ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE,
+from engine.figures import (ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE,
                                  PREDICTED_SPEEDUP)  # fmt: skip
 
 
@@ -49,7 +49,7 @@ def format_text(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
-# The glossary's names (engine/core/figures.py), the leading figures first: draft acceptance (accepted /
+# The glossary's names (engine/figures.py), the leading figures first: draft acceptance (accepted /
 # drafted, as llama.cpp prints it), mean acceptance length (tokens per step), then the formula's a.
 _COLUMNS = ["tokens", "vanilla tok/s", "spec tok/s", DECODE_SPEEDUP.name, DRAFT_ACCEPTANCE.name,
             ACCEPTANCE_LENGTH.name, PER_TOKEN_ACCEPTANCE.name, PREDICTED_SPEEDUP.name, "efficiency",

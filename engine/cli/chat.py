@@ -27,7 +27,7 @@ from typing import Callable, TextIO
 from engine.cli import interrupt as cli_interrupt
 from engine.errors import ContextOverflowError, SpecDeckError
 from engine.core.events import GenerationResult, Source, StepEvent
-from engine.core.figures import (ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE, PREDICTED_SPEEDUP,
+from engine.figures import (ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE, PREDICTED_SPEEDUP,
                                  draft_acceptance_text)
 
 COLOURS = {  # ANSI foreground colours, the app's tints where a terminal has them
@@ -190,7 +190,7 @@ class Chat:
             self._say("no reply yet: /stats shows the last reply's statistics")
             return
         s = self.last.stats
-        lines = [  # the figures by engine/core/figures.py's names, in its order
+        lines = [  # the figures by engine/figures.py's names, in its order
             f"tokens/s: {s.tokens_per_s:.1f} ({s.tokens} tokens in {s.wall_s:.2f} s, {s.steps} steps)",
             f"{DRAFT_ACCEPTANCE.name}: {draft_acceptance_text(s) or 'nothing drafted'}",
             f"{ACCEPTANCE_LENGTH.name}: {s.mean_acceptance_length:.2f} (tokens per step: the accepted drafts + 1)",

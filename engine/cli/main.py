@@ -37,7 +37,7 @@ from engine.cli.options import (add_drafter_options, add_gpu_layers_option, add_
 from engine.cli.serve import add_serve_parser  # noqa: E402
 from engine.cli.train import add_train_parser  # noqa: E402
 from engine.errors import ConfigError, SpecDeckError  # noqa: E402
-from engine.core.figures import DECODE_SPEEDUP, details  # noqa: E402
+from engine.figures import DECODE_SPEEDUP, details  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -401,7 +401,7 @@ def _drafter_sentence(stats) -> str | None:
 def _summary_lines(result, comparison, n_ctx: int, per_depth: bool = False, drafter: str | None = None) -> list[str]:
     """The run's statistics in sentences, and with a comparison the speedup and the verdict."""
     s = result.stats
-    lines = [  # the figures by engine/core/figures.py's names, in its order
+    lines = [  # the figures by engine/figures.py's names, in its order
         f"{s.tokens} tokens in {s.wall_s:.2f} s ({s.tokens_per_s:.1f} tok/s), {s.steps} steps (target forwards)",
         details(s),
     ]
