@@ -423,7 +423,7 @@ class LiveCharts(QWidget):
         written = []
         for panel in self.visible_panels():
             for plot in getattr(panel, "plots", (panel,)):  # the drafter panel holds two plots
-                name = f"{stem}-{_slug(plot.plot.titleLabel.text)}.svg"
+                name = f"{stem}-{_slug(plot.full_title)}.svg"
                 with open(name, "wb") as f:
                     f.write(panel_svg(plot))
                 written.append(name)
@@ -537,7 +537,7 @@ def panel_svg(panel) -> bytes:
     size = panel.viewport().size()
     generator.setSize(size)
     generator.setViewBox(QRect(QPoint(0, 0), size))
-    generator.setTitle(panel.plot.titleLabel.text)
+    generator.setTitle(panel.full_title)
     painter = QPainter(generator)
     panel.render(painter)
     painter.end()

@@ -129,9 +129,17 @@ class Panel(pg.PlotWidget):
             self._titles = titles
             self._fit_words()
 
+    @property
+    def full_title(self) -> str:
+        """The panel's title in its longest wording, whatever fits now (the exports' names)."""
+        return self._titles[0] if self._titles else ""
+
     def _fit_words(self, *_) -> None:
         """Show the longest title and y axis title that fit: a clipped one reads as a broken window."""
-        title = longest_fitting(self._titles, self._font(10, bold=True), self.width() - 24)
+        # The title sits over the plot, not over the y axis: the view box's width is its room.
+        box_width = self.plot.getViewBox().width()
+        room = box_width - 8 if box_width > 0 else self.width() - 60
+        title = longest_fitting(self._titles, self._font(10, bold=True), room)
         if title != self.plot.titleLabel.text:
             self.plot.setTitle(title, color=self.fg.name(), size="10pt", bold=True)
             # A title sets its own width as the plot's minimum, and a plot wider than its
@@ -444,7 +452,7 @@ class TimeSplitPanel(Panel):
     BAR_MAX = 26  # pixels: a bar no thicker than this, however tall the panel
 
     def __init__(self, parent=None) -> None:
-        super().__init__("Where the time goes", "seconds", "", parent,
+        super().__init__(("Where the time goes", "Time split"), "seconds", "", parent,
                          tip="Decoding time split into drafting, verifying (the target's forward over the drafted "
                              "tokens) and the rest (sampling, the acceptance rule, bookkeeping).")  # fmt: skip
         self.legend.hide()
@@ -462,6 +470,9 @@ class TimeSplitPanel(Panel):
         self._labels: list[str] = []
         self._laid_out: tuple | None = None  # (ticks, bar heights, view height) last set
         self._html: dict[str, str] = {}  # run label -> its note's text as last set
+        self._split: dict = {}  # the series' time split last shown
+        self._short = False  # notes give the seconds alone: the plot is too short for the shares
+        self._short_for: tuple | None = None  # (height, width, runs) _short was decided for
         # The view box gets its size after the widget's resize event: lay out when it does.
         self.plot.getViewBox().sigResized.connect(self._lay_out)
 
@@ -473,19 +484,29 @@ class TimeSplitPanel(Panel):
             width = np.array([split[label][part] for label in labels])
             bar.setOpts(x0=start.copy(), width=width)
             start += width
-        for label, note in self.notes.items():
-            note.setVisible(label in split)
-            if label in split:
-                html = self._shares(split[label])
-                if self._html.get(label) != html:  # each setHtml re-lays the note out and repaints it
-                    self._html[label] = html
-                    note.setHtml(html)
+        self._split = split
+        self._write_notes()
         longest = max((sum(parts.values()) for parts in split.values()), default=1.0) or 1.0
         self.fit("x", 0.0, longest, padding=0.03)
         self._lay_out()
 
+    def _write_notes(self) -> None:
+        for label, note in self.notes.items():
+            note.setVisible(label in self._split)
+            if label in self._split:
+                html = self._shares(self._split[label], short=self._short)
+                if self._html.get(label) != html:  # each setHtml re-lays the note out and repaints it
+                    self._html[label] = html
+                    note.setHtml(html)
+
     def _lay_out(self, *_) -> None:
         box = self.plot.getViewBox()
+        # In a short plot (a small screen) the shares do not fit above the bars: each note then says
+        # only the run's seconds, and the tooltip what the colours are.
+        short = self._needs_short(box.height())
+        if short != self._short:
+            self._short = short
+            self._write_notes()
         height = box.height() if box.height() > 0 else 120.0  # pixels; a guess until laid out
         # A line longer than the plot would be cut off at its right edge: wrap it instead.
         (x0, x1), _ = box.viewRange()
@@ -514,8 +535,30 @@ class TimeSplitPanel(Panel):
                 bar.setOpts(y=np.array(rows), height=np.array(bar_heights))
             self.plot.setYRange(0, height, padding=0)
 
-    def _shares(self, parts: dict) -> str:
+    def _needs_short(self, height: float) -> bool:
+        """Whether the full notes, wrapped to the view's width, leave each run's bar less than 4 pixels."""
+        if height <= 0 or not self._labels:
+            return False
+        width = max(self.plot.getViewBox().width() - 4, 60)
+        # Asked at every redraw; the answer changes with the plot's size and the runs shown, hardly
+        # ever with the percentages: measured again only when those change.
+        key = (round(height), round(width), tuple(self._labels))
+        if key == self._short_for:
+            return self._short
+        self._short_for = key
+        slot = height / len(self._labels)
+        probe = pg.TextItem("", anchor=(0, 0))
+        for label in self._labels:
+            probe.setHtml(self._shares(self._split[label], short=False))
+            probe.setTextWidth(width)
+            if slot - probe.textItem.boundingRect().height() - 3 * self.NOTE_GAP < 4:
+                return True
+        return False
+
+    def _shares(self, parts: dict, short: bool = False) -> str:
         total = sum(parts.values()) or 1.0
+        if short:
+            return f"<span style='font-size:8pt; color:{self.fg.name()}'>{total:.3g} s</span>"
         words = [f"<span style='color:{TIME_COLOURS[p]}'>{p} {100 * v / total:.0f}%</span>" for p, v in parts.items()]
         return f"<span style='font-size:8pt; color:{self.fg.name()}'>{total:.3g} s:</span> " \
                f"<span style='font-size:8pt; font-weight:600'>{' · '.join(words)}</span>"

@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 import pyqtgraph as pg
 import pytest
-from PySide6.QtCore import QRectF
+from PySide6.QtCore import QRectF, Qt
 
 from engine.core.draft_length import CostModel
 from tests.app.charts.test_charts import CHEAP, COSTLY, LINEAR, PLAIN_STEPS, SPEC_STEPS, feed, make_run
@@ -80,13 +80,16 @@ def problems(panel) -> list[str]:
     return out
 
 
-@pytest.fixture(params=SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.fixture(params=[(screen, dock) for screen in SCREENS for dock in (0.34, 0.4)],
+                ids=lambda p: f"{p[0][0]}x{p[0][1]}-dock{p[1]:.0%}")
 def charts_on_screen(request, qtbot, make_window):
-    """The window's charts at the default dock sizes of a screen, after a vanilla and a speculative run."""
-    width, height = request.param
+    """The window's charts on a screen, the dock at its default share of the width (0.4) and narrower
+    (as the tour's window shows it once the chat asks for its room)."""
+    (width, height), share = request.param
     window = make_window(load=False)
     window.resize(int(width * 0.9) if width < 1440 else 1440, int(height * 0.9))
-    window._default_dock_sizes()
+    window.resizeDocks([window.charts_dock], [int(window.width() * share)], Qt.Orientation.Horizontal)
+    qtbot.wait(20)
     return window.charts
 
 
