@@ -2,8 +2,8 @@
 
     QT_QPA_PLATFORM=offscreen python docs/screenshots/take_screenshots.py [chat] [side-by-side] [pair-dialog]
 
-Writes chat.png (token colours), chat-markdown.png (the same replies drawn as
-Markdown), side-by-side.png and pair-dialog.png beside this file (or only
+Writes chat.png (replies drawn as Markdown with their token colours),
+side-by-side.png and pair-dialog.png beside this file (or only
 the ones named). The pair dialog is shown with the EAGLE drafter chosen (its
 shipped head for the embedded model), checked. Uses a temporary settings and
 conversation folder, so it never touches yours. Runs under Xvfb as well (unset
@@ -59,19 +59,15 @@ def shoot(application: QApplication, window) -> None:
     finished = []  # one entry per run that ended
     window.controller.sig_run_finished.connect(lambda kind, result: finished.append(kind))
     window.start(CONFIG)
-    wait(application, lambda: window.controller.engine is not None and not window.controller.busy)
+    wait(application, lambda: window.controller.loaded is not None and not window.controller.busy)
 
     for prompt in ("Write a Python function that adds two numbers, then repeat the function.",
                    "Can you write a function that subtracts two numbers?"):  # fmt: skip
         runs = len(finished)
         window.send_message(prompt)
         wait(application, lambda: len(finished) > runs)
-    window.actions.markdown.setChecked(False)  # the provenance colours: what SpecDeck is for
-    settle(application)
+    settle(application)  # the default view: finished replies as Markdown, with the provenance colours kept
     window.grab().save(str(HERE / "chat.png"))
-    window.actions.markdown.setChecked(True)
-    settle(application)
-    window.grab().save(str(HERE / "chat-markdown.png"))
 
     window.tabs.setCurrentWidget(window.compare_view)
     window.compare_view.prompt.setPlainText(
