@@ -56,7 +56,7 @@ class AutotunePanel(QWidget):
         best = result.best
         if result.beats_vanilla:
             self.summary.setText(f"<b>Fastest: {best.candidate.label}</b>, {DECODE_SPEEDUP.name} "
-                                 f"{best.speedup:.2f}× (geometric mean over {result.prompts} prompts, replies of up "
+                                 f"{best.speedup:.2f}× (geometric mean over {result.prompts} prompt{'' if result.prompts == 1 else 's'}, replies of up "
                                  f"to {result.max_tokens} tokens).")  # fmt: skip
         else:
             self.summary.setText("<b>Nothing beat plain decoding</b> on these prompts: the fastest is decoding "

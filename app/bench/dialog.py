@@ -271,7 +271,7 @@ class BenchDialog(QDialog):
     def _on_report(self, report: BenchReport) -> None:
         self.show_report(report)
         self._set_status(f"Done: {DECODE_SPEEDUP.name} {report.overall.speedup:.2f}× (geometric mean over "
-                         f"{len(report.prompts)} prompts, replies of up to {report.settings.get('max_tokens', '?')} "
+                         f"{_count(len(report.prompts), 'prompt')}, replies of up to {report.settings.get('max_tokens', '?')} "
                          f"tokens), outputs identical for {report.overall.identical} of "
                          f"{report.overall.prompts}.")  # fmt: skip
         self.sig_finished.emit(report)
@@ -403,3 +403,8 @@ def describe_config(config: EngineConfig, freed: bool = False) -> str:
         return (f"{config.target}{backend} · {drafter} · k {config.k} (not the window's pair: its models were "
                 "freed first, to hold one copy at a time, and load again when this dialog closes)")
     return f"{config.target}{backend} · {drafter} · k {config.k} (the pair loaded in the window)"
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 prompt', '24 prompts'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
