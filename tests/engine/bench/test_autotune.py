@@ -177,3 +177,17 @@ def test_the_cli_prints_the_ranked_table(tmp_path, capsys):
                  ]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "Auto-tune: 1 prompts" in out and "ngram" in out and "Best:" in out
+
+
+def test_every_candidate_run_reads_its_prompt_cold_so_greedy_replies_match_plain_decoding():
+    """Runs that reused the prefix the run before left in the cache (keys and values computed in
+    other batch shapes: the last plain run's, a reply's) rounded differently: 11 of the 24 shipped
+    turns differed from plain decoding's greedy reply, the first prompt too, where the benchmark
+    had all 24 identical."""
+    from engine.bench.prompts import default_prompts_path, load_prompts
+
+    prompts = load_prompts(default_prompts_path())
+    result = run_autotune(CONFIG, prompts, AutotuneSettings(max_tokens=24, warmup=False),
+                          candidates=(Candidate("ngram", "auto"),))  # fmt: skip
+    ngram = next(r for r in result.ranked if r.candidate != PLAIN)
+    assert ngram.identical == ngram.prompts == 24, "a greedy reply differed from plain decoding's"
