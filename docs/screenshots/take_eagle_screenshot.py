@@ -39,7 +39,7 @@ def main() -> int:
         finished = []
         window.controller.sig_run_finished.connect(lambda kind, result: finished.append(result))
         window.start(CONFIG)
-        wait(application, lambda: window.controller.engine is not None and not window.controller.busy)
+        wait(application, lambda: window.controller.loaded is not None and not window.controller.busy)
         for prompt in PROMPTS:
             runs = len(finished)
             window.send_message(prompt)
