@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
 
 from engine import AutotuneResult
 from engine.figures import ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE
+from app.bench.view import counted
 
 # (header, tooltip): the glossary's names (engine/figures.py), as the benchmark's table has them.
 COLUMNS = (("#", ""), ("drafter", ""), ("k or\nnode budget", "The draft length k, or a tree drafter's node budget."),
@@ -56,7 +57,7 @@ class AutotunePanel(QWidget):
         best = result.best
         if result.beats_vanilla:
             self.summary.setText(f"<b>Fastest: {best.candidate.label}</b>, {DECODE_SPEEDUP.name} "
-                                 f"{best.speedup:.2f}× (geometric mean over {result.prompts} prompt{'' if result.prompts == 1 else 's'}, replies of up "
+                                 f"{best.speedup:.2f}× (geometric mean over {counted(result.prompts, 'prompt')}, replies of up "
                                  f"to {result.max_tokens} tokens).")  # fmt: skip
         else:
             self.summary.setText("<b>Nothing beat plain decoding</b> on these prompts: the fastest is decoding "

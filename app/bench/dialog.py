@@ -38,7 +38,7 @@ from engine import PromptSummary, bench_report_so_far
 from engine.figures import DECODE_SPEEDUP
 from app.bench.autotune_view import AutotunePanel
 from app.bench.chart import BenchChart
-from app.bench.view import BenchTable, checks_html
+from app.bench.view import BenchTable, checks_html, counted
 from app.runtime.engine_controller import EngineController
 from app.runtime.worker import GeneratorWorker
 
@@ -271,7 +271,7 @@ class BenchDialog(QDialog):
     def _on_report(self, report: BenchReport) -> None:
         self.show_report(report)
         self._set_status(f"Done: {DECODE_SPEEDUP.name} {report.overall.speedup:.2f}× (geometric mean over "
-                         f"{_count(len(report.prompts), 'prompt')}, replies of up to {report.settings.get('max_tokens', '?')} "
+                         f"{counted(len(report.prompts), 'prompt')}, replies of up to {report.settings.get('max_tokens', '?')} "
                          f"tokens), outputs identical for {report.overall.identical} of "
                          f"{report.overall.prompts}.")  # fmt: skip
         self.sig_finished.emit(report)
@@ -404,7 +404,3 @@ def describe_config(config: EngineConfig, freed: bool = False) -> str:
                 "freed first, to hold one copy at a time, and load again when this dialog closes)")
     return f"{config.target}{backend} · {drafter} · k {config.k} (the pair loaded in the window)"
 
-
-def _count(n: int, noun: str) -> str:
-    """'1 prompt', '24 prompts'."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -78,6 +78,11 @@ class BenchTable(QTableWidget):
             self.horizontalHeaderItem(column).setToolTip(tips.get(header) or SPEED_TIP)
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 prompt', '24 prompts': the dialog's and the auto-tune panel's counts."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def checks_html(report: BenchReport) -> str:
     """The bandwidth floor, the efficiency and the memory check, and failed peers, as rich text."""
 
