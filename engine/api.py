@@ -9,24 +9,23 @@ draft length and cost model -> `Engine.generate` collects a result ->
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from engine.backends.base import Backend
+from engine.config import EngineConfig, target_backend
 from engine.core.decode import decode_steps, run_notes
 from engine.core.divergence import first_divergence, rounding_bound
 from engine.core.draft_length import CostModel, DraftLength, measure_verify_curve
-from engine.drafters.base import Drafter
-from engine.errors import ConfigError, SpecDeckError
 from engine.core.events import Comparison, Divergence, GenerationResult, StepEvent, collect  # noqa: F401 - re-exported
-from engine.config import EngineConfig, target_backend
-from engine.drafters.registry import drafter_spec, make_drafter
-from engine.models.load_options import check_load_options, target_load_options
-from engine.models.loading import load_backend
-from engine.models.memory_errors import model_out_of_memory, out_of_memory, unexplained_allocation_failure
-from engine.models.locate import resolve
 from engine.core.sampling import SamplingConfig
 from engine.core.text import check_messages
-
+from engine.drafters.base import Drafter
+from engine.drafters.registry import drafter_spec, make_drafter
+from engine.errors import ConfigError, SpecDeckError
+from engine.models.load_options import check_load_options, target_load_options
+from engine.models.loading import load_backend
+from engine.models.locate import resolve
+from engine.models.memory_errors import model_out_of_memory, out_of_memory, unexplained_allocation_failure
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
 
@@ -48,8 +47,9 @@ def _steady(report: Progress) -> Progress:
 
 def _part(report: Progress, whose: str, start: float, end: float) -> Progress:
     """A backend's own progress (0 to 1) as the stretch `start`..`end` of the whole load."""
-    return lambda message, fraction: report(f"{whose}: {message[:1].lower()}{message[1:]}",
-                                            start + (end - start) * fraction)  # fmt: skip
+    return lambda message, fraction: report(
+        f"{whose}: {message[:1].lower()}{message[1:]}", start + (end - start) * fraction
+    )
 
 
 class Engine:
@@ -63,7 +63,7 @@ class Engine:
         DraftLength(config.k, config.k_max)  # validate k early, before any generation
 
     @classmethod
-    def load(cls, config: EngineConfig, progress: Progress | None = None) -> "Engine":
+    def load(cls, config: EngineConfig, progress: Progress | None = None) -> Engine:
         report = _steady(progress or (lambda message, fraction: None))
         DraftLength(config.k, config.k_max)
         spec = drafter_spec(config.drafter)  # an unknown drafter, or options of another one: said before loading
@@ -72,15 +72,22 @@ class Engine:
         report("Loading the target model", 0.0)
         target_share = 0.5 if config.drafter != "ngram" else 0.8  # the n-gram drafter is instant
         try:
-            target = load_backend(config.target, backend=target_backend(config), **options,
-                                  progress=_part(report, "Target", 0.0, target_share))  # fmt: skip
+            target = load_backend(
+                config.target,
+                backend=target_backend(config),
+                **options,
+                progress=_part(report, "Target", 0.0, target_share),
+            )
         except Exception as error:
             if not unexplained_allocation_failure(error):
                 raise
             raise out_of_memory(
-                f"load {config.target}", path=config.target, backend=_chosen_backend(config),
+                f"load {config.target}",
+                path=config.target,
+                backend=_chosen_backend(config),
                 dtype=None if config.dtype == "auto" else config.dtype,
-                device="this machine" if config.device == "auto" else config.device, n_ctx=config.n_ctx,
+                device="this machine" if config.device == "auto" else config.device,
+                n_ctx=config.n_ctx,
             ) from error
         try:
             report("Loading the drafter", target_share)
@@ -141,9 +148,14 @@ class Engine:
         if drafter is not None and draft_length is None:
             draft_length = DraftLength(self.config.k, self.config.k_max)
         steps = decode_steps(
-            self.target, prompt, sampling, drafter=drafter, draft_length=draft_length, costs=self.costs,
+            self.target,
+            prompt,
+            sampling,
+            drafter=drafter,
+            draft_length=draft_length,
+            costs=self.costs,
             cancel=cancel,
-        )  # fmt: skip
+        )
         return _out_of_memory_said(steps, self.target)
 
     def generate(

@@ -59,8 +59,9 @@ class EngineConfig:
         if isinstance(self.options, spec.options):
             return
         owner = _owner(type(self.options)) if self.options is not None else None
-        untouched = owner is not None and all(getattr(self.options, s.name) == s.default
-                                              for s in option_settings(owner))  # fmt: skip
+        untouched = owner is not None and all(
+            getattr(self.options, s.name) == s.default for s in option_settings(owner)
+        )
         if self.options is None or untouched:
             object.__setattr__(self, "options", spec.options())
 
@@ -76,8 +77,10 @@ class EngineConfig:
             return self.options
         owner = _owner(type(self.options))
         if owner is None:
-            raise ConfigError(f"The {self.drafter} drafter's options must be {spec.options.__name__}, "
-                              f"got {type(self.options).__name__}.")  # fmt: skip
+            raise ConfigError(
+                f"The {self.drafter} drafter's options must be {spec.options.__name__}, "
+                f"got {type(self.options).__name__}."
+            )
         given = [s for s in option_settings(owner) if getattr(self.options, s.name) != s.default]
         if not given:  # another drafter's defaults (replace(config, drafter=...)): nothing was set
             return spec.options()
@@ -91,7 +94,7 @@ class EngineConfig:
             f"choose --drafter {owner.name}, or drop {flag}."
         )
 
-    def with_drafter(self, name: str, **option_changes) -> "EngineConfig":
+    def with_drafter(self, name: str, **option_changes) -> EngineConfig:
         """This config with drafter `name` and its options: the current ones when they are that
         drafter's, else its defaults, with `option_changes` applied."""
         from engine.drafters.registry import drafter_spec
@@ -102,8 +105,9 @@ class EngineConfig:
             options = dataclasses.replace(base, **option_changes)
         except TypeError:
             names = ", ".join(f.name for f in dataclasses.fields(spec.options)) or "none"
-            raise ConfigError(f"The {name} drafter has no option among {sorted(option_changes)}; "
-                              f"its options: {names}.") from None  # fmt: skip
+            raise ConfigError(
+                f"The {name} drafter has no option among {sorted(option_changes)}; its options: {names}."
+            ) from None
         return dataclasses.replace(self, drafter=name, options=options)
 
     @property
@@ -125,7 +129,7 @@ class EngineConfig:
         return {"version": CONFIG_VERSION, **data}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "EngineConfig":
+    def from_dict(cls, data: dict) -> EngineConfig:
         """The config `to_dict` wrote. Raises ConfigError naming the field and what to do for an
         unknown drafter or field, a wrong type, or a newer version than this SpecDeck reads."""
         from engine.drafters.registry import drafter_names, drafter_spec, is_drafter
@@ -143,8 +147,10 @@ class EngineConfig:
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - set(known) - {"version"})
         if unknown:
-            raise ConfigError(f"The saved engine configuration has an unknown field {unknown[0]!r}: "
-                              "remove it, or choose the pair again.")  # fmt: skip
+            raise ConfigError(
+                f"The saved engine configuration has an unknown field {unknown[0]!r}: "
+                "remove it, or choose the pair again."
+            )
         drafter = data.get("drafter", cls.drafter)
         if not is_drafter(drafter):
             raise ConfigError(
@@ -153,13 +159,15 @@ class EngineConfig:
                 "that provides it."
             )
         values = {}
-        for name, f in known.items():
+        for name in known:
             if name in ("options", "drafter") or name not in data:
                 continue
             values[name] = _checked(name, data[name], _FIELD_TYPES[name])
         if values.get("compile", "auto") not in COMPILES:
-            raise ConfigError(f"The saved compile setting must be one of {', '.join(COMPILES)}, got "
-                              f"{values['compile']!r}: fix it, or choose the pair again.")  # fmt: skip
+            raise ConfigError(
+                f"The saved compile setting must be one of {', '.join(COMPILES)}, got "
+                f"{values['compile']!r}: fix it, or choose the pair again."
+            )
         spec = drafter_spec(drafter)
         options = data.get("options") or {}
         if not isinstance(options, dict):
@@ -175,18 +183,28 @@ def options_from_dict(spec, data: dict):
     fields = {f.name for f in dataclasses.fields(spec.options)}
     unknown = sorted(set(data) - fields)
     if unknown:
-        raise ConfigError(f"The {spec.name} drafter has no option {unknown[0]!r}: remove it from the saved "
-                          "configuration, or choose the pair again.")  # fmt: skip
-    values = {name: _checked(f"{spec.name} option {name}", value, _types(hints[name]))
-              for name, value in data.items()}  # fmt: skip
+        raise ConfigError(
+            f"The {spec.name} drafter has no option {unknown[0]!r}: remove it from the saved "
+            "configuration, or choose the pair again."
+        )
+    values = {name: _checked(f"{spec.name} option {name}", value, _types(hints[name])) for name, value in data.items()}
     return spec.options(**values)
 
 
 # JSON types each EngineConfig field may hold (an "auto"-or-number may hold any number the user typed).
 _FIELD_TYPES = {
-    "target": (str,), "backend": (str,), "device": (str,), "dtype": (str,), "compile": (str,), "n_ctx": (int, type(None)),
-    "threads": (int, type(None)), "gpu_layers": (int, str), "k": (int, str), "k_max": (int,), "measure_costs": (bool,),
-}  # fmt: skip
+    "target": (str,),
+    "backend": (str,),
+    "device": (str,),
+    "dtype": (str,),
+    "compile": (str,),
+    "n_ctx": (int, type(None)),
+    "threads": (int, type(None)),
+    "gpu_layers": (int, str),
+    "k": (int, str),
+    "k_max": (int,),
+    "measure_costs": (bool,),
+}
 
 
 def _types(hint) -> tuple[type, ...]:
@@ -201,8 +219,10 @@ def _types(hint) -> tuple[type, ...]:
 
 
 def _checked(name: str, value, allowed: tuple[type, ...]):
-    ok = any(isinstance(value, t) and not (isinstance(value, bool) and t is not bool and bool not in allowed)
-             for t in allowed)  # fmt: skip
+    ok = any(
+        isinstance(value, t) and not (isinstance(value, bool) and t is not bool and bool not in allowed)
+        for t in allowed
+    )
     if not ok:
         names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
         raise ConfigError(f"The saved {name} must be {names}, got {value!r}: fix it, or choose the pair again.")
@@ -238,12 +258,17 @@ def target_backend(config: EngineConfig) -> str:
 
 # Old flat field -> (drafter, option) it became; "draft*" fields are the model drafter's.
 LEGACY_OPTIONS = {
-    "draft": ("model", "draft"), "draft_backend": ("model", "backend"), "draft_device": ("model", "device"),
-    "draft_dtype": ("model", "dtype"), "draft_threads": ("model", "threads"),
-    "draft_gpu_layers": ("model", "gpu_layers"), "ngram_max": ("ngram", "max_ngram"),
-    "heads": ("medusa|eagle", "heads"), "tree_depth": ("eagle", "tree_depth"),
+    "draft": ("model", "draft"),
+    "draft_backend": ("model", "backend"),
+    "draft_device": ("model", "device"),
+    "draft_dtype": ("model", "dtype"),
+    "draft_threads": ("model", "threads"),
+    "draft_gpu_layers": ("model", "gpu_layers"),
+    "ngram_max": ("ngram", "max_ngram"),
+    "heads": ("medusa|eagle", "heads"),
+    "tree_depth": ("eagle", "tree_depth"),
     "exit_layer": ("early-exit", "exit_layer"),
-}  # fmt: skip
+}
 
 
 def from_legacy(data: dict) -> EngineConfig:
@@ -270,8 +295,11 @@ def from_legacy(data: dict) -> EngineConfig:
         options.update(zip(("window", "ngram", "candidates"), data["lookahead"]))
     if drafter == "eagle" and options.get("tree_depth") is None:
         options.pop("tree_depth", None)
-    stray = {name: data[old] for old, (owner, name) in LEGACY_OPTIONS.items()
-             if owner == "model" and old not in ("draft", "draft_backend") and data.get(old) is not None}
+    stray = {
+        name: data[old]
+        for old, (owner, name) in LEGACY_OPTIONS.items()
+        if owner == "model" and old not in ("draft", "draft_backend") and data.get(old) is not None
+    }
     if drafter != "model" and stray:  # draft options without a draft: kept, so that the load refuses them
         return EngineConfig(drafter=drafter, options=drafter_spec("model").options(**stray), **values)
     return EngineConfig(drafter=drafter, options=spec.options(**options), **values)

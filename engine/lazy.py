@@ -5,8 +5,8 @@ import the runner; `engine` itself imports none of its modules until a name is u
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from importlib import import_module
-from typing import Callable
 
 
 def lazy_getattr(package: str, table: dict[str, str]) -> Callable[[str], object]:

@@ -43,14 +43,18 @@ class Preflight:
 
     def to_dict(self) -> dict:
         """Plain JSON, as the engine server sends it (`from_dict` gives an equal Preflight back)."""
-        return {"findings": [f.to_dict() for f in self.findings],
-                "report": None if self.report is None else self.report.to_dict()}  # fmt: skip
+        return {
+            "findings": [f.to_dict() for f in self.findings],
+            "report": None if self.report is None else self.report.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> Preflight:
         report = data.get("report")
-        return cls(tuple(Finding.from_dict(f) for f in data["findings"]),
-                   None if report is None else PairReport.from_dict(report))  # fmt: skip
+        return cls(
+            tuple(Finding.from_dict(f) for f in data["findings"]),
+            None if report is None else PairReport.from_dict(report),
+        )
 
 
 class _Stop(Exception):
@@ -97,10 +101,18 @@ class PreflightContext:
         if isinstance(meta, Finding):
             return None
         info = ModelInfo(
-            name=self.target.name, path=self.target.path, backend=self.runs_on, architecture=meta.architecture,
-            n_params=meta.n_params, weight_bytes=meta.weight_bytes, vocab_size=meta.vocab_size,
-            n_layers=meta.n_layers, context_length=meta.context_length, dtype=meta.dtype, device="",
-        )  # fmt: skip
+            name=self.target.name,
+            path=self.target.path,
+            backend=self.runs_on,
+            architecture=meta.architecture,
+            n_params=meta.n_params,
+            weight_bytes=meta.weight_bytes,
+            vocab_size=meta.vocab_size,
+            n_layers=meta.n_layers,
+            context_length=meta.context_length,
+            dtype=meta.dtype,
+            device="",
+        )
         return default_heads_dir(kind, info)
 
     @staticmethod
@@ -166,7 +178,7 @@ def _check(ctx: PreflightContext, spec, options) -> list[Finding]:
         try:
             findings += check_model_findings(target, ctx.n_ctx, ctx.dtype, ctx.target_placement())
         except SpecDeckError as e:  # a bad context size or dtype
-            raise _Stop(Finding("error", "Cannot check this model", str(e)))
+            raise _Stop(Finding("error", "Cannot check this model", str(e))) from e
         if spec.needs:
             findings += _torch_findings(spec, target, config.backend)
     if spec.preflight is not None:
@@ -200,17 +212,23 @@ def _torch_findings(spec, target, backend: str) -> list[Finding]:
     """A drafter that needs what only PyTorch has: Backend auto loads the target there, llama.cpp is refused."""
     why = spec.torch_reason or f"{spec.label} needs what only the PyTorch backend offers."
     if backend == "auto" and target.kind == "gguf":
-        return [Finding(
-            "info", "The target runs on PyTorch",
-            f"{why} So Backend auto loads this GGUF file through transformers, dequantized (it takes longer "
-            "to load and runs slower than on llama.cpp).",
-        )]  # fmt: skip
+        return [
+            Finding(
+                "info",
+                "The target runs on PyTorch",
+                f"{why} So Backend auto loads this GGUF file through transformers, dequantized (it takes longer "
+                "to load and runs slower than on llama.cpp).",
+            )
+        ]
     if backend == "llama.cpp":
-        return [Finding(
-            "error", f"{spec.label} needs the PyTorch backend",
-            f"{why} Set Backend to torch (or auto): a GGUF file then loads through transformers, dequantized "
-            "(it takes longer to load).",
-        )]  # fmt: skip
+        return [
+            Finding(
+                "error",
+                f"{spec.label} needs the PyTorch backend",
+                f"{why} Set Backend to torch (or auto): a GGUF file then loads through transformers, dequantized "
+                "(it takes longer to load).",
+            )
+        ]
     return []
 
 
@@ -226,12 +244,17 @@ def _settings_findings(spec, options) -> list[Finding]:
         low = s.minimum is not None and value < s.minimum
         high = s.maximum is not None and value > s.maximum
         if low or high:
-            bounds = [f"at least {s.minimum}" if s.minimum is not None else "", f"at most {s.maximum}"
-                      if s.maximum is not None else ""]  # fmt: skip
-            findings.append(Finding(
-                "error", f"{s.label} is out of range",
-                f"The {spec.label} setting {s.label} must be {' and '.join(b for b in bounds if b)}, got {value}.",
-            ))  # fmt: skip
+            bounds = [
+                f"at least {s.minimum}" if s.minimum is not None else "",
+                f"at most {s.maximum}" if s.maximum is not None else "",
+            ]
+            findings.append(
+                Finding(
+                    "error",
+                    f"{s.label} is out of range",
+                    f"The {spec.label} setting {s.label} must be {' and '.join(b for b in bounds if b)}, got {value}.",
+                )
+            )
     return findings
 
 
@@ -264,15 +287,21 @@ def backend_rules(role: str, ref, backend: str, dtype: str | None) -> list[Findi
     """engine.models.loading.load_backend's two ConfigErrors, checked before loading instead of after."""
     runs_on = backend if backend != "auto" else ("llama.cpp" if ref.kind == "gguf" else "torch")
     if runs_on == "llama.cpp" and ref.kind != "gguf":
-        return [Finding(
-            "error", f"llama.cpp cannot load this {role}",
-            f"{ref.name} is a Hugging Face folder; llama.cpp needs a GGUF file. Choose the torch backend "
-            "(or auto), or convert the model to GGUF.",
-        )]  # fmt: skip
+        return [
+            Finding(
+                "error",
+                f"llama.cpp cannot load this {role}",
+                f"{ref.name} is a Hugging Face folder; llama.cpp needs a GGUF file. Choose the torch backend "
+                "(or auto), or convert the model to GGUF.",
+            )
+        ]
     if runs_on == "llama.cpp" and (dtype or "auto") != "auto":
-        return [Finding(
-            "error", f"The dtype does not apply to the {role}",
-            "The llama.cpp backend runs a GGUF file in the precision it was saved in. Set dtype to auto, "
-            "or choose the torch backend to pick a precision.",
-        )]  # fmt: skip
+        return [
+            Finding(
+                "error",
+                f"The dtype does not apply to the {role}",
+                "The llama.cpp backend runs a GGUF file in the precision it was saved in. Set dtype to auto, "
+                "or choose the torch backend to pick a precision.",
+            )
+        ]
     return []

@@ -15,7 +15,9 @@ GUI_MODULES = ("PySide6", "shiboken6", "pyqtgraph", "app")
 
 def test_engine_imports_no_gui_module():
     # Every module but a `__main__` (importing it runs the program).
-    modules = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine.") if not m.name.endswith("__main__"))
+    modules = sorted(
+        m.name for m in pkgutil.walk_packages(engine.__path__, "engine.") if not m.name.endswith("__main__")
+    )
     script = (
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"

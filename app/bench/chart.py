@@ -18,9 +18,9 @@ import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QFontMetricsF
 
+from app.charts.panels import RUN_COLOURS, Panel
 from engine import SPECULATIVE, VANILLA, BenchReport
 from engine.figures import DECODE_SPEEDUP
-from app.charts.panels import RUN_COLOURS, Panel
 
 PEER_COLOURS = ("#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442")  # green, purple, sky, vermillion, yellow
 KIND_GAP = 0.8  # extra room between the last prompt of a kind and the first of the next
@@ -81,9 +81,11 @@ class BenchChart(Panel):
         # Short axis titles: a long one ran past a short plot. The names under the bars say "prompt".
         super().__init__("Decoding speed per prompt", "", "tokens/s", parent, axis_items={"bottom": self.axis})
         self.axis.showLabel(False)
-        self.setToolTip("Decode tokens per second (prefill left out, the median of the repeats) of each prompt, "
-                        "plain and speculative. "
-                        f"The number above each prompt is its {DECODE_SPEEDUP.name}: {DECODE_SPEEDUP.tip}")  # fmt: skip
+        self.setToolTip(
+            "Decode tokens per second (prefill left out, the median of the repeats) of each prompt, "
+            "plain and speculative. "
+            f"The number above each prompt is its {DECODE_SPEEDUP.name}: {DECODE_SPEEDUP.tip}"
+        )
         self.plot.setClipToView(False)
         self.plot.setDownsampling(auto=False)
         self.plot.showGrid(x=False, y=True, alpha=0.15)
@@ -125,8 +127,10 @@ class BenchChart(Panel):
             kind_spans[-1][3].append(i)
             centres.append(x)
             x += 1.0
-        series = [("SpecDeck vanilla", RUN_COLOURS[VANILLA], [p.vanilla_tps for p in prompts]),
-                  ("SpecDeck speculative", RUN_COLOURS[SPECULATIVE], [p.speculative_tps for p in prompts])]
+        series = [
+            ("SpecDeck vanilla", RUN_COLOURS[VANILLA], [p.vanilla_tps for p in prompts]),
+            ("SpecDeck speculative", RUN_COLOURS[SPECULATIVE], [p.speculative_tps for p in prompts]),
+        ]
         for peer, colour in zip(report.peers, PEER_COLOURS * 3):
             if peer.ok:
                 speeds = {row.prompt_id: row.tokens_per_s for row in peer.prompts}
@@ -135,8 +139,14 @@ class BenchChart(Panel):
         centres_array = np.array(centres)
         for j, (name, colour, heights) in enumerate(series):
             offsets = centres_array - 0.4 + width * (j + 0.5)
-            bars = pg.BarGraphItem(x=offsets, height=np.array(heights, dtype=float), width=width * 0.92,
-                                   brush=pg.mkBrush(colour), pen=pg.mkPen(None), name=name)  # fmt: skip
+            bars = pg.BarGraphItem(
+                x=offsets,
+                height=np.array(heights, dtype=float),
+                width=width * 0.92,
+                brush=pg.mkBrush(colour),
+                pen=pg.mkPen(None),
+                name=name,
+            )
             self.plot.addItem(bars)
             self.bars[name] = bars
         tallest = [max(heights[i] for _, _, heights in series) for i in range(len(prompts))]
@@ -168,8 +178,10 @@ class BenchChart(Panel):
     def _label(self, text: str, x: float, bar_top: float, bold: bool = False) -> pg.TextItem:
         colour = self.fg.name()
         weight = "bold" if bold else "normal"
-        item = pg.TextItem(html=f'<span style="color:{colour}; font-size:8pt; font-weight:{weight}">'
-                                f"{html.escape(text)}</span>", anchor=(0.5, 1.0))  # fmt: skip
+        item = pg.TextItem(
+            html=f'<span style="color:{colour}; font-size:8pt; font-weight:{weight}">{html.escape(text)}</span>',
+            anchor=(0.5, 1.0),
+        )
         item.textItem.document().setDocumentMargin(1)  # its rectangle is its text: neighbours can sit closer
         item.bar_top = bar_top  # the height it stands on (place_labels lifts a kind's name a line more)
         item.setPos(x, bar_top)

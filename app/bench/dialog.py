@@ -24,23 +24,50 @@ window's `apply_pair`, with its current sampling).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from PySide6.QtCore import QEvent, QSettings, QStandardPaths, Qt, Signal, Slot
-from PySide6.QtWidgets import (QCheckBox, QDialog, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-                               QProgressBar, QPushButton, QSpinBox, QSplitter, QVBoxLayout)  # fmt: skip
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QVBoxLayout,
+)
 
-from engine import (AutotuneResult, AutotuneSettings, BenchmarkCancelled, BenchReport, BenchSettings, Candidate,
-                    EngineClient, EngineConfig, EngineUnavailable, SpecDeckError, count_prompts,
-                    default_prompts_path, load_prompts, write_json)  # fmt: skip
-from engine import PromptSummary, bench_report_so_far
-from engine.figures import DECODE_SPEEDUP
 from app.bench.autotune_view import AutotunePanel
 from app.bench.chart import BenchChart
 from app.bench.view import BenchTable, checks_html, counted
 from app.runtime.engine_controller import EngineController
 from app.runtime.worker import GeneratorWorker
+from engine import (
+    AutotuneResult,
+    AutotuneSettings,
+    BenchmarkCancelled,
+    BenchReport,
+    BenchSettings,
+    Candidate,
+    EngineClient,
+    EngineConfig,
+    EngineUnavailable,
+    PromptSummary,
+    SpecDeckError,
+    bench_report_so_far,
+    count_prompts,
+    default_prompts_path,
+    load_prompts,
+    write_json,
+)
+from engine.figures import DECODE_SPEEDUP
 
 PROMPTS_FILE, REPEAT, MAX_TOKENS, PEERS = "bench/prompts_file", "bench/repeat", "bench/max_tokens", "bench/peers"
 AUTOTUNE_MAX_TOKENS = 64  # auto-tune runs every candidate on every prompt: short replies
@@ -54,8 +81,13 @@ class BenchDialog(QDialog):
     sig_tuned = Signal(object)
     """An auto-tune ended: its AutotuneResult, or None when it failed or was cancelled."""
 
-    def __init__(self, parent=None, config: EngineConfig | None = None, host: EngineController | None = None,
-                 apply_config: Callable[[EngineConfig], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        parent=None,
+        config: EngineConfig | None = None,
+        host: EngineController | None = None,
+        apply_config: Callable[[EngineConfig], None] | None = None,
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Benchmark: vanilla against speculative decoding")
         self.config = config or EngineConfig()
@@ -100,10 +132,12 @@ class BenchDialog(QDialog):
         self.run_button = QPushButton("Run", clicked=self.run)
         self.run_button.setDefault(True)
         self.autotune_button = QPushButton("Find the best settings", clicked=self.autotune)
-        self.autotune_button.setToolTip("Try every drafter this pair allows (suffix decoding and chains too) with "
-                                        "a few draft lengths, on these prompts (replies of up to "
-                                        f"{AUTOTUNE_MAX_TOKENS} tokens), and rank them by {DECODE_SPEEDUP.name} "
-                                        "(geometric mean over the prompts, as the benchmark's)")  # fmt: skip
+        self.autotune_button.setToolTip(
+            "Try every drafter this pair allows (suffix decoding and chains too) with "
+            "a few draft lengths, on these prompts (replies of up to "
+            f"{AUTOTUNE_MAX_TOKENS} tokens), and rank them by {DECODE_SPEEDUP.name} "
+            "(geometric mean over the prompts, as the benchmark's)"
+        )
         self.cancel_button = QPushButton("Cancel", clicked=self.cancel, enabled=False)
         self.export_button = QPushButton("Export JSON…", clicked=lambda: self.export_json(), enabled=False)
         close = QPushButton("Close", clicked=self.reject)
@@ -152,8 +186,11 @@ class BenchDialog(QDialog):
 
     def choose_prompts(self) -> None:
         start = self.prompts_edit.text() or QStandardPaths.writableLocation(
-            QStandardPaths.StandardLocation.DocumentsLocation)  # fmt: skip
-        path, _ = QFileDialog.getOpenFileName(self, "Benchmark prompts", start, "JSON Lines (*.jsonl *.json);;All files (*)")
+            QStandardPaths.StandardLocation.DocumentsLocation
+        )
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Benchmark prompts", start, "JSON Lines (*.jsonl *.json);;All files (*)"
+        )
         if path:
             self.prompts_edit.setText(path)
 
@@ -165,14 +202,22 @@ class BenchDialog(QDialog):
         if loaded is None:
             return
         path, prompts = loaded
-        settings = BenchSettings(max_tokens=self.max_tokens.value(), repeat=self.repeat.value(),
-                                 peers=self.peers.isChecked())  # fmt: skip
+        settings = BenchSettings(
+            max_tokens=self.max_tokens.value(), repeat=self.repeat.value(), peers=self.peers.isChecked()
+        )
         config = self.config
 
         def job(client: EngineClient, cancel, report) -> BenchReport:
-            return client.bench(config, prompts, settings, prompts_source=str(path), cancel=cancel,
-                                progress=lambda message, fraction: report((message, fraction)),
-                                on_unloaded=report, on_row=report)  # fmt: skip
+            return client.bench(
+                config,
+                prompts,
+                settings,
+                prompts_source=str(path),
+                cancel=cancel,
+                progress=lambda message, fraction: report((message, fraction)),
+                on_unloaded=report,
+                on_row=report,
+            )
 
         self.rows = {}  # a new run draws its own rows from the first
         self._start(job, "bench", self._on_report, f"Benchmarking {count_prompts(prompts)} from {path.name}…")
@@ -189,12 +234,19 @@ class BenchDialog(QDialog):
         config, candidates = self.config, self.autotune_candidates
 
         def job(client: EngineClient, cancel, report) -> AutotuneResult:
-            return client.autotune(config, prompts, settings, candidates=candidates, cancel=cancel,
-                                   progress=lambda message, fraction: report((message, fraction)),
-                                   on_unloaded=report)  # fmt: skip
+            return client.autotune(
+                config,
+                prompts,
+                settings,
+                candidates=candidates,
+                cancel=cancel,
+                progress=lambda message, fraction: report((message, fraction)),
+                on_unloaded=report,
+            )
 
-        self._start(job, "autotune", self._on_tuned,
-                    f"Finding the best settings on {count_prompts(prompts)} from {path.name}…")  # fmt: skip
+        self._start(
+            job, "autotune", self._on_tuned, f"Finding the best settings on {count_prompts(prompts)} from {path.name}…"
+        )
 
     def _load_prompts(self) -> tuple[Path, tuple] | None:
         """The form's prompt file and its prompts, or None with the error in the status line."""
@@ -270,10 +322,12 @@ class BenchDialog(QDialog):
     @Slot(object)
     def _on_report(self, report: BenchReport) -> None:
         self.show_report(report)
-        self._set_status(f"Done: {DECODE_SPEEDUP.name} {report.overall.speedup:.2f}× (geometric mean over "
-                         f"{counted(len(report.prompts), 'prompt')}, replies of up to {report.settings.get('max_tokens', '?')} "
-                         f"tokens), outputs identical for {report.overall.identical} of "
-                         f"{report.overall.prompts}.")  # fmt: skip
+        self._set_status(
+            f"Done: {DECODE_SPEEDUP.name} {report.overall.speedup:.2f}× (geometric mean over "
+            f"{counted(len(report.prompts), 'prompt')}, replies of up to {report.settings.get('max_tokens', '?')} "
+            f"tokens), outputs identical for {report.overall.identical} of "
+            f"{report.overall.prompts}."
+        )
         self.sig_finished.emit(report)
 
     @Slot(object)
@@ -294,9 +348,12 @@ class BenchDialog(QDialog):
         self.autotune_panel.show_result(result, can_apply=self.apply_config is not None)
         self.autotune_panel.show()
         best = result.best
-        fastest = (f"the fastest is {best.candidate.label}, {DECODE_SPEEDUP.name} {best.speedup:.2f}× (geometric "
-                   f"mean over {result.prompts} prompts, replies of up to {result.max_tokens} tokens)"
-                   if result.beats_vanilla else "none beat plain decoding")  # fmt: skip
+        fastest = (
+            f"the fastest is {best.candidate.label}, {DECODE_SPEEDUP.name} {best.speedup:.2f}× (geometric "
+            f"mean over {result.prompts} prompts, replies of up to {result.max_tokens} tokens)"
+            if result.beats_vanilla
+            else "none beat plain decoding"
+        )
         self._set_status(f"Done: {len(result.ranked)} settings measured; {fastest}.")
         self.sig_tuned.emit(result)
 
@@ -328,8 +385,9 @@ class BenchDialog(QDialog):
             return None
         if path is None:
             folder = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
-            chosen, _ = QFileDialog.getSaveFileName(self, "Export the benchmark", str(Path(folder) / "bench.json"),
-                                                    "JSON document (*.json)")  # fmt: skip
+            chosen, _ = QFileDialog.getSaveFileName(
+                self, "Export the benchmark", str(Path(folder) / "bench.json"), "JSON document (*.json)"
+            )
             if not chosen:
                 return None
             path = chosen
@@ -346,8 +404,9 @@ class BenchDialog(QDialog):
     def _set_running(self, running: bool) -> None:
         self.run_button.setEnabled(not running)
         self.autotune_button.setEnabled(not running)
-        self.autotune_panel.apply_button.setEnabled(not running and self.apply_config is not None
-                                                    and self.autotune_panel.result is not None)  # fmt: skip
+        self.autotune_panel.apply_button.setEnabled(
+            not running and self.apply_config is not None and self.autotune_panel.result is not None
+        )
         self.cancel_button.setEnabled(running)
         for widget in (self.prompts_edit, self.repeat, self.max_tokens, self.peers):
             widget.setEnabled(not running)
@@ -400,7 +459,8 @@ def describe_config(config: EngineConfig, freed: bool = False) -> str:
     drafter = f"draft model {config.draft}" if config.draft else f"{config.drafter} drafter"
     backend = "" if config.backend == "auto" else f", {config.backend}"
     if freed:
-        return (f"{config.target}{backend} · {drafter} · k {config.k} (not the window's pair: its models were "
-                "freed first, to hold one copy at a time, and load again when this dialog closes)")
+        return (
+            f"{config.target}{backend} · {drafter} · k {config.k} (not the window's pair: its models were "
+            "freed first, to hold one copy at a time, and load again when this dialog closes)"
+        )
     return f"{config.target}{backend} · {drafter} · k {config.k} (the pair loaded in the window)"
-

@@ -23,15 +23,38 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine import (CostModel, DrafterStats, RunStats, Stat, StepEvent, break_even_acceptance, expected_tokens,
-                    stat_fields, stats_owner, stats_specs)  # fmt: skip
+from engine import (
+    CostModel,
+    DrafterStats,
+    RunStats,
+    Stat,
+    StepEvent,
+    break_even_acceptance,
+    expected_tokens,
+    stat_fields,
+    stats_owner,
+    stats_specs,
+)
 
 # One row per step. The "total_*" and rate columns are RunStats running totals
 # after the step; the others belong to the step alone.
 COLUMNS = (
-    "step", "wall_s", "tokens", "k", "drafted", "accepted", "draft_s", "verify_s", "other_s",
-    "total_tokens", "total_accepted", "total_tested", "tokens_per_s", "acceptance_rate", "predicted_speedup",
-)  # fmt: skip
+    "step",
+    "wall_s",
+    "tokens",
+    "k",
+    "drafted",
+    "accepted",
+    "draft_s",
+    "verify_s",
+    "other_s",
+    "total_tokens",
+    "total_accepted",
+    "total_tested",
+    "tokens_per_s",
+    "acceptance_rate",
+    "predicted_speedup",
+)
 _COL = {name: i for i, name in enumerate(COLUMNS)}
 
 
@@ -124,8 +147,11 @@ def stats_kind(stats: DrafterStats | dict | None, kind: str | None = None) -> st
     if isinstance(stats, DrafterStats):
         return next((name for name, spec in specs.items() if type(stats) is spec.stats), None)
     fields = set(stats)
-    fits = [(len(stat_fields(spec.stats)), name) for name, spec in specs.items()
-            if fields <= {s.name for s in stat_fields(spec.stats)}]  # fmt: skip
+    fits = [
+        (len(stat_fields(spec.stats)), name)
+        for name, spec in specs.items()
+        if fields <= {s.name for s in stat_fields(spec.stats)}
+    ]
     return min(fits)[1] if fits else None
 
 
@@ -229,12 +255,26 @@ class Run:
     def add(self, event: StepEvent, drafter_stats: dict | None = None, kind: str | None = None) -> None:
         """One step; `kind`: the drafter whose statistics `drafter_stats` are (registry name)."""
         s = event.stats
-        self.steps.append((
-            event.index, s.wall_s, len(event.tokens), event.k, event.drafted, event.accepted,
-            event.draft_s, event.verify_s, event.other_s,
-            s.tokens, s.accepted, s.tested, s.tokens_per_s, s.acceptance_rate, s.predicted_speedup,
-            *drafter_row(drafter_stats, kind),
-        ))  # fmt: skip
+        self.steps.append(
+            (
+                event.index,
+                s.wall_s,
+                len(event.tokens),
+                event.k,
+                event.drafted,
+                event.accepted,
+                event.draft_s,
+                event.verify_s,
+                event.other_s,
+                s.tokens,
+                s.accepted,
+                s.tested,
+                s.tokens_per_s,
+                s.acceptance_rate,
+                s.predicted_speedup,
+                *drafter_row(drafter_stats, kind),
+            )
+        )
         self.stats = s
         self.finish_reason = event.finish_reason
         if drafter_stats is not None:
@@ -244,7 +284,7 @@ class Run:
         """The DRAFTER_COLUMNS this run has numbers for (the others are all NaN)."""
         if not len(self.steps):
             return ()
-        filled = np.isfinite(self.steps.view()[:, len(COLUMNS):]).any(axis=0)
+        filled = np.isfinite(self.steps.view()[:, len(COLUMNS) :]).any(axis=0)
         return tuple(name for name, has in zip(DRAFTER_COLUMNS, filled) if has)
 
     def rows(self, columns: tuple[str, ...] | None = None) -> list[dict]:
@@ -332,13 +372,23 @@ _last_curves: list = [None, None]  # [what they were computed for, the curves]: 
 def _curves(costs: CostModel | None, k: int) -> dict:
     """theory_curves' part that depends on the cost model's numbers and k alone: 400 Python calls,
     ~2 ms a redraw, done again only when one of them changes."""
-    key = (k, None if costs is None else (tuple(sorted(costs.verify_s.items())), costs.draft_s_per_token,
-                                          costs.draft_fixed_s, costs.window))  # fmt: skip
+    key = (
+        k,
+        None
+        if costs is None
+        else (tuple(sorted(costs.verify_s.items())), costs.draft_s_per_token, costs.draft_fixed_s, costs.window),
+    )
     if _last_curves[0] == key:
         return _last_curves[1]
     a = np.linspace(0.0, 1.0, THEORY_POINTS)
-    out = {"k": k, "a": a, "tokens_per_step": np.array([expected_tokens(x, k) for x in a]), "speedup": None,
-           "break_even": None, "max_speedup": None}  # fmt: skip
+    out = {
+        "k": k,
+        "a": a,
+        "tokens_per_step": np.array([expected_tokens(x, k) for x in a]),
+        "speedup": None,
+        "break_even": None,
+        "max_speedup": None,
+    }
     if costs is not None:
         out["speedup"] = np.array([costs.speedup(x, k) for x in a])
         out["break_even"] = break_even_acceptance(costs, k)
@@ -370,8 +420,9 @@ def drafter_series(run: Run | None, kind: str | None) -> dict:
     return out
 
 
-def chart_series(runs: dict[str, Run], costs: CostModel | None, window: int = WINDOW,
-                 drafter: str | None = None) -> dict:  # fmt: skip
+def chart_series(
+    runs: dict[str, Run], costs: CostModel | None, window: int = WINDOW, drafter: str | None = None
+) -> dict:
     """Everything the panels draw, keyed by panel then by run label; `drafter` is the
     loaded drafter's kind (EngineConfig.drafter), which decides what the drafter panel shows."""
     throughput, acceptance, time_split = {}, {}, {}
@@ -385,8 +436,11 @@ def chart_series(runs: dict[str, Run], costs: CostModel | None, window: int = WI
         s = run.stats
         # "other" is the rest of the decoding time, the time between steps too: the bar then ends
         # at the run's decoding time, the number the side by side's verdict gives.
-        time_split[label] = {"draft": s.draft_s, "verify": s.verify_s,
-                             "other": max(s.wall_s - s.draft_s - s.verify_s, 0.0)}  # fmt: skip
+        time_split[label] = {
+            "draft": s.draft_s,
+            "verify": s.verify_s,
+            "other": max(s.wall_s - s.draft_s - s.verify_s, 0.0),
+        }
 
     spec = runs.get("speculative")
     depth = depth_acceptance(spec if spec is not None else Run())
@@ -396,8 +450,11 @@ def chart_series(runs: dict[str, Run], costs: CostModel | None, window: int = WI
     k = DEFAULT_K
     if spec is not None and len(spec.steps):
         col = spec.steps.column
-        draft_length = {"k": (col("step"), col("k")), "drafted": (col("step"), col("drafted")),
-                        "accepted": (col("step"), col("accepted"))}  # fmt: skip
+        draft_length = {
+            "k": (col("step"), col("k")),
+            "drafted": (col("step"), col("drafted")),
+            "accepted": (col("step"), col("accepted")),
+        }
         drafted = col("drafted")
         histogram = accepted_histogram(col("accepted"), drafted, spec.stats.acceptance_rate)
         drafting = drafted > 0

@@ -48,10 +48,6 @@ from PySide6.QtGui import QPainter, QPalette
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
-from engine import CostModel, StepEvent
-from engine import figures
-
-from app.runtime.costs import CostSnapshot
 from app.charts.data import COLUMNS, DRAFTER_COLUMNS, DRAFTER_VIEWS, Run, chart_series, drafter_view, stats_text
 from app.charts.panels import (
     RUN_COLOURS,
@@ -65,6 +61,8 @@ from app.charts.panels import (
     TimeSplitPanel,
 )
 from app.charts.theory import TheoryPanel
+from app.runtime.costs import CostSnapshot
+from engine import CostModel, StepEvent, figures
 
 REDRAW_MS = 40  # 25 Hz at most: smooth to the eye
 # More than two redraws a second while steps arrive, whatever drawing costs, on every machine: steps
@@ -118,6 +116,8 @@ class RedrawPace:
         self._measured = True
         self.interval_ms = round(min(max(interval, REDRAW_MS), self.slowest_ms))
         return self.interval_ms
+
+
 LABELS = ("speculative", "vanilla")
 
 
@@ -145,8 +145,16 @@ class LiveCharts(QWidget):
         self.theory = TheoryPanel(self)
         self.depth = DepthPanel(self)
         self.drafter = DrafterPanel(self)  # hidden unless the drafter has numbers of its own
-        self.panels = (self.throughput, self.acceptance, self.histogram, self.draft_length, self.time_split,
-                       self.theory, self.depth, self.drafter)  # fmt: skip
+        self.panels = (
+            self.throughput,
+            self.acceptance,
+            self.histogram,
+            self.draft_length,
+            self.time_split,
+            self.theory,
+            self.depth,
+            self.drafter,
+        )
         # Steps share their x axis: zooming one zooms the other.
         self.draft_length.plot.setXLink(self.acceptance.plot)
         # One line above the panels names the run colours once for all of them and
@@ -155,8 +163,11 @@ class LiveCharts(QWidget):
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.RichText)
         self.summary.setContentsMargins(6, 2, 6, 2)
-        self.summary.setToolTip(figure_tips(figures.DRAFT_ACCEPTANCE, figures.ACCEPTANCE_LENGTH,
-                                            figures.PREDICTED_SPEEDUP, figures.DECODE_SPEEDUP))  # fmt: skip
+        self.summary.setToolTip(
+            figure_tips(
+                figures.DRAFT_ACCEPTANCE, figures.ACCEPTANCE_LENGTH, figures.PREDICTED_SPEEDUP, figures.DECODE_SPEEDUP
+            )
+        )
         # What the engine's numbers cannot show (a remote server's), in its own words; set per pair.
         self.notes = QLabel(self)
         self.notes.setWordWrap(True)
@@ -220,8 +231,9 @@ class LiveCharts(QWidget):
         if not self._runs:
             self._show_summary()
 
-    def add_step(self, label: str, event: StepEvent, drafter_stats: dict | None = None,
-                 costs: CostSnapshot | None = None) -> None:  # fmt: skip
+    def add_step(
+        self, label: str, event: StepEvent, drafter_stats: dict | None = None, costs: CostSnapshot | None = None
+    ) -> None:
         """Record one step of the run `label` ("speculative" or "vanilla"). Cheap: draws nothing.
 
         `drafter_stats` and `costs`: the drafter's stats() and the engine's cost model right
@@ -458,11 +470,17 @@ class LiveCharts(QWidget):
             "columns": list(columns),
             "drafter": self._drafter,
             "runs": {
-                label: {"stats": run.stats.as_dict(), "finish_reason": run.finish_reason,
-                        "drafter_stats": run.drafter_stats, "steps": run.rows(columns)}
+                label: {
+                    "stats": run.stats.as_dict(),
+                    "finish_reason": run.finish_reason,
+                    "drafter_stats": run.drafter_stats,
+                    "steps": run.rows(columns),
+                }
                 for label, run in self._runs.items()
             },
-            "cost_model": None if costs is None else {
+            "cost_model": None
+            if costs is None
+            else {
                 "verify_s": {str(n): s for n, s in sorted(costs.verify_s.items())},
                 "draft_s_per_token": costs.draft_s_per_token,
             },
@@ -478,7 +496,7 @@ class LiveCharts(QWidget):
                 "measured": theory["measured"],
                 "measured_speedup": theory["measured_speedup"],
             },
-        }  # fmt: skip
+        }
         with open(path, "w", encoding="utf-8") as f:
             json.dump(document, f, indent=2, default=_plain)
 
@@ -518,8 +536,10 @@ def drafter_summary(drafter: dict | None) -> str:
     try:
         if kind in ("eagle", "eagle3"):
             name = "EAGLE-3" if kind == "eagle3" else "EAGLE"
-            return (f"{name}: last tree {s['nodes']} nodes, {s['depth']} deep; draft vocabulary "
-                    f"{s['draft_vocab']:,}; calibration {s['calibration']:.2f}")
+            return (
+                f"{name}: last tree {s['nodes']} nodes, {s['depth']} deep; draft vocabulary "
+                f"{s['draft_vocab']:,}; calibration {s['calibration']:.2f}"
+            )
         if kind == "medusa":
             return f"Medusa: {s['heads']} heads, last tree {s['nodes']} nodes"
     except (KeyError, TypeError, ValueError):  # a drafter that reports other numbers: say nothing

@@ -16,9 +16,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QPalette
 from PySide6.QtWidgets import QGraphicsItem, QHBoxLayout, QWidget
 
-from engine import stats_owner
-from engine import figures
 from app.charts.data import drafter_columns_of
+from engine import figures, stats_owner
 
 RUN_COLOURS = {"speculative": "#0072B2", "vanilla": "#E69F00"}  # blue, orange
 TIME_COLOURS = {"draft": "#D55E00", "verify": "#56B4E9", "other": "#999999"}  # vermillion, sky, grey
@@ -42,14 +41,23 @@ def stepped(value: float) -> float:
         if step * scale >= value * (1 - 1e-9):
             return step * scale
     return 10.0 * scale
+
+
 EMPTY = (np.zeros(0), np.zeros(0))
 
 
 class Panel(pg.PlotWidget):
     """A PlotWidget themed from the Qt palette, with a title, axis labels and a legend."""
 
-    def __init__(self, title: str | tuple[str, ...], x_label: str, y_label: str | tuple[str, ...], parent=None,
-                 axis_items=None, tip: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        title: str | tuple[str, ...],
+        x_label: str,
+        y_label: str | tuple[str, ...],
+        parent=None,
+        axis_items=None,
+        tip: str = "",
+    ) -> None:
         """`title` and `y_label`: a text, or texts longest first; the longest that fits is shown (the
         y axis title runs along the plot's height, which a small window makes short). `tip`: what the
         chart shows, for its tooltip."""
@@ -82,9 +90,12 @@ class Panel(pg.PlotWidget):
         # No clip-to-view or downsampling: with them each setData cost a millisecond (a fifth of a
         # redraw) to save drawing a few thousand points, which costs less.
         self.legend = self.plot.addLegend(
-            offset=(-6, 6), labelTextColor=self.fg, labelTextSize="8pt", verSpacing=-6,
+            offset=(-6, 6),
+            labelTextColor=self.fg,
+            labelTextSize="8pt",
+            verSpacing=-6,
             brush=pg.mkBrush(self.bg.red(), self.bg.green(), self.bg.blue(), 200),
-        )  # fmt: skip
+        )
         # Small enough that a splitter can squeeze three columns to where LiveCharts reflows to two.
         self.setMinimumSize(170, 140)
         self._fitted: dict[int, tuple[float, float]] = {}  # axis (0 x, 1 y) -> what fit() asked for
@@ -243,9 +254,14 @@ def shows(curve: pg.PlotDataItem, x, y) -> bool:
 def set_bars(bars: pg.BarGraphItem, x, height) -> None:
     """Bars at `x` this tall, unless they are already (each setOpts rebuilds and repaints them)."""
     shown_x, shown_height = bars.opts.get("x"), bars.opts.get("height")
-    if (shown_x is not None and shown_height is not None and np.shape(shown_x) == np.shape(x)
-            and np.shape(shown_height) == np.shape(height) and np.array_equal(shown_x, x)
-            and np.array_equal(shown_height, height)):  # fmt: skip
+    if (
+        shown_x is not None
+        and shown_height is not None
+        and np.shape(shown_x) == np.shape(x)
+        and np.shape(shown_height) == np.shape(height)
+        and np.array_equal(shown_x, x)
+        and np.array_equal(shown_height, height)
+    ):
         return
     bars.setOpts(x=x, height=height)
 
@@ -263,9 +279,14 @@ class ThroughputPanel(Panel):
     """Tokens per second over a rolling window; the run colours are explained once, in the header."""
 
     def __init__(self, parent=None) -> None:
-        super().__init__("Tokens per second", "decoding time (s)", ("tokens/s (last 16 steps)", "tokens/s"), parent,
-                         tip="How fast the reply was decoded, over the last 16 steps (prefill left out). With the "
-                             "side by side, the vanilla run's line is orange.")  # fmt: skip
+        super().__init__(
+            "Tokens per second",
+            "decoding time (s)",
+            ("tokens/s (last 16 steps)", "tokens/s"),
+            parent,
+            tip="How fast the reply was decoded, over the last 16 steps (prefill left out). With the "
+            "side by side, the vanilla run's line is orange.",
+        )
         self.legend.hide()
         self.curves = {}
         for label in RUN_ORDER:
@@ -288,19 +309,28 @@ class ThroughputPanel(Panel):
 
 class AcceptancePanel(Panel):
     def __init__(self, parent=None) -> None:
-        super().__init__(("Per-token acceptance a", "Acceptance a"), "step", ("a (last 16 steps)", "a"), parent,
-                         tip=f"{figures.PER_TOKEN_ACCEPTANCE.tip} The dashed lines: the whole run's a, and the "
-                             f"{figures.BREAK_EVEN.name}: {figures.BREAK_EVEN.tip}")  # fmt: skip
+        super().__init__(
+            ("Per-token acceptance a", "Acceptance a"),
+            "step",
+            ("a (last 16 steps)", "a"),
+            parent,
+            tip=f"{figures.PER_TOKEN_ACCEPTANCE.tip} The dashed lines: the whole run's a, and the "
+            f"{figures.BREAK_EVEN.name}: {figures.BREAK_EVEN.tip}",
+        )
         self.legend.hide()  # the two reference lines carry their own labels
         self.curve = self.plot.plot([], [], pen=pg.mkPen(RUN_COLOURS["speculative"], width=2), antialias=True)
         self.overall = pg.InfiniteLine(
-            angle=0, pen=pg.mkPen(self.muted(170), width=1, style=Qt.DashLine),
-            label="", labelOpts={"position": 0.02, "color": self.muted(220), "anchors": [(0, 1), (0, 1)]},
-        )  # fmt: skip
+            angle=0,
+            pen=pg.mkPen(self.muted(170), width=1, style=Qt.DashLine),
+            label="",
+            labelOpts={"position": 0.02, "color": self.muted(220), "anchors": [(0, 1), (0, 1)]},
+        )
         self.break_even = pg.InfiniteLine(
-            angle=0, pen=pg.mkPen(BREAK_EVEN, width=1.5, style=Qt.DashLine),
-            label="", labelOpts={"position": 0.98, "color": BREAK_EVEN, "anchors": [(1, 0), (1, 0)]},
-        )  # fmt: skip
+            angle=0,
+            pen=pg.mkPen(BREAK_EVEN, width=1.5, style=Qt.DashLine),
+            label="",
+            labelOpts={"position": 0.98, "color": BREAK_EVEN, "anchors": [(1, 0), (1, 0)]},
+        )
         for line in (self.overall, self.break_even):
             line.setVisible(False)
             self.plot.addItem(line)
@@ -321,8 +351,9 @@ class AcceptancePanel(Panel):
         self.break_even.setVisible(break_even is not None and len(x) > 0)
         if break_even is not None:
             self.break_even.setValue(break_even)
-            self.break_even.label.setFormat("break-even: every a pays" if break_even < 0.005
-                                            else f"break-even {break_even:.2f}")  # fmt: skip
+            self.break_even.label.setFormat(
+                "break-even: every a pays" if break_even < 0.005 else f"break-even {break_even:.2f}"
+            )
         overall_above, break_even_above = label_sides(
             measured[0] if measured is not None else None, break_even if self.break_even.isVisible() else None
         )
@@ -337,15 +368,29 @@ class AcceptancePanel(Panel):
 
 class HistogramPanel(Panel):
     def __init__(self, parent=None) -> None:
-        super().__init__(("Draft tokens accepted per step", "Accepted per step"), "draft tokens accepted",
-                         ("share of drafting steps", "share of steps"), parent, axis_items={"left": CappedAxis("left")},
-                         tip="How many drafted tokens each step kept. The dots: what the per-token acceptance a "
-                             "predicts (the first rejection ends a step, so the counts fall geometrically).")  # fmt: skip
-        self.bars = pg.BarGraphItem(x=[], height=[], width=0.75, brush=RUN_COLOURS["speculative"],
-                                    pen=pg.mkPen(None), name="measured")  # fmt: skip
+        super().__init__(
+            ("Draft tokens accepted per step", "Accepted per step"),
+            "draft tokens accepted",
+            ("share of drafting steps", "share of steps"),
+            parent,
+            axis_items={"left": CappedAxis("left")},
+            tip="How many drafted tokens each step kept. The dots: what the per-token acceptance a "
+            "predicts (the first rejection ends a step, so the counts fall geometrically).",
+        )
+        self.bars = pg.BarGraphItem(
+            x=[], height=[], width=0.75, brush=RUN_COLOURS["speculative"], pen=pg.mkPen(None), name="measured"
+        )
         self.plot.addItem(self.bars)
-        self.model = self.plot.plot([], [], pen=pg.mkPen(self.fg, width=1.5), symbol="o", symbolSize=6,
-                                    symbolBrush=self.fg, symbolPen=None, name="predicted from a")  # fmt: skip
+        self.model = self.plot.plot(
+            [],
+            [],
+            pen=pg.mkPen(self.fg, width=1.5),
+            symbol="o",
+            symbolSize=6,
+            symbolBrush=self.fg,
+            symbolPen=None,
+            name="predicted from a",
+        )
         self.plot.getAxis("bottom").setTickSpacing(major=1, minor=1)
         self.plot.getAxis("left").setTickSpacing(major=0.5, minor=0.1)
         self.plot.getAxis("left").setStyle(maxTextLevel=0)  # labels at 0, 0.5, 1 only
@@ -452,9 +497,14 @@ class TimeSplitPanel(Panel):
     BAR_MAX = 26  # pixels: a bar no thicker than this, however tall the panel
 
     def __init__(self, parent=None) -> None:
-        super().__init__(("Where the time goes", "Time split"), "seconds", "", parent,
-                         tip="Decoding time split into drafting, verifying (the target's forward over the drafted "
-                             "tokens) and the rest (sampling, the acceptance rule, bookkeeping).")  # fmt: skip
+        super().__init__(
+            ("Where the time goes", "Time split"),
+            "seconds",
+            "",
+            parent,
+            tip="Decoding time split into drafting, verifying (the target's forward over the drafted "
+            "tokens) and the rest (sampling, the acceptance rule, bookkeeping).",
+        )
         self.legend.hide()
         self.bars = {}
         for part, colour in TIME_COLOURS.items():
@@ -560,8 +610,10 @@ class TimeSplitPanel(Panel):
         if short:
             return f"<span style='font-size:8pt; color:{self.fg.name()}'>{total:.3g} s</span>"
         words = [f"<span style='color:{TIME_COLOURS[p]}'>{p} {100 * v / total:.0f}%</span>" for p, v in parts.items()]
-        return f"<span style='font-size:8pt; color:{self.fg.name()}'>{total:.3g} s:</span> " \
-               f"<span style='font-size:8pt; font-weight:600'>{' · '.join(words)}</span>"
+        return (
+            f"<span style='font-size:8pt; color:{self.fg.name()}'>{total:.3g} s:</span> "
+            f"<span style='font-size:8pt; font-weight:600'>{' · '.join(words)}</span>"
+        )
 
     def clear_data(self) -> None:
         self.show_series({"time_split": {}})
@@ -575,17 +627,25 @@ class DepthPanel(Panel):
     is only tested when every head before it was right.
     """
 
-    LABELS = {"head": "Acceptance per head", "depth": "Acceptance per tree depth",
-              "position": "Acceptance per draft position"}  # fmt: skip
+    LABELS = {
+        "head": "Acceptance per head",
+        "depth": "Acceptance per tree depth",
+        "position": "Acceptance per draft position",
+    }
     MAX_NAMED_TICKS = 5  # "head 1".."head 5"; beyond that, numbers and the axis says what they are
     MAX_COUNTS = 8  # more bars than this and the count labels would run into each other
 
     def __init__(self, parent=None) -> None:
-        super().__init__(self.LABELS["position"], "", "accepted / tested", parent,
-                         axis_items={"left": CappedAxis("left")},
-                         tip="The per-token acceptance a at each draft position (or Medusa head, or tree depth): "
-                             "a position is tested only when every one before it was accepted; the counts say "
-                             "how many times.")  # fmt: skip
+        super().__init__(
+            self.LABELS["position"],
+            "",
+            "accepted / tested",
+            parent,
+            axis_items={"left": CappedAxis("left")},
+            tip="The per-token acceptance a at each draft position (or Medusa head, or tree depth): "
+            "a position is tested only when every one before it was accepted; the counts say "
+            "how many times.",
+        )
         self.legend.hide()
         self.label = "position"
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=RUN_COLOURS["speculative"], pen=pg.mkPen(None))
@@ -599,7 +659,7 @@ class DepthPanel(Panel):
         self.clear_data()
 
     def set_label(self, label: str) -> None:
-        """"head" for Medusa heads, "depth" for other tree drafters, "position" for chain drafters."""
+        """ "head" for Medusa heads, "depth" for other tree drafters, "position" for chain drafters."""
         self.label = label if label in self.LABELS else "position"
         self.set_title(self.LABELS[self.label])
 
@@ -616,8 +676,9 @@ class DepthPanel(Panel):
         if (n, self.label) != self._axis_for:
             self._axis_for = (n, self.label)
             self.plot.getAxis("bottom").setTicks([list(zip(range(1, n + 1), self.tick_labels(n)))])
-            self.plot.setLabel("bottom", self.label if n > self.MAX_NAMED_TICKS else "",
-                               color=self.fg.name(), size="9pt")  # fmt: skip
+            self.plot.setLabel(
+                "bottom", self.label if n > self.MAX_NAMED_TICKS else "", color=self.fg.name(), size="9pt"
+            )
             self.plot.setXRange(0.5, max(n, 4) + 0.5, padding=0.02)
         shown = n if n <= self.MAX_COUNTS else 0
         while len(self.counts) > shown:
@@ -625,8 +686,9 @@ class DepthPanel(Panel):
         while len(self.counts) < shown:
             self.counts.append(pg.TextItem("", color=self.fg, anchor=(0.5, 1)))
             self.plot.addItem(self.counts[-1])
-        for text, k, height, accepted, tested in zip(self.counts, depth["depth"], heights, depth["accepted"],
-                                                     depth["tested"]):  # fmt: skip
+        for text, k, height, accepted, tested in zip(
+            self.counts, depth["depth"], heights, depth["accepted"], depth["tested"]
+        ):
             words = f"{int(accepted)}/{int(tested)}"
             if text.toPlainText() != words:
                 text.setText(words)
@@ -663,10 +725,17 @@ class PoolPanel(Panel):
         window.setAlpha(110)
         text.setAlpha(110)
         # The whole pool under the part from the text: the band above the text's is the window's.
-        self.total = self.plot.plot([], [], pen=pg.mkPen(POOL_COLOURS["window"], width=1.5), fillLevel=0,
-                                    fillBrush=window, name="from the window")  # fmt: skip
-        self.text = self.plot.plot([], [], pen=pg.mkPen(POOL_COLOURS["text"], width=1.5), fillLevel=0,
-                                   fillBrush=text, name="from the text")  # fmt: skip
+        self.total = self.plot.plot(
+            [],
+            [],
+            pen=pg.mkPen(POOL_COLOURS["window"], width=1.5),
+            fillLevel=0,
+            fillBrush=window,
+            name="from the window",
+        )
+        self.text = self.plot.plot(
+            [], [], pen=pg.mkPen(POOL_COLOURS["text"], width=1.5), fillLevel=0, fillBrush=text, name="from the text"
+        )
         self.total.setZValue(-2)
         self.text.setZValue(-1)
         self.plot.enableAutoRange(axis="y", enable=False)
@@ -701,8 +770,9 @@ class PoolHitsPanel(Panel):
     def __init__(self, parent=None) -> None:
         super().__init__("Pool hits", "step", "steps", parent)
         self.legend.setOffset((6, 6))  # top left: both counts rise to the right
-        self.steps = self.plot.plot([], [], pen=pg.mkPen(self.muted(200), width=1.5, style=Qt.DashLine),
-                                    name="window steps")  # fmt: skip
+        self.steps = self.plot.plot(
+            [], [], pen=pg.mkPen(self.muted(200), width=1.5, style=Qt.DashLine), name="window steps"
+        )
         self.hits = self.plot.plot([], [], pen=pg.mkPen(ACCEPTED, width=2), name="pool hits")
         self.plot.enableAutoRange(axis="y", enable=False)
         self.plot.setYRange(0.0, 10.0 * RISING_HEADROOM)
@@ -718,8 +788,9 @@ class PoolHitsPanel(Panel):
         set_curve(self.hits, x, hits)
         set_curve(self.steps, xs, steps)
         last_hits, last_steps = _latest(hits), _latest(steps)
-        self.set_title("Pool hits" if last_hits is None or not last_steps
-                       else f"Pool hits: {last_hits} of {last_steps} steps")  # fmt: skip
+        self.set_title(
+            "Pool hits" if last_hits is None or not last_steps else f"Pool hits: {last_hits} of {last_steps} steps"
+        )
         top = max(float(steps.max()) if len(steps) else 0.0, float(hits.max()) if len(hits) else 0.0, 10.0)
         self.fit("y", 0.0, top * RISING_HEADROOM)
 
@@ -760,8 +831,7 @@ class ChainPanel(Panel):
         if members and members != self.members:
             self._set_rows(members)
         steps = stats.get("steps") or ()
-        self.set_title("Drafted by" + (": " + ", ".join(f"{n} {s:,}" for n, s in zip(members, steps))
-                                       if steps else ""))  # fmt: skip
+        self.set_title("Drafted by" + (": " + ", ".join(f"{n} {s:,}" for n, s in zip(members, steps)) if steps else ""))
         if "drafted_by" not in d:
             self.clear_data()
             return
@@ -813,8 +883,13 @@ class ExitAcceptancePanel(Panel):
     MAX_LABELS = 8  # more bars than this and the numbers above them would run into each other
 
     def __init__(self, parent=None) -> None:
-        super().__init__("Acceptance per exit layer", "exit layer", "accepted / tested", parent,
-                         axis_items={"left": CappedAxis("left")})  # fmt: skip
+        super().__init__(
+            "Acceptance per exit layer",
+            "exit layer",
+            "accepted / tested",
+            parent,
+            axis_items={"left": CappedAxis("left")},
+        )
         self.legend.hide()
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brushes=[], pen=pg.mkPen(None))
         self.plot.addItem(self.bars)
@@ -838,8 +913,12 @@ class ExitAcceptancePanel(Panel):
         x = np.arange(len(candidates), dtype=float)
         self.bars.setOpts(x=x, height=heights, brushes=brushes)
         self.plot.getAxis("bottom").setTicks([[(float(i), str(layer)) for i, layer in enumerate(self.layers)]])
-        self.plot.setLabel("bottom", "exit layer" if in_use is None else f"exit layer (in use: {in_use})",
-                           color=self.fg.name(), size="9pt")  # fmt: skip
+        self.plot.setLabel(
+            "bottom",
+            "exit layer" if in_use is None else f"exit layer (in use: {in_use})",
+            color=self.fg.name(),
+            size="9pt",
+        )
         for item in self.values:
             self.plot.removeItem(item)
         self.values = []
@@ -866,8 +945,12 @@ class StatsPanel(Panel):
         self.columns = drafter_columns_of(kind)
         units = {c.stat.unit for c in self.columns}
         spec = stats_owner(kind)
-        super().__init__(spec.label if spec is not None else kind, "step",
-                         units.pop() or "value" if len(units) == 1 else "value", parent)  # fmt: skip
+        super().__init__(
+            spec.label if spec is not None else kind,
+            "step",
+            units.pop() or "value" if len(units) == 1 else "value",
+            parent,
+        )
         self.legend.setOffset((6, 6))  # top left: running counts rise to the right
         self.curves = {}
         for i, column in enumerate(self.columns):
@@ -901,8 +984,11 @@ class DrafterPanel(QWidget):
     and the panel is hidden. The plots are made the first time a kind needs them.
     """
 
-    KINDS = {"lookahead": (PoolPanel, PoolHitsPanel), "early-exit": (ExitLayerPanel, ExitAcceptancePanel),
-             "chain": (ChainPanel,)}  # fmt: skip
+    KINDS = {
+        "lookahead": (PoolPanel, PoolHitsPanel),
+        "early-exit": (ExitLayerPanel, ExitAcceptancePanel),
+        "chain": (ChainPanel,),
+    }
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)

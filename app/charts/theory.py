@@ -21,22 +21,30 @@ from app.charts.panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, longest_f
 
 # The legend (up to five rows, top left) needs more room than other panels' two.
 THEORY_HEADROOM = 2.2
-TIP = ("The article's formula for draft length k: a step gives E = (1 - a^(k+1)) / (1 - a) tokens on average "
-       "(blue), and the predicted speedup divides that by the step's cost against a plain step (green). The dots: "
-       "this run's mean acceptance length on the steps that drafted, and its measured decoding speedup. Where "
-       "green crosses 1 is the break-even a.")
+TIP = (
+    "The article's formula for draft length k: a step gives E = (1 - a^(k+1)) / (1 - a) tokens on average "
+    "(blue), and the predicted speedup divides that by the step's cost against a plain step (green). The dots: "
+    "this run's mean acceptance length on the steps that drafted, and its measured decoding speedup. Where "
+    "green crosses 1 is the break-even a."
+)
 # Which legend rows a short plot keeps first: the formula's curves, then the run, then the rest.
 # The note (no break-even, no cost model) is not in here: it outranks them all.
-LEGEND_NEED = {"E[tokens per step]": 5, "predicted speedup": 4, "this run": 3, "this run's speedup": 2,
-               "plain decoding (1×)": 1}
+LEGEND_NEED = {
+    "E[tokens per step]": 5,
+    "predicted speedup": 4,
+    "this run": 3,
+    "this run's speedup": 2,
+    "plain decoding (1×)": 1,
+}
 SEARCH_S = 1.0  # the break-even label's place is looked for again at most this often while points move
 LABEL_POSITIONS = (0.94, 0.84, 0.74, 0.64, 0.54, 0.44, 0.34, 0.24, 0.14, 0.06)  # along the break-even line, best first
 
 
 class TheoryPanel(Panel):
     def __init__(self, parent=None) -> None:
-        super().__init__("Theory", "per-token acceptance a", ("tokens per step  /  speedup ×", "tokens/step or ×"),
-                         parent, tip=TIP)  # fmt: skip
+        super().__init__(
+            "Theory", "per-token acceptance a", ("tokens per step  /  speedup ×", "tokens/step or ×"), parent, tip=TIP
+        )
         self.legend.setOffset((6, 6))  # top left: every curve rises to the right
         # No box: in a short plot the five rows' box took most of the height and faded the
         # curves and the break-even label under it; the rows themselves are kept clear of them.
@@ -50,14 +58,15 @@ class TheoryPanel(Panel):
         # Its label sits low on the line: the top left is the legend's, and right
         # of the break-even point every curve is above 1.
         self.break_even = pg.InfiniteLine(
-            angle=90, pen=pg.mkPen(BREAK_EVEN, width=1.5, style=Qt.DashLine),
-            label="", labelOpts={"position": 0.06, "color": BREAK_EVEN, "anchors": [(0, 1), (0, 1)]},
-        )  # fmt: skip
+            angle=90,
+            pen=pg.mkPen(BREAK_EVEN, width=1.5, style=Qt.DashLine),
+            label="",
+            labelOpts={"position": 0.06, "color": BREAK_EVEN, "anchors": [(0, 1), (0, 1)]},
+        )
         self.plot.addItem(self.plain)
         self.plot.addItem(self.break_even)
         self.measured = pg.ScatterPlotItem(size=11, pen=pg.mkPen(self.fg, width=1.5), brush=blue)
-        self.measured_speedup = pg.ScatterPlotItem(size=11, symbol="d", pen=pg.mkPen(self.fg, width=1.5),
-                                                   brush=SPEEDUP)  # fmt: skip
+        self.measured_speedup = pg.ScatterPlotItem(size=11, symbol="d", pen=pg.mkPen(self.fg, width=1.5), brush=SPEEDUP)
         self.plot.addItem(self.measured)
         self.plot.addItem(self.measured_speedup)
         # The note goes in the legend: no free corner of the plot is safe for text
@@ -68,7 +77,9 @@ class TheoryPanel(Panel):
         self.plot.getViewBox().setLimits(xMin=-0.05, xMax=1.05, yMin=-0.2)
         self._k = None
         self._legend_entries = None
-        self._shown_theory: dict | None = None  # the series' theory part last shown (a resize lays its legend out again)
+        self._shown_theory: dict | None = (
+            None  # the series' theory part last shown (a resize lays its legend out again)
+        )
         self._data_top = 1.0
         self.plot.getViewBox().sigResized.connect(self._refit)
         self.note = ""  # what the legend says when there is no break-even line; tests read it
@@ -98,8 +109,9 @@ class TheoryPanel(Panel):
         self._show_legend(t)
 
         # Headroom keeps the top-left legend above the curves, which start near 1.
-        self._data_top = max(k + 1.0, t["max_speedup"] or 0.0, measured[1] if measured else 0.0,
-                             points[1] if points else 0.0)  # fmt: skip
+        self._data_top = max(
+            k + 1.0, t["max_speedup"] or 0.0, measured[1] if measured else 0.0, points[1] if points else 0.0
+        )
         top = self._top()
         if self._k != k or self.plot.getViewBox().viewRange()[1][1] < top:
             self.plot.setYRange(0.0, top, padding=0.02)
@@ -171,8 +183,11 @@ class TheoryPanel(Panel):
         # at most every SEARCH_S (the search was a third of a redraw), and at once when the view,
         # the legend or the line moved.
         recent = time.monotonic() - self._searched_at < SEARCH_S
-        if placed is None or placed[0] != key or (
-                placed[1] != moved and not recent and not self._clear(texts, placed[2], view, legend, points)):
+        if (
+            placed is None
+            or placed[0] != key
+            or (placed[1] != moved and not recent and not self._clear(texts, placed[2], view, legend, points))
+        ):
             self._placed = (key, moved, self._search(texts, value, view, legend, points))
             self._searched_at = time.monotonic()
         self._put_label(texts, self._placed[2])
@@ -183,19 +198,30 @@ class TheoryPanel(Panel):
         self.break_even.label.setPosition(position)
         set_label_anchor(self.break_even, side)
 
-    def _clear(self, texts: list[str], placement: tuple[int, float, tuple[int, int]], view: QRectF,
-               legend: list[QRectF], points: np.ndarray) -> bool:  # fmt: skip
+    def _clear(
+        self,
+        texts: list[str],
+        placement: tuple[int, float, tuple[int, int]],
+        view: QRectF,
+        legend: list[QRectF],
+        points: np.ndarray,
+    ) -> bool:
         """Whether the label, placed so, covers no point, no legend row, and stays inside the view."""
         if placement[0] > 0:
             return False  # a shorter wording: the full one may fit somewhere now, look again
         self._put_label(texts, placement)
         rect = self.break_even.label.sceneBoundingRect()
-        inside = ((points[:, 0] >= rect.left()) & (points[:, 0] <= rect.right())
-                  & (points[:, 1] >= rect.top()) & (points[:, 1] <= rect.bottom()))  # fmt: skip
+        inside = (
+            (points[:, 0] >= rect.left())
+            & (points[:, 0] <= rect.right())
+            & (points[:, 1] >= rect.top())
+            & (points[:, 1] <= rect.bottom())
+        )
         return view.contains(rect) and not inside.any() and not any(rect.intersects(row) for row in legend)
 
-    def _search(self, texts: list[str], value: float, view: QRectF, legend: list[QRectF],
-                points: np.ndarray) -> tuple[int, float, tuple[int, int]]:  # fmt: skip
+    def _search(
+        self, texts: list[str], value: float, view: QRectF, legend: list[QRectF], points: np.ndarray
+    ) -> tuple[int, float, tuple[int, int]]:
         """The first (wording, position, side) whose label covers nothing, else the one covering least.
 
         The label moves linearly along the line with its position, so each wording and side is
@@ -209,8 +235,14 @@ class TheoryPanel(Panel):
             for index, position in enumerate(LABEL_POSITIONS):
                 for side in sides:
                     rect = rects[side][index]
-                    hits = int(np.count_nonzero((points[:, 0] >= rect.left()) & (points[:, 0] <= rect.right())
-                                                & (points[:, 1] >= rect.top()) & (points[:, 1] <= rect.bottom())))
+                    hits = int(
+                        np.count_nonzero(
+                            (points[:, 0] >= rect.left())
+                            & (points[:, 0] <= rect.right())
+                            & (points[:, 1] >= rect.top())
+                            & (points[:, 1] <= rect.bottom())
+                        )
+                    )
                     # Cut off is worse than over the legend, which is worse than over a curve.
                     hits += 1000 * any(rect.intersects(row) for row in legend) + 100_000 * (not view.contains(rect))
                     if hits == 0:
@@ -325,4 +357,6 @@ def _to_scene(box, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     origin = box.mapViewToScene(QPointF(0.0, 0.0))
     unit_x = box.mapViewToScene(QPointF(1.0, 0.0)) - origin
     unit_y = box.mapViewToScene(QPointF(0.0, 1.0)) - origin
-    return np.stack([origin.x() + x * unit_x.x() + y * unit_y.x(), origin.y() + x * unit_x.y() + y * unit_y.y()], axis=1)
+    return np.stack(
+        [origin.x() + x * unit_x.x() + y * unit_y.x(), origin.y() + x * unit_x.y() + y * unit_y.y()], axis=1
+    )

@@ -17,9 +17,9 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtGui import QPalette
 
+from app.charts.panels import RUN_COLOURS
 from engine import RunStats
 from engine.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
-from app.charts.panels import RUN_COLOURS
 
 RUN_ORDER = ("speculative", "vanilla")  # bottom to top: vanilla, which ran first, on top
 PREFILL_COLOUR = "#999999"
@@ -31,8 +31,7 @@ def run_times(stats: RunStats) -> str:
     """'time to first token 0.12 s (prefill 0.11 s) · decoding 2.72 s': a run's times, as the
     verdict, the panes and this chart all say them."""
     first = f"{stats.time_to_first_token_s:.2f} s" if stats.time_to_first_token_s > 0 else "…"
-    return (f"{TIME_TO_FIRST_TOKEN.name} {first} (prefill {stats.prefill_s:.2f} s) · "
-            f"decoding {stats.wall_s:.2f} s")  # fmt: skip
+    return f"{TIME_TO_FIRST_TOKEN.name} {first} (prefill {stats.prefill_s:.2f} s) · decoding {stats.wall_s:.2f} s"
 
 
 class CompareChart(pg.PlotWidget):
@@ -53,11 +52,22 @@ class CompareChart(pg.PlotWidget):
         self.plot.setYRange(-0.5, 2 * len(RUN_ORDER) - 0.5, padding=0)
         self.plot.setXRange(0, 1, padding=0)
         rows = np.arange(len(RUN_ORDER)) * 2.0
-        self.prefill = pg.BarGraphItem(x0=np.zeros(len(rows)), y=rows, width=np.zeros(len(rows)), height=BAR_HEIGHT,
-                                       brush=PREFILL_COLOUR, pen=pg.mkPen(None))  # fmt: skip
-        self.decoding = pg.BarGraphItem(x0=np.zeros(len(rows)), y=rows, width=np.zeros(len(rows)),
-                                        height=BAR_HEIGHT, brushes=[RUN_COLOURS[label] for label in RUN_ORDER],
-                                        pen=pg.mkPen(None))  # fmt: skip
+        self.prefill = pg.BarGraphItem(
+            x0=np.zeros(len(rows)),
+            y=rows,
+            width=np.zeros(len(rows)),
+            height=BAR_HEIGHT,
+            brush=PREFILL_COLOUR,
+            pen=pg.mkPen(None),
+        )
+        self.decoding = pg.BarGraphItem(
+            x0=np.zeros(len(rows)),
+            y=rows,
+            width=np.zeros(len(rows)),
+            height=BAR_HEIGHT,
+            brushes=[RUN_COLOURS[label] for label in RUN_ORDER],
+            pen=pg.mkPen(None),
+        )
         self.plot.addItem(self.prefill)
         self.plot.addItem(self.decoding)
         self.labels = {}
@@ -68,9 +78,11 @@ class CompareChart(pg.PlotWidget):
             self.labels[label] = text
         # rows of ROW_PX pixels, plus the bottom axis and its title
         self.setFixedHeight(2 * len(RUN_ORDER) * ROW_PX + 52)
-        self.setToolTip(f"<b>{TIME_TO_FIRST_TOKEN.name.capitalize()}</b>: {TIME_TO_FIRST_TOKEN.tip}<br>"
-                        f"<b>Decoding</b>: the grey part of a bar is the prefill; the coloured part is "
-                        f"decoding, which the {DECODE_SPEEDUP.name} compares. {DECODE_SPEEDUP.tip}")  # fmt: skip
+        self.setToolTip(
+            f"<b>{TIME_TO_FIRST_TOKEN.name.capitalize()}</b>: {TIME_TO_FIRST_TOKEN.tip}<br>"
+            f"<b>Decoding</b>: the grey part of a bar is the prefill; the coloured part is "
+            f"decoding, which the {DECODE_SPEEDUP.name} compares. {DECODE_SPEEDUP.tip}"
+        )
         self.clear_runs()
 
     def show_runs(self, runs: dict[str, RunStats]) -> None:
@@ -91,11 +103,15 @@ class CompareChart(pg.PlotWidget):
         """The run's name and `run_times`, its prefill and decoding written in their bars' colours
         (the line doubles as the legend)."""
         times = html.escape(run_times(stats))
-        for part, colour in ((f"prefill {stats.prefill_s:.2f} s", PREFILL_COLOUR),
-                             (f"decoding {stats.wall_s:.2f} s", RUN_COLOURS[label])):  # fmt: skip
+        for part, colour in (
+            (f"prefill {stats.prefill_s:.2f} s", PREFILL_COLOUR),
+            (f"decoding {stats.wall_s:.2f} s", RUN_COLOURS[label]),
+        ):
             times = times.replace(part, f"<span style='color:{colour}; font-weight:600'>{part}</span>")
-        return (f"<span style='font-size:8pt; color:{self.fg.name()}'>"
-                f"<b style='color:{RUN_COLOURS[label]}'>{label}</b>: {times}</span>")  # fmt: skip
+        return (
+            f"<span style='font-size:8pt; color:{self.fg.name()}'>"
+            f"<b style='color:{RUN_COLOURS[label]}'>{label}</b>: {times}</span>"
+        )
 
     def clear_runs(self) -> None:
         self.show_runs({})

@@ -15,15 +15,14 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QSplitter, QVBoxLayout,
-                               QWidget)  # fmt: skip
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSplitter, QVBoxLayout, QWidget
 
+from app.chat.compare_chart import CompareChart, run_times
+from app.chat.token_view import TokenView
+from app.chat.view import Composer
+from app.shell.settings import describe_sampling
 from engine import Comparison, GenerationResult, RunStats, SamplingConfig, StepEvent
 from engine.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
-from app.shell.settings import describe_sampling
-from app.chat.compare_chart import CompareChart, run_times
-from app.chat.view import Composer
-from app.chat.token_view import TokenView
 
 LABELS = ("vanilla", "speculative")
 TITLES = {"vanilla": "Vanilla decoding (target only)", "speculative": "Speculative decoding"}
@@ -47,31 +46,41 @@ def verdict_html(comparison: Comparison, greedy: bool) -> str:
         f"<b>Vanilla:</b> {html.escape(_speed(vanilla.stats))}",
         f"<b>Speculative:</b> {html.escape(_speed(speculative.stats))}",
         f"<b>{DECODE_SPEEDUP.name.capitalize()}:</b> {comparison.speedup:.2f}×"
-        + (" (slower than plain decoding on this prompt: the charts show where the time went)"
-           if 0 < comparison.speedup < 1 else "")
+        + (
+            " (slower than plain decoding on this prompt: the charts show where the time went)"
+            if 0 < comparison.speedup < 1
+            else ""
+        )
         + ". The decoding phase only: each run read the prompt itself (its prefill, grey in the chart), "
-          "which speculation does not change.",
-    ]  # fmt: skip
+        "which speculation does not change.",
+    ]
     if "cancelled" in (vanilla.finish_reason, speculative.finish_reason):
         lines.append("<b>Stopped</b> before both runs finished: the numbers cover what was decoded.")
     elif not greedy:
-        lines.append("Sampled run: both outputs follow the target's distribution, "
-                     "but need not match token for token.")  # fmt: skip
+        lines.append("Sampled run: both outputs follow the target's distribution, but need not match token for token.")
     elif comparison.identical:
-        lines.append('<b style="color:#2ca02c">Outputs identical</b> (greedy): '
-                     "speculative decoding changed nothing but the speed.")  # fmt: skip
+        lines.append(
+            '<b style="color:#2ca02c">Outputs identical</b> (greedy): '
+            "speculative decoding changed nothing but the speed."
+        )
     elif comparison.divergence is None:  # a remote server's runs: text, without token ids to compare
-        lines.append("<b>Outputs differ</b>: the server sends text, not tokens, so the first difference "
-                     "cannot be named or explained.")  # fmt: skip
+        lines.append(
+            "<b>Outputs differ</b>: the server sends text, not tokens, so the first difference "
+            "cannot be named or explained."
+        )
     else:
         d = comparison.divergence
-        where = (f"Outputs differ from token {d.index}: vanilla {html.escape(_token_text(vanilla, d.index))}, "
-                 f"speculative {html.escape(_token_text(speculative, d.index))}.")  # fmt: skip
+        where = (
+            f"Outputs differ from token {d.index}: vanilla {html.escape(_token_text(vanilla, d.index))}, "
+            f"speculative {html.escape(_token_text(speculative, d.index))}."
+        )
         if d.explained:
             lines.append(f'<b style="color:#e377c2">{where}</b> Explained by rounding: {html.escape(d.reason)}.')
         else:
-            lines.append(f'<b style="color:#d62728">{where}</b> <b>Not explained by rounding</b>: '
-                         f"{html.escape(d.reason)}. This is a bug in the engine; please report it.")  # fmt: skip
+            lines.append(
+                f'<b style="color:#d62728">{where}</b> <b>Not explained by rounding</b>: '
+                f"{html.escape(d.reason)}. This is a bug in the engine; please report it."
+            )
     return "<br>".join(lines)
 
 
@@ -134,8 +143,10 @@ class CompareView(QWidget):
         self.verdict.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.verdict.setFrameShape(QFrame.Shape.StyledPanel)
         self.verdict.setMargin(8)
-        self.verdict.setToolTip(f"<b>{DECODE_SPEEDUP.name.capitalize()}</b>: {DECODE_SPEEDUP.tip}<br>"
-                                f"<b>{TIME_TO_FIRST_TOKEN.name.capitalize()}</b>: {TIME_TO_FIRST_TOKEN.tip}")
+        self.verdict.setToolTip(
+            f"<b>{DECODE_SPEEDUP.name.capitalize()}</b>: {DECODE_SPEEDUP.tip}<br>"
+            f"<b>{TIME_TO_FIRST_TOKEN.name.capitalize()}</b>: {TIME_TO_FIRST_TOKEN.tip}"
+        )
         self.chart = CompareChart(self)
 
         top = QHBoxLayout()
@@ -211,8 +222,10 @@ class CompareView(QWidget):
     def set_sampling(self, chat_sampling: SamplingConfig) -> None:
         """The chat's sampling: both runs use its seed, length and stop strings, greedily."""
         self._sampling = chat_sampling.as_greedy()
-        self.set_settings_summary(f"Both runs: {describe_sampling(self._sampling)} (the side by side is always "
-                                  "greedy, so the outputs must match); same models and seed.")  # fmt: skip
+        self.set_settings_summary(
+            f"Both runs: {describe_sampling(self._sampling)} (the side by side is always "
+            "greedy, so the outputs must match); same models and seed."
+        )
 
     def set_busy(self, busy: bool) -> None:
         self._busy = busy

@@ -56,7 +56,13 @@ SCHEMA_VERSION = 1
 # Long enough for another SpecDeck window's write (milliseconds, an fsync at most); short enough that
 # a program holding the database locked does not freeze the window: the write fails and says so.
 BUSY_TIMEOUT_S = 0.25
-_SOURCE_CODES = {Source.ACCEPTED: "a", Source.RESAMPLED: "r", Source.BONUS: "b", Source.PLAIN: "p", Source.UNREPORTED: "u"}
+_SOURCE_CODES = {
+    Source.ACCEPTED: "a",
+    Source.RESAMPLED: "r",
+    Source.BONUS: "b",
+    Source.PLAIN: "p",
+    Source.UNREPORTED: "u",
+}
 _SOURCES = {code: source for source, code in _SOURCE_CODES.items()}
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -136,9 +142,11 @@ class ConversationStore:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise StoreError(f"The conversation folder {self.folder} cannot be created: "
-                             f"{_os_reason(error)}. Conversations will not be saved; choose a writable "
-                             f"folder with the {DATA_DIR_ENV} environment variable.") from error  # fmt: skip
+            raise StoreError(
+                f"The conversation folder {self.folder} cannot be created: "
+                f"{_os_reason(error)}. Conversations will not be saved; choose a writable "
+                f"folder with the {DATA_DIR_ENV} environment variable."
+            ) from error
         self._db = self._open()
         self.notices += import_journals(self, self.folder)
 
@@ -188,8 +196,10 @@ class ConversationStore:
         self.damaged = False
         chats = "conversation" if copied == 1 else "conversations"
         unreadable = f"; {lost} could not be read and {'is' if lost == 1 else 'are'} not in it" if lost else ""
-        return (f"Salvaged {copied} {chats} into a new database{unreadable}. The damaged database is kept "
-                f"as it was, as {aside.name} in {self.folder}.")  # fmt: skip
+        return (
+            f"Salvaged {copied} {chats} into a new database{unreadable}. The damaged database is kept "
+            f"as it was, as {aside.name} in {self.folder}."
+        )
 
     # -- reading -------------------------------------------------------------------
 
@@ -201,14 +211,19 @@ class ConversationStore:
         for row in found:
             problem = rows.conversation_problem(row[1:])
             if problem:
-                self._note(f"A conversation is not listed because {problem} ({_name(row[1], row[2])}); "
-                           f"everything else is.")  # fmt: skip
+                self._note(
+                    f"A conversation is not listed because {problem} ({_name(row[1], row[2])}); everything else is."
+                )
             else:
                 listed.append(ConversationSummary(*row[1:]))
         if damaged:
             lost = self._count("conversations") - len(found)
-            what = (f"{lost} conversation{'s' if lost != 1 else ''} could not be read and "
-                    f"{'are' if lost != 1 else 'is'} not listed" if lost > 0 else "some conversations may be missing")
+            what = (
+                f"{lost} conversation{'s' if lost != 1 else ''} could not be read and "
+                f"{'are' if lost != 1 else 'is'} not listed"
+                if lost > 0
+                else "some conversations may be missing"
+            )
             self._damage_found(f"{what}; every other one is.")
         return sorted(listed, key=lambda summary: summary.updated, reverse=True)
 
@@ -217,8 +232,9 @@ class ConversationStore:
         cannot be read); parts that cannot be read are left out and named in `notices`."""
         if not is_valid_id(conversation_id):
             return None
-        head, damaged = self._rows("conversations", "id, title, created, updated, skipped, system_prompt",
-                                   "id = ?", (conversation_id,))  # fmt: skip
+        head, damaged = self._rows(
+            "conversations", "id, title, created, updated, skipped, system_prompt", "id = ?", (conversation_id,)
+        )
         if damaged:
             self._damage_found("a conversation may be missing or incomplete.")
         if not head:
@@ -228,10 +244,18 @@ class ConversationStore:
             self._note(f"A conversation cannot be opened because {problem} ({_name(conversation_id, head[0][2])}).")
             return None
         _, _, title, created, updated, skipped, system = head[0]
-        conversation = Conversation(conversation_id, title, created, updated, skipped=skipped, system_prompt=system,
-                                    _saved_header=(title, system))  # fmt: skip
-        found, damaged = self._rows("messages", rows.MESSAGE_COLUMNS.removeprefix("id, "), "conversation = ?",
-                                    (conversation_id,))  # fmt: skip
+        conversation = Conversation(
+            conversation_id,
+            title,
+            created,
+            updated,
+            skipped=skipped,
+            system_prompt=system,
+            _saved_header=(title, system),
+        )
+        found, damaged = self._rows(
+            "messages", rows.MESSAGE_COLUMNS.removeprefix("id, "), "conversation = ?", (conversation_id,)
+        )
         left_out, skipped_messages = [], 0  # what of it cannot be read, for the note
         by_row = {}
         for row in sorted(found, key=lambda row: row[2] if isinstance(row[2], int) else -1):
@@ -244,8 +268,16 @@ class ConversationStore:
             stats, unreadable = rows.stats_of(stats)
             if unreadable:
                 left_out.append(f"the statistics of message {position + 1} (not valid JSON)")
-            message = Message(role, content, [] if role == "assistant" else None, reason, stats, _row=row[0],
-                              _saved_end=reason is not None, _position=position)  # fmt: skip
+            message = Message(
+                role,
+                content,
+                [] if role == "assistant" else None,
+                reason,
+                stats,
+                _row=row[0],
+                _saved_end=reason is not None,
+                _position=position,
+            )
             by_row[row[0]] = message
             conversation.messages.append(message)
         missing = max((m._position for m in conversation.messages), default=-1) + 1 - len(conversation.messages)
@@ -265,8 +297,9 @@ class ConversationStore:
                 message.content = "".join(t.text for t in message.tokens)
                 message._saved_tokens = len(message.tokens)
         if left_out:
-            self._note(f"Some of “{title}” could not be read and is left out: {'; '.join(left_out)}. "
-                       f"Everything else is shown.")  # fmt: skip
+            self._note(
+                f"Some of “{title}” could not be read and is left out: {'; '.join(left_out)}. Everything else is shown."
+            )
         return conversation
 
     # -- writing -------------------------------------------------------------------
@@ -320,22 +353,28 @@ class ConversationStore:
         if cut is None:
             return  # none of them is in the database
         try:
-            self._write(lambda db: db.execute("DELETE FROM messages WHERE conversation = ? AND position >= ?",
-                                              (conversation.id, cut)), durable=True)  # fmt: skip
+            self._write(
+                lambda db: db.execute(
+                    "DELETE FROM messages WHERE conversation = ? AND position >= ?", (conversation.id, cut)
+                ),
+                durable=True,
+            )
         except StoreError:
             conversation.messages.extend(dropped)  # nothing changed: the window still shows them
             raise
 
     def delete(self, conversation_id: str) -> None:
         if is_valid_id(conversation_id):
-            self._write(lambda db: db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)),
-                        durable=True)  # fmt: skip
+            self._write(
+                lambda db: db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)), durable=True
+            )
 
     def unsaved(self, conversation: Conversation) -> bool:
         """Whether some of it is only in memory (a write failed and nothing has succeeded since)."""
         return conversation._saved_header != (conversation.title, conversation.system_prompt) or any(
             m._row is None or (m.tokens and m._saved_tokens < len(m.tokens)) or (m.finish_reason and not m._saved_end)
-            for m in conversation.messages)  # fmt: skip
+            for m in conversation.messages
+        )
 
     # -- internals -----------------------------------------------------------------
 
@@ -349,32 +388,53 @@ class ConversationStore:
         def write(db: sqlite3.Connection) -> None:
             saved.clear()
             if conversation._saved_header is None:
-                db.execute("INSERT INTO conversations (id, title, created, updated, skipped, system_prompt) "
-                           "VALUES (?, ?, ?, ?, ?, ?)",
-                           (conversation.id, conversation.title, conversation.created, conversation.updated,
-                            conversation.skipped, conversation.system_prompt))  # fmt: skip
-            elif not db.execute("UPDATE conversations SET title = ?, system_prompt = ?, updated = ? WHERE id = ?",
-                                (conversation.title, conversation.system_prompt, conversation.updated,
-                                 conversation.id)).rowcount:  # fmt: skip
+                db.execute(
+                    "INSERT INTO conversations (id, title, created, updated, skipped, system_prompt) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        conversation.id,
+                        conversation.title,
+                        conversation.created,
+                        conversation.updated,
+                        conversation.skipped,
+                        conversation.system_prompt,
+                    ),
+                )
+            elif not db.execute(
+                "UPDATE conversations SET title = ?, system_prompt = ?, updated = ? WHERE id = ?",
+                (conversation.title, conversation.system_prompt, conversation.updated, conversation.id),
+            ).rowcount:
                 return  # deleted meanwhile: the rest of it goes nowhere
             position = -1
             for message in conversation.messages:
                 position = message._position if message._position is not None else position + 1
                 row = message._row
                 if row is None:
-                    row = db.execute("INSERT INTO messages (conversation, position, role, content) VALUES (?, ?, ?, ?)",
-                                     (conversation.id, position, message.role, message.content)).lastrowid  # fmt: skip
+                    row = db.execute(
+                        "INSERT INTO messages (conversation, position, role, content) VALUES (?, ?, ?, ?)",
+                        (conversation.id, position, message.role, message.content),
+                    ).lastrowid
                 tokens = len(message.tokens or ())
                 if tokens > message._saved_tokens:
-                    db.executemany("INSERT INTO tokens (message, position, token_id, text, source, p, q) "
-                                   "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                   [(row, i, t.id, t.text, _SOURCE_CODES[t.source], t.p, t.q)
-                                    for i, t in enumerate(message.tokens[message._saved_tokens:], message._saved_tokens)])  # fmt: skip
+                    db.executemany(
+                        "INSERT INTO tokens (message, position, token_id, text, source, p, q) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [
+                            (row, i, t.id, t.text, _SOURCE_CODES[t.source], t.p, t.q)
+                            for i, t in enumerate(message.tokens[message._saved_tokens :], message._saved_tokens)
+                        ],
+                    )
                 ended = message.finish_reason is not None
                 if ended and not message._saved_end:
-                    db.execute("UPDATE messages SET content = ?, finish_reason = ?, stats = ? WHERE id = ?",
-                               (message.content, message.finish_reason,
-                                None if message.stats is None else json.dumps(message.stats), row))  # fmt: skip
+                    db.execute(
+                        "UPDATE messages SET content = ?, finish_reason = ?, stats = ? WHERE id = ?",
+                        (
+                            message.content,
+                            message.finish_reason,
+                            None if message.stats is None else json.dumps(message.stats),
+                            row,
+                        ),
+                    )
                 if row != message._row or tokens != message._saved_tokens or ended != message._saved_end:
                     saved.append((message, row, tokens, ended, position))
 
@@ -400,9 +460,11 @@ class ConversationStore:
         """The token rows of these messages (by row), in order; past a damaged page, those that can be read."""
         try:
             try:
-                found = self._db.execute(f"SELECT {rows.TOKEN_COLUMNS} FROM tokens WHERE message IN "
-                                         "(SELECT id FROM messages WHERE conversation = ?) ORDER BY message, position",
-                                         (conversation_id,)).fetchall()  # fmt: skip
+                found = self._db.execute(
+                    f"SELECT {rows.TOKEN_COLUMNS} FROM tokens WHERE message IN "
+                    "(SELECT id FROM messages WHERE conversation = ?) ORDER BY message, position",
+                    (conversation_id,),
+                ).fetchall()
                 return [token for token in found if token[0] in messages]
             except sqlite3.DatabaseError as error:
                 if not rows.is_corruption(error):
@@ -475,8 +537,10 @@ class ConversationStore:
             db = self._open_read_only()
             if db is None:
                 raise write_error(error, self.path) from error
-            self.notices.append(f"The conversation folder {self.folder} is read-only: your conversations "
-                                f"are shown, but new messages cannot be saved until it is writable again.")  # fmt: skip
+            self.notices.append(
+                f"The conversation folder {self.folder} is read-only: your conversations "
+                f"are shown, but new messages cannot be saved until it is writable again."
+            )
             return db
 
     def _open_read_only(self) -> sqlite3.Connection | None:
@@ -494,9 +558,11 @@ class ConversationStore:
             damaged = self.path.with_name(self.path.name + suffix)
             if damaged.exists():
                 os.replace(damaged, self.path.with_name(f"{self.path.stem}.unreadable-{stamp}.db{suffix}"))
-        self.notices.append(f"The conversation database {self.path} could not be read (it is damaged or "
-                            f"not a database). It was kept as {self.path.stem}.unreadable-{stamp}.db in "
-                            f"the same folder, and a new, empty one was started.")  # fmt: skip
+        self.notices.append(
+            f"The conversation database {self.path} could not be read (it is damaged or "
+            f"not a database). It was kept as {self.path.stem}.unreadable-{stamp}.db in "
+            f"the same folder, and a new, empty one was started."
+        )
         try:
             return _connect(self.path)
         except sqlite3.Error as error:
@@ -506,11 +572,13 @@ class ConversationStore:
         """Import one journal's reading (for journal_import); False if that conversation is already here."""
         if self._read("SELECT 1 FROM conversations WHERE id = ?", (reading.id,)):
             return False
-        conversation = Conversation(reading.id, reading.title, reading.created, reading.updated,
-                                    skipped=reading.skipped)  # fmt: skip
+        conversation = Conversation(
+            reading.id, reading.title, reading.created, reading.updated, skipped=reading.skipped
+        )
         for message in reading.messages:
-            conversation.messages.append(Message(message.role, message.content, message.tokens,
-                                                 message.finish_reason, message.stats))  # fmt: skip
+            conversation.messages.append(
+                Message(message.role, message.content, message.tokens, message.finish_reason, message.stats)
+            )
         self._save(conversation, touch=False)  # the journal is kept (moved aside), so no fsync per chat
         return True
 
@@ -522,9 +590,11 @@ def _connect(path, read_only: bool = False) -> sqlite3.Connection:
     try:
         version = db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise StoreError(f"The conversation database {path} was written by a newer SpecDeck "
-                             f"(format {version}; this one reads {SCHEMA_VERSION}). Update SpecDeck, or "
-                             f"set {DATA_DIR_ENV} to another folder.")  # fmt: skip
+            raise StoreError(
+                f"The conversation database {path} was written by a newer SpecDeck "
+                f"(format {version}; this one reads {SCHEMA_VERSION}). Update SpecDeck, or "
+                f"set {DATA_DIR_ENV} to another folder."
+            )
         if read_only:
             db.execute("SELECT count(*) FROM conversations").fetchone()
             return db
@@ -601,4 +671,3 @@ def default_data_dir() -> Path:
 
     location = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
     return Path(location) / "conversations"
-

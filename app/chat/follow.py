@@ -72,8 +72,12 @@ class FollowLatest(QObject):
     def _place_button(self) -> None:
         viewport = self._area.viewport().geometry()  # in the area's coordinates
         size = self.button.sizeHint()
-        self.button.setGeometry(viewport.center().x() - size.width() // 2, viewport.bottom() - size.height() - 8,
-                                size.width(), size.height())  # fmt: skip
+        self.button.setGeometry(
+            viewport.center().x() - size.width() // 2,
+            viewport.bottom() - size.height() - 8,
+            size.width(),
+            size.height(),
+        )
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt API
         if watched is self._area and event.type() == QEvent.Type.Resize and self.button.isVisible():

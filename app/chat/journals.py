@@ -168,8 +168,13 @@ def _token(row) -> TokenInfo | None:
     if not isinstance(row, list) or len(row) != 5:
         return None
     token_id, text, code, p, q = row
-    if not (isinstance(token_id, int) and isinstance(text, str) and code in _SOURCES and _is_probability(p)
-            and (q is None or _is_probability(q))):  # fmt: skip
+    if not (
+        isinstance(token_id, int)
+        and isinstance(text, str)
+        and code in _SOURCES
+        and _is_probability(p)
+        and (q is None or _is_probability(q))
+    ):
         return None
     return TokenInfo(token_id, text, _SOURCES[code], float(p), None if q is None else float(q))
 
@@ -203,8 +208,10 @@ def import_journals(store, folder: Path) -> list[str]:
                 store._insert_reading(reading)
                 verified = _same(store.load(reading.id), reading)
             except StoreError as error:
-                return [f"The old conversation files in {folder} could not be imported yet ({error}) "
-                        f"They are kept as they are, and the import runs again at the next start."]  # fmt: skip
+                return [
+                    f"The old conversation files in {folder} could not be imported yet ({error}) "
+                    f"They are kept as they are, and the import runs again at the next start."
+                ]
             if not verified:
                 kept.append(path.name)
                 continue
@@ -235,8 +242,10 @@ def _import_notices(imported, damaged, skipped, unreadable, kept, folder, backup
         notice = f"Imported {imported} {chats} from the old journal files (now in {backup})."
         if skipped:
             records = "record" if skipped == 1 else "records"
-            notice += (f" {skipped} damaged {records} in {damaged} of them could not be read and "
-                       f"{'was' if skipped == 1 else 'were'} skipped; everything else is there.")  # fmt: skip
+            notice += (
+                f" {skipped} damaged {records} in {damaged} of them could not be read and "
+                f"{'was' if skipped == 1 else 'were'} skipped; everything else is there."
+            )
         notices.append(notice)
     if unreadable:
         notices.append(f"Nothing could be read from {', '.join(unreadable)}; moved to {backup}.")

@@ -67,7 +67,7 @@ def token_spans(token_texts: list[str], rendered: str, offset: int = 0) -> list[
     spans: list[tuple[int, int]] = []
     position = end_so_far = 0
     for text in token_texts:
-        matched = [w for w in where[position:position + len(text)] if w >= 0]
+        matched = [w for w in where[position : position + len(text)] if w >= 0]
         position += len(text)
         if matched:
             start = max(matched[0], end_so_far)
@@ -89,8 +89,12 @@ def _best_resumption(src: str, i: int, out: str, j: int) -> int:
         if found < 0:
             break
         length = 0
-        while (length < _CONTEXT and j + length < len(out) and found + length < len(src)
-               and src[found + length] == out[j + length]):  # fmt: skip
+        while (
+            length < _CONTEXT
+            and j + length < len(out)
+            and found + length < len(src)
+            and src[found + length] == out[j + length]
+        ):
             length += 1
         if length > best_length or (length == best_length and j + length == len(out)):
             best, best_length = found, length

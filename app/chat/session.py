@@ -26,16 +26,18 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from engine import GenerationResult, SamplingConfig
-from app.chat.view import ChatView
 from app.chat.conversation_panel import ConversationPanel
 from app.chat.conversations import Conversation, ConversationStore, StoreError
+from app.chat.view import ChatView
 from app.runtime.engine_controller import CHAT, EngineController
 from app.runtime.steps import Step
+from engine import GenerationResult, SamplingConfig
 
 NEW_CHAT_TITLE = "New chat"
-GREEDY_REGENERATE = ("Greedy decoding gives the same reply: raise the temperature in Models ▸ Model pair… (Ctrl+M) "
-                     "to get a different one.")  # fmt: skip
+GREEDY_REGENERATE = (
+    "Greedy decoding gives the same reply: raise the temperature in Models ▸ Model pair… (Ctrl+M) "
+    "to get a different one."
+)
 _NOT_SENT = "Your message was not sent (it is still in the message box)."
 
 
@@ -61,8 +63,14 @@ class ChatSession(QObject):
     """Something the user should know about the conversations (damaged records or rows skipped, a salvage)
     or a reply (that regenerating a greedy one gives the same text)."""
 
-    def __init__(self, store: ConversationStore, controller: EngineController, view: ChatView,
-                 panel: ConversationPanel, parent: QObject | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: ConversationStore,
+        controller: EngineController,
+        view: ChatView,
+        panel: ConversationPanel,
+        parent: QObject | None = None,
+    ) -> None:
         super().__init__(parent)
         self.store, self.controller, self.view, self.panel = store, controller, view, panel
         self.conversation: Conversation | None = None  # the one shown
@@ -89,8 +97,9 @@ class ChatSession(QObject):
             return
         conversation = self.conversation
         if conversation is None:
-            conversation = self._write(_NOT_SENT, self.store.create, title_from(text), self.system_prompt,
-                                       always_say=True)  # fmt: skip
+            conversation = self._write(
+                _NOT_SENT, self.store.create, title_from(text), self.system_prompt, always_say=True
+            )
             if conversation is None:
                 return
             self.conversation = conversation
@@ -115,8 +124,9 @@ class ChatSession(QObject):
             return
         last = len(conversation.messages) - 1
         if conversation.messages[last].role == "assistant":
-            if not self._write("The reply was not regenerated.", self.store.truncate, conversation, last,
-                               always_say=True):  # fmt: skip
+            if not self._write(
+                "The reply was not regenerated.", self.store.truncate, conversation, last, always_say=True
+            ):
                 return
         self.view.show_conversation(conversation)
         self.replying_to = conversation
@@ -152,8 +162,13 @@ class ChatSession(QObject):
         if self.conversation is None:
             self._new_chat_system_prompt = text
         else:
-            self._write("The system prompt was not saved.", self.store.set_system_prompt, self.conversation, text,
-                        always_say=True)  # fmt: skip
+            self._write(
+                "The system prompt was not saved.",
+                self.store.set_system_prompt,
+                self.conversation,
+                text,
+                always_say=True,
+            )
         self.view.show_system_prompt(self.system_prompt)
 
     def _after_stop(self, then) -> bool:
@@ -254,16 +269,19 @@ class ChatSession(QObject):
         skipped = ""
         if conversation is not None and conversation.skipped:
             records = "record" if conversation.skipped == 1 else "records"
-            skipped = (f"“{conversation.title}” had {conversation.skipped} damaged {records} that could not be "
-                       f"read and {'was' if conversation.skipped == 1 else 'were'} skipped; "
-                       "everything else is shown.")  # fmt: skip
+            skipped = (
+                f"“{conversation.title}” had {conversation.skipped} damaged {records} that could not be "
+                f"read and {'was' if conversation.skipped == 1 else 'were'} skipped; "
+                "everything else is shown."
+            )
         self.refresh(skipped)
 
     def salvage(self) -> None:
         """Copy every readable conversation into a new database (the damaged one is kept), and show them."""
         if self.controller.busy:
-            self.sig_save_failed.emit("Stop the running reply first: nothing may be written while the "
-                                      "conversations are salvaged.")  # fmt: skip
+            self.sig_save_failed.emit(
+                "Stop the running reply first: nothing may be written while the conversations are salvaged."
+            )
             return
         try:
             done = self.store.salvage()
@@ -289,8 +307,10 @@ class ChatSession(QObject):
         if self.replying_to is not None and self.replying_to.id == conversation_id:
             self.controller.stop()
             self.replying_to = None  # the rest of that reply goes nowhere
-        if self._write("The conversation was not deleted.", self.store.delete, conversation_id,
-                       always_say=True) is None:  # fmt: skip
+        if (
+            self._write("The conversation was not deleted.", self.store.delete, conversation_id, always_say=True)
+            is None
+        ):
             self.refresh()
             return
         if self.conversation is not None and self.conversation.id == conversation_id:
@@ -304,7 +324,7 @@ class ChatSession(QObject):
             listed = [self.conversation] if self.conversation else []
         self.panel.set_conversations(listed, self.conversation.id if self.conversation else None)
         self.sig_title_changed.emit(self.conversation.title if self.conversation else NEW_CHAT_TITLE)
-        notices = self.store.notices[self._told:]
+        notices = self.store.notices[self._told :]
         self._told = len(self.store.notices)
         if notices or notice:
             self.sig_notice.emit(" ".join([*notices, notice]).strip())

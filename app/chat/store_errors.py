@@ -10,10 +10,11 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-
 # Every notice and error about a damaged database ends with this (the window offers the salvage there too).
-SALVAGE_ADVICE = ("File ▸ Salvage conversations copies every conversation that can still be read into a new "
-                  "database; the damaged file is kept beside it, as it is.")  # fmt: skip
+SALVAGE_ADVICE = (
+    "File ▸ Salvage conversations copies every conversation that can still be read into a new "
+    "database; the damaged file is kept beside it, as it is."
+)
 
 
 class StoreError(Exception):
@@ -27,15 +28,21 @@ def _reason(error: sqlite3.Error) -> tuple[str, str]:
     if name.startswith("SQLITE_FULL") or "disk is full" in text:
         return "the disk is full", "Free some space: it is saved as soon as there is room."
     if name.startswith(("SQLITE_READONLY", "SQLITE_PERM", "SQLITE_AUTH")) or "readonly" in text:
-        return ("the folder or the database is read-only",
-                "Make it writable, or start SpecDeck with SPECDECK_DATA_DIR set to a writable folder.")  # fmt: skip
+        return (
+            "the folder or the database is read-only",
+            "Make it writable, or start SpecDeck with SPECDECK_DATA_DIR set to a writable folder.",
+        )
     if name.startswith("SQLITE_CANTOPEN"):
-        return ("the database file cannot be opened",
-                "Check that the folder exists and is writable (or set SPECDECK_DATA_DIR).")  # fmt: skip
+        return (
+            "the database file cannot be opened",
+            "Check that the folder exists and is writable (or set SPECDECK_DATA_DIR).",
+        )
     if name.startswith("SQLITE_BUSY") or name.startswith("SQLITE_LOCKED"):
-        return ("another program holds the database locked",
-                "It is saved with the next change once that program lets go (close it, or the other SpecDeck "
-                "window); try again in a moment.")  # fmt: skip
+        return (
+            "another program holds the database locked",
+            "It is saved with the next change once that program lets go (close it, or the other SpecDeck "
+            "window); try again in a moment.",
+        )
     if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
         return "part of the database is damaged", SALVAGE_ADVICE
     if name.startswith("SQLITE_IOERR"):
@@ -46,14 +53,15 @@ def _reason(error: sqlite3.Error) -> tuple[str, str]:
 def write_error(error: sqlite3.Error, path: Path | None) -> StoreError:
     what, advice = _reason(error)
     where = f" ({path})" if path else ""
-    return StoreError(f"The conversation could not be saved: {what}{where}. Nothing on screen is lost "
-                      f"while SpecDeck stays open. {advice}")  # fmt: skip
+    return StoreError(
+        f"The conversation could not be saved: {what}{where}. Nothing on screen is lost "
+        f"while SpecDeck stays open. {advice}"
+    )
 
 
 def salvage_error(error: Exception, path: Path | None) -> StoreError:
     what = _reason(error)[0] if isinstance(error, sqlite3.Error) else (error.strerror or str(error)).lower()
-    return StoreError(f"The conversations could not be salvaged: {what}. Nothing was changed: "
-                      f"{path} is as it was.")  # fmt: skip
+    return StoreError(f"The conversations could not be salvaged: {what}. Nothing was changed: {path} is as it was.")
 
 
 def read_error(error: sqlite3.Error, path: Path | None) -> StoreError:

@@ -55,8 +55,9 @@ def storable(text: str) -> str:
 # -- reading past damaged pages -----------------------------------------------------------
 
 
-def readable_rows(db: sqlite3.Connection, table: str, columns: str, where: str = "1",
-                  parameters: tuple = ()) -> tuple[list[tuple], bool]:  # fmt: skip
+def readable_rows(
+    db: sqlite3.Connection, table: str, columns: str, where: str = "1", parameters: tuple = ()
+) -> tuple[list[tuple], bool]:
     """(rows (rowid first) of a rowid table that can be read, in rowid order; whether damage was met).
 
     A scan that meets a damaged page fails; each rowid after the last good row is then looked up
@@ -112,8 +113,9 @@ def readable_tokens(db: sqlite3.Connection, message: int) -> tuple[list[tuple], 
     """(one message's token rows that can be read, in order; whether damage cost some). The table has
     no rowid: a damaged page costs the tokens of the messages on it."""
     try:
-        rows = db.execute(f"SELECT {TOKEN_COLUMNS} FROM tokens WHERE message = ? ORDER BY position",
-                          (message,)).fetchall()  # fmt: skip
+        rows = db.execute(
+            f"SELECT {TOKEN_COLUMNS} FROM tokens WHERE message = ? ORDER BY position", (message,)
+        ).fetchall()
         return rows, False
     except sqlite3.DatabaseError as error:
         if not is_corruption(error):
@@ -170,8 +172,14 @@ def stats_of(stats) -> tuple[dict | None, bool]:
 def token_ok(row: tuple) -> bool:
     """Whether a tokens row (message, position, token_id, text, source, p, q) can be shown."""
     _, position, token_id, text, source, p, q = row
-    return (isinstance(position, int) and isinstance(token_id, int) and isinstance(text, str)
-            and source in SOURCE_CODES and _is_number(p) and (q is None or _is_number(q)))  # fmt: skip
+    return (
+        isinstance(position, int)
+        and isinstance(token_id, int)
+        and isinstance(text, str)
+        and source in SOURCE_CODES
+        and _is_number(p)
+        and (q is None or _is_number(q))
+    )
 
 
 def is_time(value) -> bool:
@@ -205,19 +213,25 @@ def salvage_into(source: sqlite3.Connection, target: sqlite3.Connection) -> tupl
     positions = set()
     target.execute("BEGIN IMMEDIATE")
     try:
-        target.executemany(f"INSERT INTO conversations ({CONVERSATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-                           [row[1:] for row in kept.values()])  # fmt: skip
+        target.executemany(
+            f"INSERT INTO conversations ({CONVERSATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+            [row[1:] for row in kept.values()],
+        )
         for row in messages:
             message = row[1:]
             if message[1] not in kept or message_problem(message) or (message[1], message[2]) in positions:
                 continue
             positions.add((message[1], message[2]))
             stats, _ = stats_of(message[6])
-            target.execute(f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                           (*message[:6], None if stats is None else json.dumps(stats)))  # fmt: skip
+            target.execute(
+                f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (*message[:6], None if stats is None else json.dumps(stats)),
+            )
             tokens, _ = readable_tokens(source, message[0])
-            target.executemany(f"INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                               [token for token in tokens if token_ok(token)])  # fmt: skip
+            target.executemany(
+                f"INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [token for token in tokens if token_ok(token)],
+            )
         target.execute("COMMIT")
     except BaseException:
         if target.in_transaction:

@@ -27,14 +27,23 @@ import bisect
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QEvent, QPoint, Qt
-from PySide6.QtGui import (QColor, QFont, QFontDatabase, QTextBlockFormat, QTextCharFormat, QTextCursor,
-                           QTextDocumentFragment, QTextFormat, QTextLine)  # fmt: skip
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QFontDatabase,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocumentFragment,
+    QTextFormat,
+    QTextLine,
+)
 from PySide6.QtWidgets import QTextBrowser, QToolTip, QWidget
 
-from engine import Source, TokenInfo
 from app.chat.follow import FollowLatest
 from app.chat.markdown_tints import token_spans
 from app.chat.provenance import SOURCE_COLOURS, token_tooltip
+from engine import Source, TokenInfo
 
 SOURCE_PROPERTY = QTextFormat.Property.UserProperty + 1  # Source.value of the token a character belongs to
 CODE_SHADE = QColor(127, 127, 127, 38)  # works on light and dark palettes alike
@@ -68,8 +77,9 @@ class TokenView(QTextBrowser):
         super().__init__(parent)
         self.setOpenLinks(False)
         self.setUndoRedoEnabled(False)
-        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
-                                     | Qt.TextInteractionFlag.TextSelectableByKeyboard)  # fmt: skip
+        self.setTextInteractionFlags(
+            Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.TextSelectableByKeyboard
+        )
         self.viewport().installEventFilter(self)
         self.follow = FollowLatest(self)  # at the newest text unless the user scrolled up
         self._entries: list[_Entry] = []
@@ -85,8 +95,9 @@ class TokenView(QTextBrowser):
         self._entries.clear()
         self.clear()
 
-    def add_message(self, role: str, title: str, text: str = "", tokens: list[TokenInfo] | None = None,
-                    note: str = "") -> None:  # fmt: skip
+    def add_message(
+        self, role: str, title: str, text: str = "", tokens: list[TokenInfo] | None = None, note: str = ""
+    ) -> None:
         """Append a whole message: a user's text, or a reply's tokens (replayed from storage)."""
         self.begin_message(role, title, streaming=tokens is not None)
         if tokens is not None:
@@ -285,7 +296,7 @@ class TokenView(QTextBrowser):
             cursor.setCharFormat(self._plain_format())
             cursor.insertFragment(QTextDocumentFragment.fromMarkdown(entry.content))
             self._style_code(entry.body)
-            rendered = self.document().toRawText()[entry.body:]  # raw text: one character per position
+            rendered = self.document().toRawText()[entry.body :]  # raw text: one character per position
             entry.spans = token_spans([t.text for t in entry.tokens], rendered, offset=entry.body)
             self._tint_rendered(entry)
         finally:
@@ -323,8 +334,11 @@ class TokenView(QTextBrowser):
             if block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence):
                 cursor.mergeBlockFormat(self._block_format(True))
             fenced = block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence)
-            code = [(f.position(), f.length()) for f in (i.fragment() for i in block)
-                    if fenced or f.charFormat().fontFixedPitch()]  # fmt: skip
+            code = [
+                (f.position(), f.length())
+                for f in (i.fragment() for i in block)
+                if fenced or f.charFormat().fontFixedPitch()
+            ]
             for position, length in code:  # collected first: formatting splits and merges fragments
                 cursor.setPosition(position)
                 cursor.setPosition(position + length, QTextCursor.MoveMode.KeepAnchor)

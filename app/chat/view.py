@@ -14,15 +14,25 @@ from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QPoint, Qt, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent
-from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QMenu, QPlainTextEdit,
-                               QPushButton, QToolTip, QVBoxLayout, QWidget)  # fmt: skip
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QPlainTextEdit,
+    QPushButton,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
+)
 
-from engine import TokenInfo
-from engine import RunStats
-from engine.figures import ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE, TIME_TO_FIRST_TOKEN, summary, tips
 from app.chat.conversations import Conversation
 from app.chat.provenance import Legend
 from app.chat.token_view import TokenView
+from engine import RunStats, TokenInfo
+from engine.figures import ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE, TIME_TO_FIRST_TOKEN, summary, tips
 
 USER_TITLE, ASSISTANT_TITLE = "You", "Assistant"
 _FINISH_NOTES = {
@@ -36,7 +46,8 @@ _FINISH_NOTES = {
 
 # The footer's tooltip: what its figures are (engine/figures.py), and where to read more.
 FOOTER_TIP = tips(DRAFT_ACCEPTANCE, ACCEPTANCE_LENGTH, TIME_TO_FIRST_TOKEN) + (
-    "\n\nHelp > What the numbers mean explains them with this run's numbers.")
+    "\n\nHelp > What the numbers mean explains them with this run's numbers."
+)
 
 
 def reply_note(finish_reason: str | None, stats: dict | None) -> str:
@@ -114,8 +125,10 @@ class ChatView(QWidget):
         self._footers: set[str] = set()  # the footers written under replies, to explain them on hover
         self.legend = Legend()
         self.markdown = QCheckBox("Markdown")
-        self.markdown.setToolTip("Draw finished replies as Markdown (headings, lists, tables, code), each token "
-                                 "still in its colour; off: the text exactly as the model wrote it")  # fmt: skip
+        self.markdown.setToolTip(
+            "Draw finished replies as Markdown (headings, lists, tables, code), each token "
+            "still in its colour; off: the text exactly as the model wrote it"
+        )
         self.composer = Composer()
         self.composer.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line, Esc to stop)")
         self.composer.setTabChangesFocus(True)

@@ -26,7 +26,7 @@ serve their own model: the pair is not used, and only sampling applies.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
@@ -43,15 +43,13 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from engine import (EngineConfig, Finding, PairReport, Preflight, SamplingConfig,
-                    list_models, preflight)  # fmt: skip
-
-from app.shell import settings as keys
 from app.pair.engine_row import EngineRow
-from app.pair.model_drop import DRAFT, TARGET, ModelDrops
 from app.pair.form import PairForm
-from app.pair.widgets import SEVERITY_COLOURS, FindingsView, checked
+from app.pair.model_drop import DRAFT, TARGET, ModelDrops
 from app.pair.presets import PresetStore
+from app.pair.widgets import SEVERITY_COLOURS, FindingsView, checked
+from app.shell import settings as keys
+from engine import EngineConfig, Finding, PairReport, Preflight, SamplingConfig, list_models, preflight
 
 # The dialog's own state (geometry, the last folder browsed); the pair itself is keys.ENGINE_CONFIG.
 PREFIX = "pair_dialog"
@@ -65,8 +63,9 @@ class PairDialog(QDialog):
     """A check of the current selection ended; True when it can be loaded."""
     _sig_result = Signal(int, object)  # from the worker thread: generation, (Preflight, the key it checked)
 
-    def __init__(self, parent=None, settings: QSettings | None = None,
-                 check: Callable[[EngineConfig], Preflight] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, parent=None, settings: QSettings | None = None, check: Callable[[EngineConfig], Preflight] | None = None
+    ) -> None:
         """`check(config) -> Preflight` runs on a worker thread (default: `engine.preflight`, here)."""
         super().__init__(parent)
         self.setWindowTitle("Models and settings")
@@ -288,8 +287,10 @@ class PairDialog(QDialog):
 
     def _ask_delete_preset(self) -> None:
         name = self.preset_combo.currentData()
-        if name is not None and QMessageBox.question(self, "Delete preset", f"Delete the preset “{name}”?") \
-                == QMessageBox.Yes:  # fmt: skip
+        if (
+            name is not None
+            and QMessageBox.question(self, "Delete preset", f"Delete the preset “{name}”?") == QMessageBox.Yes
+        ):
             self.delete_preset(name)
 
     # -- checking ------------------------------------------------------------------
@@ -327,8 +328,11 @@ class PairDialog(QDialog):
 
     def _update_buttons(self) -> None:
         self.load_button.setEnabled(self.can_load() and not self._busy)
-        first = ("Test the connection first: Load is enabled once the server answers" if self.engine_choice().remote
-                 else "Check the pair first: Load is enabled when it passes")  # fmt: skip
+        first = (
+            "Test the connection first: Load is enabled once the server answers"
+            if self.engine_choice().remote
+            else "Check the pair first: Load is enabled when it passes"
+        )
         self.load_button.setToolTip("" if self.can_load() else first)
 
     def _on_engine_changed(self) -> None:

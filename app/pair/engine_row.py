@@ -19,14 +19,17 @@ import threading
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPushButton, QWidget
 
-from engine import SpecDeckError
-
 from app.pair.widgets import SEVERITY_COLOURS
 from app.runtime.remote import check_connection
 from app.shell.settings import ENGINE_KINDS, LOCAL, EngineChoice
+from engine import SpecDeckError
 
-PLACEHOLDERS = {"specdeck": "http://127.0.0.1:8000", "llama-server": "http://127.0.0.1:8080",
-                "vllm": "http://127.0.0.1:8000", "sglang": "http://127.0.0.1:30000"}  # their default ports
+PLACEHOLDERS = {
+    "specdeck": "http://127.0.0.1:8000",
+    "llama-server": "http://127.0.0.1:8080",
+    "vllm": "http://127.0.0.1:8000",
+    "sglang": "http://127.0.0.1:30000",
+}  # their default ports
 
 
 class EngineRow(QGroupBox):
@@ -56,8 +59,10 @@ class EngineRow(QGroupBox):
         self.api_key.setPlaceholderText("optional: the key the server was started with")
         self.vanilla_url = QLineEdit(self)
         self.vanilla_url.setPlaceholderText("optional: the same model without speculative decoding")
-        self.vanilla_url.setToolTip("A second server of the same model, started without speculative decoding: "
-                                    "the side by side's vanilla run goes there")  # fmt: skip
+        self.vanilla_url.setToolTip(
+            "A second server of the same model, started without speculative decoding: "
+            "the side by side's vanilla run goes there"
+        )
         self.test_button = QPushButton("Test connection", self)
         self.test_button.setAutoDefault(False)  # Enter belongs to Load
         self.test_button.clicked.connect(self.test)
@@ -115,8 +120,9 @@ class EngineRow(QGroupBox):
         self._generation += 1
         self._show_status(f"Connecting to {choice.url or 'the server'}…")
         self.test_button.setEnabled(False)
-        threading.Thread(target=self._run_test, args=(self._generation, choice), daemon=True,
-                         name="engine-test").start()  # fmt: skip
+        threading.Thread(
+            target=self._run_test, args=(self._generation, choice), daemon=True, name="engine-test"
+        ).start()
 
     def forget(self) -> None:
         """A closed dialog: a test still running reports to nobody."""

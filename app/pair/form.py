@@ -25,6 +25,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.pair.options import OptionField, make_field
+from app.pair.widgets import GpuLayersField, ModelPicker
 from engine import (
     BACKENDS,
     COMPILES,
@@ -43,9 +45,6 @@ from engine import (
     recommended_sampling,
     suggested_chains,
 )
-
-from app.pair.options import OptionField, make_field
-from app.pair.widgets import GpuLayersField, ModelPicker
 
 
 def dialog_order(specs) -> list:
@@ -151,8 +150,10 @@ class PairForm(QWidget):
         self.min_p.setToolTip("Keep only tokens at least this fraction as likely as the most likely one")
         self.seed = _spin(0, 2**31 - 1, self)
         self.order = QLabel("Applied to p and q alike, in order:\ntemperature, top-k, top-p, min-p", self)
-        self.order.setToolTip("The rejection rule compares the target's p and the draft's q after the same "
-                              "processing, so the output is distributed exactly as the processed p.")  # fmt: skip
+        self.order.setToolTip(
+            "The rejection rule compares the target's p and the draft's q after the same "
+            "processing, so the output is distributed exactly as the processed p."
+        )
         self.recommended = QLabel(self)
         self.recommended.setWordWrap(True)
         self.use_recommended = QPushButton("Use these", self)
@@ -179,12 +180,16 @@ class PairForm(QWidget):
         self.dtype = _combo(DTYPES, self)
         self.dtype.setToolTip("PyTorch only; a GGUF file on llama.cpp keeps its own quantization")
         self.compile = _combo(COMPILES, self)
-        self.compile.setToolTip("PyTorch only: auto = static shapes and CUDA graphs on a CUDA GPU, eager elsewhere; "
-                                "on = static shapes on any device; off = eager")  # fmt: skip
+        self.compile.setToolTip(
+            "PyTorch only: auto = static shapes and CUDA graphs on a CUDA GPU, eager elsewhere; "
+            "on = static shapes on any device; off = eager"
+        )
         self.threads = _spin(0, 256, self, special="auto")
         self.gpu_layers = GpuLayersField(self)
-        self.gpu_layers.setToolTip("llama.cpp: layers to offload to the GPU. auto: every layer when this llama.cpp "
-                                   "build can offload, none otherwise; all; 0 = none; or a number of layers")
+        self.gpu_layers.setToolTip(
+            "llama.cpp: layers to offload to the GPU. auto: every layer when this llama.cpp "
+            "build can offload, none otherwise; all; 0 = none; or a number of layers"
+        )
         self.n_ctx = _spin(0, 1_048_576, self, special="model default", step=1024)
         self.n_ctx.setToolTip("Tokens the context holds; model default is min(trained context, 4096)")
         hardware_box = self.hardware_box = QGroupBox("Hardware", self)
@@ -249,19 +254,31 @@ class PairForm(QWidget):
         spec = self.specs.get(self.drafter.currentData()) or next(iter(self.specs.values()))
         values = {name: field.value() for name, field in self.options[spec.name].items()}
         return dataclasses.replace(
-            self._config, target=self.target.spec(), drafter=spec.name, options=spec.options(**values),
-            backend=self.backend.currentData(), device=self.device.currentData(), dtype=self.dtype.currentData(),
-            compile=self.compile.currentData(), n_ctx=self.n_ctx.value() or None, threads=self.threads.value() or None,
-            gpu_layers=self.gpu_layers.value(), k="auto" if self.k_auto.isChecked() else self.k.value(),
+            self._config,
+            target=self.target.spec(),
+            drafter=spec.name,
+            options=spec.options(**values),
+            backend=self.backend.currentData(),
+            device=self.device.currentData(),
+            dtype=self.dtype.currentData(),
+            compile=self.compile.currentData(),
+            n_ctx=self.n_ctx.value() or None,
+            threads=self.threads.value() or None,
+            gpu_layers=self.gpu_layers.value(),
+            k="auto" if self.k_auto.isChecked() else self.k.value(),
             k_max=self.k_max.value(),
-        )  # fmt: skip
+        )
 
     def sampling(self) -> SamplingConfig:
         return dataclasses.replace(
-            self._sampling, temperature=round(self.temperature.value(), 4), top_k=self.top_k.value(),
-            top_p=round(self.top_p.value(), 4), min_p=round(self.min_p.value(), 4), seed=self.seed.value(),
+            self._sampling,
+            temperature=round(self.temperature.value(), 4),
+            top_k=self.top_k.value(),
+            top_p=round(self.top_p.value(), 4),
+            min_p=round(self.min_p.value(), 4),
+            seed=self.seed.value(),
             max_tokens=self.max_tokens.value(),
-        )  # fmt: skip
+        )
 
     def set_config(self, config: EngineConfig, sampling: SamplingConfig | None = None) -> None:
         """Show `config` (and `sampling`, when given). The other drafters' fields show their defaults."""
@@ -272,8 +289,13 @@ class PairForm(QWidget):
         for name, fields in self.options.items():
             for field in fields.values():
                 field.set_value(getattr(chosen, field.name) if name == config.drafter else field.unset)
-        combos = ((self.backend, config.backend), (self.drafter, config.drafter), (self.device, config.device),
-                  (self.dtype, config.dtype), (self.compile, config.compile))  # fmt: skip
+        combos = (
+            (self.backend, config.backend),
+            (self.drafter, config.drafter),
+            (self.device, config.device),
+            (self.dtype, config.dtype),
+            (self.compile, config.compile),
+        )
         for combo, value in combos:
             combo.setCurrentIndex(max(combo.findData(value), 0))
         self.k_auto.setChecked(config.k == "auto")
@@ -283,9 +305,14 @@ class PairForm(QWidget):
             numbers.append((self.k, config.k))
         if sampling is not None:
             self._sampling = sampling
-            numbers += [(self.temperature, sampling.temperature), (self.top_k, sampling.top_k),
-                        (self.top_p, sampling.top_p), (self.min_p, sampling.min_p), (self.seed, sampling.seed),
-                        (self.max_tokens, sampling.max_tokens)]  # fmt: skip
+            numbers += [
+                (self.temperature, sampling.temperature),
+                (self.top_k, sampling.top_k),
+                (self.top_p, sampling.top_p),
+                (self.min_p, sampling.min_p),
+                (self.seed, sampling.seed),
+                (self.max_tokens, sampling.max_tokens),
+            ]
         for spin, value in numbers:
             spin.setValue(value)
         self._enable()
@@ -334,8 +361,9 @@ class PairForm(QWidget):
         The draft length and the threads a backend runs with change nothing it checks; the device and
         the GPU layers say where the models sit, whose memory the check looks at."""
         default = _DEFAULT
-        return dataclasses.replace(config, k=default.k, k_max=default.k_max, threads=default.threads,
-                                   measure_costs=default.measure_costs)  # fmt: skip
+        return dataclasses.replace(
+            config, k=default.k, k_max=default.k_max, threads=default.threads, measure_costs=default.measure_costs
+        )
 
     def check_key(self) -> EngineConfig:
         return self.key_of(self.config())

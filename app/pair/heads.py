@@ -25,10 +25,11 @@ from PySide6.QtCore import QSettings, QStandardPaths, Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, QWidget
 
 import engine
-from engine import describe_heads  # one line about a heads folder, as the pair check says it
-from engine import heads_config_kind
-
 from app.chat.conversations import DATA_DIR_ENV
+from engine import (
+    describe_heads,  # one line about a heads folder, as the pair check says it
+    heads_config_kind,
+)
 
 TRAINED_KEY = "medusa/trained"  # JSON list of folders trained in the app (either kind), newest first
 LAST_TRAINED_KEY = "medusa/last_trained"
@@ -49,8 +50,11 @@ def shipped_models(kind: str) -> list[str]:
     folder = resources_dir() / "heads"
     if not folder.is_dir():
         return []
-    return sorted(sub.name[len(kind) + 1:] for sub in folder.iterdir()
-                  if sub.name.startswith(f"{kind}-") and (sub / "config.json").is_file())  # fmt: skip
+    return sorted(
+        sub.name[len(kind) + 1 :]
+        for sub in folder.iterdir()
+        if sub.name.startswith(f"{kind}-") and (sub / "config.json").is_file()
+    )
 
 
 def shipped_label(kind: str) -> str | None:
@@ -75,7 +79,7 @@ def default_output_dir(target_name: str, kind: str = "medusa") -> Path:
 
 
 def heads_kind(folder: str | os.PathLike) -> str | None:
-    """"medusa", "eagle" or "eagle3" for a heads folder, None for anything else."""
+    """ "medusa", "eagle" or "eagle3" for a heads folder, None for anything else."""
     folder = Path(folder)
     config = folder / "config.json"
     if not config.is_file():
@@ -162,8 +166,12 @@ class HeadsPicker(QWidget):
         label = shipped_label(kind)
         if label is not None:
             self.combo.addItem(label, "")
-            self.combo.setItemData(0, f"The {KIND_NAMES[kind]} that ship with SpecDeck: the engine uses them when "
-                                      "the target is one of these models", Qt.ToolTipRole)  # fmt: skip
+            self.combo.setItemData(
+                0,
+                f"The {KIND_NAMES[kind]} that ship with SpecDeck: the engine uses them when "
+                "the target is one of these models",
+                Qt.ToolTipRole,
+            )
         for folder in known_heads(settings, kind):
             self.combo.addItem(folder, folder)
             self.combo.setItemData(self.combo.count() - 1, describe_heads(folder), Qt.ToolTipRole)
@@ -202,8 +210,11 @@ class HeadsPicker(QWidget):
 
     def _browse(self) -> None:
         start = self.folder() or str(heads_root() if heads_root().is_dir() else Path.home())
-        title = {"medusa": "Choose a Medusa heads folder", "eagle": "Choose an EAGLE head folder",
-                 "eagle3": "Choose an EAGLE-3 head folder"}[self.kind]  # fmt: skip
+        title = {
+            "medusa": "Choose a Medusa heads folder",
+            "eagle": "Choose an EAGLE head folder",
+            "eagle3": "Choose an EAGLE-3 head folder",
+        }[self.kind]
         folder = QFileDialog.getExistingDirectory(self, title, start)
         if folder:
             self.set_folder(folder)

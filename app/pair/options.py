@@ -18,10 +18,10 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit, QSizePolicy, QSpinBox, QWidget
 
-from engine import BACKENDS, DEVICES, DTYPES
-
-from app.pair.heads import KINDS as HEAD_KINDS, HeadsPicker, newest_trained
+from app.pair.heads import KINDS as HEAD_KINDS
+from app.pair.heads import HeadsPicker, newest_trained
 from app.pair.widgets import AUTO, AutoNumberField, GpuLayersField, ModelPicker, PathPicker, auto_or_number
+from engine import BACKENDS, DEVICES, DTYPES
 
 WIDE_KINDS = ("model", "path")  # a path is long: these get a row of their own
 CHOICES_OF_KIND = {"backend": BACKENDS, "device": DEVICES, "dtype": DTYPES}

@@ -24,14 +24,21 @@ import queue
 import threading
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QStyle,
-                               QStyleOptionComboBox, QStylePainter, QWidget)  # fmt: skip
-
-from engine import EngineConfig, list_models
-from engine import figures
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QStyle,
+    QStyleOptionComboBox,
+    QStylePainter,
+    QWidget,
+)
 
 from app.pair.form import add_drafter, draft_model_option, listed_drafters
 from app.pair.widgets import AUTO, SEVERITY_COLOURS, AutoNumberField, add_models, checked
+from engine import EngineConfig, figures, list_models
 
 # A model box asks for room for about MODEL_CHARS characters and gives it up down to MIN_CHARS when the
 # line is short of room (a narrow window, or a reason to show): a longer name is elided in the middle.
@@ -48,8 +55,9 @@ class ElidedCombo(QComboBox):
     """A combo box that elides its text where Qt would cut it off (in the middle, by default: a model's
     quantization is at the end of its name); its tooltip is the chosen item's (a model's full path)."""
 
-    def __init__(self, chars: int, parent=None, min_chars: int = MIN_CHARS,
-                 elide: Qt.TextElideMode = Qt.ElideMiddle) -> None:  # fmt: skip
+    def __init__(
+        self, chars: int, parent=None, min_chars: int = MIN_CHARS, elide: Qt.TextElideMode = Qt.ElideMiddle
+    ) -> None:
         super().__init__(parent)
         self.elide = elide
         self.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
@@ -157,12 +165,17 @@ class PairBar(QWidget):
         self.draft = ElidedCombo(MODEL_CHARS, self)
         self.draft.addItem(NO_DRAFT, None)
         add_models(self.draft, models, label=lambda ref: ref.name)
-        self.k = AutoNumberField(K_SUGGESTIONS, self, tooltip=f"{figures.DRAFT_LENGTH.tip} auto: chosen at "
-                                 "each step from the measured acceptance and costs.")  # fmt: skip
+        self.k = AutoNumberField(
+            K_SUGGESTIONS,
+            self,
+            tooltip=f"{figures.DRAFT_LENGTH.tip} auto: chosen at each step from the measured acceptance and costs.",
+        )
         self.k.setMinimumContentsLength(3)  # room for "auto" (a few letters are narrower than Qt's "x")
         self.more = QPushButton("More…", self)
-        self.more.setToolTip("Every setting of the pair: backend, hardware, sampling, the drafter's options "
-                             "(Models ▸ Model pair…, Ctrl+M)")  # fmt: skip
+        self.more.setToolTip(
+            "Every setting of the pair: backend, hardware, sampling, the drafter's options "
+            "(Models ▸ Model pair…, Ctrl+M)"
+        )
         self.more.clicked.connect(self.sig_more_requested)
         self.reason = ElidedLabel(self)
 
@@ -173,8 +186,12 @@ class PairBar(QWidget):
         self.k_label.setToolTip(figures.DRAFT_LENGTH.name)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(4, 0, 4, 0)
-        for label, field in ((self.target_label, self.target), (self.drafter_label, self.drafter),
-                             (self.draft_label, self.draft), (self.k_label, self.k)):  # fmt: skip
+        for label, field in (
+            (self.target_label, self.target),
+            (self.drafter_label, self.drafter),
+            (self.draft_label, self.draft),
+            (self.k_label, self.k),
+        ):
             label.setBuddy(field)
             layout.addWidget(label)
             layout.addWidget(field)
@@ -262,8 +279,9 @@ class PairBar(QWidget):
             return
         self._say("Checking the pair…")
         check, answer = self._check, queue.SimpleQueue()
-        threading.Thread(target=lambda: answer.put(checked(check, config, RETRY)), daemon=True,
-                         name="pair-bar-check").start()  # fmt: skip
+        threading.Thread(
+            target=lambda: answer.put(checked(check, config, RETRY)), daemon=True, name="pair-bar-check"
+        ).start()
         self._pending = (config, answer)
         self._poll.start()
 

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSettings
 
-from engine import EngineConfig, SamplingConfig
-
 from app.shell import settings as keys
+from engine import EngineConfig, SamplingConfig
 
 # The pair every install has: the embedded model on PyTorch (bf16 where the CPU has it) as the
 # target, drafted by its own Q4_1 GGUF on llama.cpp (same vocabulary; quantized self-drafting).
 # The draft's dtype is the file's own: the target's dtype does not reach a llama.cpp draft.
 SELF_DRAFT_PRESET = "embedded model, drafted by its own Q4_1"
 BUILTIN_PRESETS = {
-    SELF_DRAFT_PRESET: (EngineConfig(target="default", backend="torch").with_drafter(
-        "model", draft="default", backend="llama.cpp"), keys.DEFAULT_SAMPLING),
-}  # fmt: skip
+    SELF_DRAFT_PRESET: (
+        EngineConfig(target="default", backend="torch").with_drafter("model", draft="default", backend="llama.cpp"),
+        keys.DEFAULT_SAMPLING,
+    ),
+}
 
 
 class PresetStore:

@@ -25,8 +25,14 @@ AUTO = "auto"
 
 SEVERITY_COLOURS = {"ok": "#009E73", "info": "#0072B2", "warning": "#E69F00", "error": "#D55E00"}
 SEVERITY_GLYPHS = {"ok": "✓", "info": "i", "warning": "!", "error": "✕"}
-_SOURCES = {"embedded": "built-in", "file": "GGUF", "folder": "folder", "hf-cache": "Hugging Face cache",
-            "ollama": "Ollama", "llama.cpp-cache": "llama.cpp cache"}  # fmt: skip
+_SOURCES = {
+    "embedded": "built-in",
+    "file": "GGUF",
+    "folder": "folder",
+    "hf-cache": "Hugging Face cache",
+    "ollama": "Ollama",
+    "llama.cpp-cache": "llama.cpp cache",
+}
 
 
 def format_size(n: int) -> str:
@@ -131,7 +137,7 @@ class ModelPicker(QWidget):
 
 
 def auto_or_number(text) -> str:
-    """"auto" or the digits of a whole number ("0" too: the check explains why it will not do);
+    """ "auto" or the digits of a whole number ("0" too: the check explains why it will not do);
     anything else (a hand-edited file) becomes "auto"."""
     text = str(text).strip().lower().removeprefix("+")
     return str(int(text)) if text.isdigit() and text.isascii() else AUTO
@@ -171,7 +177,7 @@ class PathPicker(QWidget):
 
 
 class AutoNumberField(QComboBox):
-    """"auto" or a whole number: an editable list with "auto" and a few suggestions.
+    """ "auto" or a whole number: an editable list with "auto" and a few suggestions.
 
     Only digits or "auto" can be typed; the value is kept as typed, so a number
     the engine would refuse (a window of 0) reaches the check, which says why,
@@ -201,7 +207,7 @@ class AutoNumberField(QComboBox):
         self.activated.connect(self.sig_chosen)
 
     def value(self) -> str:
-        """"auto" or the number as text."""
+        """ "auto" or the number as text."""
         return auto_or_number(self.currentText() or AUTO)
 
     def set_value(self, value) -> None:
@@ -249,7 +255,7 @@ class GpuLayersField(QComboBox):
         self.activated.connect(self.sig_chosen)
 
     def value(self):
-        """"auto", -1 for "all", the number, or None for "as the target"; an unreadable text is "auto"."""
+        """ "auto", -1 for "all", the number, or None for "as the target"; an unreadable text is "auto"."""
         text = self.currentText().strip().lower()
         if self.follows and text in (self.follows.lower(), ""):
             return None

@@ -52,16 +52,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from engine import (EngineClient, EngineConfig, EngineProcess, EngineUnavailable, LoadedPair, SamplingConfig,
-                    SpecDeckError)  # fmt: skip
 from app.runtime import remote
 from app.runtime.steps import StepBatches, hand_over_s, shares_cores
 from app.runtime.worker import GeneratorWorker, TaskRunner
 from app.shell.settings import LOCAL, EngineChoice
+from engine import (
+    EngineClient,
+    EngineConfig,
+    EngineProcess,
+    EngineUnavailable,
+    LoadedPair,
+    SamplingConfig,
+    SpecDeckError,
+)
 
 LOAD, CHAT, COMPARE = "load", "chat", "compare"
 DEATH_WAIT_S = 3.0  # a dropped connection waits this long for the process to be seen gone
@@ -200,8 +208,10 @@ class EngineController(QObject):
         def job(cancel: threading.Event, report):
             client = self._loaded_client()
             with StepBatches(report, interval) as on_step:
-                return self._call(lambda: client.generate(messages, sampling, cancel=cancel, on_step=on_step),
-                                  local=client is not self._server)  # fmt: skip
+                return self._call(
+                    lambda: client.generate(messages, sampling, cancel=cancel, on_step=on_step),
+                    local=client is not self._server,
+                )
 
         self._start(CHAT, job)
 
@@ -216,8 +226,10 @@ class EngineController(QObject):
         def job(cancel: threading.Event, report):
             client = self._loaded_client()
             with StepBatches(report, interval) as on_step:
-                return self._call(lambda: client.compare(messages, sampling, cancel=cancel, on_step=on_step),
-                                  local=client is not self._server)  # fmt: skip
+                return self._call(
+                    lambda: client.compare(messages, sampling, cancel=cancel, on_step=on_step),
+                    local=client is not self._server,
+                )
 
         self._start(COMPARE, job)
 
@@ -235,15 +247,26 @@ class EngineController(QObject):
         Preflight; on any thread but the GUI's (the pair dialog's worker), at once, beside a running
         job. Raises EngineUnavailable when the process cannot start, EngineStopped when it ends
         during the check. Wherever the pair runs, this checks this computer's files."""
-        if not self.process.running and self.process.pid is not None and self.loaded is not None \
-                and not self.choice.remote:  # fmt: skip
+        if (
+            not self.process.running
+            and self.process.pid is not None
+            and self.loaded is not None
+            and not self.choice.remote
+        ):
             # The process that held the window's pair has ended unseen: the next run says how.
             self._unseen_stop = self.process.death_message()
         client = self.process.ensure()
         return self._call(lambda: client.preflight(config))
 
-    def lend(self, name: str, config: EngineConfig, job: Callable[[Any, threading.Event, Any], Any],
-             connect: Callable[[GeneratorWorker], None], *, on_server: bool = False) -> GeneratorWorker:  # fmt: skip
+    def lend(
+        self,
+        name: str,
+        config: EngineConfig,
+        job: Callable[[Any, threading.Event, Any], Any],
+        connect: Callable[[GeneratorWorker], None],
+        *,
+        on_server: bool = False,
+    ) -> GeneratorWorker:
         """Run `job(lent, cancel, report)` on the worker thread, in turn with loads and replies (a
         running reply is cancelled first, as by any new request); returns its worker. Its signals
         are the caller's: `connect(worker)` connects them before it starts (this controller reports
@@ -262,10 +285,14 @@ class EngineController(QObject):
         lost), and where the window runs on llama-server, vLLM or SGLang, which run no SpecDeck job.
         """
         if self.choice.adapter:
-            what = "Training" if name.startswith("train") else {"bench": "The benchmark", "autotune": "Auto-tune"}.get(
-                name, "This job")  # fmt: skip
-            raise SpecDeckError(remote.NEEDS_ENGINE.format(what=what, server=f"the {self.choice.label()} at "
-                                                                            f"{self.choice.url}"))  # fmt: skip
+            what = (
+                "Training"
+                if name.startswith("train")
+                else {"bench": "The benchmark", "autotune": "Auto-tune"}.get(name, "This job")
+            )
+            raise SpecDeckError(
+                remote.NEEDS_ENGINE.format(what=what, server=f"the {self.choice.label()} at {self.choice.url}")
+            )
         pending = self._runner.pending
         if pending is not None and pending.name == LOAD:
             raise SpecDeckError("The window is about to load a model pair: try again once it has loaded.")

@@ -17,14 +17,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import (EngineClient, EngineUnavailable, RemoteEngine, RemotePair, ServerRefused, ServerUnavailable,
-                    SpecDeckError, open_remote)  # fmt: skip
-
 from app.shell.settings import EngineChoice
+from engine import (
+    EngineClient,
+    EngineUnavailable,
+    RemoteEngine,
+    RemotePair,
+    ServerRefused,
+    ServerUnavailable,
+    SpecDeckError,
+    open_remote,
+)
 
 UNREACHABLE = (EngineUnavailable, ServerUnavailable)  # nothing answers, or the stream broke off
-NEEDS_ENGINE = ("{what} runs on a local engine or a SpecDeck server, and the window uses {server}, which serves "
-                "its own model: choose Local or SpecDeck server in Models ▸ Model pair… to run it.")  # fmt: skip
+NEEDS_ENGINE = (
+    "{what} runs on a local engine or a SpecDeck server, and the window uses {server}, which serves "
+    "its own model: choose Local or SpecDeck server in Models ▸ Model pair… to run it."
+)
 
 
 @dataclass(frozen=True)
@@ -73,8 +82,10 @@ def check_connection(choice: EngineChoice) -> tuple[str, tuple[str, ...]]:
     loaded = client.loaded()
     if loaded is None:
         return f"SpecDeck server at {client.url}, no pair loaded yet: Load loads the pair below there.", ()
-    text = (f"SpecDeck server at {client.url}, holding {loaded.target.name} with drafter {loaded.config.drafter}; "
-            "Load loads the pair below there (its paths are the server's).")  # fmt: skip
+    text = (
+        f"SpecDeck server at {client.url}, holding {loaded.target.name} with drafter {loaded.config.drafter}; "
+        "Load loads the pair below there (its paths are the server's)."
+    )
     return text, loaded.notes
 
 

@@ -10,10 +10,12 @@ millisecond the window spends is taken from the engine's cores
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from engine import BATCH_S, CPU_BATCH_S, Batches, LoadedPair, StepEvent, decodes_on_cpu
 from app.runtime.costs import CostSnapshot
+from engine import BATCH_S, CPU_BATCH_S, Batches, LoadedPair, StepEvent, decodes_on_cpu
+
 
 def shares_cores(pair, own_engine: bool) -> bool:
     """Whether `pair` decodes on the cores the window runs on: the window's own engine (`own_engine`),
@@ -61,8 +63,7 @@ class StepBatches:
     lost. The cost model is frozen here (the charts compare snapshots).
     """
 
-    def __init__(self, report: Callable[[list[Step]], None], interval_s: float = BATCH_S,
-                 clock=time.monotonic) -> None:  # fmt: skip
+    def __init__(self, report: Callable[[list[Step]], None], interval_s: float = BATCH_S, clock=time.monotonic) -> None:
         self._batches = Batches(report, interval_s, clock)
 
     def __enter__(self) -> Callable[[str, Any, Any, Any], None]:

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import inspect
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 

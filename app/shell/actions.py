@@ -8,8 +8,8 @@ it does (MainWindow._connect_actions), so nothing here knows the window's parts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QIcon, QKeySequence
@@ -53,8 +53,11 @@ def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions
             item.setIcon(icon)
         if tip:
             item.setStatusTip(tip)
-            item.setToolTip(f"{tip} ({item.shortcut().toString(QKeySequence.SequenceFormat.NativeText)})"
-                            if shortcut is not None else tip)  # fmt: skip
+            item.setToolTip(
+                f"{tip} ({item.shortcut().toString(QKeySequence.SequenceFormat.NativeText)})"
+                if shortcut is not None
+                else tip
+            )
         return item
 
     def standard(name: str) -> QIcon:
@@ -70,22 +73,39 @@ def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions
         export_csv=action("Charts as &CSV…"),
         export_json=action("Charts as &JSON…"),
         quit=action("&Quit", QKeySequence.StandardKey.Quit),
-        salvage=action("Sal&vage conversations", None, None,
-                       "Copy every conversation that can still be read into a new database (when it is damaged)"),
-        choose_models=action("&Model pair…", "Ctrl+M", standard("SP_DriveHDIcon"),
-                             "Choose the target and the drafter, and the sampling settings"),
+        salvage=action(
+            "Sal&vage conversations",
+            None,
+            None,
+            "Copy every conversation that can still be read into a new database (when it is damaged)",
+        ),
+        choose_models=action(
+            "&Model pair…",
+            "Ctrl+M",
+            standard("SP_DriveHDIcon"),
+            "Choose the target and the drafter, and the sampling settings",
+        ),
         stop=action("&Stop", "Esc", standard("SP_MediaStop"), "Stop the generation"),
         colour_tokens=action("&Colour tokens", "Ctrl+Shift+C", None, "Tint each token by where it came from"),
-        markdown=action("Replies as &Markdown", "Ctrl+Shift+M", None,
-                        "Draw finished replies as Markdown, tokens still in their colours; off: as written"),
+        markdown=action(
+            "Replies as &Markdown",
+            "Ctrl+Shift+M",
+            None,
+            "Draw finished replies as Markdown, tokens still in their colours; off: as written",
+        ),
         regenerate=action("&Regenerate reply", "Ctrl+R", None, "Write the last reply again"),
-        system_prompt=action("S&ystem prompt…", None, None,
-                             "This chat's system prompt, and the one new chats start with"),
+        system_prompt=action(
+            "S&ystem prompt…", None, None, "This chat's system prompt, and the one new chats start with"
+        ),
         benchmark=action("&Benchmark…", None, None, "Time vanilla against speculative decoding on a set of prompts"),
         train_heads=action("&Train heads…", None, None, "Train Medusa heads for a target on its own predictions"),
-        numbers_help=action("What the &numbers mean", QKeySequence.StandardKey.HelpContents, None,
-                            "Each figure in plain words, and the article's formula with your last reply's numbers"),
-    )  # fmt: skip
+        numbers_help=action(
+            "What the &numbers mean",
+            QKeySequence.StandardKey.HelpContents,
+            None,
+            "Each figure in plain words, and the article's formula with your last reply's numbers",
+        ),
+    )
     actions.stop.setEnabled(False)
     actions.salvage.setEnabled(False)  # until the store finds damage
     # Esc stops a generation only from the chat and comparison panes: elsewhere (a title

@@ -7,7 +7,7 @@ user can act on it with the buttons it offers ("Choose models…").
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QStyle, QToolButton, QWidget
@@ -46,8 +46,7 @@ class Banner(QFrame):
         self.kind = ""
         self.hide()
 
-    def show_message(self, text: str, kind: str = "error",
-                     actions: list[tuple[str, Callable[[], None]]] = ()) -> None:  # fmt: skip
+    def show_message(self, text: str, kind: str = "error", actions: list[tuple[str, Callable[[], None]]] = ()) -> None:
         icon_name, fill, border = _STYLES[kind]
         self.kind = kind
         self.setStyleSheet(f"QFrame#banner {{ background: {fill}; border: 1px solid {border}; border-radius: 4px; }}")

@@ -17,8 +17,12 @@ from app.charts.live import LiveCharts
 from app.chat.conversations import Conversation, export_markdown, write_text_atomically
 from app.shell import settings as keys
 
-_CHART_FORMATS = {"png": "PNG image (*.png)", "svg": "SVG drawings, one per panel (*.svg)", "csv": "CSV table (*.csv)",
-                  "json": "JSON document (*.json)"}  # fmt: skip
+_CHART_FORMATS = {
+    "png": "PNG image (*.png)",
+    "svg": "SVG drawings, one per panel (*.svg)",
+    "csv": "CSV table (*.csv)",
+    "json": "JSON document (*.json)",
+}
 
 
 class Exports(QObject):

@@ -26,30 +26,39 @@ import logging
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
 from PySide6.QtGui import QCloseEvent, QShowEvent
-from PySide6.QtWidgets import (QDockWidget, QLabel, QMainWindow, QMessageBox, QProgressBar, QTabWidget, QToolBar,
-                               QVBoxLayout, QWidget)  # fmt: skip
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QTabWidget,
+    QToolBar,
+    QVBoxLayout,
+    QWidget,
+)
 
-from engine import EngineConfig, EngineProcess, LoadedPair, RunStats, SamplingConfig, all_drafters
 from app.bench.dialog import BenchDialog
-from app.shell import settings as keys
-from app.shell.actions import create_actions
-from app.shell.banner import Banner
-from app.shell.file_dialogs import Exports
 from app.charts.live import LiveCharts
-from app.chat.view import ChatView
-from app.chat.session import ChatSession
 from app.chat.compare_view import CompareView
 from app.chat.conversation_panel import ConversationPanel
 from app.chat.conversations import ConversationStore, StoreError, default_data_dir, is_valid_id
-from app.runtime.costs import CostSnapshot
-from app.runtime.engine_controller import CHAT, COMPARE, EngineController
-from app.runtime.remote import ServerPair
-from app.runtime.steps import Step
+from app.chat.session import ChatSession
+from app.chat.view import ChatView
 from app.pair.dialog import PairDialog
 from app.pair.heads import engine_notes
 from app.pair.model_drop import ModelDrops
 from app.pair.pair_bar import PairBar
+from app.runtime.costs import CostSnapshot
+from app.runtime.engine_controller import CHAT, COMPARE, EngineController
+from app.runtime.remote import ServerPair
+from app.runtime.steps import Step
+from app.shell import settings as keys
+from app.shell.actions import create_actions
+from app.shell.banner import Banner
+from app.shell.file_dialogs import Exports
 from app.training.dialog import TrainDialog
+from engine import EngineConfig, EngineProcess, LoadedPair, RunStats, SamplingConfig, all_drafters
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +69,20 @@ def describe_engine(loaded: LoadedPair | ServerPair, choice: keys.EngineChoice =
         return loaded.describe()
     where = f" · on the SpecDeck server at {choice.url}" if choice.remote else ""
     config, info = loaded.config, loaded.target
-    names = {"ngram": "n-gram drafter", "none": "no drafter", "model": "draft model", "medusa": "Medusa heads",
-             "eagle": "EAGLE head", "eagle3": "EAGLE-3 head", "lookahead": "lookahead decoding",
-             "early-exit": "early exit"}  # fmt: skip
+    names = {
+        "ngram": "n-gram drafter",
+        "none": "no drafter",
+        "model": "draft model",
+        "medusa": "Medusa heads",
+        "eagle": "EAGLE head",
+        "eagle3": "EAGLE-3 head",
+        "lookahead": "lookahead decoding",
+        "early-exit": "early exit",
+    }
     # A drafter with no short name here goes by its registry label.
-    drafter = names.get(config.drafter) or next((s.label for s in all_drafters() if s.name == config.drafter),
-                                                config.drafter)  # fmt: skip
+    drafter = names.get(config.drafter) or next(
+        (s.label for s in all_drafters() if s.name == config.drafter), config.drafter
+    )
     if loaded.speculative and config.drafter == "model" and config.draft:
         drafter = f"draft {config.draft}"
     placement = f", {info.placement}" if info.placement else ""  # llama.cpp: what GPU layers auto chose
@@ -231,8 +248,11 @@ class MainWindow(QMainWindow):
     def _default_dock_sizes(self) -> None:
         # The six chart panels need room (two columns of three); the chat list needs little.
         width = self.width()
-        self.resizeDocks([self.conversations_dock, self.charts_dock], [max(170, width // 8), int(width * 0.4)],
-                         Qt.Orientation.Horizontal)  # fmt: skip
+        self.resizeDocks(
+            [self.conversations_dock, self.charts_dock],
+            [max(170, width // 8), int(width * 0.4)],
+            Qt.Orientation.Horizontal,
+        )
 
     def _save_settings(self) -> None:
         settings = QSettings()
@@ -320,8 +340,9 @@ class MainWindow(QMainWindow):
         # The check runs in the engine process: this one never imports torch or llama.cpp.
         dialog = self.pair_dialog = PairDialog(self, settings=QSettings(), check=self.controller.preflight)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.accepted.connect(lambda: self.apply_pair(dialog.engine_config(), dialog.sampling_config(),
-                                                        dialog.engine_choice()))  # fmt: skip
+        dialog.accepted.connect(
+            lambda: self.apply_pair(dialog.engine_config(), dialog.sampling_config(), dialog.engine_choice())
+        )
         dialog.finished.connect(self._forget_pair_dialog)
         dialog.open()  # window-modal: the rest of the app (other windows, the tray) stays usable
 
@@ -341,8 +362,9 @@ class MainWindow(QMainWindow):
         self.choose_models()
         self.pair_dialog.use_model(path, role)
 
-    def apply_pair(self, config: EngineConfig, sampling: SamplingConfig,
-                   choice: keys.EngineChoice | None = None) -> None:  # fmt: skip
+    def apply_pair(
+        self, config: EngineConfig, sampling: SamplingConfig, choice: keys.EngineChoice | None = None
+    ) -> None:
         """Use this pair and sampling, where `choice` says (default: where the window runs now)."""
         choice = choice or self.controller.choice
         keys.set_engine_config(config)
@@ -587,8 +609,12 @@ class MainWindow(QMainWindow):
             return existing
         loaded = self.controller.loaded
         config = loaded.config if loaded is not None and loaded.config is not None else keys.engine_config()
-        dialog = BenchDialog(self, config=config,
-                             host=self.controller, apply_config=lambda chosen: self.apply_pair(chosen, self.sampling))
+        dialog = BenchDialog(
+            self,
+            config=config,
+            host=self.controller,
+            apply_config=lambda chosen: self.apply_pair(chosen, self.sampling),
+        )
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.finished.connect(self._after_benchmark)
         dialog.open()

@@ -13,13 +13,25 @@ from html import escape
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTextBrowser, QVBoxLayout, QWidget
 
 from engine import RunStats
-from engine.figures import (ACCEPTANCE_LENGTH, BREAK_EVEN, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE,
-                                 PREDICTED_SPEEDUP, STEP, TIME_TO_FIRST_TOKEN, Figure, formula_example)  # fmt: skip
+from engine.figures import (
+    ACCEPTANCE_LENGTH,
+    BREAK_EVEN,
+    DECODE_SPEEDUP,
+    DRAFT_ACCEPTANCE,
+    PER_TOKEN_ACCEPTANCE,
+    PREDICTED_SPEEDUP,
+    STEP,
+    TIME_TO_FIRST_TOKEN,
+    Figure,
+    formula_example,
+)
 
 TITLE = "What the numbers mean"
 NO_RUN = "Send a message first: this page then works through the formula with your own reply's numbers."
-NO_DRAFTS = ("Your last reply drafted nothing (plain decoding, or automatic k chose not to draft), so there is "
-             "no acceptance to plug in: send a message with a drafter that drafts.")  # fmt: skip
+NO_DRAFTS = (
+    "Your last reply drafted nothing (plain decoding, or automatic k chose not to draft), so there is "
+    "no acceptance to plug in: send a message with a drafter that drafts."
+)
 
 _INTRO = (
     "Speculative decoding makes a small, fast <i>drafter</i> guess the next few tokens, then lets the "
@@ -74,28 +86,42 @@ def worked_example(stats: RunStats | None) -> str:
         f"Predicted speedup = {e.expected:.2f} / {1 + e.c:.2f} = <b>{e.speedup:.2f}x</b>. (The engine's own "
         f"prediction, {s.predicted_speedup:.2f}x, weighs each step's own draft length and the drafting time "
         "as timed.)",
-        (f"Break-even: with these costs drafting {e.k} tokens pays once a is above {e.break_even:.2f}; this "
-         f"run's a was {e.a:.2f}, so it was {'above' if e.a > e.break_even else 'below'} it."
-         if e.break_even is not None else
-         f"Break-even: with these costs no acceptance makes drafting {e.k} tokens pay (even a = 1 gives "
-         f"{k1} tokens for a step that costs {1 + e.c:.2f} forwards)."),
-    ]  # fmt: skip
+        (
+            f"Break-even: with these costs drafting {e.k} tokens pays once a is above {e.break_even:.2f}; this "
+            f"run's a was {e.a:.2f}, so it was {'above' if e.a > e.break_even else 'below'} it."
+            if e.break_even is not None
+            else f"Break-even: with these costs no acceptance makes drafting {e.k} tokens pay (even a = 1 gives "
+            f"{k1} tokens for a step that costs {1 + e.c:.2f} forwards)."
+        ),
+    ]
     return "".join(f"<p>{line}</p>" for line in lines)
 
 
 def numbers_help_html(stats: RunStats | None) -> str:
     """The whole page: the words, then the user's run worked through."""
-    return "".join([
-        f"<p>{_INTRO}</p>",
-        _figure(STEP), f"<p>{_COUNTS}</p>",
-        _figure(DRAFT_ACCEPTANCE, " Shown as &ldquo;88% of drafted tokens accepted&rdquo;."),
-        _figure(ACCEPTANCE_LENGTH),
-        _figure(PER_TOKEN_ACCEPTANCE, " It is higher than the draft acceptance: the drafts thrown away unseen "
-                                      "after a rejection count as drafted but not as tested."),
-        "<h3>The article's formula</h3>", f"<p>{_FORMULA}</p>", _figure(PREDICTED_SPEEDUP), _figure(BREAK_EVEN),
-        "<h3>Measured against vanilla decoding</h3>", _figure(DECODE_SPEEDUP), _figure(TIME_TO_FIRST_TOKEN),
-        "<h3>Your last run</h3>", worked_example(stats),
-    ])  # fmt: skip
+    return "".join(
+        [
+            f"<p>{_INTRO}</p>",
+            _figure(STEP),
+            f"<p>{_COUNTS}</p>",
+            _figure(DRAFT_ACCEPTANCE, " Shown as &ldquo;88% of drafted tokens accepted&rdquo;."),
+            _figure(ACCEPTANCE_LENGTH),
+            _figure(
+                PER_TOKEN_ACCEPTANCE,
+                " It is higher than the draft acceptance: the drafts thrown away unseen "
+                "after a rejection count as drafted but not as tested.",
+            ),
+            "<h3>The article's formula</h3>",
+            f"<p>{_FORMULA}</p>",
+            _figure(PREDICTED_SPEEDUP),
+            _figure(BREAK_EVEN),
+            "<h3>Measured against vanilla decoding</h3>",
+            _figure(DECODE_SPEEDUP),
+            _figure(TIME_TO_FIRST_TOKEN),
+            "<h3>Your last run</h3>",
+            worked_example(stats),
+        ]
+    )
 
 
 class NumbersHelpDialog(QDialog):

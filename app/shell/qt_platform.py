@@ -83,9 +83,11 @@ def missing_message(missing: list[SystemLibrary], manager: str = "apt") -> str:
     """One line: what is missing and the command that installs it."""
     packages = list(dict.fromkeys(getattr(library, manager) for library in missing))
     names = ", ".join(library.soname for library in missing)
-    return (f"specdeck: Qt's X11 platform plugin (xcb) cannot start: missing system "
-            f"{'library' if len(missing) == 1 else 'libraries'} {names}. "
-            f"Install with: {_INSTALL[manager]} {' '.join(packages)}")  # fmt: skip
+    return (
+        f"specdeck: Qt's X11 platform plugin (xcb) cannot start: missing system "
+        f"{'library' if len(missing) == 1 else 'libraries'} {names}. "
+        f"Install with: {_INSTALL[manager]} {' '.join(packages)}"
+    )
 
 
 def check_xcb_libraries(environ=None, libraries=None, os_release="/etc/os-release") -> str | None:

@@ -69,15 +69,22 @@ LABELS = {
 
 # What a first start uses: the embedded SmolLM2-135M-Instruct with the n-gram drafter on llama.cpp.
 DEFAULT_ENGINE_CONFIG = EngineConfig()
-DEFAULT_SAMPLING = SamplingConfig.for_chat()  # temperature 0.8, seed 0, up to 256 tokens: the pair dialog's defaults too
+DEFAULT_SAMPLING = (
+    SamplingConfig.for_chat()
+)  # temperature 0.8, seed 0, up to 256 tokens: the pair dialog's defaults too
 # What a first start saved before issue 36 (greedy, as DEFAULT_SAMPLING was then): see _v1_to_v2.
 _V1_DEFAULT_SAMPLING = SamplingConfig(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, max_tokens=256)
 
 T = TypeVar("T")
 
 # The kinds of engine the window can run on, in the pair dialog's order, with their names there.
-ENGINE_KINDS = {"local": "Local", "specdeck": "SpecDeck server", "llama-server": "llama-server", "vllm": "vLLM",
-                "sglang": "SGLang"}  # fmt: skip
+ENGINE_KINDS = {
+    "local": "Local",
+    "specdeck": "SpecDeck server",
+    "llama-server": "llama-server",
+    "vllm": "vLLM",
+    "sglang": "SGLang",
+}
 SERVER_ADAPTERS = ("llama-server", "vllm", "sglang")  # servers with their own model and speculation
 
 
@@ -337,7 +344,7 @@ def migrate(settings: QSettings) -> None:
     version = read(settings, VERSION, 0)
     if version >= SETTINGS_VERSION:
         return
-    for step in MIGRATIONS[max(version, 0):]:
+    for step in MIGRATIONS[max(version, 0) :]:
         step(settings)
     settings.setValue(VERSION, SETTINGS_VERSION)
 
@@ -345,12 +352,34 @@ def migrate(settings: QSettings) -> None:
 # The pair dialog's own keys before version 1 (pair_dialog/<field>, written by its save_choice), with
 # the default each had: an INI file gives back text, so the default's type says how to read it.
 _V0_PAIR_FIELDS = {
-    "target": "default", "drafter": "ngram", "draft": "default", "heads": "", "eagle_heads": "",
-    "tree_depth": "auto", "lookahead_window": "auto", "lookahead_ngram": "auto", "lookahead_candidates": "auto",
-    "exit_layer": "auto", "backend": "auto", "draft_backend": "auto", "k_auto": True, "k": 4, "k_max": 16,
-    "ngram_max": 3, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0, "max_tokens": 512,
-    "device": "auto", "dtype": "auto", "threads": 0, "gpu_layers": 0, "n_ctx": 0,
-}  # fmt: skip
+    "target": "default",
+    "drafter": "ngram",
+    "draft": "default",
+    "heads": "",
+    "eagle_heads": "",
+    "tree_depth": "auto",
+    "lookahead_window": "auto",
+    "lookahead_ngram": "auto",
+    "lookahead_candidates": "auto",
+    "exit_layer": "auto",
+    "backend": "auto",
+    "draft_backend": "auto",
+    "k_auto": True,
+    "k": 4,
+    "k_max": 16,
+    "ngram_max": 3,
+    "temperature": 0.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "seed": 0,
+    "max_tokens": 512,
+    "device": "auto",
+    "dtype": "auto",
+    "threads": 0,
+    "gpu_layers": 0,
+    "n_ctx": 0,
+}
 _V0_PREFIX = "pair_dialog"
 _V0_PRESETS = "pair_dialog/presets"
 _V0_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens")
@@ -365,8 +394,11 @@ def _v0_to_v1(settings: QSettings) -> None:
     saved nothing. Presets (PairChoice dicts under pair_dialog/presets) become config + sampling.
     A value that cannot be converted is left for the reader, which falls back and says so.
     """
-    dialog = {name: settings.value(f"{_V0_PREFIX}/{name}") for name in _V0_PAIR_FIELDS
-              if settings.contains(f"{_V0_PREFIX}/{name}")}  # fmt: skip
+    dialog = {
+        name: settings.value(f"{_V0_PREFIX}/{name}")
+        for name in _V0_PAIR_FIELDS
+        if settings.contains(f"{_V0_PREFIX}/{name}")
+    }
     raw = settings.value(ENGINE_CONFIG)
     if isinstance(raw, str) and raw:
         flat = _json_object(raw)
@@ -445,16 +477,24 @@ def _v0_choice_to_flat(c: dict) -> dict:
     """What version 0's PairChoice.engine_config made of a choice: the flat EngineConfig fields of that time."""
     drafter = c["drafter"]
     return {
-        "target": c["target"].strip(), "drafter": drafter,
+        "target": c["target"].strip(),
+        "drafter": drafter,
         "draft": c["draft"].strip() if drafter == "model" else None,
         "heads": {"medusa": c["heads"], "eagle": c["eagle_heads"]}.get(drafter, "").strip() or None,
-        "backend": c["backend"], "draft_backend": c["draft_backend"], "device": c["device"], "dtype": c["dtype"],
-        "n_ctx": c["n_ctx"] or None, "threads": c["threads"] or None, "gpu_layers": c["gpu_layers"],
-        "k": "auto" if c["k_auto"] else c["k"], "k_max": c["k_max"], "ngram_max": c["ngram_max"],
+        "backend": c["backend"],
+        "draft_backend": c["draft_backend"],
+        "device": c["device"],
+        "dtype": c["dtype"],
+        "n_ctx": c["n_ctx"] or None,
+        "threads": c["threads"] or None,
+        "gpu_layers": c["gpu_layers"],
+        "k": "auto" if c["k_auto"] else c["k"],
+        "k_max": c["k_max"],
+        "ngram_max": c["ngram_max"],
         "tree_depth": _v0_auto(c["tree_depth"], None) if drafter == "eagle" else None,
         "lookahead": [_v0_auto(c[f"lookahead_{x}"], "auto") for x in ("window", "ngram", "candidates")],
         "exit_layer": _v0_auto(c["exit_layer"], "auto") if drafter == "early-exit" else "auto",
-    }  # fmt: skip
+    }
 
 
 def _v0_choice_sampling(c: dict) -> dict:

@@ -23,8 +23,7 @@ LOSS_COLOUR = "#0072B2"
 REDRAW_MS = 100
 WINDOW = 20  # steps in the running means: one batch is a noisy measurement
 UNITS = {"medusa": "head", "eagle": "depth", "eagle3": "depth"}  # what one accuracy series is, per kind of heads
-LOSS_LABELS = {"kl": "weighted KL to the target (nats)",
-               "features": "weighted loss (features and greedy token)"}  # fmt: skip
+LOSS_LABELS = {"kl": "weighted KL to the target (nats)", "features": "weighted loss (features and greedy token)"}
 AXIS_STYLE = {"font-size": "9pt"}
 
 
@@ -46,10 +45,12 @@ class TrainingCharts(QWidget):
         faint = pg.mkColor(LOSS_COLOUR)
         faint.setAlpha(90)
         self.loss_curve = self.loss_panel.plot.plot([], [], pen=pg.mkPen(faint, width=1), name="each step")
-        self.loss_mean = self.loss_panel.plot.plot([], [], pen=pg.mkPen(LOSS_COLOUR, width=2.5), antialias=True,
-                                                   name=f"mean of {WINDOW} steps")  # fmt: skip
-        self.accuracy_panel = Panel("Top-1 agreement with the target", "step",
-                                    f"share of positions (mean of {WINDOW} steps)", self)  # fmt: skip
+        self.loss_mean = self.loss_panel.plot.plot(
+            [], [], pen=pg.mkPen(LOSS_COLOUR, width=2.5), antialias=True, name=f"mean of {WINDOW} steps"
+        )
+        self.accuracy_panel = Panel(
+            "Top-1 agreement with the target", "step", f"share of positions (mean of {WINDOW} steps)", self
+        )
         self.accuracy_panel.plot.setYRange(0.0, 0.25, padding=0.03)
         self.accuracy_panel.plot.enableAutoRange(axis="y", enable=False)
         self.accuracy_curves: list[pg.PlotDataItem] = []
@@ -124,8 +125,9 @@ class TrainingCharts(QWidget):
         while len(self.accuracy_curves) < heads:
             k = len(self.accuracy_curves)
             colour = HEAD_COLOURS[k % len(HEAD_COLOURS)]
-            curve = self.accuracy_panel.plot.plot([], [], pen=pg.mkPen(colour, width=2), name=f"{self.unit} {k + 1}",
-                                                  antialias=True)  # fmt: skip
+            curve = self.accuracy_panel.plot.plot(
+                [], [], pen=pg.mkPen(colour, width=2), name=f"{self.unit} {k + 1}", antialias=True
+            )
             self.accuracy_curves.append(curve)
 
     def _schedule(self) -> None:

@@ -23,20 +23,20 @@ kept. A dialog with no host (a script) runs on an engine process of its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QSettings, Qt, Signal
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QMessageBox, QProgressBar, QPushButton, QVBoxLayout
 
-from app.shell import settings as keys
-from engine import EngineClient, EngineConfig, EngineUnavailable, SpecDeckError, resolve
-
 from app.pair.heads import remember_trained
 from app.runtime.engine_controller import EngineController
 from app.runtime.worker import GeneratorWorker
+from app.shell import settings as keys
 from app.training.charts import TrainingCharts
 from app.training.form import TrainForm, command_line
+from engine import EngineClient, EngineConfig, EngineUnavailable, SpecDeckError, resolve
 
 TITLES = {"medusa": "Train Medusa heads", "eagle": "Train an EAGLE head", "eagle3": "Train an EAGLE-3 head"}
 CHECK, TRAIN = "train-heads-check", "train-heads"  # the two jobs Start gives the host, in turn
@@ -46,8 +46,13 @@ class TrainDialog(QDialog):
     sig_finished = Signal(object)
     """A run ended: its TrainResult (finished or cancelled), or None when it failed."""
 
-    def __init__(self, parent=None, target: str | None = None, settings: QSettings | None = None,
-                 host: EngineController | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        parent=None,
+        target: str | None = None,
+        settings: QSettings | None = None,
+        host: EngineController | None = None,
+    ) -> None:
         """`host`: the window's engine controller, whose engine process trains; without one the
         dialog makes its own (with an engine process of its own) at the first Start."""
         super().__init__(parent)
@@ -167,14 +172,20 @@ class TrainDialog(QDialog):
 
         def train(client: EngineClient, cancel, report):
             # The pair freed for the training is reported like a step (an EngineConfig, not a TrainProgress).
-            return client.train(options, resume=resume, command=command, progress=report, cancel=cancel,
-                                on_unloaded=report)  # fmt: skip
+            return client.train(
+                options, resume=resume, command=command, progress=report, cancel=cancel, on_unloaded=report
+            )
 
         self._show_status("Resuming…" if resume else "Starting…")
         self._lend(TRAIN, options, train, lambda worker, result: self._on_result(result))
 
-    def _lend(self, name: str, options: dict, job: Callable[[EngineClient, Any, Any], Any],
-              on_returned: Callable[[GeneratorWorker, Any], None]) -> None:  # fmt: skip
+    def _lend(
+        self,
+        name: str,
+        options: dict,
+        job: Callable[[EngineClient, Any, Any], Any],
+        on_returned: Callable[[GeneratorWorker, Any], None],
+    ) -> None:
         """`job(client, cancel, report)` on the host's engine process, on the host's worker thread."""
         host = self.host
         if host is None:
@@ -197,9 +208,13 @@ class TrainDialog(QDialog):
             self._on_error(error)
 
     def ask_resume(self, saved) -> str | None:
-        """"resume", "restart" or None (cancel) for a folder that holds a saved run."""
-        box = QMessageBox(QMessageBox.Icon.Question, self.windowTitle(),
-                          f"This folder holds a training run at step {saved.step} of {saved.steps}.", parent=self)
+        """ "resume", "restart" or None (cancel) for a folder that holds a saved run."""
+        box = QMessageBox(
+            QMessageBox.Icon.Question,
+            self.windowTitle(),
+            f"This folder holds a training run at step {saved.step} of {saved.steps}.",
+            parent=self,
+        )
         box.setInformativeText("Resume it, or start over (the heads trained so far are replaced)?")
         resume = box.addButton("Resume", QMessageBox.ButtonRole.AcceptRole)
         restart = box.addButton("Start over", QMessageBox.ButtonRole.DestructiveRole)
@@ -240,8 +255,10 @@ class TrainDialog(QDialog):
             self.charts.add(event.step, event.loss, event.head_accuracy)
             heads = " ".join(f"{a:.0%}" for a in event.head_accuracy)
             eta = _duration(event.eta_s) if event.eta_s else "—"
-            self._show_status(f"Step {event.step} of {event.steps} · loss {event.loss:.3f} · top-1 per "
-                              f"{self.charts.unit} {heads} · {event.tokens_per_s:.0f} tokens/s · about {eta} left")
+            self._show_status(
+                f"Step {event.step} of {event.steps} · loss {event.loss:.3f} · top-1 per "
+                f"{self.charts.unit} {heads} · {event.tokens_per_s:.0f} tokens/s · about {eta} left"
+            )
         elif event.phase == "generate":
             self.progress.setRange(0, max(event.steps, 1))
             self.progress.setFormat("%v / %m replies")
@@ -254,8 +271,10 @@ class TrainDialog(QDialog):
     def _on_result(self, result) -> None:
         self.result = result
         if result.cancelled:
-            self._show_status(f"Cancelled at step {result.step} of {result.steps}. A checkpoint is saved in "
-                              f"{result.out_dir}: press Start to resume.")  # fmt: skip
+            self._show_status(
+                f"Cancelled at step {result.step} of {result.steps}. A checkpoint is saved in "
+                f"{result.out_dir}: press Start to resume."
+            )
         else:
             kind = self._run_kind
             remember_trained(result.out_dir, self.settings, kind)
@@ -263,9 +282,11 @@ class TrainDialog(QDialog):
             accuracy = ", ".join(f"{unit} {k} {a:.0%}" for k, a in enumerate(result.head_accuracy, 1))
             one = {"eagle": "EAGLE head", "eagle3": "EAGLE-3 head"}.get(kind)
             what, drafter = (one, one) if one else ("heads", "Medusa heads")
-            self._show_status(f"Done: {result.step} steps, {what} saved in {result.out_dir}. Held-out top-1 "
-                              f"agreement with the target: {accuracy}. Choose {'it' if one else 'them'} "
-                              f"in Models ▸ Model pair… (drafter: {drafter}).")  # fmt: skip
+            self._show_status(
+                f"Done: {result.step} steps, {what} saved in {result.out_dir}. Held-out top-1 "
+                f"agreement with the target: {accuracy}. Choose {'it' if one else 'them'} "
+                f"in Models ▸ Model pair… (drafter: {drafter})."
+            )
             self.use_button.setEnabled(True)
         self.sig_finished.emit(result)
 
@@ -273,8 +294,10 @@ class TrainDialog(QDialog):
         training = self.worker is not None and self.worker.name == TRAIN
         if isinstance(error, EngineUnavailable) and training:  # the engine process died under it (its account)
             if self._saved_step is not None:  # the engine may have saved a later one since it last said so
-                kept = (f"The run's checkpoint (step {self._saved_step} or later) is kept in {self._out_dir}: Start "
-                        "resumes it.")  # fmt: skip
+                kept = (
+                    f"The run's checkpoint (step {self._saved_step} or later) is kept in {self._out_dir}: Start "
+                    "resumes it."
+                )
             else:
                 kept = f"Start looks in {self._out_dir} for a checkpoint to resume (none was reported yet)."
             message = f"{error} {kept}"

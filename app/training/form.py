@@ -22,16 +22,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import ConfigError, SpecDeckError, list_models, resolve
-
 from app.pair.heads import default_output_dir
 from app.pair.widgets import ModelPicker
+from engine import ConfigError, SpecDeckError, list_models, resolve
 
-DATA_KINDS = (("Built-in corpus: documentation and licences on this computer", "builtin"),
-              ("A text file (.txt, .md, .jsonl)", "file"), ("A folder of text files", "folder"),
-              ("Only replies the target writes itself", "none"))  # fmt: skip
-OBJECTIVES = (("Fast: regress the target's cached features", "features"),
-              ("Exact: full-vocabulary KL, slow", "kl"))  # fmt: skip
+DATA_KINDS = (
+    ("Built-in corpus: documentation and licences on this computer", "builtin"),
+    ("A text file (.txt, .md, .jsonl)", "file"),
+    ("A folder of text files", "folder"),
+    ("Only replies the target writes itself", "none"),
+)
+OBJECTIVES = (("Fast: regress the target's cached features", "features"), ("Exact: full-vocabulary KL, slow", "kl"))
 KINDS = (("Medusa heads", "medusa"), ("EAGLE head", "eagle"), ("EAGLE-3 head", "eagle3"))
 ONE_HEAD = ("eagle", "eagle3")  # one decoder layer drafting a tree: no Medusa sizes, a draft vocabulary
 DEFAULT_DRAFT_VOCAB = 8192  # engine.training.eagle.DEFAULT_DRAFT_VOCAB (not imported: it loads torch)
@@ -68,11 +69,13 @@ class TrainForm(QWidget):
         self.kind = QComboBox(self)
         for text, kind in KINDS:
             self.kind.addItem(text, kind)
-        self.kind.setToolTip("Medusa: a few heads, each guessing one token further ahead from the target's last "
-                             "hidden state. EAGLE: one decoder layer that guesses the target's next hidden state, "
-                             "drafting a tree step by step (usually accepted more often). EAGLE-3: one layer fed "
-                             "by three of the target's layers, trained on its own guesses, with its own draft "
-                             "vocabulary")  # fmt: skip
+        self.kind.setToolTip(
+            "Medusa: a few heads, each guessing one token further ahead from the target's last "
+            "hidden state. EAGLE: one decoder layer that guesses the target's next hidden state, "
+            "drafting a tree step by step (usually accepted more often). EAGLE-3: one layer fed "
+            "by three of the target's layers, trained on its own guesses, with its own draft "
+            "vocabulary"
+        )
         self.target = ModelPicker(list_models(), "target", self)
         self.data_kind = QComboBox(self)
         for text, kind in DATA_KINDS:
@@ -85,23 +88,29 @@ class TrainForm(QWidget):
         self.self_generate_on = QCheckBox("Also train on replies the target writes itself:", self)
         self.self_generate = _spin(1, 100_000, 100, self, step=10)
         self.self_generate.setSuffix(" replies")
-        tip = ("Prompts the target answers itself before training: the closest data to what it will be asked to "
-               "guess, and slow to make (a reply at a time)")  # fmt: skip
+        tip = (
+            "Prompts the target answers itself before training: the closest data to what it will be asked to "
+            "guess, and slow to make (a reply at a time)"
+        )
         self.self_generate_on.setToolTip(tip)
         self.self_generate.setToolTip(tip)
         self.num_heads = _spin(1, 8, 4, self)
         self.num_layers = _spin(1, 4, 1, self)
         self.draft_vocab = _spin(0, 1_000_000, DEFAULT_DRAFT_VOCAB, self, step=1024, special="all")
-        self.draft_vocab.setToolTip("EAGLE proposes only the ids most frequent in the training data: fewer ids "
-                                    "make each draft step cheaper (0 = the whole vocabulary)")  # fmt: skip
+        self.draft_vocab.setToolTip(
+            "EAGLE proposes only the ids most frequent in the training data: fewer ids "
+            "make each draft step cheaper (0 = the whole vocabulary)"
+        )
         self.steps = _spin(1, 1_000_000, 500, self, step=100)
         self.batch_size = _spin(1, 256, 4, self)
         self.seq_len = _spin(16, 4096, 256, self, step=64)
         self.objective = QComboBox(self)
         for text, objective in OBJECTIVES:
             self.objective.addItem(text, objective)
-        self.objective.setToolTip("Fast runs the target once and trains on its stored hidden states for many "
-                                  "epochs; exact runs it at every step and matches its whole distribution")  # fmt: skip
+        self.objective.setToolTip(
+            "Fast runs the target once and trains on its stored hidden states for many "
+            "epochs; exact runs it at every step and matches its whole distribution"
+        )
         self.out_dir = QLineEdit(self)
         self.out_browse = QPushButton("Browse…", self)
 
@@ -122,9 +131,15 @@ class TrainForm(QWidget):
         sizes_box = QGroupBox("Heads and training", self)
         sizes = QGridLayout(sizes_box)
         self.size_labels = {}
-        for column, (label, spin) in enumerate((("Heads:", self.num_heads), ("Layers per head:", self.num_layers),
-                                                ("Steps:", self.steps), ("Batch:", self.batch_size),
-                                                ("Tokens per sequence:", self.seq_len))):  # fmt: skip
+        for column, (label, spin) in enumerate(
+            (
+                ("Heads:", self.num_heads),
+                ("Layers per head:", self.num_layers),
+                ("Steps:", self.steps),
+                ("Batch:", self.batch_size),
+                ("Tokens per sequence:", self.seq_len),
+            )
+        ):
             self.size_labels[spin] = QLabel(label, self)
             sizes.addWidget(self.size_labels[spin], 0, 2 * column)
             sizes.addWidget(spin, 0, 2 * column + 1)
@@ -165,11 +180,16 @@ class TrainForm(QWidget):
             raise ConfigError("Choose the folder to save the heads in.")
         data = {"builtin": ["builtin"], "file": [path], "folder": [path], "none": []}[kind]
         options = {
-            "kind": self.heads_kind(), "target_spec": self.target.spec(), "data": data,
-            "out_dir": str(Path(self.out_dir.text().strip()).expanduser()), "steps": self.steps.value(),
-            "batch_size": self.batch_size.value(), "seq_len": self.seq_len.value(),
-            "self_generate": self.self_generated(), "objective": self.objective.currentData(),
-        }  # fmt: skip
+            "kind": self.heads_kind(),
+            "target_spec": self.target.spec(),
+            "data": data,
+            "out_dir": str(Path(self.out_dir.text().strip()).expanduser()),
+            "steps": self.steps.value(),
+            "batch_size": self.batch_size.value(),
+            "seq_len": self.seq_len.value(),
+            "self_generate": self.self_generated(),
+            "objective": self.objective.currentData(),
+        }
         if self.heads_kind() in ONE_HEAD:  # one head, drafted by depth: Medusa's sizes do not apply
             options["draft_vocab"] = self.draft_vocab.value()
         else:
@@ -184,16 +204,28 @@ class TrainForm(QWidget):
         """Nothing can change while a run uses these settings."""
         self._running = running
         eagle = self.heads_kind() in ONE_HEAD
-        for widget in (self.kind, self.target, self.data_kind, self.steps, self.batch_size,
-                       self.seq_len, self.out_dir, self.out_browse):  # fmt: skip
+        for widget in (
+            self.kind,
+            self.target,
+            self.data_kind,
+            self.steps,
+            self.batch_size,
+            self.seq_len,
+            self.out_dir,
+            self.out_browse,
+        ):
             widget.setEnabled(not running)
         only_replies = self.data_kind.currentData() == "none"  # the target's replies are the only data
         if only_replies:
             self.self_generate_on.setChecked(True)
         self.self_generate_on.setEnabled(not running and not only_replies)
         self.self_generate.setEnabled(not running and self.self_generate_on.isChecked())
-        for widget in (self.num_heads, self.num_layers, self.size_labels[self.num_heads],
-                       self.size_labels[self.num_layers]):  # fmt: skip
+        for widget in (
+            self.num_heads,
+            self.num_layers,
+            self.size_labels[self.num_heads],
+            self.size_labels[self.num_layers],
+        ):
             widget.setEnabled(not running and not eagle)
         # EAGLE trains on cached features only; the draft vocabulary is EAGLE's alone.
         self.objective.setEnabled(not running and not eagle)
@@ -232,8 +264,9 @@ class TrainForm(QWidget):
         if self.data_kind.currentData() == "folder":
             path = QFileDialog.getExistingDirectory(self, "Choose a folder of text files", start)
         else:
-            path, _ = QFileDialog.getOpenFileName(self, "Choose a text file", start,
-                                                  "Text (*.txt *.md *.jsonl);;All files (*)")  # fmt: skip
+            path, _ = QFileDialog.getOpenFileName(
+                self, "Choose a text file", start, "Text (*.txt *.md *.jsonl);;All files (*)"
+            )
         if path:
             self.data_path.setText(path)
 
@@ -256,6 +289,12 @@ def command_line(options: dict) -> str:
         args += ["--draft-vocab", str(options.get("draft_vocab", DEFAULT_DRAFT_VOCAB))]
     else:
         args += ["--heads", str(options["num_heads"]), "--layers", str(options["num_layers"])]
-    args += ["--steps", str(options["steps"]), "--batch-size", str(options["batch_size"]), "--seq-len",
-             str(options["seq_len"])]  # fmt: skip
+    args += [
+        "--steps",
+        str(options["steps"]),
+        "--batch-size",
+        str(options["batch_size"]),
+        "--seq-len",
+        str(options["seq_len"]),
+    ]
     return " ".join(shlex.quote(a) for a in args)

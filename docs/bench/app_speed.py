@@ -52,9 +52,11 @@ from typing import NamedTuple
 PROMPT = "Write a story of about 200 words about a lighthouse keeper who finds a message in a bottle."
 CONFIGS = {
     "llama-ngram": ({"target": "default", "drafter": "ngram"}, []),
-    "torch-bf16": ({"target": "default", "backend": "torch", "dtype": "bfloat16", "drafter": "ngram"},
-                   ["--backend", "torch", "--dtype", "bfloat16"]),
-}  # fmt: skip
+    "torch-bf16": (
+        {"target": "default", "backend": "torch", "dtype": "bfloat16", "drafter": "ngram"},
+        ["--backend", "torch", "--dtype", "bfloat16"],
+    ),
+}
 REPLY_TIMEOUT_S = 300
 
 
@@ -67,8 +69,18 @@ class Reply(NamedTuple):
 
 
 def cli_reply(flags: list[str], max_tokens: int) -> Reply:
-    command = [sys.executable, "-m", "engine.cli.main", "generate", "--json", "-n", str(max_tokens), "-p", PROMPT,
-               *flags]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "engine.cli.main",
+        "generate",
+        "--json",
+        "-n",
+        str(max_tokens),
+        "-p",
+        PROMPT,
+        *flags,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=REPLY_TIMEOUT_S, check=True)
     stats = json.loads(done.stdout)["stats"]
     return Reply(float(stats["tokens_per_s"]), int(stats["steps"]), int(stats["drafted"]))
@@ -173,8 +185,16 @@ def busy_core(on: bool):
         spinner.wait()
 
 
-def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | None = None,
-            charts: bool = True, k: int | None = None, fresh_engine: bool = False) -> dict:  # fmt: skip
+def measure(
+    name: str,
+    rounds: int,
+    max_tokens: int,
+    busy: bool,
+    threads: int | None = None,
+    charts: bool = True,
+    k: int | None = None,
+    fresh_engine: bool = False,
+) -> dict:
     config, flags = CONFIGS[name]
     if threads is not None:  # the same count for both, where the automatic choice would follow the load
         config, flags = {**config, "threads": threads}, [*flags, "--threads", str(threads)]
@@ -196,16 +216,24 @@ def measure(name: str, rounds: int, max_tokens: int, busy: bool, threads: int | 
     gui = [a.tokens_per_s for _, a, _ in rounds_read]
     # Each round's app against the CLI run beside it, on the same minute of the machine.
     ratios = [a / c for a, c in zip(gui, cli)]
-    return {"config": name, "busy": busy, "charts": charts, "k": k, "fresh_engine": fresh_engine,
-            "cli": cli, "app": gui, "gui_cpu": [share for _, _, share in rounds_read],
-            "redraws_per_s": app.redraw_rates,  # the live charts' redraws per second of each app reply
-            "steps": [(c.steps, a.steps) for c, a, _ in rounds_read],  # (CLI, app) per round
-            "drafted": [(c.drafted, a.drafted) for c, a, _ in rounds_read],
-            "ratio": statistics.median(gui) / statistics.median(cli),
-            "pair_ratio": statistics.median(ratios),
-            "pair_quartiles": statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3,  # one round: itself
-            # Only the rounds where both replies took as many steps (the same text, as a rule).
-            "same_steps_ratios": [r for r, (c, a, _) in zip(ratios, rounds_read) if c.steps == a.steps]}  # fmt: skip
+    return {
+        "config": name,
+        "busy": busy,
+        "charts": charts,
+        "k": k,
+        "fresh_engine": fresh_engine,
+        "cli": cli,
+        "app": gui,
+        "gui_cpu": [share for _, _, share in rounds_read],
+        "redraws_per_s": app.redraw_rates,  # the live charts' redraws per second of each app reply
+        "steps": [(c.steps, a.steps) for c, a, _ in rounds_read],  # (CLI, app) per round
+        "drafted": [(c.drafted, a.drafted) for c, a, _ in rounds_read],
+        "ratio": statistics.median(gui) / statistics.median(cli),
+        "pair_ratio": statistics.median(ratios),
+        "pair_quartiles": statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3,  # one round: itself
+        # Only the rounds where both replies took as many steps (the same text, as a rule).
+        "same_steps_ratios": [r for r, (c, a, _) in zip(ratios, rounds_read) if c.steps == a.steps],
+    }
 
 
 def main() -> int:
@@ -214,14 +242,26 @@ def main() -> int:
     parser.add_argument("--configs", default="llama-ngram,torch-bf16")
     parser.add_argument("--busy", action="store_true", help="also measure with one other process keeping a core busy")
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="decode threads for both the CLI and the app (default: automatic, the free cores)")
-    parser.add_argument("--k", type=int, default=None,
-                        help="a fixed draft length for both (default: automatic, which may change a bf16 reply)")
-    parser.add_argument("--fresh-engine", action="store_true",
-                        help="a new engine process for every round of the app, as the CLI's is new every round")
-    parser.add_argument("--charts-closed", action="store_true",
-                        help="close the live charts' dock first, as a user who only chats would")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="decode threads for both the CLI and the app (default: automatic, the free cores)",
+    )
+    parser.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="a fixed draft length for both (default: automatic, which may change a bf16 reply)",
+    )
+    parser.add_argument(
+        "--fresh-engine",
+        action="store_true",
+        help="a new engine process for every round of the app, as the CLI's is new every round",
+    )
+    parser.add_argument(
+        "--charts-closed", action="store_true", help="close the live charts' dock first, as a user who only chats would"
+    )
     parser.add_argument("--smoke", action="store_true", help="two short rounds of the first config")
     args = parser.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -236,23 +276,39 @@ def main() -> int:
     rows = []
     for name in names:
         for busy in (False, True) if args.busy else (False,):
-            rows.append(measure(name, args.rounds, args.max_tokens, busy, args.threads, not args.charts_closed, args.k,
-                                args.fresh_engine))  # fmt: skip
-    print("| config | charts | other process busy | CLI tok/s (median) | app tok/s (median) | app / CLI "
-          "| app / CLI, median of rounds (middle half) | window's CPU | chart redraws / s |")
+            rows.append(
+                measure(
+                    name,
+                    args.rounds,
+                    args.max_tokens,
+                    busy,
+                    args.threads,
+                    not args.charts_closed,
+                    args.k,
+                    args.fresh_engine,
+                )
+            )
+    print(
+        "| config | charts | other process busy | CLI tok/s (median) | app tok/s (median) | app / CLI "
+        "| app / CLI, median of rounds (middle half) | window's CPU | chart redraws / s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['config']} | {'shown' if row['charts'] else 'closed'} | {'yes' if row['busy'] else 'no'} "
-              f"| {statistics.median(row['cli']):.1f} | {statistics.median(row['app']):.1f} | {row['ratio']:.2f} "
-              f"| {row['pair_ratio']:.2f} ({row['pair_quartiles'][0]:.2f}-{row['pair_quartiles'][2]:.2f}) "
-              f"| {statistics.median(row['gui_cpu']):.0%} of a core "
-              f"| {statistics.median(row['redraws_per_s']):.1f} |")  # fmt: skip
+        print(
+            f"| {row['config']} | {'shown' if row['charts'] else 'closed'} | {'yes' if row['busy'] else 'no'} "
+            f"| {statistics.median(row['cli']):.1f} | {statistics.median(row['app']):.1f} | {row['ratio']:.2f} "
+            f"| {row['pair_ratio']:.2f} ({row['pair_quartiles'][0]:.2f}-{row['pair_quartiles'][2]:.2f}) "
+            f"| {statistics.median(row['gui_cpu']):.0%} of a core "
+            f"| {statistics.median(row['redraws_per_s']):.1f} |"
+        )
     for row in rows:
         same = row["same_steps_ratios"]
         if len(same) < len(row["steps"]):  # another text in some rounds: say how the like-for-like ones compare
             summary = f"median ratio {statistics.median(same):.2f}" if same else "none"
-            print(f"{row['config']}: {len(same)} of {len(row['steps'])} rounds gave both replies as many steps "
-                  f"(the same text); {summary}")
+            print(
+                f"{row['config']}: {len(same)} of {len(row['steps'])} rounds gave both replies as many steps "
+                f"(the same text); {summary}"
+            )
     quiet = {row["config"]: statistics.median(row["app"]) for row in rows if not row["busy"]}
     for row in rows:
         if row["busy"] and row["config"] in quiet:

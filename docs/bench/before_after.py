@@ -1,6 +1,6 @@
 """The table of docs/bench/before_after.sh's runs: speedup before and after, and whether the tokens agree.
 
-    python docs/bench/before_after.py OUT
+python docs/bench/before_after.py OUT
 """
 
 from __future__ import annotations
@@ -9,8 +9,15 @@ import json
 import sys
 from pathlib import Path
 
-NAMES = ("llama-ngram", "torch-bf16-ngram", "torch-int8-ngram", "torch-bf16-medusa", "torch-bf16-eagle",
-         "torch-bf16-lookahead", "torch-bf16-early-exit")
+NAMES = (
+    "llama-ngram",
+    "torch-bf16-ngram",
+    "torch-int8-ngram",
+    "torch-bf16-medusa",
+    "torch-bf16-eagle",
+    "torch-bf16-lookahead",
+    "torch-bf16-early-exit",
+)
 
 
 def token_ids(report: dict, mode: str) -> dict:
@@ -25,8 +32,10 @@ def speculative(report: dict) -> tuple[int, int, int]:
 
 
 def main(out: Path) -> None:
-    print("| configuration | speedup before | speedup after | after / before | vanilla tokens, before = after "
-          "| speculative = vanilla, before / after | divergences unexplained, before / after |")
+    print(
+        "| configuration | speedup before | speedup after | after / before | vanilla tokens, before = after "
+        "| speculative = vanilla, before / after | divergences unexplained, before / after |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name in NAMES:
         before = json.loads((out / f"base-{name}.json").read_text())
@@ -35,8 +44,10 @@ def main(out: Path) -> None:
         vb, va = token_ids(before, "vanilla"), token_ids(after, "vanilla")
         same = sum(vb[key] == va.get(key) for key in vb)
         (ib, ub, nb), (ia, ua, na) = speculative(before), speculative(after)
-        print(f"| {name} | {sb:.3f}x | {sa:.3f}x | {sa / sb:.3f} | {same}/{len(vb)} | {ib}/{nb} / {ia}/{na} "
-              f"| {ub} / {ua} |")
+        print(
+            f"| {name} | {sb:.3f}x | {sa:.3f}x | {sa / sb:.3f} | {same}/{len(vb)} | {ib}/{nb} / {ia}/{na} "
+            f"| {ub} / {ua} |"
+        )
 
 
 if __name__ == "__main__":

@@ -25,14 +25,23 @@ def write_journals(folder: Path, chats: int, replies: int, tokens: int) -> None:
         return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
 
     for c in range(chats):
-        lines = [line({"type": "conversation", "version": 1, "id": f"chat{c:04d}", "title": f"Chat {c}",
-                       "created": 1000.0 + c})]  # fmt: skip
+        lines = [
+            line(
+                {
+                    "type": "conversation",
+                    "version": 1,
+                    "id": f"chat{c:04d}",
+                    "title": f"Chat {c}",
+                    "created": 1000.0 + c,
+                }
+            )
+        ]
         for r in range(replies):
             lines.append(line({"type": "user", "content": f"Question {r} of chat {c}", "at": 1000.0 + c}))
             lines.append(line({"type": "reply"}))
             rows = [[i, " word", "apbr"[i % 4], 0.73, 0.81] for i in range(tokens)]
             for start in range(0, tokens, 4):  # one record per decoding step, as the app wrote them
-                lines.append(line({"type": "tokens", "tokens": rows[start:start + 4]}))
+                lines.append(line({"type": "tokens", "tokens": rows[start : start + 4]}))
             lines.append(line({"type": "end", "finish_reason": "stop", "stats": {"tokens": tokens}}))
         (folder / f"chat{c:04d}.jsonl").write_text("".join(lines), encoding="utf-8")
 

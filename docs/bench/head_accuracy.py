@@ -25,13 +25,13 @@ import os
 
 import torch
 
+from engine.api import Engine, EngineConfig
 from engine.backends.hf.backend import TorchBackend
 from engine.bench.prompts import default_prompts_path, load_prompts
+from engine.core.draft_length import CostModel
+from engine.core.sampling import SamplingConfig
 from engine.drafters.registry import make_drafter
 from engine.models.locate import default_model_path
-from engine.core.sampling import SamplingConfig
-from engine.api import Engine, EngineConfig
-from engine.core.draft_length import CostModel
 from engine.training.eagle import eagle_losses
 from engine.training.loss import feature_scale, logit_metric
 
@@ -81,8 +81,9 @@ for prompt in load_prompts(default_prompts_path())[: int(os.environ.get("PROMPTS
         feats = features[None, start:]
         labels = greedy[None, start:]
         metric = logit_metric(backend.lm_head.weight)
-        _, accuracy = eagle_losses(eagle, Target(), window, feats, labels, metric, feature_scale(feats, metric),
-                                   None, train=False)  # fmt: skip
+        _, accuracy = eagle_losses(
+            eagle, Target(), window, feats, labels, metric, feature_scale(feats, metric), None, train=False
+        )
         n = window.shape[1]
         for depth, a in zip((1, 2), accuracy):
             hits[f"eagle depth {depth}"][0] += round(a * (n - depth))
@@ -105,8 +106,9 @@ if EAGLE3:
         backend.prefill(text)
         with torch.no_grad():
             start = len(ids) - 1
-            rows = torch.cat([backend.cached_layer_features(0, len(text)), backend.cached_features(0, len(text))],
-                             dim=-1)[None, start:]  # fmt: skip
+            rows = torch.cat(
+                [backend.cached_layer_features(0, len(text)), backend.cached_features(0, len(text))], dim=-1
+            )[None, start:]
             labels = backend.lm_head(rows[..., -head3.config.hidden_size :]).argmax(-1)
             _, accuracy = eagle3_losses(head3, Target(), torch.tensor([text[start:]]), rows, labels, train=False)
         n = len(text) - start

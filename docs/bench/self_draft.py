@@ -33,9 +33,9 @@ import sys
 import time
 from dataclasses import replace
 
+from engine.api import Engine, EngineConfig, collect
 from engine.bench.prompts import default_prompts_path, load_prompts
 from engine.core.sampling import SamplingConfig
-from engine.api import Engine, EngineConfig, collect
 
 MODES = ("vanilla", "auto", "3", "4", "5", "8")
 FIXED = MODES[2:]
@@ -56,11 +56,15 @@ def main() -> int:
     if args.ids:
         prompts = [p for p in prompts if p.id in args.ids.split(",")]
     sampling = SamplingConfig(max_tokens=args.max_tokens)
-    print(f"target {engine.target.info.name} {engine.target.info.dtype}, draft {engine.drafter.backend.info.dtype}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"target {engine.target.info.name} {engine.target.info.dtype}, draft {engine.drafter.backend.info.dtype}",
+        file=sys.stderr,
+    )
     curve = ", ".join(f"{n}: {t * 1000:.1f}" for n, t in sorted(engine.costs.verify_s.items()))
-    print(f"verify curve at load (n: ms) {curve}; draft {engine.costs.draft_s_per_token * 1000:.1f} ms/token",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"verify curve at load (n: ms) {curve}; draft {engine.costs.draft_s_per_token * 1000:.1f} ms/token",
+        file=sys.stderr,
+    )
     warm = engine.prompt_ids(list(prompts[0].messages))
     for mode in ("vanilla", "auto"):  # warm-up
         run(engine, config, mode, warm, sampling)
@@ -73,12 +77,20 @@ def main() -> int:
                 stats, cpu, trace = run(engine, config, mode, ids, sampling)
                 base = base or (stats.tokens_per_s, cpu)
                 rows.setdefault((prompt.kind, mode), []).append(
-                    dict(tps=stats.tokens_per_s, x=stats.tokens_per_s / base[0], cpu_x=base[1] / cpu,
-                         a=stats.acceptance_rate, tpf=stats.tokens_per_step)  # fmt: skip
+                    dict(
+                        tps=stats.tokens_per_s,
+                        x=stats.tokens_per_s / base[0],
+                        cpu_x=base[1] / cpu,
+                        a=stats.acceptance_rate,
+                        tpf=stats.tokens_per_step,
+                    )
                 )
-                print(f"round {round_} {prompt.id} {mode}: {stats.tokens_per_s:.1f} tok/s, {cpu * 1000:.1f} "
-                      f"CPU ms/token, acceptance {stats.acceptance_rate:.2f}, {stats.tokens_per_step:.2f} "
-                      "tokens/forward", file=sys.stderr)  # fmt: skip
+                print(
+                    f"round {round_} {prompt.id} {mode}: {stats.tokens_per_s:.1f} tok/s, {cpu * 1000:.1f} "
+                    f"CPU ms/token, acceptance {stats.acceptance_rate:.2f}, {stats.tokens_per_step:.2f} "
+                    "tokens/forward",
+                    file=sys.stderr,
+                )
                 if args.steps and mode != "vanilla":
                     print(describe(trace), file=sys.stderr)
                     print(costs_line(engine.costs), file=sys.stderr)
@@ -98,8 +110,10 @@ def main() -> int:
             for fixed in (("3", "4", "5"), FIXED):  # the earlier tables' set, and with k = 8
                 best = max(fixed, key=lambda m: med[m][key])
                 paired = statistics.median(a[key] / b[key] for a, b in zip(rows[(kind, "auto")], rows[(kind, best)]))
-                print(f"auto / best of k = {', '.join(fixed)} ({what}; k = {best}): "
-                      f"{med['auto'][key] / med[best][key]:.2f} (median of the per-prompt ratios {paired:.2f})")
+                print(
+                    f"auto / best of k = {', '.join(fixed)} ({what}; k = {best}): "
+                    f"{med['auto'][key] / med[best][key]:.2f} (median of the per-prompt ratios {paired:.2f})"
+                )
     return 0
 
 
@@ -116,8 +130,16 @@ def run(engine, config, mode, ids, sampling):
     for event in engine.stream(ids, sampling, speculative=mode != "vanilla"):
         events.append(event)
         draft, curve = predicted
-        steps.append((event.drafted, event.accepted, event.draft_s, event.verify_s, draft[event.drafted],
-                      curve[event.drafted + 1]))  # fmt: skip
+        steps.append(
+            (
+                event.drafted,
+                event.accepted,
+                event.draft_s,
+                event.verify_s,
+                draft[event.drafted],
+                curve[event.drafted + 1],
+            )
+        )
         predicted = ([costs.draft_time(n) for n in sizes], [costs.verify_time(n) for n in sizes])
     cpu = time.process_time() - start
     stats = collect(events).stats
@@ -127,8 +149,10 @@ def run(engine, config, mode, ids, sampling):
 def costs_line(costs) -> str:
     """The cost model after a run: the draft's fixed and per-token cost, T(n) at a few n."""
     curve = ", ".join(f"{n}: {costs.verify_time(n) * 1000:.0f}" for n in (1, 2, 4, 6, 9, 13, 17))
-    return (f"    cost model now: draft {costs.draft_fixed_s * 1000:.1f} ms + {costs.draft_s_per_token * 1000:.1f} "
-            f"ms/token; T(n) ms {curve}")  # fmt: skip
+    return (
+        f"    cost model now: draft {costs.draft_fixed_s * 1000:.1f} ms + {costs.draft_s_per_token * 1000:.1f} "
+        f"ms/token; T(n) ms {curve}"
+    )
 
 
 def describe(steps) -> str:
@@ -137,8 +161,10 @@ def describe(steps) -> str:
     draft and verify times against the cost model's predictions."""
     lengths = [n for n, *_ in steps]
     first = next((i for i, n in enumerate(lengths) if n > 0), None)
-    lines = [f"    drafts {','.join(map(str, lengths))}",
-             f"    plain steps before the first draft: {first}; first step's draft {steps[0][2] * 1000:.0f} ms"]
+    lines = [
+        f"    drafts {','.join(map(str, lengths))}",
+        f"    plain steps before the first draft: {first}; first step's draft {steps[0][2] * 1000:.0f} ms",
+    ]
     groups = collections.defaultdict(list)
     for step in steps[1:]:  # the first step also feeds the draft the prompt
         groups[step[0]].append(step)
@@ -146,9 +172,11 @@ def describe(steps) -> str:
         med = lambda i: statistics.median(s[i] for s in group) * 1000  # noqa: E731
         step_ms = statistics.median(s[2] + s[3] for s in group) * 1000
         tokens = statistics.mean(s[1] + 1 for s in group)
-        lines.append(f"    n={n:2d} x{len(group):3d}: draft {med(2):6.1f} ms (predicted {med(4):6.1f}), "
-                     f"verify {med(3):6.1f} ms (predicted {med(5):6.1f}), {tokens:5.2f} tokens, "
-                     f"{step_ms / tokens:5.1f} ms/token")  # fmt: skip
+        lines.append(
+            f"    n={n:2d} x{len(group):3d}: draft {med(2):6.1f} ms (predicted {med(4):6.1f}), "
+            f"verify {med(3):6.1f} ms (predicted {med(5):6.1f}), {tokens:5.2f} tokens, "
+            f"{step_ms / tokens:5.1f} ms/token"
+        )
     return "\n".join(lines)
 
 

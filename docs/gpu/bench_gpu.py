@@ -72,32 +72,74 @@ class Run:
 
 
 FULL = Run(
-    device="cuda", dtype="bfloat16", max_tokens=128, repeats=3, rows=(1, 2, 4, 8, 16, 32), k=4, budgets=(8, 16),
+    device="cuda",
+    dtype="bfloat16",
+    max_tokens=128,
+    repeats=3,
+    rows=(1, 2, 4, 8, 16, 32),
+    k=4,
+    budgets=(8, 16),
     prompts=6,
     models={
         EMBEDDED: None,
         # Llama-3.2-1B and -3B: layers, widths and heads as published, SmolLM2's vocabulary
-        "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                         num_key_value_heads=8, head_dim=64),
-        "llama-3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
-                         num_key_value_heads=8, head_dim=128),
+        "llama-1b": dict(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+        ),
+        "llama-3b": dict(
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=28,
+            num_attention_heads=24,
+            num_key_value_heads=8,
+            head_dim=128,
+        ),
     },
     seconds={"setup": 75, "bandwidth": 10, "vanilla": 55, "self-draft": 45, "ngram": 20, "medusa": 25, "eagle": 25},
-)  # fmt: skip
+)
 SMOKE = Run(
-    device="cpu", dtype="float32", max_tokens=6, repeats=1, rows=(1, 2, 4, 8, 16, 32), k=2, budgets=(4, 8),
+    device="cpu",
+    dtype="float32",
+    max_tokens=6,
+    repeats=1,
+    rows=(1, 2, 4, 8, 16, 32),
+    k=2,
+    budgets=(4, 8),
     prompts=1,
     models={
-        EMBEDDED: dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=16),
-        "llama-1b": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16),
-        "llama-3b": dict(hidden_size=96, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=24),
+        EMBEDDED: dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        ),
+        "llama-1b": dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        ),
+        "llama-3b": dict(
+            hidden_size=96,
+            intermediate_size=192,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+        ),
     },
     seconds={"setup": 60, "bandwidth": 10, "vanilla": 30, "self-draft": 30, "ngram": 20, "medusa": 20, "eagle": 20},
     smoke=True,
-)  # fmt: skip
+)
 SELF_DRAFT_MODELS = (EMBEDDED, "llama-1b")  # the 3B twice would cost the most load time for the least news
 
 
@@ -305,8 +347,16 @@ def random_llama(folder: Path, shape: dict, run: Run, tokenizer: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, **shape)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        **shape,
+    )
     device = run.device if not run.smoke else "cpu"
     dtype = getattr(torch, run.dtype)
     generator = torch.Generator(device=device).manual_seed(0)
@@ -338,14 +388,23 @@ def compile_options() -> dict[str, dict | None]:
     return {EAGER: {"compile": "off"}, COMPILED: {"compile": "on" if "on" in choices else "auto"}}
 
 
-def load(run: Run, folder: str, options: dict, drafter: str = "none", k: int | str = "auto", measure=False,
-         **drafter_options):  # fmt: skip
+def load(
+    run: Run, folder: str, options: dict, drafter: str = "none", k: int | str = "auto", measure=False, **drafter_options
+):
     """Engine.load of `folder` on PyTorch with the run's device and dtype, `options` (the mode's
     compile field), `drafter` and its options; `measure`: time the verify costs at load."""
     from engine import Engine, EngineConfig
 
-    config = EngineConfig(target=folder, backend="torch", device=run.device, dtype=run.dtype, n_ctx=2048, k=k,
-                          measure_costs=measure, **options)  # fmt: skip
+    config = EngineConfig(
+        target=folder,
+        backend="torch",
+        device=run.device,
+        dtype=run.dtype,
+        n_ctx=2048,
+        k=k,
+        measure_costs=measure,
+        **options,
+    )
     if drafter != "none":
         config = config.with_drafter(drafter, **drafter_options)
     return Engine.load(config)
@@ -438,16 +497,26 @@ def measure_self_draft(table: Table, mode: str, folders: dict, options: dict):
         engine = None
         try:
             check_time()
-            engine = load(run, folders[name], options, drafter="model", k=run.k, measure=True, draft=folders[name],
-                          backend="torch")  # fmt: skip
+            engine = load(
+                run,
+                folders[name],
+                options,
+                drafter="model",
+                k=run.k,
+                measure=True,
+                draft=folders[name],
+                backend="torch",
+            )
             ids = engine.prompt_ids(PROMPT)
             vanilla = timed(engine, ids, run, speculative=False)
             spec = timed(engine, ids, run, speculative=True)
             speedup = ms_per_token(vanilla) / ms_per_token(spec)
             s = spec.stats
             efficiency = speedup / s.predicted_speedup if s.predicted_speedup else float("nan")
-            said = (f"{speedup:.2f}x, a {s.draft_acceptance_rate:.2f}, {s.mean_acceptance_length:.2f} tok/fwd, "
-                    f"predicted {s.predicted_speedup:.2f}x, efficiency {efficiency:.2f}")  # fmt: skip
+            said = (
+                f"{speedup:.2f}x, a {s.draft_acceptance_rate:.2f}, {s.mean_acceptance_length:.2f} tok/fwd, "
+                f"predicted {s.predicted_speedup:.2f}x, efficiency {efficiency:.2f}"
+            )
             table.put(("self-draft", name, self_draft_what(run)), mode, said)
         finally:
             close(engine)
@@ -465,8 +534,9 @@ def vanilla_ms(engine, prompts, run: Run) -> dict[str, float]:
     ids = {p.id: engine.prompt_ids(list(p.messages)) for p in prompts}
     timed(engine, ids[prompts[0].id], run, speculative=False, repeats=1, warm=False)  # the warm-up
     timed(engine, ids[prompts[0].id], run, speculative=True, repeats=1, warm=False)
-    return {p.id: ms_per_token(timed(engine, ids[p.id], run, speculative=False, repeats=1, warm=False))
-            for p in prompts}  # fmt: skip
+    return {
+        p.id: ms_per_token(timed(engine, ids[p.id], run, speculative=False, repeats=1, warm=False)) for p in prompts
+    }
 
 
 def drafted_runs(engine, prompts, run: Run, vanilla: dict[str, float], draft_length=None) -> str:
@@ -509,8 +579,9 @@ def shipped_heads(kind: str, run: Run, folder: str, work: Path) -> str:
         if kind == "medusa":
             from engine.heads.medusa import MedusaConfig, MedusaHeads
 
-            MedusaHeads(MedusaConfig(num_heads=3, num_layers=1, hidden_size=shape["hidden_size"],
-                                     vocab_size=49152)).save(str(out))  # fmt: skip
+            MedusaHeads(
+                MedusaConfig(num_heads=3, num_layers=1, hidden_size=shape["hidden_size"], vocab_size=49152)
+            ).save(str(out))
         else:
             from transformers import AutoConfig
 
@@ -551,12 +622,16 @@ def header(run: Run, modes: dict) -> dict:
     device = torch.cuda.get_device_name(0) if run.device == "cuda" and torch.cuda.is_available() else run.device
     commit = os.popen(f"git -C {ROOT} rev-parse --short HEAD 2>/dev/null").read().strip() or "unknown"
     return {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": device, "torch": torch.__version__,
-        "specdeck": f"{commit} ({Path(engine.__file__).parent})", "dtype": run.dtype,
-        "max tokens": run.max_tokens, "mode": "smoke (tiny random models on the CPU)" if run.smoke else "full",
-        "compiled": "EngineConfig(compile=...) " + (str(modes[COMPILED]) if modes[COMPILED] is not None
-                                                    else "does not exist here: n/a"),
-    }  # fmt: skip
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "device": device,
+        "torch": torch.__version__,
+        "specdeck": f"{commit} ({Path(engine.__file__).parent})",
+        "dtype": run.dtype,
+        "max tokens": run.max_tokens,
+        "mode": "smoke (tiny random models on the CPU)" if run.smoke else "full",
+        "compiled": "EngineConfig(compile=...) "
+        + (str(modes[COMPILED]) if modes[COMPILED] is not None else "does not exist here: n/a"),
+    }
 
 
 def main(argv=None) -> int:
@@ -564,8 +639,12 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="every section at tiny sizes on the CPU")
     parser.add_argument("--out", type=Path, default=None, help="write the cells here as they are measured (JSON)")
     parser.add_argument("--work", type=Path, default=None, help="folder for the models (default: a temp folder)")
-    parser.add_argument("--tokenizer", type=Path, default=None,
-                        help="a folder with the SmolLM2 tokenizer files (default: read from the shipped GGUF)")
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="a folder with the SmolLM2 tokenizer files (default: read from the shipped GGUF)",
+    )
     parser.add_argument("--table", type=Path, default=None, help="print the table of an earlier run's --out and stop")
     args = parser.parse_args(argv)
 
@@ -621,7 +700,7 @@ def main(argv=None) -> int:
         ("ngram", lambda t, m, o: measure_ngram(t, m, folders, o)),
         ("medusa", lambda t, m, o: measure_tree("medusa")(t, m, folders, o, work)),
         ("eagle", lambda t, m, o: measure_tree("eagle")(t, m, folders, o, work)),
-    ]  # fmt: skip
+    ]
     for mode, options in modes.items():  # every section eager first: a slow compile cannot cost the eager numbers
         if options is None:
             continue

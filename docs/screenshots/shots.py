@@ -15,9 +15,10 @@ import time
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 DATA = os.environ["SPECDECK_DATA_DIR"] = tempfile.mkdtemp(prefix="specdeck-shots-")
 
-import app  # noqa: E402,F401 - applies the PySide6 refcount workaround first
 from PySide6.QtCore import QCoreApplication, QEventLoop, QSettings  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
+
+import app  # noqa: E402,F401 - applies the PySide6 refcount workaround first
 
 
 def application() -> QApplication:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from shots import application as make_application, settle, wait
+from shots import application as make_application
+from shots import settle, wait
 
 from engine import EngineConfig
 
@@ -27,7 +28,9 @@ def main() -> int:
     application = make_application()
     from app.bench.dialog import BenchDialog
 
-    dialog = BenchDialog(config=CONFIG, apply_config=lambda config: None)  # no window: "Use these settings" does nothing
+    dialog = BenchDialog(
+        config=CONFIG, apply_config=lambda config: None
+    )  # no window: "Use these settings" does nothing
     dialog.resize(1280, 1080)
     if "--prompts" in sys.argv:
         dialog.prompts_edit.setText(sys.argv[sys.argv.index("--prompts") + 1])

@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from shots import application as make_application, settle, wait  # first: platform, data folder, workaround
+from shots import application as make_application  # first: platform, data folder, workaround
+from shots import settle, wait
 
 from engine import EngineConfig, SamplingConfig
 
@@ -23,8 +24,10 @@ HERE = Path(__file__).resolve().parent
 SIZE = (1440, 900)
 # A fixed node budget: automatic k on a small CPU model often decodes plainly, and this picture is about trees.
 CONFIG = EngineConfig(target="default", drafter="eagle", dtype="bfloat16", k=10)
-PROMPTS = ("Write a Python function that adds two numbers, then repeat the function.",
-           "Can you write a function that subtracts two numbers?")  # fmt: skip
+PROMPTS = (
+    "Write a Python function that adds two numbers, then repeat the function.",
+    "Can you write a function that subtracts two numbers?",
+)
 
 
 def main() -> int:

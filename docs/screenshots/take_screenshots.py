@@ -15,9 +15,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from shots import application as make_application, settle, wait  # first: platform, data folder, workaround
-
 from PySide6.QtWidgets import QApplication
+from shots import application as make_application  # first: platform, data folder, workaround
+from shots import settle, wait
 
 from engine import EngineConfig, SamplingConfig
 
@@ -61,8 +61,10 @@ def shoot(application: QApplication, window) -> None:
     window.start(CONFIG)
     wait(application, lambda: window.controller.loaded is not None and not window.controller.busy)
 
-    for prompt in ("Write a Python function that adds two numbers, then repeat the function.",
-                   "Can you write a function that subtracts two numbers?"):  # fmt: skip
+    for prompt in (
+        "Write a Python function that adds two numbers, then repeat the function.",
+        "Can you write a function that subtracts two numbers?",
+    ):
         runs = len(finished)
         window.send_message(prompt)
         wait(application, lambda: len(finished) > runs)

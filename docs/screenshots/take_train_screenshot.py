@@ -16,7 +16,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from shots import DATA, application as make_application, settle, wait
+from shots import DATA, settle, wait
+from shots import application as make_application
 
 HERE = Path(__file__).resolve().parent
 CACHE_TOKENS = 32_768  # target hidden states cached before training (the app's default is 262144)

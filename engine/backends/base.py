@@ -13,14 +13,13 @@ the next-token logits after `tokens[i]` of the call.
 from __future__ import annotations
 
 import abc
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from engine.backends.capabilities import HiddenFeatures, LayerExit, TreeForward
 from engine.backends.info import ModelInfo  # noqa: F401 - re-exported: it is part of this interface
 from engine.errors import ContextOverflowError, CorruptModelError
-
 
 # What loading one model is doing and the fraction of it done (0 to 1), called as it goes.
 LoadProgress = Callable[[str, float], None]

@@ -55,8 +55,9 @@ class TreeForward(Protocol):
         down, in order) and drop every other node of the tree."""
         ...
 
-    def forward_masked(self, tokens: list[int], offsets: list[int], mask: torch.Tensor,
-                       what: str = "a block") -> torch.Tensor:  # fmt: skip
+    def forward_masked(
+        self, tokens: list[int], offsets: list[int], mask: torch.Tensor, what: str = "a block"
+    ) -> torch.Tensor:
         """Run `tokens` after the cached ones with any attention pattern: token i at position
         len(self.tokens) + offsets[i], attending to every cached token and to new token j where
         mask[i, j] (bool (n, n), diagonal included). Returns float32 logits (n, V); `keep_rows`

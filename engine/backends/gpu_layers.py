@@ -28,7 +28,7 @@ def llama_cpp_offloads() -> bool:
 
 
 def parse_gpu_layers(value, option: str = "--gpu-layers") -> int | str:
-    """"auto", or the count `value` spells (an int, its digits, "all" for -1); a ConfigError
+    """ "auto", or the count `value` spells (an int, its digits, "all" for -1); a ConfigError
     naming `option` for anything else."""
     if isinstance(value, str):
         word = value.strip().lower()
@@ -39,8 +39,10 @@ def parse_gpu_layers(value, option: str = "--gpu-layers") -> int | str:
         if word.lstrip("+-").isdigit() and word.isascii():
             value = int(word)
     if isinstance(value, bool) or not isinstance(value, int) or value < ALL:
-        raise ConfigError(f"{option} {value}: give auto (every layer on a GPU build, none otherwise), "
-                          "-1 or all (every layer), 0 (none) or a number of layers.")  # fmt: skip
+        raise ConfigError(
+            f"{option} {value}: give auto (every layer on a GPU build, none otherwise), "
+            "-1 or all (every layer), 0 (none) or a number of layers."
+        )
     return value
 
 

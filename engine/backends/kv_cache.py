@@ -112,8 +112,16 @@ class StaticKVCache(KVCache):
     The buffer starts zeroed: rows the mask hides must still be finite (0 * NaN is NaN).
     """
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_length: int, dtype: torch.dtype,
-                 device: torch.device | str, slack: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_length: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        slack: int = 0,
+    ) -> None:
         super().__init__(n_layers, n_kv_heads, head_dim, max_length, dtype, device)
         self.slack = slack
         self.stacked: torch.Tensor | None = None

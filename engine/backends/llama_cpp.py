@@ -27,15 +27,15 @@ import llama_cpp
 import numpy as np
 import torch
 
-from engine.errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
-from engine.models.gguf_check import load_notes as gguf_load_notes
-from engine.models.memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory, release_frames
-from engine.backends.base import Backend, LoadProgress, ModelInfo
 from engine.backends import gpu_layers  # its llama_cpp_offloads read at each call: tests fake a GPU build
+from engine.backends.base import Backend, LoadProgress, ModelInfo
 from engine.backends.repack import llama_cpp_has_amx, repack_allowed
 from engine.backends.threads import MAX_DEFAULT_THREADS, decode_threads, follow_in_torch
 from engine.core.chat_render import ControlTokens, chat_pieces
 from engine.core.text import plain_chat
+from engine.errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
+from engine.models.gguf_check import load_notes as gguf_load_notes
+from engine.models.memory_errors import is_allocation_failure, model_out_of_memory, out_of_memory, release_frames
 
 DEFAULT_CONTEXT = 4096  # enough for a chat, small enough that the KV cache of a 7B model fits in RAM
 MIN_CONTEXT = 16
@@ -261,8 +261,13 @@ class LlamaCppBackend(Backend):
             release_frames(failure)  # the half-loaded model, before the estimate reads the file
             device = "cpu" if self._n_gpu_layers == 0 else "cpu and GPU"
             raise out_of_memory(
-                f"load {self._path} with a {n_ctx}-token context", path=self._path, backend="llama.cpp",
-                dtype=None, device=device, n_ctx=n_ctx, said=_recent_errors[0] if _recent_errors else "",
+                f"load {self._path} with a {n_ctx}-token context",
+                path=self._path,
+                backend="llama.cpp",
+                dtype=None,
+                device=device,
+                n_ctx=n_ctx,
+                said=_recent_errors[0] if _recent_errors else "",
             ) from failure
         raise ModelLoadError(
             f"Could not load {self._path}: the file is corrupt or incomplete, or not a model this "
@@ -381,7 +386,9 @@ class LlamaCppBackend(Backend):
             if rc != 0:
                 self._decode_failed(rc, start, tokens)
             if all_logits:  # rows of this chunk, contiguous and in batch order
-                ctypes.memmove(out.data_ptr() + offset * self._row_bytes, llama_cpp.llama_get_logits(ctx), m * self._row_bytes)
+                ctypes.memmove(
+                    out.data_ptr() + offset * self._row_bytes, llama_cpp.llama_get_logits(ctx), m * self._row_bytes
+                )
         if not all_logits:
             last = llama_cpp.llama_get_logits_ith(ctx, -1)
             if not last:  # NULL: copying from it would crash the process
@@ -401,12 +408,17 @@ class LlamaCppBackend(Backend):
             )
         bad = [t for t in tokens if not 0 <= t < self._n_vocab]
         if rc == -1 and bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary of {self._display_name} (0..{self._n_vocab - 1})")
+            raise ValueError(
+                f"token ids {bad[:5]} are outside the vocabulary of {self._display_name} (0..{self._n_vocab - 1})"
+            )
         if rc == -2 or is_allocation_failure(None, " ".join(_recent_errors)):  # -2: compute buffers failed to allocate
             said = _recent_errors[0] if _recent_errors else f"llama_decode returned {rc}"
             raise model_out_of_memory(
-                f"run {self._display_name} on {start + len(tokens)} tokens", self._info, self._n_ctx,
-                "a shorter prompt", said=said,
+                f"run {self._display_name} on {start + len(tokens)} tokens",
+                self._info,
+                self._n_ctx,
+                "a shorter prompt",
+                said=said,
             )
         raise RuntimeError(f"llama_decode failed with code {rc}{_llama_said()} after {start} cached tokens.")
 
@@ -469,7 +481,9 @@ class LlamaCppBackend(Backend):
         # llama.cpp looks ids up with std::vector::at: an unknown id would abort the process.
         bad = [t for t in ids if not 0 <= t < self._n_vocab]
         if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary of {self._display_name} (0..{self._n_vocab - 1})")
+            raise ValueError(
+                f"token ids {bad[:5]} are outside the vocabulary of {self._display_name} (0..{self._n_vocab - 1})"
+            )
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         """Ids of `messages` rendered with the model's Jinja chat template, ready for the reply.
@@ -489,7 +503,9 @@ class LlamaCppBackend(Backend):
         if template is None:
             ids = self.tokenize(plain_chat(messages), special=False)
         else:
-            ids = self._tokenize_pieces(chat_pieces(lambda chat: self._render(template, chat), messages, self._control_tokens))
+            ids = self._tokenize_pieces(
+                chat_pieces(lambda chat: self._render(template, chat), messages, self._control_tokens)
+            )
         if self._add_bos and self._bos >= 0 and (not ids or ids[0] != self._bos):
             ids.insert(0, self._bos)
         return ids
@@ -553,7 +569,9 @@ class LlamaCppBackend(Backend):
             return self._chat_formatter(messages=messages).prompt
         except (jinja2.TemplateError, ValueError, TypeError, KeyError) as e:
             # ValueError is what templates raise via raise_exception(), e.g. "roles must alternate".
-            raise ConfigError(f"The chat template of {self._display_name} could not render this conversation: {e}") from e
+            raise ConfigError(
+                f"The chat template of {self._display_name} could not render this conversation: {e}"
+            ) from e
 
     def close(self) -> None:
         llm, self._llm = self._llm, None

@@ -23,18 +23,32 @@ from engine.lazy import lazy_getattr
 
 # name -> the module under engine.bench that defines it
 _LAZY = {
-    "AutotuneResult": "autotune_results", "AutotuneSettings": "autotune_results", "Candidate": "autotune_results",
-    "CandidateResult": "autotune_results", "format_autotune": "autotune_results",
-    "BenchPrompt": "prompts", "PromptFileError": "prompts", "count_prompts": "prompts",
+    "AutotuneResult": "autotune_results",
+    "AutotuneSettings": "autotune_results",
+    "Candidate": "autotune_results",
+    "CandidateResult": "autotune_results",
+    "format_autotune": "autotune_results",
+    "BenchPrompt": "prompts",
+    "PromptFileError": "prompts",
+    "count_prompts": "prompts",
     "default_prompts_path": "prompts",
-    "load_prompts": "prompts", "parse_prompts": "prompts",
-    "format_text": "report", "to_json": "report", "write_json": "report",
-    "BenchmarkCancelled": "results", "BenchReport": "results", "BenchSettings": "results", "GroupSummary": "results",
-    "PeerResult": "results", "PromptSummary": "results", "RunRecord": "results",
-    "progress_to_dict": "results", "progress_from_dict": "results",
+    "load_prompts": "prompts",
+    "parse_prompts": "prompts",
+    "format_text": "report",
+    "to_json": "report",
+    "write_json": "report",
+    "BenchmarkCancelled": "results",
+    "BenchReport": "results",
+    "BenchSettings": "results",
+    "GroupSummary": "results",
+    "PeerResult": "results",
+    "PromptSummary": "results",
+    "RunRecord": "results",
+    "progress_to_dict": "results",
+    "progress_from_dict": "results",
     "run_autotune": "autotune",  # loads torch
     "run_benchmark": "runner",  # loads torch
-}  # fmt: skip
+}
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)

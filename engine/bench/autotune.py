@@ -29,20 +29,28 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import threading
-from typing import Callable
+from collections.abc import Callable
 
-from engine.core.draft_length import CostModel
-from engine.errors import ConfigError
-from engine.drafters.registry import drafter_spec, make_drafter, node_budget
-from engine.core.sampling import SamplingConfig
 from engine.api import Engine, EngineConfig
-from engine.models.shipped import default_heads_dir
+from engine.bench.autotune_results import (  # noqa: F401
+    CHAIN_KS,
+    PLAIN,
+    TREE_KS,
+    AutotuneResult,
+    AutotuneSettings,
+    Candidate,
+    CandidateResult,
+    format_autotune,
+)
 from engine.bench.prompts import BenchPrompt, Turns
-from engine.bench.runner import check_context_room, encode_prompt, engine_for
 from engine.bench.results import BenchmarkCancelled, geometric_mean
+from engine.bench.runner import check_context_room, encode_prompt, engine_for
+from engine.core.draft_length import CostModel
+from engine.core.sampling import SamplingConfig
 from engine.drafters.chain_spec import SUGGESTED, is_chain, member_names
-from engine.bench.autotune_results import (CHAIN_KS, PLAIN, TREE_KS, AutotuneResult,  # noqa: F401
-                                           AutotuneSettings, Candidate, CandidateResult, format_autotune)  # fmt: skip
+from engine.drafters.registry import drafter_spec, make_drafter, node_budget
+from engine.errors import ConfigError
+from engine.models.shipped import default_heads_dir
 
 # progress(message, fraction), as run_benchmark's: what is being done ("Plain decoding: fix-typos",
 # "Preparing the ngram drafter", "ngram, k 4: fix-typos", "Done") and the share done, rising from 0.0
@@ -168,8 +176,9 @@ def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> Auto
             if engine.config.measure_costs and drafter is not None:
                 costs.draft_s_per_token = drafter.measure_token_cost() or 0.0
             for candidate in group:
-                tuned = Engine(engine.target, drafter, config_for(engine.config, candidate, engine.target.info.backend),
-                               costs)  # fmt: skip
+                tuned = Engine(
+                    engine.target, drafter, config_for(engine.config, candidate, engine.target.info.backend), costs
+                )
                 if settings.warmup:
                     step(f"Warming up {candidate.label}")
                     tuned.generate(asked[0][1], warm, cancel=cancel)
@@ -192,8 +201,9 @@ def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> Auto
             if engine.drafter is not None and hasattr(engine.drafter, "costs"):
                 engine.drafter.costs = engine.costs  # the engine's own drafter: back on the engine's cost model
     report("Done", 1.0)
-    baseline = CandidateResult(PLAIN, 1.0, statistics.median(r.stats.tokens_per_s for r in vanilla), 0.0, 1.0,
-                               len(vanilla), len(vanilla))  # fmt: skip
+    baseline = CandidateResult(
+        PLAIN, 1.0, statistics.median(r.stats.tokens_per_s for r in vanilla), 0.0, 1.0, len(vanilla), len(vanilla)
+    )
     ranked = tuple(sorted([*results, baseline], key=lambda r: r.speedup, reverse=True))
     best = ranked[0].candidate
     return AutotuneResult(

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from engine.bench.results import known_fields
 from engine.config import EngineConfig
 from engine.errors import ConfigError
-from engine.bench.results import known_fields
 
 CHAIN_KS = ("auto", 2, 4, 8)  # draft lengths tried for drafters that draft one chain
 TREE_KS = ("auto", 8, 16)  # node budgets tried for tree drafters (on a backend that verifies trees)
@@ -93,28 +93,40 @@ class AutotuneResult:
         return self.best.candidate != PLAIN
 
     def to_dict(self) -> dict:
-        return {"ranked": [r.to_dict() for r in self.ranked], "vanilla_tps": self.vanilla_tps,
-                "best_config": self.best_config.to_dict(), "prompts": self.prompts,
-                "max_tokens": self.max_tokens}  # fmt: skip
+        return {
+            "ranked": [r.to_dict() for r in self.ranked],
+            "vanilla_tps": self.vanilla_tps,
+            "best_config": self.best_config.to_dict(),
+            "prompts": self.prompts,
+            "max_tokens": self.max_tokens,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> AutotuneResult:
         """Raises ConfigError when the proposed config names a drafter this SpecDeck does not know."""
-        return cls(ranked=tuple(CandidateResult.from_dict(r) for r in data["ranked"]),
-                   vanilla_tps=data["vanilla_tps"], best_config=EngineConfig.from_dict(data["best_config"]),
-                   prompts=data["prompts"], max_tokens=data["max_tokens"])  # fmt: skip
+        return cls(
+            ranked=tuple(CandidateResult.from_dict(r) for r in data["ranked"]),
+            vanilla_tps=data["vanilla_tps"],
+            best_config=EngineConfig.from_dict(data["best_config"]),
+            prompts=data["prompts"],
+            max_tokens=data["max_tokens"],
+        )
 
 
 def format_autotune(result: AutotuneResult) -> str:
     """The ranked table as text, fastest first, and the proposal."""
-    lines = [f"Auto-tune: {result.prompts} prompts, {result.max_tokens} tokens a reply, greedy; "
-             f"plain decoding {result.vanilla_tps:.1f} tok/s; decoding speedup: geometric mean over the prompts",
-             f"{'#':>2}  {'drafter':<14} {'k':>5} {'decoding speedup':>16} {'tok/s':>8} {'draft acceptance':>16} "
-             f"{'mean acceptance length':>22} {'same':>6}"]  # fmt: skip
+    lines = [
+        f"Auto-tune: {result.prompts} prompts, {result.max_tokens} tokens a reply, greedy; "
+        f"plain decoding {result.vanilla_tps:.1f} tok/s; decoding speedup: geometric mean over the prompts",
+        f"{'#':>2}  {'drafter':<14} {'k':>5} {'decoding speedup':>16} {'tok/s':>8} {'draft acceptance':>16} "
+        f"{'mean acceptance length':>22} {'same':>6}",
+    ]
     for rank, r in enumerate(result.ranked, start=1):
-        lines.append(f"{rank:>2}  {r.candidate.drafter:<14} {str(r.candidate.k):>5} {r.speedup:>15.2f}× "
-                     f"{r.tokens_per_s:>8.1f} {r.draft_acceptance:>16.0%} {r.tokens_per_forward:>22.2f} "
-                     f"{r.identical:>3}/{r.prompts:<2}")  # fmt: skip
+        lines.append(
+            f"{rank:>2}  {r.candidate.drafter:<14} {str(r.candidate.k):>5} {r.speedup:>15.2f}× "
+            f"{r.tokens_per_s:>8.1f} {r.draft_acceptance:>16.0%} {r.tokens_per_forward:>22.2f} "
+            f"{r.identical:>3}/{r.prompts:<2}"
+        )
     best = result.best
     verdict = "" if result.beats_vanilla else " (no candidate beat plain decoding here)"
     lines.append(f"Best: {best.candidate.label}, {best.speedup:.2f}× plain decoding{verdict}.")

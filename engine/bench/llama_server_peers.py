@@ -25,8 +25,9 @@ from engine.core.sampling_config import SamplingConfig
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
 
 
-def llama_server_peers(binary: str | Path, model: str, n_ctx: int, threads: int,
-                       draft: str | None = None) -> list[PeerSpec]:  # fmt: skip
+def llama_server_peers(
+    binary: str | Path, model: str, n_ctx: int, threads: int, draft: str | None = None
+) -> list[PeerSpec]:
     def peer(spec: list[str]):
         return lambda: LlamaServerPeer(binary, model, n_ctx, threads, spec)
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from engine.bench.prompts import BenchPrompt
 from engine.bench.results import SPECULATIVE, VANILLA, BenchmarkCancelled, PeerPromptResult, PeerResult
@@ -141,9 +142,12 @@ def default_peers(engine, llama_server: str | None = None) -> list[PeerSpec]:
         path, n_ctx, threads = target.info.path, target.n_ctx, engine.config.threads or default_threads()
         specs = [
             PeerSpec("llama-cpp-python chat completion", VANILLA, lambda: LlamaChatPeer(path, n_ctx, threads)),
-            PeerSpec(f"llama-cpp-python prompt lookup ({LOOKUP_TOKENS})", SPECULATIVE,
-                     lambda: LlamaChatPeer(path, n_ctx, threads, lookup=True)),
-        ]  # fmt: skip
+            PeerSpec(
+                f"llama-cpp-python prompt lookup ({LOOKUP_TOKENS})",
+                SPECULATIVE,
+                lambda: LlamaChatPeer(path, n_ctx, threads, lookup=True),
+            ),
+        ]
         binary = find_llama_server(llama_server)
         if binary is not None:
             draft = getattr(getattr(getattr(engine.drafter, "backend", None), "info", None), "path", None)
@@ -151,13 +155,17 @@ def default_peers(engine, llama_server: str | None = None) -> list[PeerSpec]:
         return specs
     specs = [
         PeerSpec("transformers generate", VANILLA, lambda: TransformersPeer(engine)),
-        PeerSpec(f"transformers prompt lookup ({LOOKUP_TOKENS})", SPECULATIVE,
-                 lambda: TransformersPeer(engine, prompt_lookup_num_tokens=LOOKUP_TOKENS)),
-    ]  # fmt: skip
+        PeerSpec(
+            f"transformers prompt lookup ({LOOKUP_TOKENS})",
+            SPECULATIVE,
+            lambda: TransformersPeer(engine, prompt_lookup_num_tokens=LOOKUP_TOKENS),
+        ),
+    ]
     draft = getattr(engine.drafter, "backend", None)
     if draft is not None:
-        specs.append(PeerSpec("transformers assistant model", SPECULATIVE,
-                              lambda: TransformersPeer(engine, assistant=draft)))  # fmt: skip
+        specs.append(
+            PeerSpec("transformers assistant model", SPECULATIVE, lambda: TransformersPeer(engine, assistant=draft))
+        )
     return specs
 
 
@@ -167,8 +175,9 @@ class LlamaChatPeer:
     def __init__(self, path: str, n_ctx: int, threads: int, lookup: bool = False) -> None:
         from engine.backends.llama_cpp import open_llama
 
-        options = dict(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                       logits_all=False, verbose=False)  # fmt: skip
+        options = dict(
+            model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False
+        )
         if lookup:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -222,16 +231,22 @@ class TransformersPeer:
         pad = next(iter(self.eos)) if self.eos else None
         with torch.inference_mode():
             output = self.model.generate(
-                input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_tokens,
-                streamer=streamer, pad_token_id=pad, **self.options,
-            )  # fmt: skip
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=False,
+                max_new_tokens=max_tokens,
+                streamer=streamer,
+                pad_token_id=pad,
+                **self.options,
+            )
         end = time.perf_counter()
         ids = output[0, len(prompt_ids) :].tolist()
         while ids and ids[-1] in self.eos:  # the end-of-turn token is not part of the reply
             ids.pop()
         start = streamer.first_at if streamer.first_at is not None else end
-        return PeerOutput(self.detokenize(ids), len(ids), end - start, max(len(ids) - streamer.first_count, 0),
-                          tuple(ids))  # fmt: skip
+        return PeerOutput(
+            self.detokenize(ids), len(ids), end - start, max(len(ids) - streamer.first_count, 0), tuple(ids)
+        )
 
     def close(self) -> None:
         self.model = self.options = None  # the model belongs to our backend: nothing to free here
@@ -267,7 +282,7 @@ def _hf_model(backend, dtype: str, device=None):
     from engine.backends.hf.device import pick_dtype
 
     path = backend.info.path
-    folder, gguf = (os.path.split(path) if path.lower().endswith(".gguf") else (path, None))
+    folder, gguf = os.path.split(path) if path.lower().endswith(".gguf") else (path, None)
     options = {"local_files_only": True, **({"gguf_file": gguf} if gguf else {})}
     torch_dtype = pick_dtype("cpu", dtype if dtype in ("float32", "bfloat16", "float16") else "auto")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **options).eval()

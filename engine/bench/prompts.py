@@ -29,8 +29,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import ConfigError
 from engine.core.text import MESSAGE_ROLES
+from engine.errors import ConfigError
 
 ROLES = MESSAGE_ROLES  # the roles every front end accepts (engine/core/text.py)
 _KEYS = ("id", "kind", "messages")
@@ -102,7 +102,7 @@ class Turns:
 
 
 def count_prompts(prompts: tuple[BenchPrompt, ...]) -> str:
-    """"12 prompts", or "16 prompts (24 turns)" when conversations are among them."""
+    """ "12 prompts", or "16 prompts (24 turns)" when conversations are among them."""
     turns = sum(p.turns for p in prompts)
     count = f"{len(prompts)} prompt{'s' if len(prompts) != 1 else ''}"
     return count if turns == len(prompts) else f"{count} ({turns} turns)"
@@ -195,14 +195,16 @@ def _parse_record(record, where: str) -> BenchPrompt:
         raise PromptFileError(f'{where}: expected a JSON object {{"id": ..., "kind": ..., "messages": [...]}}.')
     missing = [key for key in _KEYS if key not in record]
     if missing:
-        raise PromptFileError(f"{where}: missing {', '.join(map(repr, missing))} (every line needs id, kind, messages).")
+        raise PromptFileError(
+            f"{where}: missing {', '.join(map(repr, missing))} (every line needs id, kind, messages)."
+        )
     pid, kind, messages = record["id"], record["kind"], record["messages"]
     if isinstance(pid, bool) or not isinstance(pid, (str, int)) or not str(pid).strip():
         raise PromptFileError(f"{where}: 'id' must be a non-empty string or a number.")
     if not isinstance(kind, str) or not kind.strip():
-        raise PromptFileError(f"{where}: 'kind' must be a non-empty string, such as \"reuse\" or \"open\".")
+        raise PromptFileError(f'{where}: \'kind\' must be a non-empty string, such as "reuse" or "open".')
     if not isinstance(messages, list) or not messages:
-        raise PromptFileError(f"{where}: 'messages' must be a non-empty list of {{\"role\", \"content\"}} objects.")
+        raise PromptFileError(f'{where}: \'messages\' must be a non-empty list of {{"role", "content"}} objects.')
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("content"), str) or "role" not in message:
             raise PromptFileError(f'{where}: message {i + 1} must be {{"role": ..., "content": "text"}}.')

@@ -11,20 +11,34 @@ cost model). The token-for-token check compares text, as the server sends no ids
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from engine.bench.prompts import BenchPrompt, Turns
-from engine.bench.results import (SPECULATIVE, VANILLA, BenchmarkCancelled, BenchReport, BenchSettings, RunRecord,
-                                  memory_check, summarize)  # fmt: skip
+from engine.bench.results import (
+    SPECULATIVE,
+    VANILLA,
+    BenchmarkCancelled,
+    BenchReport,
+    BenchSettings,
+    RunRecord,
+    memory_check,
+    summarize,
+)
 from engine.core.sampling_config import SamplingConfig
 from engine.remote.base import RemoteEngine
 
 WARMUP_TOKENS = 8
 
 
-def run_remote_benchmark(remote: RemoteEngine, prompts: tuple[BenchPrompt, ...], settings: BenchSettings, *,
-                         prompts_source: str | None = None, progress: Callable[[str, float], None] | None = None,
-                         cancel: threading.Event | None = None) -> BenchReport:  # fmt: skip
+def run_remote_benchmark(
+    remote: RemoteEngine,
+    prompts: tuple[BenchPrompt, ...],
+    settings: BenchSettings,
+    *,
+    prompts_source: str | None = None,
+    progress: Callable[[str, float], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> BenchReport:
     report = progress or (lambda message, fraction: None)
     pair = remote.pair or remote.connect()
     remote.ensure_vanilla()
@@ -34,7 +48,9 @@ def run_remote_benchmark(remote: RemoteEngine, prompts: tuple[BenchPrompt, ...],
         for speculative in (False, True):
             _check(cancel)
             report("Warming up", 0.02)
-            remote.generate(list(prompts[0].messages), SamplingConfig(max_tokens=WARMUP_TOKENS), speculative=speculative)
+            remote.generate(
+                list(prompts[0].messages), SamplingConfig(max_tokens=WARMUP_TOKENS), speculative=speculative
+            )
     runs: list[RunRecord] = []
     turns = Turns()  # a conversation turn by turn, as run_benchmark runs it (runner.py)
     total, done = settings.repeat * sum(p.turns for p in prompts) * 2, 0
@@ -47,19 +63,33 @@ def run_remote_benchmark(remote: RemoteEngine, prompts: tuple[BenchPrompt, ...],
                 for mode in (VANILLA, SPECULATIVE):
                     _check(cancel)
                     report(f"Repeat {repeat + 1}/{settings.repeat}: {asked.id}, {mode}", 0.05 + 0.95 * done / total)
-                    result = remote.generate(list(asked.messages), greedy, speculative=mode == SPECULATIVE,
-                                             cancel=cancel)  # fmt: skip
+                    result = remote.generate(
+                        list(asked.messages), greedy, speculative=mode == SPECULATIVE, cancel=cancel
+                    )
                     _check(cancel)
                     s = result.stats
                     identical = None if mode == VANILLA else result.text == vanilla_text
                     vanilla_text = result.text if mode == VANILLA else vanilla_text
-                    runs.append(RunRecord(
-                        prompt_id=asked.id, kind=asked.kind, mode=mode, repeat=repeat, tokens=s.tokens,
-                        wall_s=s.wall_s, prefill_s=s.prefill_s, steps=s.steps, drafted=s.drafted,
-                        accepted=s.accepted, tested=s.tested, predicted_speedup=1.0,
-                        finish_reason=result.finish_reason, peak_rss_bytes=None, identical=identical,
-                        text=result.text,
-                    ))  # fmt: skip
+                    runs.append(
+                        RunRecord(
+                            prompt_id=asked.id,
+                            kind=asked.kind,
+                            mode=mode,
+                            repeat=repeat,
+                            tokens=s.tokens,
+                            wall_s=s.wall_s,
+                            prefill_s=s.prefill_s,
+                            steps=s.steps,
+                            drafted=s.drafted,
+                            accepted=s.accepted,
+                            tested=s.tested,
+                            predicted_speedup=1.0,
+                            finish_reason=result.finish_reason,
+                            peak_rss_bytes=None,
+                            identical=identical,
+                            text=result.text,
+                        )
+                    )
                     done += 1
                 replies.append(vanilla_text)
     prompt_summaries, kinds, overall = summarize(runs)
@@ -68,15 +98,41 @@ def run_remote_benchmark(remote: RemoteEngine, prompts: tuple[BenchPrompt, ...],
         counts[prompt.kind] = counts.get(prompt.kind, 0) + 1
     report("Done", 1.0)
     described = {
-        "target": {"name": pair.model, "path": pair.url, "backend": pair.kind, "dtype": "as served",
-                   "device": "remote", "weight_bytes": None, "n_params": None},
-        "draft": None, "drafter": pair.speculation or "none", "drafter_name": pair.speculation, "k": "the server's",
-        "k_max": None, "threads": None, "max_tokens": settings.max_tokens, "repeat": settings.repeat,
-        "warmup": settings.warmup, "greedy": True, "prompts_file": prompts_source, "prompts": len(turns.rows(prompts)),
-        "kinds": counts, "server": pair.describe(), "vanilla_url": pair.vanilla_url, "notes": list(pair.notes),
-    }  # fmt: skip
-    return BenchReport(settings=described, prompts=prompt_summaries, kinds=kinds, overall=overall, floor=None,
-                       memory=memory_check(runs, 0, False), runs=tuple(runs))  # fmt: skip
+        "target": {
+            "name": pair.model,
+            "path": pair.url,
+            "backend": pair.kind,
+            "dtype": "as served",
+            "device": "remote",
+            "weight_bytes": None,
+            "n_params": None,
+        },
+        "draft": None,
+        "drafter": pair.speculation or "none",
+        "drafter_name": pair.speculation,
+        "k": "the server's",
+        "k_max": None,
+        "threads": None,
+        "max_tokens": settings.max_tokens,
+        "repeat": settings.repeat,
+        "warmup": settings.warmup,
+        "greedy": True,
+        "prompts_file": prompts_source,
+        "prompts": len(turns.rows(prompts)),
+        "kinds": counts,
+        "server": pair.describe(),
+        "vanilla_url": pair.vanilla_url,
+        "notes": list(pair.notes),
+    }
+    return BenchReport(
+        settings=described,
+        prompts=prompt_summaries,
+        kinds=kinds,
+        overall=overall,
+        floor=None,
+        memory=memory_check(runs, 0, False),
+        runs=tuple(runs),
+    )
 
 
 def _check(cancel: threading.Event | None) -> None:

@@ -7,8 +7,7 @@ import os
 from pathlib import Path
 
 from engine.bench.results import VANILLA, BenchReport, GroupSummary, PeerResult, PromptSummary
-from engine.figures import (ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE,
-                                 PREDICTED_SPEEDUP)  # fmt: skip
+from engine.figures import ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE, PREDICTED_SPEEDUP
 
 
 def to_json(report: BenchReport) -> str:
@@ -32,8 +31,10 @@ def format_text(report: BenchReport) -> str:
     groups = (*report.kinds, report.overall)
     lines = [
         f"Target {t['name']} ({t['dtype']}, {t['backend']}, {t['device']}{threads}); {drafter}, k {s['k']}",
-        (f"{s['prompts']} prompts ({kinds}), greedy, up to {s['max_tokens']} tokens, "
-         f"{s['repeat']} repeat(s) after {s['warmup']} warm-up; tok/s: median decode speed, prefill excluded"),
+        (
+            f"{s['prompts']} prompts ({kinds}), greedy, up to {s['max_tokens']} tokens, "
+            f"{s['repeat']} repeat(s) after {s['warmup']} warm-up; tok/s: median decode speed, prefill excluded"
+        ),
         "",
         _table(["prompt", *_COLUMNS], [[p.id, *_prompt_cells(p)] for p in report.prompts]),
         "",
@@ -51,9 +52,18 @@ def format_text(report: BenchReport) -> str:
 
 # The glossary's names (engine/figures.py), the leading figures first: draft acceptance (accepted /
 # drafted, as llama.cpp prints it), mean acceptance length (tokens per step), then the formula's a.
-_COLUMNS = ["tokens", "vanilla tok/s", "spec tok/s", DECODE_SPEEDUP.name, DRAFT_ACCEPTANCE.name,
-            ACCEPTANCE_LENGTH.name, PER_TOKEN_ACCEPTANCE.name, PREDICTED_SPEEDUP.name, "efficiency",
-            "identical"]  # fmt: skip
+_COLUMNS = [
+    "tokens",
+    "vanilla tok/s",
+    "spec tok/s",
+    DECODE_SPEEDUP.name,
+    DRAFT_ACCEPTANCE.name,
+    ACCEPTANCE_LENGTH.name,
+    PER_TOKEN_ACCEPTANCE.name,
+    PREDICTED_SPEEDUP.name,
+    "efficiency",
+    "identical",
+]
 _FIGURES = (DECODE_SPEEDUP, DRAFT_ACCEPTANCE, ACCEPTANCE_LENGTH, PER_TOKEN_ACCEPTANCE, PREDICTED_SPEEDUP)
 
 
@@ -64,15 +74,32 @@ def _prompt_cells(p: PromptSummary) -> list[str]:
         same = f"no @{p.divergence['index']} (rounding)"
     else:
         same = "NO: unexplained" if p.divergence else "no"
-    return [str(p.tokens), f"{p.vanilla_tps:.1f}", f"{p.speculative_tps:.1f}", f"{p.speedup:.2f}x",
-            f"{p.draft_acceptance:.0%}", f"{p.tokens_per_forward:.2f}", f"{p.acceptance:.2f}",
-            f"{p.predicted_speedup:.2f}x", f"{p.efficiency:.2f}", same]  # fmt: skip
+    return [
+        str(p.tokens),
+        f"{p.vanilla_tps:.1f}",
+        f"{p.speculative_tps:.1f}",
+        f"{p.speedup:.2f}x",
+        f"{p.draft_acceptance:.0%}",
+        f"{p.tokens_per_forward:.2f}",
+        f"{p.acceptance:.2f}",
+        f"{p.predicted_speedup:.2f}x",
+        f"{p.efficiency:.2f}",
+        same,
+    ]
 
 
 def _group_cells(g: GroupSummary) -> list[str]:
-    return [f"{g.vanilla_tps:.1f}", f"{g.speculative_tps:.1f}", f"{g.speedup:.2f}x", f"{g.draft_acceptance:.0%}",
-            f"{g.tokens_per_forward:.2f}", f"{g.acceptance:.2f}", f"{g.predicted_speedup:.2f}x", f"{g.efficiency:.2f}",
-            f"{g.identical}/{g.prompts}"]  # fmt: skip
+    return [
+        f"{g.vanilla_tps:.1f}",
+        f"{g.speculative_tps:.1f}",
+        f"{g.speedup:.2f}x",
+        f"{g.draft_acceptance:.0%}",
+        f"{g.tokens_per_forward:.2f}",
+        f"{g.acceptance:.2f}",
+        f"{g.predicted_speedup:.2f}x",
+        f"{g.efficiency:.2f}",
+        f"{g.identical}/{g.prompts}",
+    ]
 
 
 def _checks(report: BenchReport) -> list[str]:
@@ -107,12 +134,22 @@ def _checks(report: BenchReport) -> list[str]:
 def _peers(report: BenchReport) -> list[str]:
     ours = {VANILLA: report.overall.vanilla_tps, "speculative": report.overall.speculative_tps}
     rows = [_peer_row(peer, ours[peer.mode], len(report.prompts)) for peer in report.peers]
-    ours_rows = [["SpecDeck vanilla", VANILLA, f"{ours[VANILLA]:.1f}", "-", "-", "the reference"],
-                 ["SpecDeck speculative", "speculative", f"{ours['speculative']:.1f}", "-",
-                  f"{report.overall.identical}/{report.overall.prompts}", ""]]  # fmt: skip
+    ours_rows = [
+        ["SpecDeck vanilla", VANILLA, f"{ours[VANILLA]:.1f}", "-", "-", "the reference"],
+        [
+            "SpecDeck speculative",
+            "speculative",
+            f"{ours['speculative']:.1f}",
+            "-",
+            f"{report.overall.identical}/{report.overall.prompts}",
+            "",
+        ],
+    ]
     header = ["system (same process, same model file)", "mode", "tok/s", "ours / theirs", "identical", "note"]
-    legend = ("Peers: median tok/s over prompts; ours / theirs = our tok/s in the same mode over theirs; "
-              "identical = same output as our vanilla greedy run")
+    legend = (
+        "Peers: median tok/s over prompts; ours / theirs = our tok/s in the same mode over theirs; "
+        "identical = same output as our vanilla greedy run"
+    )
     return [legend, _table(header, ours_rows + rows)]
 
 
@@ -145,8 +182,9 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     numeric = [i > 0 and all(_looks_numeric(str(row[i])) for row in rows if row[i]) for i in range(len(header))]
 
     def line(cells) -> str:
-        return "  ".join(str(c).rjust(w) if num else str(c).ljust(w)
-                         for c, w, num in zip(cells, widths, numeric)).rstrip()  # fmt: skip
+        return "  ".join(
+            str(c).rjust(w) if num else str(c).ljust(w) for c, w, num in zip(cells, widths, numeric)
+        ).rstrip()
 
     return "\n".join(line(row) for row in table)
 

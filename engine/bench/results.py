@@ -308,13 +308,21 @@ class PeerResult:
         return sum(1 for p in self.prompts if p.identical)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "mode": self.mode, "prompts": [p.to_dict() for p in self.prompts],
-                "error": self.error}  # fmt: skip
+        return {
+            "name": self.name,
+            "mode": self.mode,
+            "prompts": [p.to_dict() for p in self.prompts],
+            "error": self.error,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> PeerResult:
-        return cls(data["name"], data["mode"], tuple(PeerPromptResult.from_dict(p) for p in data.get("prompts", ())),
-                   data.get("error"))  # fmt: skip
+        return cls(
+            data["name"],
+            data["mode"],
+            tuple(PeerPromptResult.from_dict(p) for p in data.get("prompts", ())),
+            data.get("error"),
+        )
 
 
 @dataclass(frozen=True)
@@ -345,7 +353,10 @@ class BenchReport:
 
         return {
             "settings": self.settings,
-            "prompts": [with_derived(p, "acceptance", "draft_acceptance", "tokens_per_forward", "efficiency") for p in self.prompts],
+            "prompts": [
+                with_derived(p, "acceptance", "draft_acceptance", "tokens_per_forward", "efficiency")
+                for p in self.prompts
+            ],
             "kinds": [with_derived(k, "efficiency") for k in self.kinds],
             "overall": with_derived(self.overall, "efficiency"),
             "efficiency": {"value": self.overall.efficiency, "limit": EFFICIENCY_LIMIT, "ok": self.efficiency_ok},
@@ -461,9 +472,14 @@ def report_so_far(rows) -> BenchReport:
     kinds: dict[str, list[PromptSummary]] = {}
     for row in rows:
         kinds.setdefault(row.kind, []).append(row)
-    return BenchReport(settings={}, prompts=rows, kinds=tuple(summarize_group(k, m) for k, m in kinds.items()),
-                       overall=summarize_group("all", list(rows)), floor=None,
-                       memory=MemoryCheck(None, None, 0, True))  # fmt: skip
+    return BenchReport(
+        settings={},
+        prompts=rows,
+        kinds=tuple(summarize_group(k, m) for k, m in kinds.items()),
+        overall=summarize_group("all", list(rows)),
+        floor=None,
+        memory=MemoryCheck(None, None, 0, True),
+    )
 
 
 def memory_check(runs: list[RunRecord], draft_bytes: int, per_run: bool) -> MemoryCheck:

@@ -24,17 +24,28 @@ from __future__ import annotations
 import contextlib
 import statistics
 import threading
-from typing import Callable
+from collections.abc import Callable
 
-from engine.core.divergence import first_divergence, rounding_bound
-from engine.errors import ConfigError, SpecDeckError
-from engine.core.sampling import SamplingConfig
 from engine.api import Engine, EngineConfig
 from engine.bench import system
 from engine.bench.peers import PeerSpec, default_peers, run_peers
 from engine.bench.prompts import BenchPrompt, Turns
-from engine.bench.results import (SPECULATIVE, VANILLA, BenchmarkCancelled, BenchReport, BenchSettings, FloorCheck,
-                                  PromptSummary, RunRecord, memory_check, summarize, summarize_prompt)  # fmt: skip
+from engine.bench.results import (
+    SPECULATIVE,
+    VANILLA,
+    BenchmarkCancelled,
+    BenchReport,
+    BenchSettings,
+    FloorCheck,
+    PromptSummary,
+    RunRecord,
+    memory_check,
+    summarize,
+    summarize_prompt,
+)
+from engine.core.divergence import first_divergence, rounding_bound
+from engine.core.sampling import SamplingConfig
+from engine.errors import ConfigError, SpecDeckError
 
 # progress(message, fraction): what is being done, in words ("Loading the models", "Warming up",
 # "Repeat 1/3: fix-typos, speculative", "Peer ...", "Done"), and the share of the run done, rising
@@ -129,8 +140,10 @@ def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_sour
                 vanilla = None
                 for mode in (VANILLA, SPECULATIVE):
                     _check(cancel)
-                    report(f"Repeat {repeat + 1}/{settings.repeat}: {asked.id}, {mode}",
-                           0.15 + (ours_end - 0.15) * done / total)  # fmt: skip
+                    report(
+                        f"Repeat {repeat + 1}/{settings.repeat}: {asked.id}, {mode}",
+                        0.15 + (ours_end - 0.15) * done / total,
+                    )
                     system.reset_peak_rss()
                     if mode == SPECULATIVE and index == 0:
                         engine.drafter.forget()  # each conversation meets the drafter afresh
@@ -169,9 +182,16 @@ def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_sour
         specs = peer_specs if peer_specs is not None else default_peers(engine, settings.llama_server)
         reference = {r.prompt_id: (r.text, r.token_ids) for r in runs if r.mode == VANILLA and r.repeat == 0}
         peer_results = run_peers(
-            specs, asked_prompts, ids, reference, settings.max_tokens, settings.repeat, warmup=min(settings.warmup, 1),
-            progress=lambda message, fraction: report(message, ours_end + (1 - ours_end) * fraction), cancel=cancel,
-        )  # fmt: skip
+            specs,
+            asked_prompts,
+            ids,
+            reference,
+            settings.max_tokens,
+            settings.repeat,
+            warmup=min(settings.warmup, 1),
+            progress=lambda message, fraction: report(message, ours_end + (1 - ours_end) * fraction),
+            cancel=cancel,
+        )
     report("Done", 1.0)
     return BenchReport(
         settings=_describe(engine, settings, asked_prompts, prompts_source, bandwidth),
@@ -219,12 +239,25 @@ def _check(cancel: threading.Event) -> None:
 def _record(prompt, mode, repeat, result, peak, identical, divergence) -> RunRecord:
     s = result.stats
     return RunRecord(
-        prompt_id=prompt.id, kind=prompt.kind, mode=mode, repeat=repeat, tokens=s.tokens, wall_s=s.wall_s,
-        prefill_s=s.prefill_s, steps=s.steps, drafted=s.drafted, accepted=s.accepted, tested=s.tested,
-        predicted_speedup=s.predicted_speedup if mode == SPECULATIVE else 1.0, finish_reason=result.finish_reason,
-        peak_rss_bytes=peak, identical=identical, divergence=divergence, text=result.text,
+        prompt_id=prompt.id,
+        kind=prompt.kind,
+        mode=mode,
+        repeat=repeat,
+        tokens=s.tokens,
+        wall_s=s.wall_s,
+        prefill_s=s.prefill_s,
+        steps=s.steps,
+        drafted=s.drafted,
+        accepted=s.accepted,
+        tested=s.tested,
+        predicted_speedup=s.predicted_speedup if mode == SPECULATIVE else 1.0,
+        finish_reason=result.finish_reason,
+        peak_rss_bytes=peak,
+        identical=identical,
+        divergence=divergence,
+        text=result.text,
         token_ids=tuple(result.tokens),
-    )  # fmt: skip
+    )
 
 
 def _median(values: list[float]) -> float:
@@ -259,8 +292,8 @@ def draft_memory_bytes(engine) -> int:
     weights = backend.info.weight_bytes
     try:
         from engine.models.doctor import estimate_memory
-        from engine.models.metadata import read_metadata
         from engine.models.locate import resolve
+        from engine.models.metadata import read_metadata
 
         dtype = backend.info.dtype if backend.info.backend == "torch" else None
         _, cache = estimate_memory(read_metadata(resolve(backend.info.path)), backend.n_ctx, dtype)
@@ -276,11 +309,27 @@ def _describe(engine, settings: BenchSettings, prompts, prompts_source: str, ban
     for prompt in prompts:
         kinds[prompt.kind] = kinds.get(prompt.kind, 0) + 1
     return {
-        "target": {"name": info.name, "path": info.path, "backend": info.backend, "dtype": info.dtype,
-                   "device": info.device, "weight_bytes": info.weight_bytes, "n_params": info.n_params,
-                   "forward": info.forward},
-        "draft": ({"name": draft.info.name, "path": draft.info.path, "backend": draft.info.backend,
-                   "dtype": draft.info.dtype, "weight_bytes": draft.info.weight_bytes} if draft else None),
+        "target": {
+            "name": info.name,
+            "path": info.path,
+            "backend": info.backend,
+            "dtype": info.dtype,
+            "device": info.device,
+            "weight_bytes": info.weight_bytes,
+            "n_params": info.n_params,
+            "forward": info.forward,
+        },
+        "draft": (
+            {
+                "name": draft.info.name,
+                "path": draft.info.path,
+                "backend": draft.info.backend,
+                "dtype": draft.info.dtype,
+                "weight_bytes": draft.info.weight_bytes,
+            }
+            if draft
+            else None
+        ),
         "drafter": config.drafter if config.draft is None else "model",
         "drafter_name": getattr(engine.drafter, "name", ""),
         "k": config.k,
@@ -293,4 +342,4 @@ def _describe(engine, settings: BenchSettings, prompts, prompts_source: str, ban
         "prompts_file": prompts_source,
         "prompts": len(prompts),
         "kinds": kinds,
-    }  # fmt: skip
+    }

@@ -25,40 +25,62 @@ import threading
 from pathlib import Path
 
 from engine.cli import interrupt as cli_interrupt
-from engine.cli.options import (add_drafter_options, add_load_options, add_server_options, drafter_choice,
-                                refuse_pair_options, server_key)  # fmt: skip
+from engine.cli.options import (
+    add_drafter_options,
+    add_load_options,
+    add_server_options,
+    drafter_choice,
+    refuse_pair_options,
+    server_key,
+)
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     bench = subparsers.add_parser("bench", help="benchmark vanilla against speculative decoding on a prompt set")
-    bench.add_argument("--prompts", type=Path, default=None,
-                       help='JSONL file, one {"id", "kind", "messages"[, "follow_ups"]} per line '
-                            "(default: the shipped set)")  # fmt: skip
-    bench.add_argument("--kinds", default=None,
-                       help="only these kinds of prompt, comma-separated: the shipped set has reuse, open and "
-                            "multi-turn (conversations, run turn by turn)")  # fmt: skip
-    bench.add_argument("-m", "--target", default="default",
-                       help="'default', a GGUF file, a model folder or a repo id")
+    bench.add_argument(
+        "--prompts",
+        type=Path,
+        default=None,
+        help='JSONL file, one {"id", "kind", "messages"[, "follow_ups"]} per line (default: the shipped set)',
+    )
+    bench.add_argument(
+        "--kinds",
+        default=None,
+        help="only these kinds of prompt, comma-separated: the shipped set has reuse, open and "
+        "multi-turn (conversations, run turn by turn)",
+    )
+    bench.add_argument("-m", "--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
     add_drafter_options(bench)
     add_load_options(bench, threads="CPU threads (llama.cpp and its peers)")
-    bench.add_argument("--k", "--draft-max", dest="k", default="auto",
-                       help="draft length: a number from 1 to 32, or auto (default)")  # fmt: skip
+    bench.add_argument(
+        "--k", "--draft-max", dest="k", default="auto", help="draft length: a number from 1 to 32, or auto (default)"
+    )
     bench.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
     bench.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per reply (default 128)")
     bench.add_argument("--repeat", type=int, default=3, help="measured runs of each prompt and mode (default 3)")
     bench.add_argument("--warmup", type=int, default=1, help="warm-up runs per mode before measuring (default 1)")
-    bench.add_argument("--peers", action="store_true",
-                       help="also run, on the same model file, what the target's backend offers: llama-cpp-python's "
-                            "chat completion and prompt lookup (llama.cpp); transformers' generate, prompt lookup "
-                            "and assistant model (torch); and llama-server plain, with each n-gram type and with "
-                            "the draft model, where a llama-server binary is found (llama.cpp)")  # fmt: skip
-    bench.add_argument("--llama-server", default=None, metavar="PATH",
-                       help="the llama-server binary for --peers (default: $SPECDECK_LLAMA_SERVER, $PATH, or the "
-                            "one `specdeck-cli llama-server build` made)")  # fmt: skip
+    bench.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run, on the same model file, what the target's backend offers: llama-cpp-python's "
+        "chat completion and prompt lookup (llama.cpp); transformers' generate, prompt lookup "
+        "and assistant model (torch); and llama-server plain, with each n-gram type and with "
+        "the draft model, where a llama-server binary is found (llama.cpp)",
+    )
+    bench.add_argument(
+        "--llama-server",
+        default=None,
+        metavar="PATH",
+        help="the llama-server binary for --peers (default: $SPECDECK_LLAMA_SERVER, $PATH, or the "
+        "one `specdeck-cli llama-server build` made)",
+    )
     bench.add_argument("--json", type=Path, default=None, metavar="OUT", help="write everything measured to OUT")
-    bench.add_argument("--autotune", action="store_true",
-                       help="instead: try every drafter the target allows with a few k, once each (--max-tokens 48 for "
-                            "a quick run), and print them ranked by speedup over plain decoding")  # fmt: skip
+    bench.add_argument(
+        "--autotune",
+        action="store_true",
+        help="instead: try every drafter the target allows with a few k, once each (--max-tokens 48 for "
+        "a quick run), and print them ranked by speedup over plain decoding",
+    )
     add_server_options(bench, "benchmark on")
     bench.set_defaults(func=cmd_bench)
     return bench
@@ -66,27 +88,37 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from engine.bench import run_benchmark
-    from engine.errors import ConfigError
     from engine.config import EngineConfig
+    from engine.errors import ConfigError
 
     if args.server:
         return _bench_on_server(args)
     if not args.autotune and (str(args.k) == "0" or (args.drafter == "none" and not args.draft)):
-        raise ConfigError("The benchmark compares plain and speculative decoding: choose a drafter "
-                          "(--drafter ngram or --draft MODEL) and a draft length from 1 up, or --k auto.")
+        raise ConfigError(
+            "The benchmark compares plain and speculative decoding: choose a drafter "
+            "(--drafter ngram or --draft MODEL) and a draft length from 1 up, or --k auto."
+        )
     path, prompts, settings = _prompts_and_settings(args)
     drafter, options = drafter_choice(args)
     config = EngineConfig(
-        target=args.target, drafter=drafter, options=options, backend=args.backend, device=args.device,
-        dtype=args.dtype, n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k,
-        k_max=args.k_max, compile=args.compile,
-    )  # fmt: skip
+        target=args.target,
+        drafter=drafter,
+        options=options,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        n_ctx=args.n_ctx,
+        threads=args.threads,
+        gpu_layers=args.gpu_layers,
+        k=args.k,
+        k_max=args.k_max,
+        compile=args.compile,
+    )
     if args.autotune:
         return _autotune(config, prompts, args.max_tokens)
     cancel = threading.Event()
     try:
-        report = run_benchmark(config, prompts, settings, progress=_progress(), cancel=cancel,
-                               prompts_source=str(path))  # fmt: skip
+        report = run_benchmark(config, prompts, settings, progress=_progress(), cancel=cancel, prompts_source=str(path))
     except KeyboardInterrupt:
         cancel.set()
         raise
@@ -104,12 +136,19 @@ def _prompts_and_settings(args: argparse.Namespace):
     if args.server and args.llama_server:
         from engine.errors import ConfigError
 
-        raise ConfigError("--llama-server names a program on this machine; a server runs its own (its operator's "
-                          "`serve --llama-server`), never a client's: drop --llama-server, or run without --server.")
+        raise ConfigError(
+            "--llama-server names a program on this machine; a server runs its own (its operator's "
+            "`serve --llama-server`), never a client's: drop --llama-server, or run without --server."
+        )
     if args.peers and not args.server:
         _say_llama_server(args.llama_server)
-    settings = BenchSettings(max_tokens=args.max_tokens, repeat=args.repeat, warmup=args.warmup, peers=args.peers,
-                             llama_server=args.llama_server)  # fmt: skip
+    settings = BenchSettings(
+        max_tokens=args.max_tokens,
+        repeat=args.repeat,
+        warmup=args.warmup,
+        peers=args.peers,
+        llama_server=args.llama_server,
+    )
     return path, load_prompts(path, kinds), settings
 
 
@@ -119,9 +158,12 @@ def _say_llama_server(explicit: str | None) -> None:
 
     binary = find_llama_server(explicit)
     if binary is None:
-        print("note: no llama-server binary found ($SPECDECK_LLAMA_SERVER, $PATH, the cache): its peers are left "
-              "out. `specdeck-cli llama-server build` builds one (10-30 minutes), or give --llama-server PATH.",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            "note: no llama-server binary found ($SPECDECK_LLAMA_SERVER, $PATH, the cache): its peers are left "
+            "out. `specdeck-cli llama-server build` builds one (10-30 minutes), or give --llama-server PATH.",
+            file=sys.stderr,
+            flush=True,
+        )
     else:
         print(f"llama-server peers: {binary}", file=sys.stderr, flush=True)
 
@@ -175,14 +217,18 @@ def _bench_on_server(args: argparse.Namespace) -> int:
     pair = client.loaded()
     if pair is None:
         raise ConfigError(f"The server at {client.url} has no model loaded: load one there first.")
-    print(f"benchmarking on {client.url}: {pair.target.name} ({pair.target.backend}), drafter {pair.config.drafter}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"benchmarking on {client.url}: {pair.target.name} ({pair.target.backend}), drafter {pair.config.drafter}",
+        file=sys.stderr,
+        flush=True,
+    )
     if args.autotune:
         return _autotune(pair.config, prompts, args.max_tokens, client)
     cancel = threading.Event()
     try:
-        report = client.bench(pair.config, prompts, settings, prompts_source=str(path), progress=_progress(),
-                              cancel=cancel)  # fmt: skip
+        report = client.bench(
+            pair.config, prompts, settings, prompts_source=str(path), progress=_progress(), cancel=cancel
+        )
     except KeyboardInterrupt:
         cancel.set()  # the server stops at its next step (and when the connection closes)
         raise
@@ -199,15 +245,18 @@ def _bench_remote(args, kind: str, key: str | None, path, prompts, settings) -> 
     from engine.remote import open_remote
 
     if args.autotune or args.peers:
-        raise ConfigError(f"--{'autotune' if args.autotune else 'peers'} needs a SpecDeck engine (here or at --server); "
-                          f"a {kind} server benchmarks only as it was started.")  # fmt: skip
+        raise ConfigError(
+            f"--{'autotune' if args.autotune else 'peers'} needs a SpecDeck engine (here or at --server); "
+            f"a {kind} server benchmarks only as it was started."
+        )
     remote = open_remote(kind, args.server, key, vanilla_url=args.vanilla_server)
     pair = remote.connect()
     print(f"benchmarking on {pair.describe()}", file=sys.stderr, flush=True)
     cancel = threading.Event()
     try:
-        report = run_remote_benchmark(remote, prompts, settings, prompts_source=str(path), progress=_progress(),
-                                      cancel=cancel)  # fmt: skip
+        report = run_remote_benchmark(
+            remote, prompts, settings, prompts_source=str(path), progress=_progress(), cancel=cancel
+        )
     except KeyboardInterrupt:
         cancel.set()
         raise

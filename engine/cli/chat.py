@@ -22,13 +22,20 @@ import argparse
 import os
 import sys
 import threading
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from engine.cli import interrupt as cli_interrupt
-from engine.errors import ContextOverflowError, SpecDeckError
+from engine.cli.terminal import isatty
 from engine.core.events import GenerationResult, Source, StepEvent
-from engine.figures import (ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE, PREDICTED_SPEEDUP,
-                                 draft_acceptance_text)
+from engine.errors import ContextOverflowError, SpecDeckError
+from engine.figures import (
+    ACCEPTANCE_LENGTH,
+    DRAFT_ACCEPTANCE,
+    PER_TOKEN_ACCEPTANCE,
+    PREDICTED_SPEEDUP,
+    draft_acceptance_text,
+)
 
 COLOURS = {  # ANSI foreground colours, the app's tints where a terminal has them
     Source.ACCEPTED: "\033[32m",  # green: the draft guessed right
@@ -38,8 +45,13 @@ COLOURS = {  # ANSI foreground colours, the app's tints where a terminal has the
     Source.UNREPORTED: "",  # a remote server that does not say
 }
 RESET = "\033[0m"
-SOURCE_NAMES = {Source.ACCEPTED: "accepted draft", Source.RESAMPLED: "resampled", Source.BONUS: "bonus",
-                Source.PLAIN: "plain target", Source.UNREPORTED: "unreported"}  # fmt: skip
+SOURCE_NAMES = {
+    Source.ACCEPTED: "accepted draft",
+    Source.RESAMPLED: "resampled",
+    Source.BONUS: "bonus",
+    Source.PLAIN: "plain target",
+    Source.UNREPORTED: "unreported",
+}
 
 HELP = """commands:
   /stats    the last reply's statistics: speed, acceptance, the speedup the formula predicts
@@ -50,15 +62,24 @@ HELP = """commands:
 
 
 def add_chat_parser(subparsers) -> argparse.ArgumentParser:
-    from engine.cli.main import _decode_options, _model_options  # here: engine.cli.main imports this module while it loads
+    from engine.cli.main import (  # here: engine.cli.main imports this module while it loads
+        _decode_options,
+        _model_options,
+    )
 
     chat = subparsers.add_parser("chat", help="chat in the terminal, each token coloured by where it came from")
     _model_options(chat)
     _decode_options(chat, max_tokens=512)
     chat.add_argument("-sys", "--system", default="", help="the system prompt (default: none)")
-    chat.add_argument("--color", "--colour", dest="color", choices=("auto", "always", "never"), default="auto",
-                      help="colour tokens by provenance: auto (default: when stdout is a terminal and "
-                           "NO_COLOR is unset), always or never")  # fmt: skip
+    chat.add_argument(
+        "--color",
+        "--colour",
+        dest="color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour tokens by provenance: auto (default: when stdout is a terminal and "
+        "NO_COLOR is unset), always or never",
+    )
     chat.set_defaults(func=cmd_chat)
     return chat
 
@@ -78,7 +99,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def use_colour(choice: str, stream: TextIO) -> bool:
     if choice != "auto":
         return choice == "always"
-    return _isatty(stream) and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+    return isatty(stream) and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
 def paint(text: str, source: Source, colour: bool) -> str:
@@ -89,8 +110,17 @@ def paint(text: str, source: Source, colour: bool) -> str:
 class Chat:
     """The conversation and the commands; `read_line` is input() unless a test drives it."""
 
-    def __init__(self, engine, sampling, *, system: str = "", colour: bool = False, out: TextIO | None = None,
-                 err: TextIO | None = None, read_line: Callable[[str], str] = input) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine,
+        sampling,
+        *,
+        system: str = "",
+        colour: bool = False,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        read_line: Callable[[str], str] = input,
+    ) -> None:
         self.engine = engine
         self.sampling = sampling
         self.system = system
@@ -107,7 +137,7 @@ class Chat:
         return self.engine.drafter is not None
 
     def run(self) -> None:
-        interactive = _isatty(sys.stdin)
+        interactive = isatty(sys.stdin)
         if interactive:
             try:
                 import readline  # noqa: F401 (input() then edits the line and keeps a history)
@@ -116,8 +146,9 @@ class Chat:
         config = self.engine.config
         drafter = f"draft {config.draft}" if config.draft else f"{config.drafter} drafter"
         drafter = drafter if self.speculative else "no drafter"
-        self._say(f"chat with {self.engine.target.info.name} ({drafter}): /help lists the commands, "
-                  "Ctrl+D or /quit leaves")  # fmt: skip
+        self._say(
+            f"chat with {self.engine.target.info.name} ({drafter}): /help lists the commands, Ctrl+D or /quit leaves"
+        )
         if self.colour:
             legend = ", ".join(paint(SOURCE_NAMES[s], s, True) for s in Source if s is not Source.UNREPORTED)
             print(f"colours: {legend}", file=self.out, flush=True)
@@ -162,12 +193,15 @@ class Chat:
             prompt = self.engine.prompt_ids(self._conversation())
             cancel = threading.Event()
             with cli_interrupt.interrupt_sets(cancel):
-                result = self.engine.generate(prompt, self.sampling, speculative=self.speculative, cancel=cancel,
-                                              on_event=self._show)  # fmt: skip
+                result = self.engine.generate(
+                    prompt, self.sampling, speculative=self.speculative, cancel=cancel, on_event=self._show
+                )
         except ContextOverflowError:
             self.messages.pop()
-            self._say(f"the conversation no longer fits the context window ({self.engine.target.n_ctx} tokens): "
-                      "/reset starts a new one (or load the model with a larger -c/--n-ctx)")  # fmt: skip
+            self._say(
+                f"the conversation no longer fits the context window ({self.engine.target.n_ctx} tokens): "
+                "/reset starts a new one (or load the model with a larger -c/--n-ctx)"
+            )
             return
         except SpecDeckError as error:
             self.messages.pop()
@@ -182,8 +216,10 @@ class Chat:
         if result.finish_reason == "cancelled":
             self._say("[stopped]")
         elif result.finish_reason == "context":
-            self._say(f"the context window ({self.engine.target.n_ctx} tokens) is full: /reset starts a new "
-                      "conversation (or load the model with a larger -c/--n-ctx)")  # fmt: skip
+            self._say(
+                f"the context window ({self.engine.target.n_ctx} tokens) is full: /reset starts a new "
+                "conversation (or load the model with a larger -c/--n-ctx)"
+            )
 
     def stats(self) -> None:
         if self.last is None:
@@ -240,10 +276,3 @@ class Chat:
 
     def _say(self, message: str) -> None:
         print(message, file=self.err, flush=True)
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream is not None and stream.isatty()
-    except (OSError, ValueError):  # closed or replaced streams
-        return False

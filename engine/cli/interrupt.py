@@ -33,8 +33,10 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
+
+from engine.cli.terminal import isatty
 
 EXIT_CANCELLED = 130  # 128 + SIGINT, what a shell reports for a process stopped by Ctrl+C
 
@@ -94,7 +96,7 @@ def exit_cancelled() -> None:
             stream.flush()
         except Exception:  # a closed pipe, or a flush already under way in the interrupted code
             pass
-    interactive = any(_isatty(s) for s in (sys.stdout, sys.stderr))
+    interactive = any(isatty(s) for s in (sys.stdout, sys.stderr))
     # On a terminal: clear the line (a "loading…" line, or the reply so far ends above).
     message = ("\n\r\033[Kcancelled\n" if interactive else "cancelled\n").encode()
     try:
@@ -110,13 +112,6 @@ def _on_interrupt(signum, frame) -> None:
         _pending = True
         return
     exit_cancelled()
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except Exception:  # closed or replaced streams
-        return False
 
 
 @contextlib.contextmanager

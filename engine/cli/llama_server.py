@@ -1,7 +1,7 @@
 """specdeck-cli llama-server: find or build the llama-server binary the benchmark's peers use.
 
-    specdeck-cli llama-server path      the binary that would be used, or exit 1 with what to do
-    specdeck-cli llama-server build     build llama.cpp's server once into the cache (10-30 minutes)
+specdeck-cli llama-server path      the binary that would be used, or exit 1 with what to do
+specdeck-cli llama-server build     build llama.cpp's server once into the cache (10-30 minutes)
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import sys
 
 
 def add_llama_server_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("llama-server", help="find, or build once, the llama-server binary for bench --peers")
+    parser = subparsers.add_parser(
+        "llama-server", help="find, or build once, the llama-server binary for bench --peers"
+    )
     parser.add_argument("action", choices=("path", "build"))
     parser.add_argument("-j", "--jobs", type=int, default=None, help="compile jobs (default: every core)")
     parser.set_defaults(func=cmd_llama_server)
@@ -24,8 +26,11 @@ def cmd_llama_server(args: argparse.Namespace) -> int:
     if args.action == "path":
         binary = find_llama_server()
         if binary is None:
-            print(f"no llama-server found ($SPECDECK_LLAMA_SERVER, $PATH, {cache_dir()}): "
-                  "`specdeck-cli llama-server build` builds one.", file=sys.stderr)  # fmt: skip
+            print(
+                f"no llama-server found ($SPECDECK_LLAMA_SERVER, $PATH, {cache_dir()}): "
+                "`specdeck-cli llama-server build` builds one.",
+                file=sys.stderr,
+            )
             return 1
         print(binary)
         return 0

@@ -32,9 +32,17 @@ from pathlib import Path  # noqa: E402
 from engine.cli.bench import add_bench_parser  # noqa: E402
 from engine.cli.chat import add_chat_parser  # noqa: E402
 from engine.cli.llama_server import add_llama_server_parser  # noqa: E402
-from engine.cli.options import (add_drafter_options, add_gpu_layers_option, add_load_options,  # noqa: E402
-                                add_server_options, drafter_choice, refuse_pair_options, server_key)  # fmt: skip
+from engine.cli.options import (  # noqa: E402
+    add_drafter_options,
+    add_gpu_layers_option,
+    add_load_options,
+    add_server_options,
+    drafter_choice,
+    refuse_pair_options,
+    server_key,
+)
 from engine.cli.serve import add_serve_parser  # noqa: E402
+from engine.cli.terminal import isatty  # noqa: E402
 from engine.cli.train import add_train_parser  # noqa: E402
 from engine.errors import ConfigError, SpecDeckError  # noqa: E402
 from engine.figures import DECODE_SPEEDUP, details  # noqa: E402
@@ -68,11 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(gen)
     _decode_options(gen, max_tokens=256)
     source = gen.add_mutually_exclusive_group()
-    source.add_argument("-p", "--prompt",
-                        help="a user message (rendered with the chat template); '-' or none given with "
-                        "a pipe on standard input: read it from standard input")  # fmt: skip
-    source.add_argument("--messages", type=Path, help='JSON file: [{"role": "user", "content": "..."}, ...]; '
-                        "roles: system, user, assistant")
+    source.add_argument(
+        "-p",
+        "--prompt",
+        help="a user message (rendered with the chat template); '-' or none given with "
+        "a pipe on standard input: read it from standard input",
+    )
+    source.add_argument(
+        "--messages",
+        type=Path,
+        help='JSON file: [{"role": "user", "content": "..."}, ...]; roles: system, user, assistant',
+    )
     gen.add_argument("--raw", action="store_true", help="feed --prompt as plain text, without the chat template")
     gen.add_argument("--compare", action="store_true", help="also run vanilla decoding and report the speedup")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -103,8 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_options(parser: argparse.ArgumentParser) -> None:
     """The model and load options of generate and chat; the short forms are llama.cpp's (-m, -md, -ngl, ...).
     The drafter and its options come from the drafter registry (cli/options.py)."""
-    parser.add_argument("-m", "--target", default="default",
-                        help="'default', a GGUF file, a model folder or a repo id")
+    parser.add_argument("-m", "--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
     add_drafter_options(parser)
     add_load_options(parser)
 
@@ -115,11 +128,18 @@ def _decode_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     parser.add_argument("--temperature", "--temp", type=float, default=None, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=None, help="0 = off (default)")
     parser.add_argument("--top-p", type=float, default=None, help="1 = off (default)")
-    parser.add_argument("--min-p", type=float, default=None,
-                        help="0 = off (default); keep tokens at least this fraction as likely as the best one")
-    parser.add_argument("--model-sampling", action="store_true",
-                        help="for the sampling options not given, use what the model's files recommend "
-                        "(GGUF general.sampling.*, generation_config.json)")
+    parser.add_argument(
+        "--min-p",
+        type=float,
+        default=None,
+        help="0 = off (default); keep tokens at least this fraction as likely as the best one",
+    )
+    parser.add_argument(
+        "--model-sampling",
+        action="store_true",
+        help="for the sampling options not given, use what the model's files recommend "
+        "(GGUF general.sampling.*, generation_config.json)",
+    )
     parser.add_argument("-s", "--seed", type=int, default=0)
     parser.add_argument("-n", "--max-tokens", type=int, default=max_tokens, help=f"default {max_tokens}")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -127,8 +147,9 @@ def _decode_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
 
 def _draft_length_options(parser: argparse.ArgumentParser) -> None:
     """Draft length, for generate, chat and serve."""
-    parser.add_argument("--k", "--draft-max", dest="k", default="auto",
-                        help="draft length: a number from 0 to 32, or auto (default)")  # fmt: skip
+    parser.add_argument(
+        "--k", "--draft-max", dest="k", default="auto", help="draft length: a number from 0 to 32, or auto (default)"
+    )
     parser.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
 
 
@@ -155,10 +176,19 @@ def _engine_config(args: argparse.Namespace):
 
     drafter, options = drafter_choice(args)
     return EngineConfig(
-        target=args.target, drafter=drafter, options=options, backend=args.backend, device=args.device,
-        dtype=args.dtype, n_ctx=args.n_ctx, threads=args.threads, gpu_layers=args.gpu_layers, k=args.k,
-        k_max=args.k_max, compile=args.compile,
-    )  # fmt: skip
+        target=args.target,
+        drafter=drafter,
+        options=options,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        n_ctx=args.n_ctx,
+        threads=args.threads,
+        gpu_layers=args.gpu_layers,
+        k=args.k,
+        k_max=args.k_max,
+        compile=args.compile,
+    )
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -177,9 +207,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stream = None if args.json else (lambda event: _write(event.text))
         if args.compare:
             comparison = engine.compare(
-                prompt, sampling, cancel=cancel,
+                prompt,
+                sampling,
+                cancel=cancel,
                 on_event=(lambda label, event: stream(event) if label == "speculative" else None) if stream else None,
-            )  # fmt: skip
+            )
             result = comparison.speculative
         else:
             result = engine.generate(prompt, sampling, speculative=speculative, cancel=cancel, on_event=stream)
@@ -206,11 +238,12 @@ def _generate_on_server(args: argparse.Namespace, messages: list[dict]) -> int:
     """generate on a server: a SpecDeck server's loaded pair (EngineClient), or llama-server, vLLM or
     SGLang (engine/remote): the same output and statistics, as far as the server reports them."""
     defaults = build_parser().parse_args(["generate", "-p", "-"])
-    refuse_pair_options(args, defaults, "the server's loaded pair is used", extra=("model_sampling",),
-                        subject="model")
+    refuse_pair_options(args, defaults, "the server's loaded pair is used", extra=("model_sampling",), subject="model")
     if args.raw:
-        raise ConfigError("--raw feeds text without the chat template, which a server's generate does not offer: "
-                          "drop --raw, or run without --server.")  # fmt: skip
+        raise ConfigError(
+            "--raw feeds text without the chat template, which a server's generate does not offer: "
+            "drop --raw, or run without --server."
+        )
     sampling = _sampling_config(args, say=False)
     engine, n_ctx, described, per_depth = _server_engine(args)
     if not args.json:
@@ -254,8 +287,10 @@ def _server_engine(args: argparse.Namespace):
         pair = remote.connect()
         return remote, pair.n_ctx or 0, pair.describe(), False
     if args.vanilla_server:
-        raise ConfigError("--vanilla-server is for llama-server, vLLM and SGLang: a SpecDeck server runs the "
-                          "vanilla side of --compare itself. Drop --vanilla-server.")  # fmt: skip
+        raise ConfigError(
+            "--vanilla-server is for llama-server, vLLM and SGLang: a SpecDeck server runs the "
+            "vanilla side of --compare itself. Drop --vanilla-server."
+        )
     from engine.service.client import EngineClient
 
     client = EngineClient(args.server, api_key=key)
@@ -273,22 +308,17 @@ def _read_prompt(prompt: str | None) -> str:
     """--prompt's text; '-', or no --prompt with a pipe or a file on standard input, reads standard input."""
     if prompt is not None and prompt != "-":
         return prompt
-    if prompt is None and _isatty(sys.stdin):
-        raise ConfigError("No prompt: give --prompt TEXT or --messages FILE, or pipe the prompt in "
-                          "(echo \"...\" | specdeck-cli generate).")  # fmt: skip
+    if prompt is None and isatty(sys.stdin):
+        raise ConfigError(
+            "No prompt: give --prompt TEXT or --messages FILE, or pipe the prompt in "
+            '(echo "..." | specdeck-cli generate).'
+        )
     if sys.stdin is None:
         raise ConfigError("--prompt - reads standard input, but this process has none.")
     text = sys.stdin.read().strip()
     if not text:
         raise ConfigError("The prompt read from standard input is empty.")
     return text
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream is not None and stream.isatty()
-    except (OSError, ValueError):  # closed or replaced streams
-        return False
 
 
 def _read_messages(path: Path) -> list[dict]:
@@ -298,9 +328,9 @@ def _read_messages(path: Path) -> list[dict]:
     try:
         messages = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"No messages file at {path}.")
+        raise ConfigError(f"No messages file at {path}.") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ConfigError(f"{path} is not a JSON messages file ({error}).")
+        raise ConfigError(f"{path} is not a JSON messages file ({error}).") from error
     if isinstance(messages, dict) and "messages" in messages:
         messages = messages["messages"]
     return check_messages(messages, source=str(path))
@@ -315,7 +345,7 @@ def _load_engine(config):
     started = time.perf_counter()
     # On a terminal the line shows while loading, and an error or Ctrl+C replaces it; in a pipe or
     # a log it is written once loaded, so an error (or "cancelled") stays the only line.
-    live = _isatty(sys.stderr)
+    live = isatty(sys.stderr)
     if live:
         print(f"loading {summary}…", end="", file=sys.stderr, flush=True)
     try:
@@ -331,13 +361,6 @@ def _load_engine(config):
     for line in engine.placement:  # what --gpu-layers auto chose
         print(line, file=sys.stderr, flush=True)
     return engine
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):  # replaced or closed streams
-        return False
 
 
 def _write(text: str) -> None:
@@ -358,22 +381,38 @@ def _notes(result, n_ctx: int) -> list[str]:
 
 def _run_stats(result, n_ctx: int) -> dict:
     s = result.stats
-    keys = ("steps", "drafted", "accepted", "acceptance_rate", "draft_acceptance_rate", "mean_acceptance_length",
-            "tokens_per_step", "tokens_per_s", "wall_s")  # fmt: skip
+    keys = (
+        "steps",
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "draft_acceptance_rate",
+        "mean_acceptance_length",
+        "tokens_per_step",
+        "tokens_per_s",
+        "wall_s",
+    )
     stats = {key: s.as_dict()[key] for key in keys}
     stats.update(finish_reason=result.finish_reason, predicted_speedup=round(s.predicted_speedup, 4))
     # Per depth d (a chain's position d, Medusa's head d): how often it was reached and accepted.
     stats.update(
-        depth_tested=list(s.depth_tested), depth_accepted=list(s.depth_accepted),
-        head_acceptance=[round(a, 4) for a in s.depth_acceptance], notes=_notes(result, n_ctx),
-    )  # fmt: skip
+        depth_tested=list(s.depth_tested),
+        depth_accepted=list(s.depth_accepted),
+        head_acceptance=[round(a, 4) for a in s.depth_acceptance],
+        notes=_notes(result, n_ctx),
+    )
     return stats
 
 
 def _sampling_report(sampling) -> dict:
     """What the run sampled with (after --model-sampling filled in what was not given)."""
-    return {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-            "min_p": sampling.min_p, "seed": sampling.seed}  # fmt: skip
+    return {
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "seed": sampling.seed,
+    }
 
 
 def _json_report(result, comparison, n_ctx: int) -> dict:
@@ -406,9 +445,12 @@ def _summary_lines(result, comparison, n_ctx: int, per_depth: bool = False, draf
         details(s),
     ]
     if per_depth and s.depth_tested:
-        lines.append("acceptance per head: " + ", ".join(
-            f"{d}: {a:.0%} of {t}" for d, (a, t) in enumerate(zip(s.depth_acceptance, s.depth_tested), start=1)
-        ))  # fmt: skip
+        lines.append(
+            "acceptance per head: "
+            + ", ".join(
+                f"{d}: {a:.0%} of {t}" for d, (a, t) in enumerate(zip(s.depth_acceptance, s.depth_tested), start=1)
+            )
+        )
     if drafter:
         lines.append(f"drafters: {drafter}")
     notes = _notes(result, n_ctx)

@@ -24,10 +24,15 @@ DEFAULT_DRAFTER = "ngram"
 
 def add_drafter_options(parser: argparse.ArgumentParser) -> None:
     names = [spec.name for spec in all_drafters()]
-    parser.add_argument("--drafter", type=_drafter_arg, default=None, metavar="NAME",
-                        help=f"the drafter: {', '.join(names)}, or a chain of them asked in order, "
-                             f"such as suffix+model (default {DEFAULT_DRAFTER}; --draft implies model, "
-                             "--heads medusa)")  # fmt: skip
+    parser.add_argument(
+        "--drafter",
+        type=_drafter_arg,
+        default=None,
+        metavar="NAME",
+        help=f"the drafter: {', '.join(names)}, or a chain of them asked in order, "
+        f"such as suffix+model (default {DEFAULT_DRAFTER}; --draft implies model, "
+        "--heads medusa)",
+    )
     seen: set[str] = set()
     for spec in all_drafters():
         hints = typing.get_type_hints(spec.options)
@@ -35,18 +40,25 @@ def add_drafter_options(parser: argparse.ArgumentParser) -> None:
             if s.dest in seen:
                 continue  # a flag another drafter declared first (--heads)
             seen.add(s.dest)
-            parser.add_argument(*s.flags, dest=s.dest, default=s.default, type=_parser(s, hints[s.name]),
-                                choices=s.choices, help=s.help)  # fmt: skip
+            parser.add_argument(
+                *s.flags, dest=s.dest, default=s.default, type=_parser(s, hints[s.name]), choices=s.choices, help=s.help
+            )
 
 
 def add_load_options(parser: argparse.ArgumentParser, threads: str = "CPU threads (llama.cpp)") -> None:
     """The target's backend and load options (llama.cpp's short forms -c, -t, -ngl)."""
     parser.add_argument("--backend", default="auto", help="auto (default), torch or llama.cpp")
     parser.add_argument("--device", default="auto", help="auto, cuda, mps or cpu (torch backend)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)")
-    parser.add_argument("--compile", choices=COMPILES, default="auto",
-                        help="the PyTorch forward: auto (static shapes and CUDA graphs on CUDA, eager elsewhere), "
-                             "on (static shapes on any device) or off (eager)")  # fmt: skip
+    parser.add_argument(
+        "--dtype", default="auto", help="auto, float32, bfloat16, float16 or int8 (int8 weights; torch backend)"
+    )
+    parser.add_argument(
+        "--compile",
+        choices=COMPILES,
+        default="auto",
+        help="the PyTorch forward: auto (static shapes and CUDA graphs on CUDA, eager elsewhere), "
+        "on (static shapes on any device) or off (eager)",
+    )
     parser.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
     parser.add_argument("-t", "--threads", type=int, default=None, help=threads)
     add_gpu_layers_option(parser)
@@ -54,9 +66,14 @@ def add_load_options(parser: argparse.ArgumentParser, threads: str = "CPU thread
 
 def add_gpu_layers_option(parser: argparse.ArgumentParser) -> None:
     """-ngl / --gpu-layers: "auto" (the default), or a count; a bad one is refused with the load options."""
-    parser.add_argument("-ngl", "--gpu-layers", type=_value, default=AUTO,
-                        help="layers offloaded to the GPU (llama.cpp): auto (default: every layer when this "
-                             "llama.cpp build can offload, else none), -1 or all, 0 (none) or a count")  # fmt: skip
+    parser.add_argument(
+        "-ngl",
+        "--gpu-layers",
+        type=_value,
+        default=AUTO,
+        help="layers offloaded to the GPU (llama.cpp): auto (default: every layer when this "
+        "llama.cpp build can offload, else none), -1 or all, 0 (none) or a count",
+    )
 
 
 def drafter_choice(args: argparse.Namespace):
@@ -71,8 +88,7 @@ def drafter_choice(args: argparse.Namespace):
         for s in option_settings(other):
             if s.dest not in own and getattr(args, s.dest, s.default) != s.default:
                 raise ConfigError(_foreign(s, other, name))
-    values = {s.name: _value(getattr(args, s.dest)) if s.auto else getattr(args, s.dest)
-              for s in option_settings(spec)}  # fmt: skip
+    values = {s.name: _value(getattr(args, s.dest)) if s.auto else getattr(args, s.dest) for s in option_settings(spec)}
     return name, spec.options(**values)
 
 
@@ -83,8 +99,9 @@ def _drafter_name(args: argparse.Namespace) -> str:
         if asked is not None and "model" in member_names(asked):
             return asked  # a chain with a draft model in it
         if asked not in (None, "model"):
-            raise ConfigError(f"--draft gives a draft model, but --drafter {asked} drafts without one: "
-                              "drop one of them.")  # fmt: skip
+            raise ConfigError(
+                f"--draft gives a draft model, but --drafter {asked} drafts without one: drop one of them."
+            )
         return "model"
     if getattr(args, "heads", None) and asked in (None, DEFAULT_DRAFTER):
         return "medusa"
@@ -108,8 +125,10 @@ def _foreign(s: Setting, owner, drafter: str) -> str:
     if owner.name == "model":
         return f"{flag} sets up a draft model, but none is loaded: give one with --draft, or drop {flag}."
     users = [spec.name for spec in all_drafters() if s.dest in {o.dest for o in option_settings(spec)}]
-    return (f"{flag} is an option of --drafter {' or '.join(users)}, but --drafter {drafter} has no use for it: "
-            "drop one of them.")  # fmt: skip
+    return (
+        f"{flag} is an option of --drafter {' or '.join(users)}, but --drafter {drafter} has no use for it: "
+        "drop one of them."
+    )
 
 
 def _parser(s: Setting, hint):
@@ -136,20 +155,38 @@ def _value(text):
 
 
 # The loaded pair's options (and every drafter's): with --server the server's loaded pair decides them.
-PAIR_OPTIONS = ("target", "drafter", "backend", "device", "dtype", "compile", "n_ctx", "threads", "gpu_layers", "k",
-                "k_max")
+PAIR_OPTIONS = (
+    "target",
+    "drafter",
+    "backend",
+    "device",
+    "dtype",
+    "compile",
+    "n_ctx",
+    "threads",
+    "gpu_layers",
+    "k",
+    "k_max",
+)
 
 
-def refuse_pair_options(args: argparse.Namespace, defaults: argparse.Namespace, what: str,
-                        extra: tuple[str, ...] = (), subject: str = "pair") -> None:  # fmt: skip
+def refuse_pair_options(
+    args: argparse.Namespace,
+    defaults: argparse.Namespace,
+    what: str,
+    extra: tuple[str, ...] = (),
+    subject: str = "pair",
+) -> None:
     """With --server: a pair option the user set is a ConfigError (`what`: what the server then uses;
     `subject`: what the option is about, "the {subject} loaded here")."""
     names = [*PAIR_OPTIONS, *extra, *(s.dest for spec in all_drafters() for s in option_settings(spec))]
     given = [name for name in names if getattr(args, name) != getattr(defaults, name)]
     if given:
         flag = "--" + given[0].replace("_", "-")
-        raise ConfigError(f"{flag} is about the {subject} loaded here, but with --server {what}: drop {flag}, or run "
-                          "without --server.")
+        raise ConfigError(
+            f"{flag} is about the {subject} loaded here, but with --server {what}: drop {flag}, or run "
+            "without --server."
+        )
 
 
 # -- a server instead of a local pair (generate, bench) ---------------------------------------
@@ -160,14 +197,26 @@ ENV_KEY = "SPECDECK_API_KEY"
 
 def add_server_options(parser: argparse.ArgumentParser, verb: str) -> None:
     """--server URL, --server-kind, --vanilla-server URL, --api-key."""
-    parser.add_argument("--server", default=None, metavar="URL",
-                        help=f"{verb} a server instead of loading a model here: a SpecDeck server (specdeck-cli "
-                             "serve) with the pair it has loaded, llama-server, vLLM or SGLang")  # fmt: skip
-    parser.add_argument("--server-kind", choices=SERVER_KINDS, default="auto",
-                        help="what runs at --server (default: found out by asking it)")
-    parser.add_argument("--vanilla-server", default=None, metavar="URL",
-                        help="llama-server, vLLM, SGLang: a second server of the same model without speculative "
-                             "decoding, for the vanilla side of a comparison")  # fmt: skip
+    parser.add_argument(
+        "--server",
+        default=None,
+        metavar="URL",
+        help=f"{verb} a server instead of loading a model here: a SpecDeck server (specdeck-cli "
+        "serve) with the pair it has loaded, llama-server, vLLM or SGLang",
+    )
+    parser.add_argument(
+        "--server-kind",
+        choices=SERVER_KINDS,
+        default="auto",
+        help="what runs at --server (default: found out by asking it)",
+    )
+    parser.add_argument(
+        "--vanilla-server",
+        default=None,
+        metavar="URL",
+        help="llama-server, vLLM, SGLang: a second server of the same model without speculative "
+        "decoding, for the vanilla side of a comparison",
+    )
     parser.add_argument("--api-key", default=None, help=f"the server's API key (default: ${ENV_KEY})")
 
 

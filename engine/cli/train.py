@@ -40,26 +40,46 @@ KINDS = ("medusa", "eagle", "eagle3")
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
-    train = subparsers.add_parser("train-heads",
-                                  help="train Medusa, EAGLE or EAGLE-3 heads for a target (self-distillation)")
+    train = subparsers.add_parser(
+        "train-heads", help="train Medusa, EAGLE or EAGLE-3 heads for a target (self-distillation)"
+    )
     train.add_argument("--kind", choices=KINDS, default="medusa", help="medusa (default), eagle or eagle3")
     train.add_argument("--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
-    train.add_argument("--data", action="append", default=[],
-                       help="'builtin', or a .txt/.md/.jsonl file or a folder of them (repeatable)")
-    train.add_argument("--self-generate", type=int, default=0, metavar="N",
-                       help="also train on the target's own replies to N prompts")
+    train.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        help="'builtin', or a .txt/.md/.jsonl file or a folder of them (repeatable)",
+    )
+    train.add_argument(
+        "--self-generate", type=int, default=0, metavar="N", help="also train on the target's own replies to N prompts"
+    )
     train.add_argument("--out", required=True, help="folder for the heads (and training/ for resuming)")
     train.add_argument("--heads", type=int, default=4, help="number of heads (default 4)")
     train.add_argument("--layers", type=int, default=1, help="residual blocks per head (default 1)")
-    train.add_argument("--draft-vocab", type=int, default=8192, metavar="N",
-                       help="eagle, eagle3: the N ids most frequent in the data are the ones the head proposes "
-                            "(0 = the whole vocabulary; default 8192)")
-    train.add_argument("--objective", choices=("features", "kl"), default="features",
-                       help="features: regress the target's cached hidden states (fast, default); "
-                            "kl: full-vocabulary distillation, the target runs every step (slow)")
-    train.add_argument("--cache-tokens", type=int, default=262_144, metavar="N",
-                       help="features: hidden states to cache, a random subset of the data (0 = all; default "
-                            "262144: ~10 min for a 135M target on 2 CPU cores)")
+    train.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=8192,
+        metavar="N",
+        help="eagle, eagle3: the N ids most frequent in the data are the ones the head proposes "
+        "(0 = the whole vocabulary; default 8192)",
+    )
+    train.add_argument(
+        "--objective",
+        choices=("features", "kl"),
+        default="features",
+        help="features: regress the target's cached hidden states (fast, default); "
+        "kl: full-vocabulary distillation, the target runs every step (slow)",
+    )
+    train.add_argument(
+        "--cache-tokens",
+        type=int,
+        default=262_144,
+        metavar="N",
+        help="features: hidden states to cache, a random subset of the data (0 = all; default "
+        "262144: ~10 min for a 135M target on 2 CPU cores)",
+    )
     train.add_argument("--steps", type=int, default=2000)
     train.add_argument("--batch-size", type=int, default=8)
     train.add_argument("--seq-len", type=int, default=256)
@@ -103,14 +123,31 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, on_interrupt)
     try:
         result = train_heads(
-            args.target, args.data, args.out, num_heads=args.heads, num_layers=args.layers, steps=args.steps,
-            batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, dtype=args.dtype, device=args.device,
-            resume=args.resume, self_generate=args.self_generate, seed=args.seed,
-            checkpoint_every=args.checkpoint_every, gen_max_tokens=args.gen_max_tokens,
-            gen_temperature=args.gen_temperature, progress=_printer(max(1, args.log_every)), cancel=cancel,
-            objective=args.objective, cache_tokens=args.cache_tokens, kind=args.kind, draft_vocab=args.draft_vocab,
+            args.target,
+            args.data,
+            args.out,
+            num_heads=args.heads,
+            num_layers=args.layers,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            lr=args.lr,
+            dtype=args.dtype,
+            device=args.device,
+            resume=args.resume,
+            self_generate=args.self_generate,
+            seed=args.seed,
+            checkpoint_every=args.checkpoint_every,
+            gen_max_tokens=args.gen_max_tokens,
+            gen_temperature=args.gen_temperature,
+            progress=_printer(max(1, args.log_every)),
+            cancel=cancel,
+            objective=args.objective,
+            cache_tokens=args.cache_tokens,
+            kind=args.kind,
+            draft_vocab=args.draft_vocab,
             command=command_line(args),
-        )  # fmt: skip
+        )
     finally:
         if in_main_thread:
             signal.signal(signal.SIGINT, previous)
@@ -138,8 +175,14 @@ def command_line(args: argparse.Namespace) -> str:
     for source in args.data:
         words += ["--data", source]
     if args.self_generate:
-        words += ["--self-generate", str(args.self_generate), "--gen-max-tokens", str(args.gen_max_tokens),
-                  "--gen-temperature", f"{args.gen_temperature:g}"]  # fmt: skip
+        words += [
+            "--self-generate",
+            str(args.self_generate),
+            "--gen-max-tokens",
+            str(args.gen_max_tokens),
+            "--gen-temperature",
+            f"{args.gen_temperature:g}",
+        ]
     words += ["--objective", args.objective]
     if args.objective == "features":
         words += ["--cache-tokens", str(args.cache_tokens)]
@@ -148,9 +191,22 @@ def command_line(args: argparse.Namespace) -> str:
         words += ["--draft-vocab", str(args.draft_vocab)]
     else:
         words += ["--heads", str(args.heads), "--layers", str(args.layers)]
-    words += ["--steps", str(args.steps),
-              "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len), "--lr", f"{args.lr:g}",
-              "--dtype", args.dtype, "--device", args.device, "--seed", str(args.seed)]  # fmt: skip
+    words += [
+        "--steps",
+        str(args.steps),
+        "--batch-size",
+        str(args.batch_size),
+        "--seq-len",
+        str(args.seq_len),
+        "--lr",
+        f"{args.lr:g}",
+        "--dtype",
+        args.dtype,
+        "--device",
+        args.device,
+        "--seed",
+        str(args.seed),
+    ]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -163,8 +219,11 @@ def _printer(every: int):
         elif event.phase == "cache" and event.tokens_per_s:
             if event.step % 160 == 0 or event.step == event.steps:  # every 10 chunks of 16 windows
                 eta = _duration(event.eta_s) if event.eta_s is not None else "?"
-                print(f"[cache] {event.message}  {event.tokens_per_s:.0f} tokens/s  ETA {eta}", file=sys.stderr,
-                      flush=True)  # fmt: skip
+                print(
+                    f"[cache] {event.message}  {event.tokens_per_s:.0f} tokens/s  ETA {eta}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         elif event.phase == "generate":
             if event.step % every == 0 or event.step == event.steps:
                 print(f"[generate] {event.message}", file=sys.stderr, flush=True)
@@ -177,17 +236,23 @@ def _printer(every: int):
 def progress_line(event) -> str:
     heads = " ".join(f"{a:.2f}" for a in event.head_accuracy)
     eta = _duration(event.eta_s) if event.eta_s is not None else "?"
-    return (f"step {event.step}/{event.steps}  loss {event.loss:.4f}  top-1 per head [{heads}]  "
-            f"{event.tokens_per_s:.0f} tokens/s  {event.step_s:.2f} s/step  ETA {eta}")  # fmt: skip
+    return (
+        f"step {event.step}/{event.steps}  loss {event.loss:.4f}  top-1 per head [{heads}]  "
+        f"{event.tokens_per_s:.0f} tokens/s  {event.step_s:.2f} s/step  ETA {eta}"
+    )
 
 
 def summary(result) -> str:
     if result.cancelled and result.step == 0 and not result.training:
-        return (f"cancelled before training started; the replies written so far are kept in {result.out_dir}"
-                "/training (run the same command again to continue)")  # fmt: skip
+        return (
+            f"cancelled before training started; the replies written so far are kept in {result.out_dir}"
+            "/training (run the same command again to continue)"
+        )
     if result.cancelled:
-        return (f"cancelled at step {result.step} of {result.steps}; checkpoint in {result.out_dir} "
-                "(run the same command with --resume to continue)")  # fmt: skip
+        return (
+            f"cancelled at step {result.step} of {result.steps}; checkpoint in {result.out_dir} "
+            "(run the same command with --resume to continue)"
+        )
     lines = [f"trained {result.step} steps; heads in {result.out_dir}"]
     if result.final_loss is not None:
         lines[0] += f"; final loss {result.final_loss:.4f}"

@@ -67,9 +67,7 @@ def contents_with_controls(messages: list[dict], controls: ControlTokens) -> lis
     return controls.found_in("\x00".join(m["content"] for m in messages))
 
 
-def chat_pieces(
-    render: Callable[[list[dict]], str], messages: list[dict], controls: ControlTokens
-) -> list[str | int]:
+def chat_pieces(render: Callable[[list[dict]], str], messages: list[dict], controls: ControlTokens) -> list[str | int]:
     """The rendering of `messages` as text pieces and the ids of the template's control tokens, in order.
 
     `render` turns messages into the template's text. Tokenize each str piece with control tokens
@@ -130,9 +128,7 @@ def _partition(text: str, controls: ControlTokens) -> list[str | int]:
     return pieces
 
 
-def _finish(
-    pieces: list[str | int], markers: dict[str, Callable[[], str]], controls: ControlTokens
-) -> list[str | int]:
+def _finish(pieces: list[str | int], markers: dict[str, Callable[[], str]], controls: ControlTokens) -> list[str | int]:
     """Markers back into their text, whitespace dropped beside lstrip/rstrip tokens, empty pieces dropped."""
     if markers:
         pattern = re.compile("|".join(map(re.escape, markers)))

@@ -49,8 +49,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Iterator
 
 from engine.backends.base import Backend
 from engine.backends.capabilities import HiddenFeatures, TreeForward, has
@@ -170,8 +170,17 @@ def decode_steps(
         # target's would have been, and the drafts accepted after it go unused: the step counts i
         # drafts accepted and tested, so tokens = steps + accepted holds for every step.
         counted, counted_tested = (kept, tested) if i >= kept else (i, i)
-        step = _Step(k, len(drafted), counted, counted_tested, t1 - t0, t2 - t1, time.perf_counter() - t2,
-                     feed.tree_depth, feed.extra)  # fmt: skip
+        step = _Step(
+            k,
+            len(drafted),
+            counted,
+            counted_tested,
+            t1 - t0,
+            t2 - t1,
+            time.perf_counter() - t2,
+            feed.tree_depth,
+            feed.extra,
+        )
         run.add(counted + 1, step)
         yield run.event(index, step, infos, step_text, finish, end, stop_infos)
         if finish is not None:
@@ -320,9 +329,15 @@ class _Run:
         )
 
     def event(
-        self, index: int, step: _Step, infos: tuple[TokenInfo, ...] = (), text: str = "",
-        finish: str | None = None, end: TokenInfo | None = None, stop_tokens: tuple[TokenInfo, ...] = (),
-    ) -> StepEvent:  # fmt: skip
+        self,
+        index: int,
+        step: _Step,
+        infos: tuple[TokenInfo, ...] = (),
+        text: str = "",
+        finish: str | None = None,
+        end: TokenInfo | None = None,
+        stop_tokens: tuple[TokenInfo, ...] = (),
+    ) -> StepEvent:
         s, costs = self.stats, self.costs
         a = s.acceptance_rate
         # The formula applied to the drafts this run actually made, against the sum of their
@@ -338,8 +353,11 @@ class _Run:
         gain += sum(c * expected_tokens_tree(rates, depth) for (_, depth, _), c in self.tree_shapes.items())
         shapes = [*self.drafted_lengths.items(), *(((n, e), c) for (n, _, e), c in self.tree_shapes.items())]
         cost = sum(c * costs.verify_ratio(n + 1 + e) for (n, e), c in shapes)
-        cost += s.draft_s / costs.verify_time(1) if costs.verify_s else sum(c * n * costs.draft_ratio()
-                                                                            for (n, _), c in shapes)  # fmt: skip
+        cost += (
+            s.draft_s / costs.verify_time(1)
+            if costs.verify_s
+            else sum(c * n * costs.draft_ratio() for (n, _), c in shapes)
+        )
         mean_drafted = s.drafted / s.steps if s.steps else 0.0
         wall_s = time.perf_counter() - self.loop_start
         self.stats = replace(
@@ -350,8 +368,21 @@ class _Run:
             verify_cost_ratio=costs.verify_ratio(round(mean_drafted) + 1) if costs.verify_s else 1.0,
             predicted_speedup=gain / cost if cost > 0 else 1.0,
         )
-        return StepEvent(index, infos, text, step.k, step.drafted, step.kept, step.draft_s, step.verify_s,
-                         step.other_s, self.stats, finish, end, stop_tokens)  # fmt: skip
+        return StepEvent(
+            index,
+            infos,
+            text,
+            step.k,
+            step.drafted,
+            step.kept,
+            step.draft_s,
+            step.verify_s,
+            step.other_s,
+            self.stats,
+            finish,
+            end,
+            stop_tokens,
+        )
 
 
 def _count_first(counts: tuple[int, ...], n: int, length: int = 0) -> tuple[int, ...]:

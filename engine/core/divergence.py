@@ -29,9 +29,7 @@ def rounding_bound(info: ModelInfo) -> float:
     return 2.0  # bf16 / fp16: up to ~0.9 per row measured
 
 
-def first_divergence(
-    speculative: GenerationResult, vanilla: GenerationResult, bound: float
-) -> Divergence | None:
+def first_divergence(speculative: GenerationResult, vanilla: GenerationResult, bound: float) -> Divergence | None:
     """None when the two token sequences are identical."""
     spec_infos = _with_end(speculative)
     van_infos = _with_end(vanilla)

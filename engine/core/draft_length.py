@@ -348,7 +348,7 @@ class DraftLength:
             try:
                 k = int(k)
             except (TypeError, ValueError):
-                raise ConfigError(f"draft length must be a number from 0 to {K_LIMIT} or 'auto', got {k!r}.")
+                raise ConfigError(f"draft length must be a number from 0 to {K_LIMIT} or 'auto', got {k!r}.") from None
             if not 0 <= k <= K_LIMIT:
                 raise ConfigError(f"draft length k must be between 0 and {K_LIMIT} (or 'auto'), got {k}.")
             self.fixed = k

@@ -52,8 +52,9 @@ class ChainFeed:
     def forward(self, target: Backend, pending: int) -> torch.Tensor:
         return target.forward([pending, *self.tokens])  # (n+1, V)
 
-    def verify(self, logits: torch.Tensor, sampling: SamplingConfig,
-               generator: torch.Generator) -> tuple[Verdict, list[int], int]:  # fmt: skip
+    def verify(
+        self, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
+    ) -> tuple[Verdict, list[int], int]:
         """(verdict, path, tested): the accepted prefix d_1..d_j (path 0..j-1), and j tested,
         plus one where the rule rejected d_{j+1}."""
         if sampling.greedy:
@@ -111,8 +112,9 @@ class TreeFeed:
         # parents shifted by one for x_m in front; row i + 1 is p after node i
         return target.forward_tree([pending, *self.tokens], [-1, *(p + 1 for p in self.parents)])  # (n+1, V)
 
-    def verify(self, logits: torch.Tensor, sampling: SamplingConfig,
-               generator: torch.Generator) -> tuple[Verdict, list[int], int]:  # fmt: skip
+    def verify(
+        self, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
+    ) -> tuple[Verdict, list[int], int]:
         """(verdict, path, tested): the accepted root-to-node path (engine/core/verify_tree.py)."""
         if sampling.greedy:
             verdict = verify_tree_greedy(logits, self.tokens, self.parents)
@@ -156,8 +158,9 @@ class ExtraRowsFeed:
         self.extra_logits = block[len(self.tokens) + 1 :]  # (e, V)
         return block[: len(self.tokens) + 1]  # (n+1, V): what forward_tree would have returned
 
-    def verify(self, logits: torch.Tensor, sampling: SamplingConfig,
-               generator: torch.Generator) -> tuple[Verdict, list[int], int]:  # fmt: skip
+    def verify(
+        self, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
+    ) -> tuple[Verdict, list[int], int]:
         return self.inner.verify(logits, sampling, generator)
 
     def features(self, target: HiddenFeatures, path: list[int]) -> torch.Tensor:
@@ -201,8 +204,9 @@ def fit_draft(draft: Draft, k: int, trees: bool, room: int | None = None) -> Dra
     fits = room is None or (len(nodes) + e <= room and max(draft.extra_offsets, default=0) <= room)
     if not trees or not fits:
         return nodes
-    return replace(nodes, extra_tokens=draft.extra_tokens, extra_offsets=draft.extra_offsets,
-                   extra_mask=draft.extra_mask)  # fmt: skip
+    return replace(
+        nodes, extra_tokens=draft.extra_tokens, extra_offsets=draft.extra_offsets, extra_mask=draft.extra_mask
+    )
 
 
 def masked_block(pending: int, draft: Draft) -> tuple[list[int], list[int], torch.Tensor]:
@@ -238,8 +242,13 @@ def _fit_nodes(draft: Draft, k: int, trees: bool) -> Draft:
             return draft
         q_token = draft.q_token[:k] if draft.q_token is not None else None
         exit_hidden = draft.exit_hidden[: k + 1] if draft.exit_hidden is not None and draft.parents is None else None
-        return Draft(draft.tokens[:k], draft.q[:k] if draft.q is not None else None, q_token,
-                     exit_hidden=exit_hidden, exit_layer=draft.exit_layer)  # fmt: skip
+        return Draft(
+            draft.tokens[:k],
+            draft.q[:k] if draft.q is not None else None,
+            q_token,
+            exit_hidden=exit_hidden,
+            exit_layer=draft.exit_layer,
+        )
     tokens, parents = list(draft.tokens[:k]), list(draft.parents[:k])
     keep = dedupe_siblings(tokens, parents)
     if len(keep) < len(tokens):

@@ -62,8 +62,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
-def draw(logits_row: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
-         ) -> tuple[int, torch.Tensor | None, float]:  # fmt: skip
+def draw(
+    logits_row: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+) -> tuple[int, torch.Tensor | None, float]:
     """A drafter's next token from its logits (V,): (token, q, q(token)). Greedy: the argmax, no q
     (verified as a point mass) and its raw softmax probability for display; sampled: drawn from
     q, the row processed like the target's, which the rejection rule needs."""

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 
 from engine.errors import ConfigError
 
-
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
@@ -53,7 +52,7 @@ class SamplingConfig:
         return self.temperature == 0.0
 
     @classmethod
-    def for_chat(cls, recommended: dict | None = None) -> "SamplingConfig":
+    def for_chat(cls, recommended: dict | None = None) -> SamplingConfig:
         """CHAT_DEFAULT with what the model recommends in its files (engine.models.recommended),
         when that samples: a recommended temperature 0 is most often `do_sample: false`, the
         transformers default copied into generation_config.json, not a choice for chat."""
@@ -63,12 +62,12 @@ class SamplingConfig:
         # The model's own values replace ours; a filter it does not name is off, as the model was tuned.
         return replace(CHAT_DEFAULT, **{"top_k": 0, "top_p": 1.0, "min_p": 0.0, **recommended})
 
-    def as_greedy(self) -> "SamplingConfig":
+    def as_greedy(self) -> SamplingConfig:
         """These settings decoding greedily (the side by side's: identical outputs are its point);
         the seed, length and stop strings stay."""
         return replace(self, temperature=0.0)
 
-    def with_new_seed(self) -> "SamplingConfig":
+    def with_new_seed(self) -> SamplingConfig:
         """These settings with a fresh random seed (Regenerate: another draw, not the same reply)."""
         return replace(self, seed=secrets.randbits(63))
 

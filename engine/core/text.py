@@ -10,7 +10,7 @@ decoded reply.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from engine.errors import ConfigError
 
@@ -89,9 +89,7 @@ def check_messages(messages: object, source: str = "The messages") -> list[dict]
         if role not in MESSAGE_ROLES:
             raise ConfigError(f"{source}: message {n} has the role {role!r}; the roles are {allowed}.")
         if not isinstance(content, str):
-            raise ConfigError(
-                f"{source}: the content of message {n} must be text, not {type(content).__name__}."
-            )
+            raise ConfigError(f"{source}: the content of message {n} must be text, not {type(content).__name__}.")
     return messages
 
 

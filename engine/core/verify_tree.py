@@ -100,9 +100,7 @@ def verify_tree_greedy(logits: torch.Tensor, tokens: list[int], parents: list[in
     source = _source(tokens, children[row])
     accepted_rows = [0, *(node + 1 for node in path)]
     top_ids, top_logits, probs = zip(*(_top_candidates(rows[r]) for r in accepted_rows))
-    return TreeVerdict(
-        len(path), token, source, probs[:-1], probs[-1], top_ids, top_logits, tuple(path), tested
-    )  # fmt: skip
+    return TreeVerdict(len(path), token, source, probs[:-1], probs[-1], top_ids, top_logits, tuple(path), tested)
 
 
 def verify_tree_sampled(
@@ -129,7 +127,7 @@ def verify_tree_sampled(
             source = _source(tokens, children[row])
             return TreeVerdict(
                 len(path), token, source, tuple(p_path), float(p_row[token]), path=tuple(path), tested_depths=tested
-            )  # fmt: skip
+            )
         path.append(accepted)
         p_path.append(float(p_row[tokens[accepted]]))
         row = accepted + 1
@@ -150,4 +148,3 @@ def _source(tokens: list[int], children_here: dict[int, int]) -> Source:
     if not tokens:
         return Source.PLAIN
     return Source.RESAMPLED if children_here else Source.BONUS
-

@@ -94,9 +94,7 @@ class Drafter(abc.ABC):
     costs = None
 
     @abc.abstractmethod
-    def propose(
-        self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator
-    ) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         """Up to k tokens that may follow `context` (the committed token ids)."""
 
     def observe(self, drafted: int, accepted: int) -> None:

@@ -90,8 +90,9 @@ class _Member:
             return expected_tokens(PROBE_ACCEPTANCE, n)
         return (totals or self.length.chain_expected_tokens())[min(n, K_LIMIT)]
 
-    def speedup(self, n: int, depth: int | None = None, catch_up_s: float = 0.0,
-                totals: list[float] | None = None) -> float:  # fmt: skip
+    def speedup(
+        self, n: int, depth: int | None = None, catch_up_s: float = 0.0, totals: list[float] | None = None
+    ) -> float:
         """S of an n-token draft, or of an n-node tree whose verified branch is `depth` deep; with
         `catch_up_s`, what feeding the member the tokens it has not seen costs first."""
         if n <= 0:
@@ -217,8 +218,11 @@ class ChainDrafter(Drafter):
             m.costs.observe_draft(len(draft), seconds)
             if draft.catch_up_s > 0 and missing > CATCH_UP_FREE:
                 per_token = draft.catch_up_s / (missing - 1)  # all but the last, which starts the draft
-                m.catch_up_per_token = per_token if m.catch_up_per_token is None else (
-                    DECAY * m.catch_up_per_token + (1 - DECAY) * per_token)  # fmt: skip
+                m.catch_up_per_token = (
+                    per_token
+                    if m.catch_up_per_token is None
+                    else (DECAY * m.catch_up_per_token + (1 - DECAY) * per_token)
+                )
         m.proposed_at = len(context)
         self._last = m if len(draft) else None
         self._last_depth = len(_branch(draft))
@@ -284,9 +288,12 @@ class ChainDrafter(Drafter):
 
     def stats(self) -> ChainStats:
         drafted_by = 0 if self._last is None else self.members.index(self._last) + 1
-        return ChainStats(drafted_by=drafted_by, members=tuple(m.name for m in self.members),
-                          steps=tuple(m.steps for m in self.members),
-                          accepted=tuple(m.accepted for m in self.members))  # fmt: skip
+        return ChainStats(
+            drafted_by=drafted_by,
+            members=tuple(m.name for m in self.members),
+            steps=tuple(m.steps for m in self.members),
+            accepted=tuple(m.accepted for m in self.members),
+        )
 
     def close(self) -> None:
         for m in self.members:

@@ -45,7 +45,7 @@ class ChainStats(DrafterStats):
 
     @classmethod
     def describe(cls, values: dict) -> str | None:
-        """"suffix drafted 40 steps (312 tokens accepted), model 12 (30)"."""
+        """ "suffix drafted 40 steps (312 tokens accepted), model 12 (30)"."""
         rows = list(zip(values.get("members") or (), values.get("steps") or (), values.get("accepted") or ()))
         if not rows:
             return None
@@ -55,9 +55,13 @@ class ChainStats(DrafterStats):
 
 
 CHAIN_STATS = DrafterSpec(
-    name=STATS_NAME, label="Chained drafters", summary="Several drafters; each step the one that pays most drafts.",
-    options=type("NoOptions", (), {}), make=lambda target, options, load: None, stats=ChainStats,
-)  # fmt: skip
+    name=STATS_NAME,
+    label="Chained drafters",
+    summary="Several drafters; each step the one that pays most drafts.",
+    options=type("NoOptions", (), {}),
+    make=lambda target, options, load: None,
+    stats=ChainStats,
+)
 
 _made: dict[str, DrafterSpec] = {}
 
@@ -145,11 +149,19 @@ def _make_spec(name: str, members: tuple[DrafterSpec, ...]) -> DrafterSpec:
 
     labels = [member.label.split(" (")[0] for member in members]
     spec = DrafterSpec(
-        name=name, label=", then ".join(labels),
-        summary=(f"Each step, whichever of {', '.join(labels)} is expected to gain most drafts: the members "
-                 "that cost nothing are asked first and kept when their draft pays best."),
-        options=options, make=make, needs=needs, preflight=preflight, stats=ChainStats,
-        loads_model=any(member.loads_model for member in members), trees=any(member.trees for member in members),
+        name=name,
+        label=", then ".join(labels),
+        summary=(
+            f"Each step, whichever of {', '.join(labels)} is expected to gain most drafts: the members "
+            "that cost nothing are asked first and kept when their draft pays best."
+        ),
+        options=options,
+        make=make,
+        needs=needs,
+        preflight=preflight,
+        stats=ChainStats,
+        loads_model=any(member.loads_model for member in members),
+        trees=any(member.trees for member in members),
         torch_reason=next((member.torch_reason for member in members if member.needs), ""),
-    )  # fmt: skip
+    )
     return spec

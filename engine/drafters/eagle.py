@@ -52,15 +52,15 @@ import math
 import torch
 import torch.nn.functional as F
 
+from engine.backends.capabilities import HiddenFeatures, has
 from engine.backends.kv_cache import KVCache
 from engine.core.draft_length import K_LIMIT
-from engine.errors import ConfigError
-from engine.heads.eagle import EagleHead
 from engine.core.sampling import SamplingConfig
 from engine.core.tree import depths, path_to
-from engine.backends.capabilities import HiddenFeatures, has
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.eagle_spec import MAX_DEPTH, EagleStats
+from engine.errors import ConfigError
+from engine.heads.eagle import EagleHead
 
 TOP_K = 8  # children per expanded node, and nodes expanded per round
 PRIOR_WEIGHT = 4.0  # the estimates' calibration starts as if 4 tokens had matched them
@@ -104,9 +104,7 @@ class EagleDrafter(Drafter):
         self.nodes = self.depth = 0
         self.rounds = 0
 
-    def propose(
-        self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator
-    ) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         if k <= 0 or len(context) < 2:
             return EMPTY_DRAFT
         with torch.inference_mode():

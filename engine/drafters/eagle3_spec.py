@@ -46,23 +46,39 @@ def preflight(ctx, options: Eagle3Options) -> list:
             return [f"target layers {list(layers(config, meta))} ({ctx.target.name} has {meta.n_layers})"]
         return []
 
-    return head_findings(ctx, options, HeadKind(
-        "eagle3", "EAGLE-3", read_config,
-        f"Train one for this target ({TRAIN_HINT}), or choose an EAGLE-3 head folder (SafeAILab's EAGLE-3 "
-        "heads for Llama-family models load as they are published).",
-        TRAIN_HINT, outside,
-        lambda config: f"EAGLE-3 head over {config.draft_vocab_size:,} draft tokens, reading layers "
-                       f"{list(config.layers) or 'the default'}",
-    ))  # fmt: skip
+    return head_findings(
+        ctx,
+        options,
+        HeadKind(
+            "eagle3",
+            "EAGLE-3",
+            read_config,
+            f"Train one for this target ({TRAIN_HINT}), or choose an EAGLE-3 head folder (SafeAILab's EAGLE-3 "
+            "heads for Llama-family models load as they are published).",
+            TRAIN_HINT,
+            outside,
+            lambda config: (
+                f"EAGLE-3 head over {config.draft_vocab_size:,} draft tokens, reading layers "
+                f"{list(config.layers) or 'the default'}"
+            ),
+        ),
+    )
 
 
 DRAFTER = DrafterSpec(
-    name="eagle3", label="EAGLE-3", choice_label="EAGLE-3 head",
+    name="eagle3",
+    label="EAGLE-3",
+    choice_label="EAGLE-3 head",
     summary="A one-layer EAGLE-3 head reads three of the target's layers and drafts a tree over its own draft "
-            "vocabulary (PyTorch only).",
-    options=Eagle3Options, needs=(LayerFeatures, TreeForward, ModelParts), make=make, preflight=preflight,
+    "vocabulary (PyTorch only).",
+    options=Eagle3Options,
+    needs=(LayerFeatures, TreeForward, ModelParts),
+    make=make,
+    preflight=preflight,
     stats=EagleStats,
-    torch_reason=("An EAGLE-3 head reads the inputs of three of the target's layers and drafts a tree of "
-                  "candidates; llama.cpp exposes neither."),
+    torch_reason=(
+        "An EAGLE-3 head reads the inputs of three of the target's layers and drafts a tree of "
+        "candidates; llama.cpp exposes neither."
+    ),
     trees=True,
-)  # fmt: skip
+)

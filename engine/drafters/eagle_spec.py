@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from engine.backends.capabilities import HiddenFeatures, ModelParts, TreeForward
 from engine.drafters.medusa_spec import HEADS_HELP
@@ -31,8 +31,13 @@ class EagleStats(DrafterStats):
 
 def tree_depth(value) -> int:
     """The deepest tree level: MAX_DEPTH for "auto", else a whole number of 1 or more."""
-    depth = auto_or_int(value, "The EAGLE tree depth", 1, None,
-                        f"Leave it on auto ({MAX_DEPTH} levels) or give a whole number of 1 or more.")
+    depth = auto_or_int(
+        value,
+        "The EAGLE tree depth",
+        1,
+        None,
+        f"Leave it on auto ({MAX_DEPTH} levels) or give a whole number of 1 or more.",
+    )
     return MAX_DEPTH if depth is None else depth
 
 
@@ -55,12 +60,18 @@ def preflight(ctx, options: EagleOptions) -> list:
     """EAGLE needs a head made for the target's hidden size and vocabulary, and a tree depth of 1 or more."""
     from engine.heads.eagle import read_config
 
-    return head_findings(ctx, options, HeadKind(
-        "eagle", "EAGLE", read_config,
-        "SpecDeck ships an EAGLE head for its built-in model only. Train one for this target "
-        "(Models ▸ Train heads…, Kind EAGLE), or choose an EAGLE head folder.",
-        "Models ▸ Train heads…, Kind EAGLE",
-    ))  # fmt: skip
+    return head_findings(
+        ctx,
+        options,
+        HeadKind(
+            "eagle",
+            "EAGLE",
+            read_config,
+            "SpecDeck ships an EAGLE head for its built-in model only. Train one for this target "
+            "(Models ▸ Train heads…, Kind EAGLE), or choose an EAGLE head folder.",
+            "Models ▸ Train heads…, Kind EAGLE",
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -88,11 +99,14 @@ def head_findings(ctx, options, kind: HeadKind) -> list:
     try:
         tree_depth(options.tree_depth)
     except ConfigError:
-        findings.append(Finding(
-            "error", "The tree depth must be 1 or more",
-            f"The {kind.label} tree depth is the deepest level drafted; {options.tree_depth} cannot be used. Leave "
-            f"it on auto ({MAX_DEPTH} levels) or give a whole number of 1 or more.",
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                "error",
+                "The tree depth must be 1 or more",
+                f"The {kind.label} tree depth is the deepest level drafted; {options.tree_depth} cannot be used. Leave "
+                f"it on auto ({MAX_DEPTH} levels) or give a whole number of 1 or more.",
+            )
+        )
     meta = ctx.meta()
     if isinstance(meta, Finding):
         return findings + [meta]
@@ -112,27 +126,39 @@ def head_findings(ctx, options, kind: HeadKind) -> list:
         mismatch.append(f"a vocabulary of {config.vocab_size} tokens ({target.name} has {meta.vocab_size})")
     mismatch += kind.mismatches(config, meta)
     if mismatch:
-        return findings + [Finding(
-            "error", f"This {kind.label} head belongs to another model",
-            f"It was trained for {config.base_model or 'another model'} with {' and '.join(mismatch)}. "
-            f"Train a head for this target ({kind.train_hint}).",
-        )]  # fmt: skip
+        return findings + [
+            Finding(
+                "error",
+                f"This {kind.label} head belongs to another model",
+                f"It was trained for {config.base_model or 'another model'} with {' and '.join(mismatch)}. "
+                f"Train a head for this target ({kind.train_hint}).",
+            )
+        ]
     where = "shipped with SpecDeck" if not heads else folder
     auto = str(options.tree_depth).strip().lower() == AUTO
     depth = f"up to {MAX_DEPTH} levels (auto)" if auto else f"up to {options.tree_depth} levels"
-    return findings + [Finding(
-        "ok", f"The {kind.label} head fits the target",
-        f"{describe_config(config, kind.describe(config), 'depth')} ({where}). Draft trees grow {depth}, "
-        "where the head is most confident.",
-    )]  # fmt: skip
+    return findings + [
+        Finding(
+            "ok",
+            f"The {kind.label} head fits the target",
+            f"{describe_config(config, kind.describe(config), 'depth')} ({where}). Draft trees grow {depth}, "
+            "where the head is most confident.",
+        )
+    ]
 
 
 DRAFTER = DrafterSpec(
-    name="eagle", label="EAGLE", choice_label="EAGLE head",
+    name="eagle",
+    label="EAGLE",
+    choice_label="EAGLE head",
     summary="A one-layer EAGLE head runs in the target's feature space and drafts a tree (PyTorch only).",
-    options=EagleOptions, needs=(HiddenFeatures, TreeForward, ModelParts), make=make, preflight=preflight,
+    options=EagleOptions,
+    needs=(HiddenFeatures, TreeForward, ModelParts),
+    make=make,
+    preflight=preflight,
     stats=EagleStats,
-    torch_reason=("An EAGLE head reads the target's hidden states and drafts a tree of candidates; "
-                  "llama.cpp exposes neither."),
+    torch_reason=(
+        "An EAGLE head reads the target's hidden states and drafts a tree of candidates; llama.cpp exposes neither."
+    ),
     trees=True,
-)  # fmt: skip
+)

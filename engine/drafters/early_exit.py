@@ -86,12 +86,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.core.draft_length import CostModel, expected_tokens
-from engine.errors import ConfigError
-from engine.core.sampling import SamplingConfig, probabilities, sample, token_probability
 from engine.backends.capabilities import LayerExit, has
+from engine.core.draft_length import CostModel, expected_tokens
+from engine.core.sampling import SamplingConfig, probabilities, sample, token_probability
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.early_exit_spec import EarlyExitStats, ExitCandidate
+from engine.errors import ConfigError
 
 EXIT_FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75)  # candidate exits, as fractions of the layers
 EXPLORE_STEPS = 2  # drafting steps each candidate gets before the rule below takes over
@@ -189,8 +189,9 @@ class ExitChooser:
         bonus = self.bonus * math.sqrt(math.log(max(total, math.e)) / (e.tested + PRIOR_WEIGHT))
         return min(1.0, e.acceptance + bonus)
 
-    def speedup(self, layer: int, k: int, verify_ratio: float = 1.0, t1: float | None = None,
-                optimistic: bool = False) -> float:  # fmt: skip
+    def speedup(
+        self, layer: int, k: int, verify_ratio: float = 1.0, t1: float | None = None, optimistic: bool = False
+    ) -> float:
         """S(L, k) = E(a_L, k) / (k * c_L + T(k+1) / T(1))."""
         if k <= 0:
             return 1.0
@@ -273,9 +274,7 @@ class EarlyExitDrafter(Drafter):
 
     # -- the decode loop's calls ------------------------------------------------------
 
-    def propose(
-        self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator
-    ) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         target = self.target
         base = len(target.tokens)  # position of the pending token x_m
         # The decode loop's invariant: the cache holds the context but its last token.
@@ -309,8 +308,13 @@ class EarlyExitDrafter(Drafter):
         self._timed_once = True
         self.chooser.count_step(layer)
         self._layer, self._last_k = layer, k
-        return Draft(tokens=tokens, q=torch.stack(q_rows) if q_rows else None, q_token=tuple(q_token),
-                     exit_hidden=torch.cat(hidden), exit_layer=layer)  # fmt: skip
+        return Draft(
+            tokens=tokens,
+            q=torch.stack(q_rows) if q_rows else None,
+            q_token=tuple(q_token),
+            exit_hidden=torch.cat(hidden),
+            exit_layer=layer,
+        )
 
     def observe(self, drafted: int, accepted: int) -> None:
         if self._layer is None or drafted <= 0:
@@ -341,15 +345,17 @@ class EarlyExitDrafter(Drafter):
         candidates = []
         for layer, e in sorted(self.chooser.exits.items()):
             seconds = self.chooser.seconds(layer) if e.seconds is not None else None
-            candidates.append(ExitCandidate(
-                layer=layer,
-                acceptance=e.accepted / e.tested if e.tested > 0 else None,  # measured; None: not yet
-                tested=round(e.tested, 2),
-                steps=e.steps,
-                ms_per_token=None if seconds is None else 1000.0 * seconds,
-                cost_ratio=self.chooser.cost_ratio(layer, t1),
-                predicted_speedup=self.chooser.speedup(layer, k, verify_ratio, t1),
-            ))  # fmt: skip
+            candidates.append(
+                ExitCandidate(
+                    layer=layer,
+                    acceptance=e.accepted / e.tested if e.tested > 0 else None,  # measured; None: not yet
+                    tested=round(e.tested, 2),
+                    steps=e.steps,
+                    ms_per_token=None if seconds is None else 1000.0 * seconds,
+                    cost_ratio=self.chooser.cost_ratio(layer, t1),
+                    predicted_speedup=self.chooser.speedup(layer, k, verify_ratio, t1),
+                )
+            )
         return EarlyExitStats(
             exit_layer=self.exit_layer,
             n_layers=self.n_layers,

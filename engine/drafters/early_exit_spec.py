@@ -10,8 +10,9 @@ from engine.drafters.registry import AUTO, DrafterSpec, DrafterStats, setting, s
 
 @dataclass(frozen=True)
 class EarlyExitOptions:
-    exit_layer: int | str = setting(AUTO, label="Exit layer", minimum=1, auto=True,
-                                    help="early-exit: draft with the first L layers (default auto)")
+    exit_layer: int | str = setting(
+        AUTO, label="Exit layer", minimum=1, auto=True, help="early-exit: draft with the first L layers (default auto)"
+    )
 
 
 @dataclass(frozen=True)
@@ -54,43 +55,66 @@ def preflight(ctx, options: EarlyExitOptions) -> list:
     arch, n = meta.architecture, int(meta.n_layers or 0)
     native = ctx.native_architectures()
     if arch and arch != "unknown" and arch not in native:
-        findings.append(Finding(
-            "error", "Early exit cannot run this target",
-            f"Early exit drafts with the target's own first layers, which needs SpecDeck's native PyTorch "
-            f"implementation ({', '.join(native)} models); {target.name} is a {arch} model. "
-            "Choose another drafter.",
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                "error",
+                "Early exit cannot run this target",
+                f"Early exit drafts with the target's own first layers, which needs SpecDeck's native PyTorch "
+                f"implementation ({', '.join(native)} models); {target.name} is a {arch} model. "
+                "Choose another drafter.",
+            )
+        )
     if 0 < n < 2:
-        findings.append(Finding(
-            "error", "Early exit needs at least 2 layers",
-            f"{target.name} has {n} layer: early exit drafts with fewer layers than the target. "
-            "Choose another drafter.",
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                "error",
+                "Early exit needs at least 2 layers",
+                f"{target.name} has {n} layer: early exit drafts with fewer layers than the target. "
+                "Choose another drafter.",
+            )
+        )
     elif not auto and not _in_range(exit_layer, n):
         top = f"from 1 to {n - 1} ({target.name} has {n} layers)" if n else "of 1 or more"
-        findings.append(Finding(
-            "error", "The exit layer is out of range",
-            f"The early-exit layer must be auto or a whole number {top}, got {exit_layer}: the draft runs "
-            "that many of the target's layers, then its LM head. Use auto to let the drafter pick it.",
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                "error",
+                "The exit layer is out of range",
+                f"The early-exit layer must be auto or a whole number {top}, got {exit_layer}: the draft runs "
+                "that many of the target's layers, then its LM head. Use auto to let the drafter pick it.",
+            )
+        )
     if "layerskip" in f"{target.name} {target.path}".lower():
-        findings.append(Finding(
-            "ok", "Trained for early exit",
-            "This looks like a LayerSkip model, trained so that its early layers already predict well: "
-            "early exit should be accepted often.",
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                "ok",
+                "Trained for early exit",
+                "This looks like a LayerSkip model, trained so that its early layers already predict well: "
+                "early exit should be accepted often.",
+            )
+        )
     else:
-        findings.append(Finding(
-            "warning", "Acceptance is usually low",
-            "Ordinary models are not trained to predict from their early layers, so the first layers' guesses "
-            "often miss and decoding may be no faster than plain. Models trained for early exit (LayerSkip) "
-            "do much better.",
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                "warning",
+                "Acceptance is usually low",
+                "Ordinary models are not trained to predict from their early layers, so the first layers' guesses "
+                "often miss and decoding may be no faster than plain. Models trained for early exit (LayerSkip) "
+                "do much better.",
+            )
+        )
     if not any(f.severity == "error" for f in findings):
-        layers = (f"a few exits between 1/4 and 3/4 of the {n} layers, the best by measured acceptance and cost"
-                  if auto else f"layers 1 to {exit_layer} of {n or 'the'}")  # fmt: skip
-        findings.append(Finding("ok", "Early exit drafts with the target itself",
-                                f"No draft model and nothing extra in memory: the draft runs {layers}."))
+        layers = (
+            f"a few exits between 1/4 and 3/4 of the {n} layers, the best by measured acceptance and cost"
+            if auto
+            else f"layers 1 to {exit_layer} of {n or 'the'}"
+        )
+        findings.append(
+            Finding(
+                "ok",
+                "Early exit drafts with the target itself",
+                f"No draft model and nothing extra in memory: the draft runs {layers}.",
+            )
+        )
     return findings
 
 
@@ -105,8 +129,14 @@ def _in_range(value, n: int) -> bool:
 
 
 DRAFTER = DrafterSpec(
-    name="early-exit", label="Early exit", choice_label="Early exit: the target's first layers",
+    name="early-exit",
+    label="Early exit",
+    choice_label="Early exit: the target's first layers",
     summary="The target's own first layers draft, its full depth verifies (PyTorch only).",
-    options=EarlyExitOptions, needs=(LayerExit,), make=make, preflight=preflight, stats=EarlyExitStats,
+    options=EarlyExitOptions,
+    needs=(LayerExit,),
+    make=make,
+    preflight=preflight,
+    stats=EarlyExitStats,
     torch_reason="Early exit stops the target's forward after its first layers, which llama.cpp cannot do.",
-)  # fmt: skip
+)

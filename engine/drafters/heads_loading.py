@@ -3,8 +3,8 @@ a failed allocation said as what it is."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from engine.errors import ConfigError
 from engine.models.memory_errors import model_out_of_memory, unexplained_allocation_failure

@@ -80,12 +80,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.draft_length import K_LIMIT, CostModel
-from engine.errors import ConfigError
-from engine.core.sampling import SamplingConfig
 from engine.backends.capabilities import TreeForward, has
+from engine.core.draft_length import K_LIMIT, CostModel
+from engine.core.sampling import SamplingConfig
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.lookahead_spec import LIMITS, LookaheadStats, check_parameters  # noqa: F401 (LIMITS: tests)
+from engine.errors import ConfigError
 
 AUTO = "auto"
 CHEAP_RATIO = 1.5  # rows whose verify ratio T(n) / T(1) stays under this count as cheap
@@ -202,9 +202,7 @@ class LookaheadDrafter(Drafter):
         self._w_accepted = PRIOR_STEPS * PRIOR_ACCEPTED
         self._w_offered = PRIOR_STEPS * self.max_candidates * (self.ngram - 1) / 2
 
-    def propose(
-        self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator
-    ) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         self._running = False
         if k <= 0 or not context:
             return EMPTY_DRAFT
@@ -223,10 +221,13 @@ class LookaheadDrafter(Drafter):
         self._running = True
         best = tuple(node for node in paths[0] if node < len(tokens)) if paths else ()
         return Draft(
-            tokens, parents=tuple(parents), best_path=best,
+            tokens,
+            parents=tuple(parents),
+            best_path=best,
             extra_tokens=tuple(t for level in self._levels for t in level),
-            extra_offsets=self._offsets, extra_mask=self._mask,
-        )  # fmt: skip
+            extra_offsets=self._offsets,
+            extra_mask=self._mask,
+        )
 
     def observe_extra(self, logits: torch.Tensor) -> None:
         """The window's rows ran: the top level's argmax is the next level; every column's
@@ -263,8 +264,13 @@ class LookaheadDrafter(Drafter):
         jacobi = sum(len(v) for v in self._jacobi.values())
         text = sum(len(v) for v in self._text.values())
         return LookaheadStats(
-            window=self.window, ngram=self.ngram, max_candidates=self.max_candidates, extra_rows=self.extra_rows,
-            pool_size=jacobi + text, pool_jacobi=jacobi, pool_text=text,  # n-grams: from the window and the text
+            window=self.window,
+            ngram=self.ngram,
+            max_candidates=self.max_candidates,
+            extra_rows=self.extra_rows,
+            pool_size=jacobi + text,
+            pool_jacobi=jacobi,
+            pool_text=text,  # n-grams: from the window and the text
             steps=self.steps,  # steps that ran the window
             pool_hits=self.hits,  # steps where a candidate had at least one token accepted
             accepted=self.accepted,

@@ -9,18 +9,39 @@ from engine.drafters.registry import AUTO, DrafterSpec, DrafterStats, auto_or_in
 
 LIMITS = {"window": 64, "ngram": 16, "candidates": 64}
 MINIMUMS = {"window": 1, "ngram": 2, "candidates": 1}
-NAMES = {"window": "window W (future positions guessed per step)", "ngram": "n-gram size N",
-         "candidates": "number of candidates G (n-grams verified per step)"}  # fmt: skip
+NAMES = {
+    "window": "window W (future positions guessed per step)",
+    "ngram": "n-gram size N",
+    "candidates": "number of candidates G (n-grams verified per step)",
+}
 
 
 @dataclass(frozen=True)
 class LookaheadOptions:
-    window: int | str = setting(AUTO, label="Window W", minimum=1, maximum=LIMITS["window"], auto=True,
-                                help="lookahead: Jacobi window W (default auto)")
-    ngram: int | str = setting(AUTO, label="N-gram size N", minimum=2, maximum=LIMITS["ngram"], auto=True,
-                               help="lookahead: n-gram size N (default auto)")
-    candidates: int | str = setting(AUTO, label="Candidates G", minimum=1, maximum=LIMITS["candidates"], auto=True,
-                                    help="lookahead: n-grams verified per step G (default auto)")
+    window: int | str = setting(
+        AUTO,
+        label="Window W",
+        minimum=1,
+        maximum=LIMITS["window"],
+        auto=True,
+        help="lookahead: Jacobi window W (default auto)",
+    )
+    ngram: int | str = setting(
+        AUTO,
+        label="N-gram size N",
+        minimum=2,
+        maximum=LIMITS["ngram"],
+        auto=True,
+        help="lookahead: n-gram size N (default auto)",
+    )
+    candidates: int | str = setting(
+        AUTO,
+        label="Candidates G",
+        minimum=1,
+        maximum=LIMITS["candidates"],
+        auto=True,
+        help="lookahead: n-grams verified per step G (default auto)",
+    )
 
 
 @dataclass(frozen=True)
@@ -46,8 +67,13 @@ def check_parameters(window, ngram, candidates) -> tuple[int | None, int | None,
 
 
 def _parameter(value, what: str) -> int | None:
-    return auto_or_int(value, f"The lookahead {NAMES[what]}", MINIMUMS[what], LIMITS[what],
-                       "Use 'auto' to fit it to this machine's verify costs.")  # fmt: skip
+    return auto_or_int(
+        value,
+        f"The lookahead {NAMES[what]}",
+        MINIMUMS[what],
+        LIMITS[what],
+        "Use 'auto' to fit it to this machine's verify costs.",
+    )
 
 
 def make(target, options: LookaheadOptions, load):
@@ -61,12 +87,15 @@ def preflight(ctx, options: LookaheadOptions) -> list:
     from engine.errors import SpecDeckError
     from engine.models.doctor import Finding
 
-    findings = [Finding(
-        "ok", "Lookahead decoding needs no draft model",
-        "Each step the target also guesses W tokens ahead (the window, refined a little every step), "
-        "collects the runs of N tokens those guesses form, and checks up to G of them that continue the text, "
-        "all in the same forward pass. auto fits each to how much a wider forward costs on this machine.",
-    )]  # fmt: skip
+    findings = [
+        Finding(
+            "ok",
+            "Lookahead decoding needs no draft model",
+            "Each step the target also guesses W tokens ahead (the window, refined a little every step), "
+            "collects the runs of N tokens those guesses form, and checks up to G of them that continue the text, "
+            "all in the same forward pass. auto fits each to how much a wider forward costs on this machine.",
+        )
+    ]
     for letter, what in (("W", "window"), ("N", "ngram"), ("G", "candidates")):
         try:
             _parameter(getattr(options, what), what)
@@ -76,10 +105,18 @@ def preflight(ctx, options: LookaheadOptions) -> list:
 
 
 DRAFTER = DrafterSpec(
-    name="lookahead", label="Lookahead decoding", choice_label="Lookahead decoding (no model)",
+    name="lookahead",
+    label="Lookahead decoding",
+    choice_label="Lookahead decoding (no model)",
     summary="The target guesses ahead itself (a Jacobi window) and verifies n-grams it has seen (PyTorch only).",
-    options=LookaheadOptions, needs=(TreeForward,), make=make, preflight=preflight, stats=LookaheadStats,
-    torch_reason=("Lookahead decoding verifies its window and its candidate n-grams in one forward with a custom "
-                  "attention mask, which llama.cpp does not offer here."),
+    options=LookaheadOptions,
+    needs=(TreeForward,),
+    make=make,
+    preflight=preflight,
+    stats=LookaheadStats,
+    torch_reason=(
+        "Lookahead decoding verifies its window and its candidate n-grams in one forward with a custom "
+        "attention mask, which llama.cpp does not offer here."
+    ),
     trees=True,
-)  # fmt: skip
+)

@@ -37,11 +37,11 @@ import heapq
 import torch
 
 from engine.core.draft_length import K_LIMIT
-from engine.heads.medusa import MedusaHeads
 from engine.core.sampling import SamplingConfig
 from engine.core.tree import path_to
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.medusa_spec import MedusaStats
+from engine.heads.medusa import MedusaHeads
 
 TOP_K = 10  # candidates per head
 PRIOR_TOP1 = 0.5  # prior acceptance of head 1's best candidate...
@@ -80,9 +80,7 @@ class MedusaDrafter(Drafter):
     def observe_features(self, features: torch.Tensor) -> None:
         self._features = features[-1].detach()
 
-    def propose(
-        self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator
-    ) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         self._score(context)
         if k <= 0 or self._features is None:  # the first step has no hidden state yet: plain
             return EMPTY_DRAFT

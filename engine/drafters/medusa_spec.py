@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from engine.backends.capabilities import HiddenFeatures, ModelParts
 from engine.drafters.registry import DrafterSpec, DrafterStats, setting, stat
 
-HEADS_HELP = ("Medusa heads or EAGLE / EAGLE-3 head folder (implies --drafter medusa unless --drafter eagle "
-              "or eagle3; default: the ones shipped for the target)")  # fmt: skip
+HEADS_HELP = (
+    "Medusa heads or EAGLE / EAGLE-3 head folder (implies --drafter medusa unless --drafter eagle "
+    "or eagle3; default: the ones shipped for the target)"
+)
 
 
 @dataclass(frozen=True)
@@ -55,30 +57,42 @@ def preflight(ctx, options: MedusaOptions) -> list:
     heads = (options.heads or "").strip()
     folder = heads or ctx.shipped_heads("medusa")
     if not folder:
-        return [Finding(
-            "error", f"No Medusa heads ship for {ctx.target.name}",
-            "Train heads for this target (Models ▸ Train heads…), or choose a heads folder.",
-        )]  # fmt: skip
+        return [
+            Finding(
+                "error",
+                f"No Medusa heads ship for {ctx.target.name}",
+                "Train heads for this target (Models ▸ Train heads…), or choose a heads folder.",
+            )
+        ]
     try:
         config = read_config(folder)
     except SpecDeckError as e:
         return [Finding("error", "Cannot use these Medusa heads", str(e))]
     if meta.hidden_size and config.hidden_size != meta.hidden_size:
-        return [Finding(
-            "error", "These heads belong to another model",
-            f"They were trained for a hidden size of {config.hidden_size} "
-            f"({config.base_model or 'unknown base model'}); {ctx.target.name} has {meta.hidden_size}. "
-            "Train heads for this target (Models ▸ Train heads…).",
-        )]  # fmt: skip
+        return [
+            Finding(
+                "error",
+                "These heads belong to another model",
+                f"They were trained for a hidden size of {config.hidden_size} "
+                f"({config.base_model or 'unknown base model'}); {ctx.target.name} has {meta.hidden_size}. "
+                "Train heads for this target (Models ▸ Train heads…).",
+            )
+        ]
     where = "shipped with SpecDeck" if not heads else folder
     described = describe_config(config, f"{config.num_heads} heads", None)
     return [Finding("ok", "Medusa heads fit the target", f"{described} ({where}).")]
 
 
 DRAFTER = DrafterSpec(
-    name="medusa", label="Medusa", choice_label="Medusa heads (on the target's hidden states)",
+    name="medusa",
+    label="Medusa",
+    choice_label="Medusa heads (on the target's hidden states)",
     summary="Medusa heads guess the next few tokens from the target's last hidden state (PyTorch only).",
-    options=MedusaOptions, needs=(HiddenFeatures, ModelParts), make=make, preflight=preflight, stats=MedusaStats,
+    options=MedusaOptions,
+    needs=(HiddenFeatures, ModelParts),
+    make=make,
+    preflight=preflight,
+    stats=MedusaStats,
     torch_reason="Medusa heads read the target's hidden states, which llama.cpp does not expose.",
     trees=True,
-)  # fmt: skip
+)

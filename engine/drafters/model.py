@@ -21,10 +21,9 @@ import torch
 
 from engine.backends.base import Backend, common_prefix_length
 from engine.core.draft_length import measure_draft_cost
-from engine.errors import IncompatiblePairError
 from engine.core.sampling import SamplingConfig, draw
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
-
+from engine.errors import IncompatiblePairError
 
 STEP_LEFTOVER = 2  # tokens a drafting step leaves for the next one to feed (see the docstring)
 
@@ -56,9 +55,7 @@ class ModelDrafter(Drafter):
         pad = torch.full((*logits.shape[:-1], width - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    def propose(
-        self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator
-    ) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         if k <= 0:
             return EMPTY_DRAFT
         k = min(k, self.backend.n_ctx - len(context))

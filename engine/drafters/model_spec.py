@@ -16,21 +16,49 @@ BACKENDS = ("auto", "torch", "llama.cpp")
 
 @dataclass(frozen=True)
 class ModelOptions:
-    draft: str | None = setting(None, label="Draft model", help="a draft model (same forms as --target)",
-                                cli=("-md", "--draft"), kind="model")
-    backend: str = setting("auto", label="Draft backend", choices=BACKENDS, cli="--draft-backend", kind="backend",
-                           help="the draft model's backend: auto (default), torch or llama.cpp")
-    device: str | None = setting(None, label="Draft device", cli="--draft-device", kind="device",
-                                 help="the draft model's device (PyTorch draft; default: the target's --device)")
-    dtype: str | None = setting(None, label="Draft dtype", cli="--draft-dtype", kind="dtype",
-                                help="the draft model's dtype (PyTorch draft; default: the target's --dtype; "
-                                     "a llama.cpp draft runs in its GGUF file's precision)")
-    threads: int | None = setting(None, label="Draft threads", minimum=1, cli="--draft-threads",
-                                  help="CPU threads of a llama.cpp draft model (default: --threads)")
-    gpu_layers: int | str | None = setting(None, label="Draft GPU layers", minimum=-1, auto=True,
-                                           cli="--draft-gpu-layers", kind="gpu-layers",
-                                           help="layers of a llama.cpp draft model offloaded to the GPU: auto, "
-                                                "-1 or all, 0 or a count (default: --gpu-layers)")
+    draft: str | None = setting(
+        None, label="Draft model", help="a draft model (same forms as --target)", cli=("-md", "--draft"), kind="model"
+    )
+    backend: str = setting(
+        "auto",
+        label="Draft backend",
+        choices=BACKENDS,
+        cli="--draft-backend",
+        kind="backend",
+        help="the draft model's backend: auto (default), torch or llama.cpp",
+    )
+    device: str | None = setting(
+        None,
+        label="Draft device",
+        cli="--draft-device",
+        kind="device",
+        help="the draft model's device (PyTorch draft; default: the target's --device)",
+    )
+    dtype: str | None = setting(
+        None,
+        label="Draft dtype",
+        cli="--draft-dtype",
+        kind="dtype",
+        help="the draft model's dtype (PyTorch draft; default: the target's --dtype; "
+        "a llama.cpp draft runs in its GGUF file's precision)",
+    )
+    threads: int | None = setting(
+        None,
+        label="Draft threads",
+        minimum=1,
+        cli="--draft-threads",
+        help="CPU threads of a llama.cpp draft model (default: --threads)",
+    )
+    gpu_layers: int | str | None = setting(
+        None,
+        label="Draft GPU layers",
+        minimum=-1,
+        auto=True,
+        cli="--draft-gpu-layers",
+        kind="gpu-layers",
+        help="layers of a llama.cpp draft model offloaded to the GPU: auto, "
+        "-1 or all, 0 or a count (default: --gpu-layers)",
+    )
 
 
 def make(target, options: ModelOptions, load):
@@ -45,8 +73,9 @@ def make(target, options: ModelOptions, load):
 
     refuse_incompatible_pair(target, options.draft)
     progress = {"progress": load.progress} if load.progress else {}
-    draft_model = load_backend(options.draft, backend=options.backend,
-                               **draft_load_options(options, load.target_options), **progress)  # fmt: skip
+    draft_model = load_backend(
+        options.draft, backend=options.backend, **draft_load_options(options, load.target_options), **progress
+    )
     try:
         return ModelDrafter(draft_model, target.vocab_size)
     except Exception:
@@ -64,16 +93,21 @@ def preflight(ctx, options: ModelOptions) -> list:
     own = draft_load_options(options, target_load_options(ctx.config))
     draft_on = ctx.placement(draft, options.backend, own["device"], own["gpu_layers"])
     try:
-        report = check_pair(ctx.target, draft, n_ctx=ctx.n_ctx, dtype=ctx.dtype, target_on=ctx.target_placement(),
-                            draft_on=draft_on)  # fmt: skip
+        report = check_pair(
+            ctx.target, draft, n_ctx=ctx.n_ctx, dtype=ctx.dtype, target_on=ctx.target_placement(), draft_on=draft_on
+        )
     except SpecDeckError as e:
-        raise ctx.stop(Finding("error", "Cannot check this pair", str(e)))
+        raise ctx.stop(Finding("error", "Cannot check this pair", str(e))) from e
     ctx.report = report
     return [*report.findings, *ctx.backend_rules("draft model", draft, options.backend, options.dtype)]
 
 
 DRAFTER = DrafterSpec(
-    name="model", label="Draft model",
+    name="model",
+    label="Draft model",
     summary="A separate, smaller model of the target's family drafts; the target verifies its tokens.",
-    options=ModelOptions, make=make, preflight=preflight, loads_model=True,
-)  # fmt: skip
+    options=ModelOptions,
+    make=make,
+    preflight=preflight,
+    loads_model=True,
+)

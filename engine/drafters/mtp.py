@@ -84,8 +84,11 @@ class MtpDrafter(Drafter):
         self.accepted += accepted
 
     def stats(self) -> MtpStats:
-        return MtpStats(layers=self.n_layers, layout=self.head.layout,
-                        acceptance=round(self.accepted / self.drafted, 4) if self.drafted else 0.0)  # fmt: skip
+        return MtpStats(
+            layers=self.n_layers,
+            layout=self.head.layout,
+            acceptance=round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
+        )
 
     def close(self) -> None:
         self.cache = None
@@ -112,8 +115,9 @@ class MtpDrafter(Drafter):
         if self.cache.get_seq_length() != start:
             raise RuntimeError(f"the MTP cache holds {self.cache.get_seq_length()} rows, not {start}")
         positions = torch.arange(start, start + n, device=self.device)
-        embeds = (self.head.embed_tokens(ids) if self.head.embed_tokens is not None
-                  else self.target.embed(ids)).to(self.dtype)  # fmt: skip
+        embeds = (self.head.embed_tokens(ids) if self.head.embed_tokens is not None else self.target.embed(ids)).to(
+            self.dtype
+        )
         cos, sin = self.target.rope(positions)
         mask = torch.zeros(n, start + n, dtype=self.dtype, device=self.device)
         mask[:, start:] = torch.full((n, n), torch.finfo(self.dtype).min, dtype=self.dtype).triu(1)

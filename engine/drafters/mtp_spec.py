@@ -57,17 +57,26 @@ def preflight(ctx, options: MtpOptions) -> list:
         files = find_mtp(folder, read_model_config(folder))
     except SpecDeckError as e:
         return [Finding("error", f"{ctx.target.name} has no MTP layers SpecDeck can draft with", str(e))]
-    return [Finding(
-        "ok", "The model ships its own MTP layers",
-        f"{files.n_layers} MTP layer(s), {LAYOUTS[files.layout]}: the first drafts a chain of k tokens, "
-        "reading the target's hidden states, with nothing to download or train.",
-    )]  # fmt: skip
+    return [
+        Finding(
+            "ok",
+            "The model ships its own MTP layers",
+            f"{files.n_layers} MTP layer(s), {LAYOUTS[files.layout]}: the first drafts a chain of k tokens, "
+            "reading the target's hidden states, with nothing to download or train.",
+        )
+    ]
 
 
 DRAFTER = DrafterSpec(
-    name="mtp", label="MTP layers (the model's own)", choice_label="MTP layers",
+    name="mtp",
+    label="MTP layers (the model's own)",
+    choice_label="MTP layers",
     summary="The model's own multi-token-prediction layer (DeepSeek-V3, GLM-4.5, Qwen3-Next) drafts a chain "
-            "from the target's hidden states (PyTorch only).",
-    options=MtpOptions, needs=(HiddenFeatures, ModelParts), make=make, preflight=preflight, stats=MtpStats,
+    "from the target's hidden states (PyTorch only).",
+    options=MtpOptions,
+    needs=(HiddenFeatures, ModelParts),
+    make=make,
+    preflight=preflight,
+    stats=MtpStats,
     torch_reason="An MTP layer reads the target's hidden states, which llama.cpp does not expose.",
-)  # fmt: skip
+)

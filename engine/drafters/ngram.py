@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from engine.errors import ConfigError
 from engine.core.sampling import SamplingConfig
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 from engine.drafters.ngram_spec import NgramStats
+from engine.errors import ConfigError
 
 
 class NgramDrafter(Drafter):
@@ -27,17 +27,13 @@ class NgramDrafter(Drafter):
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram <= 16:
-            raise ConfigError(
-                f"n-gram sizes must satisfy 1 <= min <= max <= 16, got min={min_ngram}, max={max_ngram}."
-            )
+            raise ConfigError(f"n-gram sizes must satisfy 1 <= min <= max <= 16, got min={min_ngram}, max={max_ngram}.")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.lookups = 0
         self.hits = 0
 
-    def propose(
-        self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator
-    ) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         if k <= 0 or len(context) < 2:
             return EMPTY_DRAFT
         self.lookups += 1

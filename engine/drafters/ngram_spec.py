@@ -9,8 +9,14 @@ from engine.drafters.registry import DrafterSpec, DrafterStats, setting, stat
 
 @dataclass(frozen=True)
 class NgramOptions:
-    max_ngram: int = setting(3, label="N-gram length", minimum=1, maximum=16, cli="--ngram-max",
-                             help="ngram: longest run of recent tokens looked up in the earlier text (default 3)")
+    max_ngram: int = setting(
+        3,
+        label="N-gram length",
+        minimum=1,
+        maximum=16,
+        cli="--ngram-max",
+        help="ngram: longest run of recent tokens looked up in the earlier text (default 3)",
+    )
 
 
 @dataclass(frozen=True)
@@ -28,16 +34,23 @@ def make(target, options: NgramOptions, load):
 def preflight(ctx, options: NgramOptions) -> list:
     from engine.models.doctor import Finding
 
-    return [Finding(
-        "ok", "N-gram lookup needs no draft model",
-        "Draft tokens are copied from earlier text in the conversation, so nothing can mismatch. "
-        "It helps most when the reply repeats the prompt (code edits, summaries, lists).",
-    )]  # fmt: skip
+    return [
+        Finding(
+            "ok",
+            "N-gram lookup needs no draft model",
+            "Draft tokens are copied from earlier text in the conversation, so nothing can mismatch. "
+            "It helps most when the reply repeats the prompt (code edits, summaries, lists).",
+        )
+    ]
 
 
 DRAFTER = DrafterSpec(
-    name="ngram", label="N-gram lookup (no draft model)",
+    name="ngram",
+    label="N-gram lookup (no draft model)",
     summary="Copies what followed the last few tokens earlier in the text: free, and best when the reply "
-            "repeats the prompt.",
-    options=NgramOptions, make=make, preflight=preflight, stats=NgramStats,
-)  # fmt: skip
+    "repeats the prompt.",
+    options=NgramOptions,
+    make=make,
+    preflight=preflight,
+    stats=NgramStats,
+)

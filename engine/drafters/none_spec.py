@@ -19,14 +19,21 @@ def make(target, options: NoOptions, load) -> None:
 def preflight(ctx, options: NoOptions) -> list:
     from engine.models.doctor import Finding
 
-    return [Finding(
-        "info", "No drafter",
-        "Every token comes from the target alone: speculative runs are refused, plain decoding works. "
-        "Choose n-gram lookup or a draft model to decode speculatively.",
-    )]  # fmt: skip
+    return [
+        Finding(
+            "info",
+            "No drafter",
+            "Every token comes from the target alone: speculative runs are refused, plain decoding works. "
+            "Choose n-gram lookup or a draft model to decode speculatively.",
+        )
+    ]
 
 
 DRAFTER = DrafterSpec(
-    name="none", label="None: plain decoding", summary="No drafting: every token comes from the target alone.",
-    options=NoOptions, make=make, preflight=preflight,
-)  # fmt: skip
+    name="none",
+    label="None: plain decoding",
+    summary="No drafting: every token comes from the target alone.",
+    options=NoOptions,
+    make=make,
+    preflight=preflight,
+)

@@ -25,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import ConfigError
 
@@ -72,8 +73,18 @@ class Setting:
         return self.flags[-1].lstrip("-").replace("-", "_")
 
 
-def setting(default, *, label: str, help: str, minimum=None, maximum=None, auto: bool = False, choices=None,
-            cli: str | tuple[str, ...] | None = None, kind: str | None = None):  # fmt: skip
+def setting(
+    default,
+    *,
+    label: str,
+    help: str,
+    minimum=None,
+    maximum=None,
+    auto: bool = False,
+    choices=None,
+    cli: str | tuple[str, ...] | None = None,
+    kind: str | None = None,
+):
     """A dataclass field for a drafter option, carrying its `Setting`."""
     flags = (cli,) if isinstance(cli, str) else tuple(cli or ())
     meta = Setting(label, help, minimum, maximum, auto, tuple(choices) if choices else None, flags, kind)
@@ -138,8 +149,9 @@ class NoStats(DrafterStats):
 
 def stat_fields(stats: type | DrafterStats) -> tuple[Stat, ...]:
     """The statistics a stats type (or value) carries, with their names, in field order."""
-    return tuple(dataclasses.replace(f.metadata["stat"], name=f.name) for f in dataclasses.fields(stats)
-                 if "stat" in f.metadata)  # fmt: skip
+    return tuple(
+        dataclasses.replace(f.metadata["stat"], name=f.name) for f in dataclasses.fields(stats) if "stat" in f.metadata
+    )
 
 
 # -- the spec ---------------------------------------------------------------------------------------
@@ -195,8 +207,9 @@ def drafter_spec(name: str) -> DrafterSpec:
 
         if is_chain(name):
             return chained_spec(name, drafter_spec)
-        raise ConfigError(f"Unknown drafter {name!r}: choose one of {', '.join(_specs())}, "
-                          "or chain some with '+' (suffix+model).")  # fmt: skip
+        raise ConfigError(
+            f"Unknown drafter {name!r}: choose one of {', '.join(_specs())}, or chain some with '+' (suffix+model)."
+        )
     return spec
 
 
@@ -289,8 +302,9 @@ def _specs() -> dict[str, DrafterSpec]:
 # -- making one ------------------------------------------------------------------------------------
 
 
-def make_drafter(target: Backend, config: EngineConfig, progress: Callable[[str, float], None] | None = None
-                 ) -> Drafter | None:  # fmt: skip
+def make_drafter(
+    target: Backend, config: EngineConfig, progress: Callable[[str, float], None] | None = None
+) -> Drafter | None:
     """The drafter `config` asks for, on the loaded `target`: its options checked, every need of
     the spec checked once (`capabilities.require`, one message per capability), then made."""
     from engine.backends.capabilities import require

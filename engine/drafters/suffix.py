@@ -225,8 +225,16 @@ class SuffixDrafter(Drafter):
     name = "suffix"
     free = True  # a lookup in its indexes (it follows the context whether or not its draft is used)
 
-    def __init__(self, *, trees: bool, max_depth: int = 24, max_match: int = 32, spec_factor: float = 8.0,
-                 min_prob: float = 0.2, history_tokens: int = 200_000) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        trees: bool,
+        max_depth: int = 24,
+        max_match: int = 32,
+        spec_factor: float = 8.0,
+        min_prob: float = 0.2,
+        history_tokens: int = 200_000,
+    ) -> None:
         """Defaults from `specdeck-cli bench` on the shipped prompts (docs/benchmarks.md): the paper's
         factor 1 and share 0.1 drafted 2.18 tokens per forward on PyTorch's input-reusing prompts,
         8 and 0.2 drafted 3.24 (2.95x vanilla, n-gram lookup 2.26-2.50x)."""
@@ -276,14 +284,18 @@ class SuffixDrafter(Drafter):
         counts.last_match, counts.last_nodes = tree.match, len(tree.tokens)
         if not self.drafts_trees:
             return Draft(tokens=tree.tokens, expected=tree.expected)
-        return Draft(tokens=tree.tokens, parents=tuple(tree.parents), best_path=tree.best_path(),
-                     expected=tree.expected)  # fmt: skip
+        return Draft(
+            tokens=tree.tokens, parents=tuple(tree.parents), best_path=tree.best_path(), expected=tree.expected
+        )
 
     def _follow(self, context: list[int]) -> None:
         """Index what the context gained since the last proposal (the reply's new tokens)."""
         indexed = len(self._text)
-        if self._prompt_length is None or len(context) < indexed or (
-                indexed and context[indexed - 1] != self._text.tokens[indexed - 1]):  # fmt: skip
+        if (
+            self._prompt_length is None
+            or len(context) < indexed
+            or (indexed and context[indexed - 1] != self._text.tokens[indexed - 1])
+        ):
             self.begin(context)  # not told the prompt (or another text): this context is the prompt
             return
         self._text.extend(context[indexed:])
@@ -300,8 +312,14 @@ class SuffixDrafter(Drafter):
 
     def stats(self) -> SuffixStats:
         c = self._stats
-        return SuffixStats(lookups=c.lookups, hits=c.hits, from_history=c.from_history, match_length=c.last_match,
-                           draft_size=c.last_nodes, history_tokens=self.history.tokens)  # fmt: skip
+        return SuffixStats(
+            lookups=c.lookups,
+            hits=c.hits,
+            from_history=c.from_history,
+            match_length=c.last_match,
+            draft_size=c.last_nodes,
+            history_tokens=self.history.tokens,
+        )
 
     def close(self) -> None:
         self.history.clear()

@@ -65,7 +65,7 @@ class EagleConfig:
     training: dict = field(default_factory=dict)  # how it was made: data, steps, loss...
 
     @classmethod
-    def for_target(cls, text_config, **overrides) -> "EagleConfig":
+    def for_target(cls, text_config, **overrides) -> EagleConfig:
         """The head that matches a transformers Llama-family config (one of its layers, plus fc)."""
         heads = int(text_config.num_attention_heads)
         head_dim = int(getattr(text_config, "head_dim", None) or text_config.hidden_size // heads)
@@ -138,8 +138,16 @@ class EagleHead(nn.Module):
 
     def finish(self, z: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The rest of the layer after attention: residual, norm, MLP, residual."""
-        return layer_tail(self.config, self.o_proj, self.post_attention_layernorm, self.gate_proj, self.up_proj,
-                          self.down_proj, z, attended)  # fmt: skip
+        return layer_tail(
+            self.config,
+            self.o_proj,
+            self.post_attention_layernorm,
+            self.gate_proj,
+            self.up_proj,
+            self.down_proj,
+            z,
+            attended,
+        )
 
     def forward_sequences(
         self, embeds: torch.Tensor, features: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -187,8 +195,16 @@ def rotary_qkv(config, q_proj, k_proj, v_proj, x: torch.Tensor, cos: torch.Tenso
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
 
-def layer_tail(config, o_proj, post_norm: torch.Tensor, gate_proj, up_proj, down_proj, residual: torch.Tensor,
-               attended: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def layer_tail(
+    config,
+    o_proj,
+    post_norm: torch.Tensor,
+    gate_proj,
+    up_proj,
+    down_proj,
+    residual: torch.Tensor,
+    attended: torch.Tensor,
+) -> torch.Tensor:
     """A Llama layer after attention: z = residual + o(attended); z + down(silu(gate(n)) * up(n)),
     n = RMSNorm(z) with weight `post_norm`."""
     z = residual + o_proj(attended)

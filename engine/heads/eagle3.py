@@ -77,31 +77,44 @@ class Eagle3Config:
     training: dict = field(default_factory=dict)  # how it was made: data, steps, loss...
 
     @classmethod
-    def for_target(cls, text_config, draft_vocab_size: int | None = None, **overrides) -> "Eagle3Config":
+    def for_target(cls, text_config, draft_vocab_size: int | None = None, **overrides) -> Eagle3Config:
         """The head that matches a transformers Llama-family config: its layer shape, the default
         layers, the whole vocabulary unless `draft_vocab_size` says fewer."""
         facts = target_facts(text_config)
         values = dict(
-            hidden_size=facts["hidden size"], intermediate_size=int(text_config.intermediate_size),
-            num_heads=facts["attention heads"], num_kv_heads=facts["key/value heads"],
-            head_dim=facts["head dimension"], rms_norm_eps=float(text_config.rms_norm_eps),
-            vocab_size=facts["vocabulary size"], draft_vocab_size=draft_vocab_size or facts["vocabulary size"],
-            layers=default_layers(facts["layers"]), rope_theta=facts["rope theta"],
-        )  # fmt: skip
+            hidden_size=facts["hidden size"],
+            intermediate_size=int(text_config.intermediate_size),
+            num_heads=facts["attention heads"],
+            num_kv_heads=facts["key/value heads"],
+            head_dim=facts["head dimension"],
+            rms_norm_eps=float(text_config.rms_norm_eps),
+            vocab_size=facts["vocabulary size"],
+            draft_vocab_size=draft_vocab_size or facts["vocabulary size"],
+            layers=default_layers(facts["layers"]),
+            rope_theta=facts["rope theta"],
+        )
         values.update(overrides)
         return cls(**values)
 
     def to_json(self) -> dict:
         """SafeAILab's EAGLE-3 config.json, plus our own section."""
         out = {
-            "architectures": [ARCHITECTURE], "model_type": "llama", "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size, "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim, "num_hidden_layers": 1,
-            "rms_norm_eps": self.rms_norm_eps, "vocab_size": self.vocab_size,
-            "draft_vocab_size": self.draft_vocab_size, "hidden_act": "silu", "attention_bias": self.attention_bias,
+            "architectures": [ARCHITECTURE],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "num_hidden_layers": 1,
+            "rms_norm_eps": self.rms_norm_eps,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "hidden_act": "silu",
+            "attention_bias": self.attention_bias,
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.layers), "use_aux_hidden_state": True},
             "specdeck": {"kind": "eagle3", "base_model": self.base_model, "training": self.training},
-        }  # fmt: skip
+        }
         if self.rope_theta is not None:
             out["rope_theta"] = self.rope_theta
         if self.norm_before_residual:
@@ -177,8 +190,16 @@ class Eagle3Head(nn.Module):
     def finish(self, residual: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The rest of the layer after attention: the guess g (before the final norm)."""
         layer = self.midlayer
-        return layer_tail(self.config, layer.self_attn.o_proj, layer.post_attention_layernorm.weight,
-                          layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, residual, attended)  # fmt: skip
+        return layer_tail(
+            self.config,
+            layer.self_attn.o_proj,
+            layer.post_attention_layernorm.weight,
+            layer.mlp.gate_proj,
+            layer.mlp.up_proj,
+            layer.mlp.down_proj,
+            residual,
+            attended,
+        )
 
     def logits(self, guesses: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits (..., D) of guesses g (..., H)."""
@@ -269,9 +290,11 @@ def fit_target(config: Eagle3Config, text_config, folder: str) -> Eagle3Config:
             f"({', '.join(SUPPORTED_ARCHITECTURES)}), and this target is {target['architecture']!r}. {TRAIN_ADVICE}"
         )
     checks = [
-        ("hidden size", config.hidden_size), ("attention heads", config.num_heads),
-        ("key/value heads", config.num_kv_heads), ("head dimension", config.head_dim),
-    ]  # fmt: skip
+        ("hidden size", config.hidden_size),
+        ("attention heads", config.num_heads),
+        ("key/value heads", config.num_kv_heads),
+        ("head dimension", config.head_dim),
+    ]
     if config.vocab_size:
         checks.append(("vocabulary size", config.vocab_size))
     if config.rope_theta and target["rope theta"]:
@@ -296,8 +319,13 @@ def load_head(folder: str, text_config) -> Eagle3Head:
     head = Eagle3Head(config)
     expected = head.state_dict()
     expected.pop("t2d")  # it follows from d2t (set_draft_vocab); some exports leave it out
-    check_weights(weights, expected, folder, "EAGLE-3",
-                  {"fc.weight": f"fc reads {len(config.layers)} target layers of {config.hidden_size}"})  # fmt: skip
+    check_weights(
+        weights,
+        expected,
+        folder,
+        "EAGLE-3",
+        {"fc.weight": f"fc reads {len(config.layers)} target layers of {config.hidden_size}"},
+    )
     ids = torch.arange(config.draft_vocab_size) + weights["d2t"].to(torch.long)
     if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size or ids.unique().numel() != ids.numel():
         raise ModelLoadError(

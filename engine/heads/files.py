@@ -45,8 +45,9 @@ def read_head_json(folder: str, what: str, weight_files: str) -> tuple[str, dict
     head; ModelLoadError when there is no such folder or file, it is not JSON, or it describes
     Medusa heads. `weight_files` names the weights the folder should hold, for the message."""
     if not os.path.isdir(folder):
-        raise ModelLoadError(f"{what} head folder not found: {folder}. Give the folder holding config.json and "
-                             f"{weight_files}.")  # fmt: skip
+        raise ModelLoadError(
+            f"{what} head folder not found: {folder}. Give the folder holding config.json and {weight_files}."
+        )
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise ModelLoadError(f"{folder} has no config.json, so it is not an {what} head folder.")

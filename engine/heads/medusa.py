@@ -124,7 +124,9 @@ def read_config(folder: str) -> MedusaConfig:
     """The heads' config from `folder`, in either layout; sizes inferred from the weights when missing."""
     path = os.path.join(folder, CONFIG_FILE)
     if not os.path.isdir(folder):
-        raise ModelLoadError(f"Medusa heads folder not found: {folder}. Give the folder holding config.json and {WEIGHTS_FILE}.")
+        raise ModelLoadError(
+            f"Medusa heads folder not found: {folder}. Give the folder holding config.json and {WEIGHTS_FILE}."
+        )
     if not os.path.isfile(path):
         raise ModelLoadError(f"{folder} has no config.json, so it is not a Medusa heads folder.")
     try:

@@ -203,9 +203,13 @@ class MtpHead(nn.Module):
             embeds = embeds.masked_fill((positions == 0)[:, None], 0.0)  # as vLLM: no token at position 0
         z = self.proj(torch.cat((self.embed_norm(embeds), self.hidden_norm(hidden)), dim=-1))
         out = self.layer(
-            z[None], attention_mask=mask[None, None], position_ids=positions[None],
-            position_embeddings=position_embeddings, use_cache=True, **{self._cache_kw: cache},
-        )  # fmt: skip
+            z[None],
+            attention_mask=mask[None, None],
+            position_ids=positions[None],
+            position_embeddings=position_embeddings,
+            use_cache=True,
+            **{self._cache_kw: cache},
+        )
         g = (out[0] if isinstance(out, tuple) else out)[0]
         return self.final_norm(g) if self.layout == QWEN3_NEXT else g
 
@@ -223,8 +227,12 @@ def load_mtp(folder: str, text_config, files: MtpFiles | None = None) -> MtpHead
     head = MtpHead(files.layout, text_config, getattr(modeling, layer_name), getattr(modeling, norm_name))
     weights = _read(files)
     if files.layout == DEEPSEEK:
-        ours = {"embed_norm.weight": "enorm.weight", "hidden_norm.weight": "hnorm.weight",
-                "proj.weight": "eh_proj.weight", "final_norm.weight": "shared_head.norm.weight"}  # fmt: skip
+        ours = {
+            "embed_norm.weight": "enorm.weight",
+            "hidden_norm.weight": "hnorm.weight",
+            "proj.weight": "eh_proj.weight",
+            "final_norm.weight": "shared_head.norm.weight",
+        }
         layer_prefix = ""
         if "shared_head.head.weight" in weights:
             head.head = nn.Linear(*reversed(weights["shared_head.head.weight"].shape), bias=False)
@@ -233,8 +241,12 @@ def load_mtp(folder: str, text_config, files: MtpFiles | None = None) -> MtpHead
             head.embed_tokens = nn.Embedding(*weights["embed_tokens.weight"].shape)
             ours["embed_tokens.weight"] = "embed_tokens.weight"
     else:
-        ours = {"embed_norm.weight": "pre_fc_norm_embedding.weight", "hidden_norm.weight": "pre_fc_norm_hidden.weight",
-                "proj.weight": "fc.weight", "final_norm.weight": "norm.weight"}  # fmt: skip
+        ours = {
+            "embed_norm.weight": "pre_fc_norm_embedding.weight",
+            "hidden_norm.weight": "pre_fc_norm_hidden.weight",
+            "proj.weight": "fc.weight",
+            "final_norm.weight": "norm.weight",
+        }
         layer_prefix = "layers.0."
     state = {}
     for name, tensor in head.state_dict().items():

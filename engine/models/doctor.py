@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from engine.errors import ConfigError, SpecDeckError
 from engine.models.gguf_check import damage_message
 from engine.models.hf_support import transformers_problem
-from engine.models.metadata import ModelMeta, read_metadata
 from engine.models.locate import ModelRef, resolve
+from engine.models.metadata import ModelMeta, read_metadata
 from engine.models.placement import CPU, Placement
 
 RATIO_MIN, RATIO_MAX = 8, 70
@@ -63,13 +63,19 @@ class PairReport:
     def to_dict(self) -> dict:
         """The whole report as plain JSON, both models' metadata included (`from_dict` reads it back);
         `as_dict` is the shorter summary the CLI prints."""
-        return {"target": self.target.to_dict(), "draft": self.draft.to_dict(),
-                "findings": [f.to_dict() for f in self.findings]}  # fmt: skip
+        return {
+            "target": self.target.to_dict(),
+            "draft": self.draft.to_dict(),
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> PairReport:
-        return cls(ModelMeta.from_dict(data["target"]), ModelMeta.from_dict(data["draft"]),
-                   tuple(Finding.from_dict(f) for f in data["findings"]))  # fmt: skip
+        return cls(
+            ModelMeta.from_dict(data["target"]),
+            ModelMeta.from_dict(data["draft"]),
+            tuple(Finding.from_dict(f) for f in data["findings"]),
+        )
 
     def as_dict(self) -> dict:
         return {
@@ -137,8 +143,7 @@ def check_model(
         meta = _meta(spec)
     except SpecDeckError as e:
         return (Finding("error", "Cannot use this model", str(e)),)
-    findings = [Finding("ok", "Readable", describe(meta)), *_files({"": meta}),
-                _context(n_ctx, {meta.ref.name: meta})]  # fmt: skip
+    findings = [Finding("ok", "Readable", describe(meta)), *_files({"": meta}), _context(n_ctx, {meta.ref.name: meta})]
     if meta.chat_template is None:
         findings.append(
             Finding(
@@ -339,8 +344,10 @@ def _memory(n_ctx: int, dtype: str | None, models: dict[str, tuple[ModelMeta, Pl
                 continue
             pool = pools.setdefault(device, [0, []])
             pool[0] += round((weights + kv) * part)
-            pool[1].append(f"{role} {format_bytes(round(weights * part))} of weights + "
-                           f"{format_bytes(round(kv * part))} of KV cache")  # fmt: skip
+            pool[1].append(
+                f"{role} {format_bytes(round(weights * part))} of weights + "
+                f"{format_bytes(round(kv * part))} of KV cache"
+            )
     gpu = any(device != "cpu" for device in pools)
     verdicts = [_fits(device, needed, parts, n_ctx, gpu) for device, (needed, parts) in pools.items()]
     rank = {"warning": 0, "info": 1, "ok": 2}
@@ -359,18 +366,22 @@ def _fits(device: str, needed: int, parts: list[str], n_ctx: int, gpu: bool) -> 
         if available is None:
             return "info", f"{needs} Could not read how much memory is free."
         if needed > MEMORY_FRACTION * available:
-            return "warning", (f"{needs} That is more than {MEMORY_FRACTION:.0%} of the {format_bytes(available)} "
-                               "free now. Close other programs, use a shorter context, or pick more quantized "
-                               "models.")  # fmt: skip
+            return "warning", (
+                f"{needs} That is more than {MEMORY_FRACTION:.0%} of the {format_bytes(available)} "
+                "free now. Close other programs, use a shorter context, or pick more quantized "
+                "models."
+            )
         return "ok", f"{needs} {format_bytes(available)} is free."
     memory = device_memory(device)
     if memory is None:
         return "info", f"{needs} Could not read how much memory {device} has free."
     free, total = memory
     if needed > MEMORY_FRACTION * free:
-        return "warning", (f"{needs} That is more than {MEMORY_FRACTION:.0%} of the {format_bytes(free)} of "
-                           f"{format_bytes(total)} free on {device}. Free the GPU (other programs, another model), "
-                           "use a shorter context, pick more quantized models, or put fewer layers on the GPU.")
+        return "warning", (
+            f"{needs} That is more than {MEMORY_FRACTION:.0%} of the {format_bytes(free)} of "
+            f"{format_bytes(total)} free on {device}. Free the GPU (other programs, another model), "
+            "use a shorter context, pick more quantized models, or put fewer layers on the GPU."
+        )
     return "ok", f"{needs} {format_bytes(free)} of {format_bytes(total)} is free on {device}."
 
 

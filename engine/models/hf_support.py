@@ -42,9 +42,9 @@ def transformers_problem(folder: str | Path) -> str | None:
     if not isinstance(model_type, str) and any(t in str(folder) for t in known):
         return None  # transformers falls back on a model type in the folder's path
     architectures = [a for a in config.get("architectures") or () if isinstance(a, str)]
-    named = (
-        f"model type {model_type!r}" if isinstance(model_type, str) else "a config.json without a model_type"
-    ) + (f" ({', '.join(architectures)})" if architectures else "")
+    named = (f"model type {model_type!r}" if isinstance(model_type, str) else "a config.json without a model_type") + (
+        f" ({', '.join(architectures)})" if architectures else ""
+    )
     own_code = (
         " The folder ships its own model code (auto_map in config.json): that code runs only with "
         "trust_remote_code, which SpecDeck leaves off; turn it on (the Python API's load_backend) "

@@ -38,8 +38,14 @@ def chosen_backend(spec: str, backend: str) -> str:
 
 def target_load_options(config) -> dict:
     """load_backend's options for the target (an EngineConfig)."""
-    return dict(device=config.device, dtype=config.dtype, n_ctx=config.n_ctx, threads=config.threads,
-                gpu_layers=config.gpu_layers, compile=config.compile)  # fmt: skip
+    return dict(
+        device=config.device,
+        dtype=config.dtype,
+        n_ctx=config.n_ctx,
+        threads=config.threads,
+        gpu_layers=config.gpu_layers,
+        compile=config.compile,
+    )
 
 
 def draft_load_options(options, target: dict) -> dict:
@@ -87,8 +93,12 @@ def check_load_options(config, target_backend: str) -> None:
 
 
 def _draft_options(options) -> list[tuple[str, object]]:
-    return [("--draft-device", options.device), ("--draft-dtype", options.dtype),
-            ("--draft-threads", options.threads), ("--draft-gpu-layers", options.gpu_layers)]  # fmt: skip
+    return [
+        ("--draft-device", options.device),
+        ("--draft-dtype", options.dtype),
+        ("--draft-threads", options.threads),
+        ("--draft-gpu-layers", options.gpu_layers),
+    ]
 
 
 def _check_dtype(option: str, value: str, backend: str, model: str, backend_option: str) -> None:
@@ -106,8 +116,10 @@ def _check_compile(value: str, backend: str) -> None:
     if value not in COMPILES:
         raise ConfigError(f"--compile {value}: choose one of {', '.join(COMPILES)}.")
     if value == "on" and backend == LLAMA_CPP:
-        raise ConfigError("--compile on asks for the PyTorch backend's static-shape forward, but the target runs on "
-                          "llama.cpp: drop --compile, or load the target with --backend torch.")  # fmt: skip
+        raise ConfigError(
+            "--compile on asks for the PyTorch backend's static-shape forward, but the target runs on "
+            "llama.cpp: drop --compile, or load the target with --backend torch."
+        )
 
 
 def _check_threads(option: str, value: int | None) -> None:
@@ -117,4 +129,3 @@ def _check_threads(option: str, value: int | None) -> None:
 
 def _either(own, target):
     return target if own is None else own
-

@@ -10,7 +10,6 @@ from engine.errors import ConfigError, IncompatiblePairError
 from engine.models.locate import resolve
 
 
-
 def load_backend(
     spec: str,
     *,
@@ -44,8 +43,9 @@ def load_backend(
                 "The llama.cpp backend runs a GGUF file in the precision it was saved in; "
                 "leave dtype on auto, or use the torch backend to choose one."
             )
-        return LlamaCppBackend(ref.path, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu_layers, name=ref.name,
-                               progress=progress)  # fmt: skip
+        return LlamaCppBackend(
+            ref.path, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu_layers, name=ref.name, progress=progress
+        )
 
     from engine.backends.hf.backend import TorchBackend
 
@@ -53,8 +53,15 @@ def load_backend(
     # an Ollama blob ("sha256-<hex>") lacks the .gguf ending that would otherwise say it is one.
     gguf = {"gguf_file": ref.path} if ref.kind == "gguf" else {}
     return TorchBackend(
-        ref.path, device=device, dtype=dtype, n_ctx=n_ctx, name=ref.name, trust_remote_code=trust_remote_code,
-        progress=progress, compile=compile, **gguf,
+        ref.path,
+        device=device,
+        dtype=dtype,
+        n_ctx=n_ctx,
+        name=ref.name,
+        trust_remote_code=trust_remote_code,
+        progress=progress,
+        compile=compile,
+        **gguf,
     )
 
 

@@ -36,8 +36,10 @@ _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MAGIC = b"GGUF"
 # What to do about a model that is not here, for a reader of the window and of a terminal alike
 # (the same message reaches both): the window's model lists show what `specdeck-cli models` lists.
-CHOOSE_FOUND = ("Choose one of the models found on this machine (in the window: the model lists of Models > "
-                "Model pair…, Ctrl+M; in a terminal: `specdeck-cli models`)")  # fmt: skip
+CHOOSE_FOUND = (
+    "Choose one of the models found on this machine (in the window: the model lists of Models > "
+    "Model pair…, Ctrl+M; in a terminal: `specdeck-cli models`)"
+)
 _MAX_SCAN_DEPTH = 4  # LM Studio nests models as <root>/<publisher>/<repo>/<file>.gguf
 # "org/name", "org/name@rev", "org/name:file.gguf" and plain "gpt2"-style names.
 _REPO_SPEC = re.compile(r"^(?P<repo>(?:[\w.-]+/)?[\w.-]+)(?:@(?P<rev>[\w./-]+?))?(?::(?P<file>[^:]+))?$")

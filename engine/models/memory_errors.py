@@ -108,7 +108,9 @@ def out_of_memory(
     else:
         needs = _on_disk(path)
     tries = ([first_try] if first_try else []) + _what_to_try(path, backend, dtype, device)
-    where = (f"on {device}" if dtype == "as stored" else f"{dtype} on {device}") + (f"; {backend}: {said}" if said else "")
+    where = (f"on {device}" if dtype == "as stored" else f"{dtype} on {device}") + (
+        f"; {backend}: {said}" if said else ""
+    )
     return OutOfMemoryError(f"Not enough memory to {doing} ({where}).{needs} Try {_join(tries)}.")
 
 
@@ -117,8 +119,15 @@ def model_out_of_memory(
 ) -> OutOfMemoryError:
     """`out_of_memory` for a loaded model, from its `ModelInfo`."""
     return out_of_memory(
-        doing, path=info.path, backend=info.backend, dtype=info.dtype, device=info.device, n_ctx=n_ctx,
-        first_try=first_try, said=said, weight_bytes=info.weight_bytes,
+        doing,
+        path=info.path,
+        backend=info.backend,
+        dtype=info.dtype,
+        device=info.device,
+        n_ctx=n_ctx,
+        first_try=first_try,
+        said=said,
+        weight_bytes=info.weight_bytes,
     )
 
 
@@ -126,8 +135,8 @@ def _metadata(path: str):
     """The model's metadata (metadata.ModelMeta), or None when its files cannot be read,
     which must never hide the out-of-memory error."""
     try:
-        from engine.models.metadata import read_metadata
         from engine.models.locate import resolve
+        from engine.models.metadata import read_metadata
 
         return read_metadata(resolve(path))
     except Exception:  # noqa: BLE001 - an estimate is a bonus; the error itself must come out
@@ -144,7 +153,9 @@ def _needs(meta, backend: str, dtype: str, n_ctx: int | None) -> str:
         meta = replace(meta, ref=replace(meta.ref, kind="hf"))
     compute = dtype.rsplit("/", 1)[-1].strip()  # "int8 (weights) / float32" computes in float32
     try:
-        weights, kv = estimate_memory(meta, context, compute if meta.ref.kind == "hf" and compute in _FLOAT_BYTES else None)
+        weights, kv = estimate_memory(
+            meta, context, compute if meta.ref.kind == "hf" and compute in _FLOAT_BYTES else None
+        )
     except Exception:  # noqa: BLE001 - as above
         return ""
     if dtype.startswith("int8"):

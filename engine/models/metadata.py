@@ -58,26 +58,40 @@ class ModelMeta:
         """JSON-ready facts, without the vocabulary and the template text."""
         facts = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_IN_SUMMARY}
         ref = self.ref
-        return {"name": ref.name, "path": ref.path, "format": ref.kind, "source": ref.source,
-                "size_bytes": ref.size_bytes, **facts, "eos_ids": list(self.eos_ids),
-                "special_tokens": dict(self.special_tokens), "n_tokens": len(self.vocab),
-                "has_chat_template": self.chat_template is not None}  # fmt: skip
-
+        return {
+            "name": ref.name,
+            "path": ref.path,
+            "format": ref.kind,
+            "source": ref.source,
+            "size_bytes": ref.size_bytes,
+            **facts,
+            "eos_ids": list(self.eos_ids),
+            "special_tokens": dict(self.special_tokens),
+            "n_tokens": len(self.vocab),
+            "has_chat_template": self.chat_template is not None,
+        }
 
     def to_dict(self) -> dict:
         """Every fact, the vocabulary and the template included, as plain JSON (`from_dict` reads it back)."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data.update(ref=self.ref.to_dict(), vocab=list(self.vocab), eos_ids=list(self.eos_ids),
-                    special_tokens=dict(self.special_tokens))  # fmt: skip
+        data.update(
+            ref=self.ref.to_dict(),
+            vocab=list(self.vocab),
+            eos_ids=list(self.eos_ids),
+            special_tokens=dict(self.special_tokens),
+        )
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelMeta:
         """The ModelMeta `to_dict` wrote; fields a newer engine added are left out."""
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-        values.update(ref=ModelRef.from_dict(data["ref"]), vocab=tuple(data["vocab"]),
-                      eos_ids=tuple(int(i) for i in data["eos_ids"]),
-                      special_tokens={str(k): int(v) for k, v in data["special_tokens"].items()})  # fmt: skip
+        values.update(
+            ref=ModelRef.from_dict(data["ref"]),
+            vocab=tuple(data["vocab"]),
+            eos_ids=tuple(int(i) for i in data["eos_ids"]),
+            special_tokens={str(k): int(v) for k, v in data["special_tokens"].items()},
+        )
         return cls(**values)
 
 
@@ -344,10 +358,19 @@ _SPECIAL_ALIASES = {"unknown": "unk", "padding": "pad", "seperator": "sep", "sep
 
 # safetensors dtype codes -> torch dtype names
 _ST_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
-}  # fmt: skip
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
 _MAX_ST_HEADER = 100 * 2**20  # a real header is a few hundred KB; more means a corrupt file
 
 

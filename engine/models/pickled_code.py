@@ -62,7 +62,7 @@ def convert_model_folder(folder: str) -> str:
     """A command that rewrites a model folder's pickled weights as safetensors (shards too)."""
     return (
         'python -c "from transformers import AutoModelForCausalLM as M; '
-        f"M.from_pretrained({folder!r}, weights_only=False).save_pretrained({folder!r})\""
+        f'M.from_pretrained({folder!r}, weights_only=False).save_pretrained({folder!r})"'
     )
 
 

@@ -13,11 +13,15 @@ import json
 import math
 from pathlib import Path
 
-from engine.models.metadata import gguf_values
 from engine.models.locate import resolve
+from engine.models.metadata import gguf_values
 
-_GGUF_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_k": "top_k",
-              "general.sampling.top_p": "top_p", "general.sampling.min_p": "min_p"}  # fmt: skip
+_GGUF_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.min_p": "min_p",
+}
 _HF_KEYS = ("temperature", "top_k", "top_p", "min_p")
 
 
@@ -26,8 +30,11 @@ def recommended_sampling(spec: str) -> dict:
     {"temperature": 0.6, "top_p": 0.95}. Reads at most the model's header or its config file."""
     ref = resolve(spec)
     if ref.kind == "gguf":
-        values = {_GGUF_KEYS[key]: value for key, value in gguf_values(ref.path, "general.sampling.").items()
-                  if key in _GGUF_KEYS}  # fmt: skip
+        values = {
+            _GGUF_KEYS[key]: value
+            for key, value in gguf_values(ref.path, "general.sampling.").items()
+            if key in _GGUF_KEYS
+        }
     else:
         values = _generation_config(Path(ref.path))
     return _valid(values)

@@ -31,10 +31,12 @@ def detect_kind(url: str, api_key: str | None = None) -> str:
     """Which kind of server answers at `url`: "specdeck", "llama-server", "vllm" or "sglang".
     ServerUnavailable when nothing answers; ConfigError when it is none of them."""
     server = JsonServer(url, api_key, "server")
-    probes = (("/specdeck/info", "specdeck", lambda d: "wire_version" in d),
-              ("/props", "llama-server", lambda d: "default_generation_settings" in d or "build_info" in d),
-              ("/get_server_info", "sglang", lambda d: isinstance(d, dict)),
-              ("/version", "vllm", lambda d: isinstance(d, dict) and "version" in d))  # fmt: skip
+    probes = (
+        ("/specdeck/info", "specdeck", lambda d: "wire_version" in d),
+        ("/props", "llama-server", lambda d: "default_generation_settings" in d or "build_info" in d),
+        ("/get_server_info", "sglang", lambda d: isinstance(d, dict)),
+        ("/version", "vllm", lambda d: isinstance(d, dict) and "version" in d),
+    )
     for path, kind, looks_right in probes:
         try:
             if looks_right(server.get(path, timeout=10.0)):
@@ -45,12 +47,15 @@ def detect_kind(url: str, api_key: str | None = None) -> str:
         except ServerUnavailable as error:
             if "did not answer with JSON" not in str(error):
                 raise
-    raise ConfigError(f"The server at {server.url} is none of SpecDeck, llama-server, vLLM or SGLang (it answered "
-                      "none of their own endpoints): choose its kind, or check the address.")  # fmt: skip
+    raise ConfigError(
+        f"The server at {server.url} is none of SpecDeck, llama-server, vLLM or SGLang (it answered "
+        "none of their own endpoints): choose its kind, or check the address."
+    )
 
 
-def open_remote(kind: str, url: str, api_key: str | None = None, *, vanilla_url: str | None = None,
-                model: str | None = None) -> RemoteEngine:  # fmt: skip
+def open_remote(
+    kind: str, url: str, api_key: str | None = None, *, vanilla_url: str | None = None, model: str | None = None
+) -> RemoteEngine:
     """The adapter for `kind` ("auto": detected). A SpecDeck server has its own client: ConfigError."""
     if kind == "auto":
         kind = detect_kind(url, api_key)

@@ -20,8 +20,9 @@ can be (`_vanilla_body`); an adapter that cannot says how to give it one.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from engine.core.events import Comparison, GenerationResult, StepEvent
 from engine.core.sampling_config import SamplingConfig
@@ -58,8 +59,9 @@ class RemoteEngine:
     kind = "openai"
     name = "OpenAI-compatible server"
 
-    def __init__(self, url: str, api_key: str | None = None, *, vanilla_url: str | None = None,
-                 model: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, url: str, api_key: str | None = None, *, vanilla_url: str | None = None, model: str | None = None
+    ) -> None:
         self.server = JsonServer(url, api_key, self.name)
         self.vanilla = JsonServer(vanilla_url, api_key, f"vanilla {self.name}") if vanilla_url else None
         self.url = self.server.url
@@ -78,8 +80,15 @@ class RemoteEngine:
             self._models(self.vanilla)  # reachable, and the key works there too
         return self.pair
 
-    def generate(self, messages: list[dict], sampling: SamplingConfig, *, speculative: bool | None = None,
-                 cancel: threading.Event | None = None, on_step: StepCallback | None = None) -> GenerationResult:  # fmt: skip
+    def generate(
+        self,
+        messages: list[dict],
+        sampling: SamplingConfig,
+        *,
+        speculative: bool | None = None,
+        cancel: threading.Event | None = None,
+        on_step: StepCallback | None = None,
+    ) -> GenerationResult:
         """One reply. `speculative` False: the vanilla run (on `vanilla_url`, or the server told not
         to draft); None or True: as the server decodes."""
         pair = self.pair or self.connect()
@@ -123,13 +132,21 @@ class RemoteEngine:
             self._check_vanilla(result)
         return result
 
-    def compare(self, messages: list[dict], sampling: SamplingConfig, *, cancel: threading.Event | None = None,
-                on_step: StepCallback | None = None) -> Comparison:  # fmt: skip
+    def compare(
+        self,
+        messages: list[dict],
+        sampling: SamplingConfig,
+        *,
+        cancel: threading.Event | None = None,
+        on_step: StepCallback | None = None,
+    ) -> Comparison:
         """Vanilla, then speculative decoding of the same input, as `Engine.compare`."""
         pair = self.pair or self.connect()
         if not pair.speculative:
-            raise SpecDeckError(f"The {self.server.name} does not decode speculatively: there is nothing to compare "
-                                "(start it with a draft model or a speculative type).")  # fmt: skip
+            raise SpecDeckError(
+                f"The {self.server.name} does not decode speculatively: there is nothing to compare "
+                "(start it with a draft model or a speculative type)."
+            )
         self.ensure_vanilla()
         self.cold_prompts = True
         try:
@@ -154,9 +171,15 @@ class RemoteEngine:
         return RemotePair(self.kind, self.url, self.model or models[0], speculative=False, speculation="", n_ctx=None)
 
     def _body(self, messages: list[dict], sampling: SamplingConfig, vanilla: bool) -> dict:
-        body = {"model": self.pair.model if self.pair else self.model, "messages": messages, "stream": True,
-                "max_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "seed": sampling.seed}  # fmt: skip
+        body = {
+            "model": self.pair.model if self.pair else self.model,
+            "messages": messages,
+            "stream": True,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+        }
         if sampling.top_k:
             body["top_k"] = sampling.top_k
         if sampling.min_p:
@@ -185,8 +208,10 @@ class RemoteEngine:
     def _check_vanilla(self, result: GenerationResult) -> None:
         """Raise where the vanilla run drafted after all (the server ignored being told not to)."""
         if result.stats.drafted > 0:
-            raise SpecDeckError(f"The vanilla run on the {self._server(True).name} drafted {result.stats.drafted} "
-                                "tokens: give a vanilla URL, a server started without speculative decoding.")  # fmt: skip
+            raise SpecDeckError(
+                f"The vanilla run on the {self._server(True).name} drafted {result.stats.drafted} "
+                "tokens: give a vanilla URL, a server started without speculative decoding."
+            )
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -237,8 +262,9 @@ class StepPerChunkEngine(RemoteEngine):
 
     no_vanilla = "The side by side needs a vanilla URL: a second server of the same model without speculation."
 
-    def __init__(self, url: str, api_key: str | None = None, *, vanilla_url: str | None = None,
-                 model: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, url: str, api_key: str | None = None, *, vanilla_url: str | None = None, model: str | None = None
+    ) -> None:
         super().__init__(url, api_key, vanilla_url=vanilla_url, model=model)
         self.draft_length = 0
         self._plain_run = False  # one generate call's: nothing drafts in it (vanilla, or no speculation)

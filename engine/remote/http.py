@@ -16,8 +16,9 @@ import http.client
 import json
 import socket
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 from engine.errors import ConfigError, SpecDeckError
@@ -57,8 +58,13 @@ def parse_address(url: str) -> Address:
     if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
         raise ConfigError(f"{url!r} is not a server address: give one like http://127.0.0.1:8000.")
     https = parts.scheme == "https"
-    return Address(f"{parts.scheme}://{parts.netloc}", https, parts.hostname, port or (443 if https else 80),
-                   parts.path.rstrip("/"))  # fmt: skip
+    return Address(
+        f"{parts.scheme}://{parts.netloc}",
+        https,
+        parts.hostname,
+        port or (443 if https else 80),
+        parts.path.rstrip("/"),
+    )
 
 
 class JsonServer:
@@ -94,15 +100,17 @@ class JsonServer:
         finally:
             connection.close()
 
-    def events(self, path: str, body: Any, cancel: threading.Event | None = None,
-               timeout: float | None = 300.0) -> Iterator[dict]:  # fmt: skip
+    def events(
+        self, path: str, body: Any, cancel: threading.Event | None = None, timeout: float | None = 300.0
+    ) -> Iterator[dict]:
         """The JSON `data:` items of POST `path`'s event stream, until `[DONE]` or the stream's end.
         Setting `cancel` closes the connection (the server stops the request) and ends the items."""
         connection = self.open(timeout)
         done = threading.Event()
         if cancel is not None:
-            threading.Thread(target=_close_when_set, args=(cancel, done, connection), daemon=True,
-                             name="specdeck-remote-cancel").start()  # fmt: skip
+            threading.Thread(
+                target=_close_when_set, args=(cancel, done, connection), daemon=True, name="specdeck-remote-cancel"
+            ).start()
         try:
             response = self.send(connection, "POST", path, body)
             for data in sse_payloads(response):
@@ -112,9 +120,11 @@ class JsonServer:
             if cancel is None or not cancel.is_set():
                 # Every one of these servers ends a stream with [DONE]: without it the server went
                 # away, and the reply is cut short, not finished.
-                raise ServerUnavailable(f"The connection to the {self.name} broke off in the middle of the answer "
-                                        "(the stream ended without its end mark): the server stopped or was "
-                                        "stopped. What arrived is kept.")  # fmt: skip
+                raise ServerUnavailable(
+                    f"The connection to the {self.name} broke off in the middle of the answer "
+                    "(the stream ended without its end mark): the server stopped or was "
+                    "stopped. What arrived is kept."
+                )
         except (OSError, http.client.HTTPException, ValueError) as error:
             if cancel is not None and cancel.is_set():
                 return  # we closed it
@@ -131,8 +141,9 @@ class JsonServer:
         except OSError as error:
             raise self.unavailable(error) from error
 
-    def send(self, connection, method: str, path: str, body: Any = None, headers: dict | None = None
-             ) -> http.client.HTTPResponse:  # fmt: skip
+    def send(
+        self, connection, method: str, path: str, body: Any = None, headers: dict | None = None
+    ) -> http.client.HTTPResponse:
         payload = None if body is None else json.dumps(body).encode()
         connection.request(method, self.address.base + path, body=payload, headers={**self.headers, **(headers or {})})
         response = connection.getresponse()
@@ -149,8 +160,10 @@ class JsonServer:
         detail = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
         detail = detail or (body.get("message") or body.get("detail") if isinstance(body, dict) else None)
         if status == 401 or status == 403:
-            text = (f"The {self.name} refused the API key ({status}{': ' + str(detail) if detail else ''}): "
-                    "give the key the server was started with.")  # fmt: skip
+            text = (
+                f"The {self.name} refused the API key ({status}{': ' + str(detail) if detail else ''}): "
+                "give the key the server was started with."
+            )
         elif status == 404:
             text = f"The {self.name} has no such endpoint (404): is the address right, and is it the kind of server chosen?"
         elif status == 503:
@@ -161,15 +174,18 @@ class JsonServer:
 
     def unavailable(self, error: BaseException, mid_stream: bool = False) -> ServerUnavailable:
         if isinstance(error, ConnectionRefusedError):
-            return ServerUnavailable(f"Nothing answers at {self.url} (connection refused): start the server, or "
-                                     "check the address and port.")  # fmt: skip
+            return ServerUnavailable(
+                f"Nothing answers at {self.url} (connection refused): start the server, or check the address and port."
+            )
         if isinstance(error, socket.gaierror):
             return ServerUnavailable(f"No such host: {self.address.host} ({error.strerror}). Check the address.")
         if isinstance(error, (socket.timeout, TimeoutError)):
             return ServerUnavailable(f"The {self.name} did not answer in time: it may be overloaded; try again.")
         if mid_stream:
-            return ServerUnavailable(f"The connection to the {self.name} broke off in the middle of the answer "
-                                     f"({_reason(error)}): the server stopped or was stopped. What arrived is kept.")  # fmt: skip
+            return ServerUnavailable(
+                f"The connection to the {self.name} broke off in the middle of the answer "
+                f"({_reason(error)}): the server stopped or was stopped. What arrived is kept."
+            )
         return ServerUnavailable(f"Cannot reach the {self.name} ({_reason(error)}).")
 
 
@@ -221,7 +237,9 @@ def _json(data: bytes | str, name: str) -> Any:
     try:
         return json.loads(data)
     except ValueError as error:
-        raise ServerUnavailable(f"The {name} did not answer with JSON: is that the right address and kind of server?") from error
+        raise ServerUnavailable(
+            f"The {name} did not answer with JSON: is that the right address and kind of server?"
+        ) from error
 
 
 def _reason(error: BaseException) -> str:

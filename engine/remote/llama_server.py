@@ -37,12 +37,16 @@ from engine.remote.http import JsonServer, ServerRefused, ServerUnavailable
 from engine.remote.prometheus import Scrape, difference, parse
 from engine.remote.steps import StepBuilder
 
-METRICS = {"drafts": "llamacpp:spec_decode_num_drafts_total",  # verification steps that had drafts
-           "drafted": "llamacpp:spec_decode_num_draft_tokens_total",
-           "accepted": "llamacpp:spec_decode_num_accepted_tokens_total"}  # fmt: skip
+METRICS = {
+    "drafts": "llamacpp:spec_decode_num_drafts_total",  # verification steps that had drafts
+    "drafted": "llamacpp:spec_decode_num_draft_tokens_total",
+    "accepted": "llamacpp:spec_decode_num_accepted_tokens_total",
+}
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-TWIN_NOTE = ("The side by side's vanilla run is on a second llama-server SpecDeck started on the same model file "
-             "without speculative options ({url}): this build reads no per-request draft settings.")  # fmt: skip
+TWIN_NOTE = (
+    "The side by side's vanilla run is on a second llama-server SpecDeck started on the same model file "
+    "without speculative options ({url}): this build reads no per-request draft settings."
+)
 UNNAMED = "speculative decoding (its type is named after a first reply)"  # /slots says it only then
 NOTES = (
     "llama-server sends its draft counters with each token: the token colours are rebuilt from them, "
@@ -83,8 +87,7 @@ class LlamaServerEngine(RemoteEngine):
         self._twin = LlamaServerProcess(binary, path, n_ctx=pair.n_ctx or 4096).start()
         atexit.register(self.close)  # never left running after this process
         self.vanilla = JsonServer(self._twin.url, None, "vanilla llama-server (started by SpecDeck)")
-        self.pair = replace(pair, vanilla_url=self._twin.url,
-                            notes=(*pair.notes, TWIN_NOTE.format(url=self._twin.url)))  # fmt: skip
+        self.pair = replace(pair, vanilla_url=self._twin.url, notes=(*pair.notes, TWIN_NOTE.format(url=self._twin.url)))
 
     def _describe(self) -> RemotePair:
         props = self.server.get("/props")
@@ -93,10 +96,21 @@ class LlamaServerEngine(RemoteEngine):
         n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
         speculative, types = self._speculation(self.server)
         how = ", ".join(types) if types else UNNAMED
-        return RemotePair(self.kind, self.url, model, speculative, how if speculative else "",
-                          int(n_ctx) if n_ctx else None, NOTES, self.vanilla.url if self.vanilla else None,
-                          details={"build_info": props.get("build_info"), "model_path": props.get("model_path"),
-                                   "metrics": bool(props.get("endpoint_metrics"))})  # fmt: skip
+        return RemotePair(
+            self.kind,
+            self.url,
+            model,
+            speculative,
+            how if speculative else "",
+            int(n_ctx) if n_ctx else None,
+            NOTES,
+            self.vanilla.url if self.vanilla else None,
+            details={
+                "build_info": props.get("build_info"),
+                "model_path": props.get("model_path"),
+                "metrics": bool(props.get("endpoint_metrics")),
+            },
+        )
 
     def _after_reply(self) -> None:
         """/slots names the speculative types only once a request has run: name them then."""
@@ -134,8 +148,11 @@ class LlamaServerEngine(RemoteEngine):
         timings = chunk.get("timings") or {}
         if "predicted_n" not in timings:
             return {}
-        return {"tokens": int(timings["predicted_n"]), "drafted": int(timings.get("draft_n", 0)),
-                "accepted": int(timings.get("draft_n_accepted", 0))}  # fmt: skip
+        return {
+            "tokens": int(timings["predicted_n"]),
+            "drafted": int(timings.get("draft_n", 0)),
+            "accepted": int(timings.get("draft_n_accepted", 0)),
+        }
 
     def _before(self, server: JsonServer) -> Scrape | None:
         return self._scrape(server) if self.pair is not None and self.pair.details.get("metrics") else None

@@ -26,8 +26,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from engine.errors import SpecDeckError
 
@@ -73,8 +73,10 @@ def find_llama_server(explicit: str | os.PathLike | None = None) -> Path | None:
         if path.is_dir():
             path = path / BINARY
         if not _runnable(path):
-            raise LlamaServerNotFound(f"No llama-server program at {path}: give the path of the built "
-                                      f"binary, or build one with `specdeck-cli llama-server build`.")  # fmt: skip
+            raise LlamaServerNotFound(
+                f"No llama-server program at {path}: give the path of the built "
+                f"binary, or build one with `specdeck-cli llama-server build`."
+            )
         return path
     if os.environ.get(ENV_BINARY):
         return find_llama_server(os.environ[ENV_BINARY])
@@ -94,8 +96,10 @@ def build_llama_server(*, jobs: int | None = None, progress: Progress = print, v
             return built
         for tool in ("cmake", "c++"):
             if shutil.which(tool) is None:
-                raise SpecDeckError(f"Building llama-server needs `{tool}`, which is not installed "
-                                    f"(Debian/Ubuntu: sudo apt install cmake g++).")  # fmt: skip
+                raise SpecDeckError(
+                    f"Building llama-server needs `{tool}`, which is not installed "
+                    f"(Debian/Ubuntu: sudo apt install cmake g++)."
+                )
         with tempfile.TemporaryDirectory(prefix="specdeck-llama-server-") as work:
             source = _unpacked_source(Path(work), version, progress)
             binary = _compile(source, Path(work) / "build", jobs or os.cpu_count() or 1, progress, version)
@@ -108,8 +112,18 @@ def build_llama_server(*, jobs: int | None = None, progress: Progress = print, v
 
 def _unpacked_source(work: Path, version: str, progress: Progress) -> Path:
     progress(f"Downloading the source of {PACKAGE} {version} (llama.cpp) with pip…")
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", PACKAGE,
-               f"{PACKAGE}=={version}", "-d", str(work / "sdist")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        PACKAGE,
+        f"{PACKAGE}=={version}",
+        "-d",
+        str(work / "sdist"),
+    ]
     _run(command, work, "pip could not download the llama.cpp source")
     archives = sorted((work / "sdist").glob("*.tar.gz"))
     if not archives:
@@ -126,11 +140,18 @@ def _compile(source: Path, build: Path, jobs: int, progress: Progress, version: 
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     generator += [f"-DLLAMA_BUILD_NUMBER={version.split('.')[0]}", f"-DLLAMA_BUILD_COMMIT={BUILD_COMMIT}"]
     progress(f"Configuring llama.cpp ({' '.join(CMAKE_FLAGS)})…")
-    _run(["cmake", "-S", str(source), "-B", str(build), *generator, *CMAKE_FLAGS], build.parent,
-         "cmake could not configure llama.cpp")  # fmt: skip
+    _run(
+        ["cmake", "-S", str(source), "-B", str(build), *generator, *CMAKE_FLAGS],
+        build.parent,
+        "cmake could not configure llama.cpp",
+    )
     progress(f"Compiling llama-server with {jobs} job(s): 10-30 minutes on a small machine…")
-    _run(["cmake", "--build", str(build), "--target", BINARY, "-j", str(jobs)], build.parent,
-         "llama-server did not compile", stream=progress)  # fmt: skip
+    _run(
+        ["cmake", "--build", str(build), "--target", BINARY, "-j", str(jobs)],
+        build.parent,
+        "llama-server did not compile",
+        stream=progress,
+    )
     binary = build / "bin" / BINARY
     if not _runnable(binary):
         raise SpecDeckError(f"The build ended without {binary}.")

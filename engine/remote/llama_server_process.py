@@ -32,9 +32,17 @@ def free_port() -> int:
 
 
 class LlamaServerProcess:
-    def __init__(self, binary: str | os.PathLike, model: str | os.PathLike, *, threads: int | None = None,
-                 n_ctx: int = 4096, spec: list[str] | tuple[str, ...] = (), extra: list[str] | tuple[str, ...] = (),
-                 api_key: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        binary: str | os.PathLike,
+        model: str | os.PathLike,
+        *,
+        threads: int | None = None,
+        n_ctx: int = 4096,
+        spec: list[str] | tuple[str, ...] = (),
+        extra: list[str] | tuple[str, ...] = (),
+        api_key: str | None = None,
+    ) -> None:
         self.binary, self.model = Path(binary), Path(model)
         self.threads, self.n_ctx, self.spec, self.extra = threads, n_ctx, list(spec), list(extra)
         self.api_key = api_key
@@ -47,8 +55,23 @@ class LlamaServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        command = [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
-                   "-c", str(self.n_ctx), "-np", "1", "--no-webui", *server_flags(), *self.spec, *self.extra]  # fmt: skip
+        command = [
+            str(self.binary),
+            "-m",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-c",
+            str(self.n_ctx),
+            "-np",
+            "1",
+            "--no-webui",
+            *server_flags(),
+            *self.spec,
+            *self.extra,
+        ]
         if self.threads:
             command += ["-t", str(self.threads), "-tb", str(self.threads)]
         if self.api_key:
@@ -65,8 +88,10 @@ class LlamaServerProcess:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise SpecDeckError(f"llama-server exited with status {self.proc.returncode} while starting. "
-                                    f"Its last lines:\n{self.log_tail()}")  # fmt: skip
+                raise SpecDeckError(
+                    f"llama-server exited with status {self.proc.returncode} while starting. "
+                    f"Its last lines:\n{self.log_tail()}"
+                )
             try:
                 if health.get("/health", timeout=2.0).get("status") == "ok":
                     return self
@@ -74,8 +99,9 @@ class LlamaServerProcess:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise SpecDeckError(f"llama-server did not become ready in {START_TIMEOUT_S:.0f} s. Its last lines:\n"
-                            f"{self.log_tail()}")  # fmt: skip
+        raise SpecDeckError(
+            f"llama-server did not become ready in {START_TIMEOUT_S:.0f} s. Its last lines:\n{self.log_tail()}"
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -45,10 +45,14 @@ NOTES = (
     "from the tokens per step.",
     "SGLang reports no cost model: the theory panel draws the formula without measured costs.",
 )
-TREE_NOTE = ("This SGLang server drafts a tree (top-k {topk}): each step verifies {nodes} draft tokens but can "
-             "accept at most {depth}; the colours count drafts along the accepted path only.")  # fmt: skip
-NO_VANILLA = ("SGLang cannot turn speculative decoding off for one request: the side by side needs a vanilla URL, "
-              "a second SGLang server with the same model started without --speculative-algorithm.")  # fmt: skip
+TREE_NOTE = (
+    "This SGLang server drafts a tree (top-k {topk}): each step verifies {nodes} draft tokens but can "
+    "accept at most {depth}; the colours count drafts along the accepted path only."
+)
+NO_VANILLA = (
+    "SGLang cannot turn speculative decoding off for one request: the side by side needs a vanilla URL, "
+    "a second SGLang server with the same model started without --speculative-algorithm."
+)
 
 
 class SglangEngine(StepPerChunkEngine):
@@ -56,8 +60,9 @@ class SglangEngine(StepPerChunkEngine):
     name = "SGLang server"
     no_vanilla = NO_VANILLA
 
-    def __init__(self, url: str, api_key: str | None = None, *, vanilla_url: str | None = None,
-                 model: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, url: str, api_key: str | None = None, *, vanilla_url: str | None = None, model: str | None = None
+    ) -> None:
         super().__init__(url, api_key, vanilla_url=vanilla_url, model=model)
         self._sglext: dict = {}  # one generate call's: what its chunks' `sglext` said
 
@@ -82,16 +87,29 @@ class SglangEngine(StepPerChunkEngine):
         if self.vanilla is not None:
             vanilla_info = self._server_info(self.vanilla)
             if vanilla_info.get("speculative_algorithm"):
-                raise SpecDeckError(f"The {self.vanilla.name} decodes speculatively too "
-                                    f"({vanilla_info['speculative_algorithm']}): give as vanilla URL a server started "
-                                    "without --speculative-algorithm.")  # fmt: skip
+                raise SpecDeckError(
+                    f"The {self.vanilla.name} decodes speculatively too "
+                    f"({vanilla_info['speculative_algorithm']}): give as vanilla URL a server started "
+                    "without --speculative-algorithm."
+                )
         n_ctx = card.get("max_model_len") or info.get("context_length")
         state = (info.get("internal_states") or [{}])[0] or {}
-        details = {"version": info.get("version"), "model_path": info.get("model_path") or card.get("root"),
-                   "server_accept_length": state.get("avg_spec_accept_length")}  # over the server's life  # fmt: skip
-        return RemotePair(self.kind, self.url, self.model or card["id"], speculative, how,
-                          int(n_ctx) if n_ctx else None, notes, self.vanilla.url if self.vanilla else None,
-                          details=details)  # fmt: skip
+        details = {
+            "version": info.get("version"),
+            "model_path": info.get("model_path") or card.get("root"),
+            "server_accept_length": state.get("avg_spec_accept_length"),
+        }  # over the server's life
+        return RemotePair(
+            self.kind,
+            self.url,
+            self.model or card["id"],
+            speculative,
+            how,
+            int(n_ctx) if n_ctx else None,
+            notes,
+            self.vanilla.url if self.vanilla else None,
+            details=details,
+        )
 
     def _body(self, messages, sampling, vanilla: bool) -> dict:
         body = super()._body(messages, sampling, vanilla)

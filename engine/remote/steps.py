@@ -70,8 +70,9 @@ class StepBuilder:
         self._start = self.clock()
         self._stats = RunStats(notes=self.notes)
 
-    def add(self, text: str, *, tokens: int | None = None, drafted: int | None = None,
-            accepted: int | None = None) -> list[StepEvent]:  # fmt: skip
+    def add(
+        self, text: str, *, tokens: int | None = None, drafted: int | None = None, accepted: int | None = None
+    ) -> list[StepEvent]:
         """One chunk: its text, and the running totals the server sent with it (None: not sent).
         Returns the steps it completes (none for a chunk that carries no token, or ends no step)."""
         new = (tokens - self._seen.tokens) if tokens is not None else (1 if text else 0)
@@ -104,10 +105,17 @@ class StepBuilder:
         """The step being filled, closed as it is (a stream that broke off inside it)."""
         return [self._close(self._open)] if self._open is not None else []
 
-    def finish(self, reason: str, *, wall_s: float | None = None, prefill_s: float | None = None,
-               drafted: int | None = None, accepted: int | None = None,
-               depth_tested: tuple[int, ...] | None = None, depth_accepted: tuple[int, ...] | None = None,
-               ) -> GenerationResult:  # fmt: skip
+    def finish(
+        self,
+        reason: str,
+        *,
+        wall_s: float | None = None,
+        prefill_s: float | None = None,
+        drafted: int | None = None,
+        accepted: int | None = None,
+        depth_tested: tuple[int, ...] | None = None,
+        depth_accepted: tuple[int, ...] | None = None,
+    ) -> GenerationResult:
         """End the run: `reason` ("stop", "length", "cancelled"...), the server's own timings (seconds)
         where it sent them, and its own totals for the run where it has them (they replace what the
         chunks suggested: two steps sent as one chunk read as one), per draft position too."""
@@ -144,18 +152,26 @@ class StepBuilder:
             self._open = None
         now = self.clock() - self._start
         count = len(step.texts)
-        infos = tuple(TokenInfo(UNKNOWN_ID, piece, source, math.nan, None)
-                      for piece, source in zip(step.texts, _sources(count, step.drafted, step.accepted)))  # fmt: skip
+        infos = tuple(
+            TokenInfo(UNKNOWN_ID, piece, source, math.nan, None)
+            for piece, source in zip(step.texts, _sources(count, step.drafted, step.accepted))
+        )
         # A step cut short inside its accepted drafts: its last token is its own (RunStats' identity).
         d, a = step.drafted or 0, min(step.accepted or 0, max(count - 1, 0))
         tested = a if (step.accepted or 0) > a else a + (1 if d > a else 0)
         stats = self._stats
         self._stats = stats = replace(
-            stats, steps=stats.steps + 1, tokens=stats.tokens + count, drafted=stats.drafted + d,
-            accepted=stats.accepted + a, tested=stats.tested + tested, k=d, tree_nodes=d,
+            stats,
+            steps=stats.steps + 1,
+            tokens=stats.tokens + count,
+            drafted=stats.drafted + d,
+            accepted=stats.accepted + a,
+            tested=stats.tested + tested,
+            k=d,
+            tree_nodes=d,
             time_to_first_token_s=stats.time_to_first_token_s or self._first_token_s,
             wall_s=max(0.0, now - self._first_token_s),
-        )  # fmt: skip
+        )
         event = StepEvent(len(self.steps), infos, "".join(step.texts), d, d, a, 0.0, 0.0, 0.0, stats)
         self.steps.append(event)
         return event

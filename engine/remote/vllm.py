@@ -46,10 +46,14 @@ NOTES = (
     "--per-request-spec-decode-metrics summary sends each reply's own counts, which are used instead).",
     "vLLM reports no cost model: the theory panel draws the formula without measured costs.",
 )
-CONFIG_NOTE = ("This vLLM server does not describe its speculative config (it has no /inference/v1/config): that "
-               "it drafts, and how many tokens a step, are inferred from its /metrics counters.")  # fmt: skip
-NO_VANILLA = ("vLLM cannot turn speculative decoding off for one request: the side by side needs a vanilla URL, "
-              "a second vLLM server with the same model started without --speculative-config.")  # fmt: skip
+CONFIG_NOTE = (
+    "This vLLM server does not describe its speculative config (it has no /inference/v1/config): that "
+    "it drafts, and how many tokens a step, are inferred from its /metrics counters."
+)
+NO_VANILLA = (
+    "vLLM cannot turn speculative decoding off for one request: the side by side needs a vanilla URL, "
+    "a second vLLM server with the same model started without --speculative-config."
+)
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"  # verify steps that had drafts
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -83,8 +87,12 @@ def reported_counts(metrics: dict) -> SpecCounts | None:
     try:
         histogram = [int(n) for n in metrics.get("acceptance_histogram") or ()]  # [j]: steps that accepted j
         per_pos = tuple(sum(histogram[i + 1 :]) for i in range(max(0, len(histogram) - 1)))
-        return SpecCounts(int(metrics["num_spec_steps"]), int(metrics["num_draft_tokens"]),
-                          int(metrics["num_accepted_draft_tokens"]), per_pos)  # fmt: skip
+        return SpecCounts(
+            int(metrics["num_spec_steps"]),
+            int(metrics["num_draft_tokens"]),
+            int(metrics["num_accepted_draft_tokens"]),
+            per_pos,
+        )
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -94,8 +102,9 @@ class VllmEngine(StepPerChunkEngine):
     name = "vLLM server"
     no_vanilla = NO_VANILLA
 
-    def __init__(self, url: str, api_key: str | None = None, *, vanilla_url: str | None = None,
-                 model: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, url: str, api_key: str | None = None, *, vanilla_url: str | None = None, model: str | None = None
+    ) -> None:
         super().__init__(url, api_key, vanilla_url=vanilla_url, model=model)
         self._reported: dict | None = None  # one generate call's: the counts the server reported for it
 
@@ -125,10 +134,17 @@ class VllmEngine(StepPerChunkEngine):
         if self.vanilla is not None:
             self._check_vanilla_server()
         notes = NOTES + ((CONFIG_NOTE,) if speculative and config is None else ())
-        return RemotePair(self.kind, self.url, model, speculative, how, int(n_ctx) if n_ctx else None, notes,
-                          self.vanilla.url if self.vanilla else None,
-                          details={"models": [c["id"] for c in cards], "speculative_config": config,
-                                   "root": card.get("root")})  # fmt: skip
+        return RemotePair(
+            self.kind,
+            self.url,
+            model,
+            speculative,
+            how,
+            int(n_ctx) if n_ctx else None,
+            notes,
+            self.vanilla.url if self.vanilla else None,
+            details={"models": [c["id"] for c in cards], "speculative_config": config, "root": card.get("root")},
+        )
 
     def _builder_options(self, vanilla: bool) -> dict:
         self._reported = None
@@ -192,5 +208,7 @@ class VllmEngine(StepPerChunkEngine):
     def _check_vanilla_server(self) -> None:
         scrape = self._scrape(self.vanilla)
         if scrape is not None and scrape.total(DRAFTS) is not None:
-            raise SpecDeckError(f"The {self.vanilla.name} decodes speculatively too (it has spec-decode counters): "
-                                "give as vanilla URL a server started without --speculative-config.")  # fmt: skip
+            raise SpecDeckError(
+                f"The {self.vanilla.name} decodes speculatively too (it has spec-decode counters): "
+                "give as vanilla URL a server started without --speculative-config."
+            )

@@ -24,8 +24,9 @@ import json
 import secrets
 import socket
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from engine import errors
 from engine.backends.info import ModelInfo
@@ -62,9 +63,14 @@ class LoadedPair:
 
     @classmethod
     def from_dict(cls, data: dict) -> LoadedPair:
-        return cls(EngineConfig.from_dict(data["config"]), wire.model_info_from_dict(data["target"]),
-                   int(data["n_ctx"]), bool(data["speculative"]), tuple(data["notes"]),
-                   wire.costs_from_dict(data["costs"]))  # fmt: skip
+        return cls(
+            EngineConfig.from_dict(data["config"]),
+            wire.model_info_from_dict(data["target"]),
+            int(data["n_ctx"]),
+            bool(data["speculative"]),
+            tuple(data["notes"]),
+            wire.costs_from_dict(data["costs"]),
+        )
 
 
 class EngineClient:
@@ -83,8 +89,10 @@ class EngineClient:
     def loaded(self) -> LoadedPair | None:
         data = self.request("GET", "/specdeck/info")
         if data.get("wire_version") != wire.WIRE_VERSION:
-            raise EngineUnavailable(f"The server at {self.url} speaks wire version {data.get('wire_version')}, this "
-                                    f"SpecDeck {wire.WIRE_VERSION}: run the same SpecDeck version on both.")  # fmt: skip
+            raise EngineUnavailable(
+                f"The server at {self.url} speaks wire version {data.get('wire_version')}, this "
+                f"SpecDeck {wire.WIRE_VERSION}: run the same SpecDeck version on both."
+            )
         return None if data.get("loaded") is None else LoadedPair.from_dict(data["loaded"])
 
     def load(self, config: EngineConfig, progress: Callable[[str, float], None] | None = None) -> LoadedPair:
@@ -98,8 +106,15 @@ class EngineClient:
     def unload(self) -> None:
         self.request("POST", "/specdeck/unload", {})
 
-    def generate(self, messages: list[dict], sampling: SamplingConfig, *, speculative: bool | None = None,
-                 cancel: threading.Event | None = None, on_step: StepCallback | None = None) -> GenerationResult:  # fmt: skip
+    def generate(
+        self,
+        messages: list[dict],
+        sampling: SamplingConfig,
+        *,
+        speculative: bool | None = None,
+        cancel: threading.Event | None = None,
+        on_step: StepCallback | None = None,
+    ) -> GenerationResult:
         """One reply, as `Engine.generate`; `speculative` None: as the loaded pair decodes."""
         body = {"messages": messages, "sampling": wire.sampling_to_dict(sampling), "speculative": speculative}
         steps: list[StepEvent] = []
@@ -110,8 +125,14 @@ class EngineClient:
                 on_step(item["run"], step, item["drafter_stats"], wire.costs_from_dict(item["costs"]))
         return wire.result_from_steps(steps)
 
-    def compare(self, messages: list[dict], sampling: SamplingConfig, *, cancel: threading.Event | None = None,
-                on_step: StepCallback | None = None) -> Comparison:  # fmt: skip
+    def compare(
+        self,
+        messages: list[dict],
+        sampling: SamplingConfig,
+        *,
+        cancel: threading.Event | None = None,
+        on_step: StepCallback | None = None,
+    ) -> Comparison:
         """Vanilla, then speculative decoding of the same input, as `Engine.compare`."""
         body = {"messages": messages, "sampling": wire.sampling_to_dict(sampling)}
         runs: dict[str, list[StepEvent]] = {"vanilla": [], "speculative": []}
@@ -130,8 +151,9 @@ class EngineClient:
         check needs there (torch, llama.cpp), hence the generous timeout."""
         from engine.preflight import Preflight
 
-        return Preflight.from_dict(self.request("POST", "/specdeck/preflight", {"config": config.to_dict()},
-                                                timeout=timeout))  # fmt: skip
+        return Preflight.from_dict(
+            self.request("POST", "/specdeck/preflight", {"config": config.to_dict()}, timeout=timeout)
+        )
 
     def close(self) -> None:
         """Nothing to stop: a SpecDeck server starts nothing for its clients (as RemoteEngine.close)."""
@@ -146,9 +168,18 @@ class EngineClient:
     # loaded; on any other config, and for a training, the server frees its engine first and
     # `on_unloaded(freed_config)` is called before anything else: load the pair again afterwards.
 
-    def bench(self, config: EngineConfig, prompts, settings, *, prompts_source: str | None = None,
-              progress: Callable[[str, float], None] | None = None, cancel: threading.Event | None = None,
-              on_unloaded: Callable[[EngineConfig], None] | None = None, on_row=None):  # fmt: skip
+    def bench(
+        self,
+        config: EngineConfig,
+        prompts,
+        settings,
+        *,
+        prompts_source: str | None = None,
+        progress: Callable[[str, float], None] | None = None,
+        cancel: threading.Event | None = None,
+        on_unloaded: Callable[[EngineConfig], None] | None = None,
+        on_row=None,
+    ):
         """`run_benchmark` on the server: `prompts` (BenchPrompt), `settings` (BenchSettings) ->
         BenchReport; `progress(message, fraction)` and `on_row(PromptSummary)` as run_benchmark's.
         Raises BenchmarkCancelled when `cancel` stops it."""
@@ -161,26 +192,51 @@ class EngineClient:
             elif progress is not None:
                 progress(*progress_from_dict(data))
 
-        body = {"config": config.to_dict(), "prompts": [p.to_dict() for p in prompts],
-                "settings": settings.to_dict(), "prompts_source": prompts_source}  # fmt: skip
+        body = {
+            "config": config.to_dict(),
+            "prompts": [p.to_dict() for p in prompts],
+            "settings": settings.to_dict(),
+            "prompts_source": prompts_source,
+        }
         item = self._job("/specdeck/bench", body, "report", report, cancel, on_unloaded, "the benchmark")
         return BenchReport.from_dict(item)
 
-    def autotune(self, config: EngineConfig, prompts, settings, *, candidates=None,
-                 progress: Callable[[str, float], None] | None = None, cancel: threading.Event | None = None,
-                 on_unloaded: Callable[[EngineConfig], None] | None = None):  # fmt: skip
+    def autotune(
+        self,
+        config: EngineConfig,
+        prompts,
+        settings,
+        *,
+        candidates=None,
+        progress: Callable[[str, float], None] | None = None,
+        cancel: threading.Event | None = None,
+        on_unloaded: Callable[[EngineConfig], None] | None = None,
+    ):
         """`run_autotune` on the server: `settings` (AutotuneSettings), `candidates` (Candidate;
         None: every drafter the target allows) -> AutotuneResult. Raises BenchmarkCancelled."""
         from engine.bench.autotune_results import AutotuneResult
 
-        body = {"config": config.to_dict(), "prompts": [p.to_dict() for p in prompts], "settings": settings.to_dict(),
-                "candidates": None if candidates is None else [c.to_dict() for c in candidates]}  # fmt: skip
-        item = self._job("/specdeck/autotune", body, "result", self._bench_progress(progress), cancel, on_unloaded,
-                         "auto-tune")  # fmt: skip
+        body = {
+            "config": config.to_dict(),
+            "prompts": [p.to_dict() for p in prompts],
+            "settings": settings.to_dict(),
+            "candidates": None if candidates is None else [c.to_dict() for c in candidates],
+        }
+        item = self._job(
+            "/specdeck/autotune", body, "result", self._bench_progress(progress), cancel, on_unloaded, "auto-tune"
+        )
         return AutotuneResult.from_dict(item)
 
-    def train(self, options: dict, *, resume: bool, command: str | None = None, progress=None,
-              cancel: threading.Event | None = None, on_unloaded: Callable[[EngineConfig], None] | None = None):  # fmt: skip
+    def train(
+        self,
+        options: dict,
+        *,
+        resume: bool,
+        command: str | None = None,
+        progress=None,
+        cancel: threading.Event | None = None,
+        on_unloaded: Callable[[EngineConfig], None] | None = None,
+    ):
         """`train_heads(**options, resume=, command=)` on the server (paths are the server's) ->
         TrainResult; `progress(TrainProgress)` as train_heads'. A cancelled run returns its result
         (`cancelled` True, a checkpoint saved), as in process."""
@@ -191,8 +247,9 @@ class EngineClient:
                 progress(TrainProgress.from_dict(data))
 
         body = {"options": options, "resume": resume, "command": command}
-        return TrainResult.from_dict(self._job("/specdeck/train", body, "result", report, cancel, on_unloaded,
-                                               "the training"))  # fmt: skip
+        return TrainResult.from_dict(
+            self._job("/specdeck/train", body, "result", report, cancel, on_unloaded, "the training")
+        )
 
     def checkpoint(self, out_dir: str):
         """(CheckpointInfo | None, history) of the training run saved in `out_dir` on the server: what
@@ -213,8 +270,16 @@ class EngineClient:
 
         return lambda data: progress(*progress_from_dict(data))
 
-    def _job(self, path: str, body: dict, key: str, progress: Callable[[dict], None] | None,
-             cancel: threading.Event | None, on_unloaded: Callable[[EngineConfig], None] | None, what: str) -> dict:  # fmt: skip
+    def _job(
+        self,
+        path: str,
+        body: dict,
+        key: str,
+        progress: Callable[[dict], None] | None,
+        cancel: threading.Event | None,
+        on_unloaded: Callable[[EngineConfig], None] | None,
+        what: str,
+    ) -> dict:
         """A job's `key` item; {"cancelled": true} raises BenchmarkCancelled. The stream is read to its
         end mark, which the server sends once the engine is free: a next request finds it idle."""
         outcome: dict = {}
@@ -254,8 +319,9 @@ class EngineClient:
         done = threading.Event()
         job = secrets.token_hex(8)  # names this job for the cancel, which then stops no one else's
         if cancel is not None:
-            threading.Thread(target=self._cancel_when_set, args=(cancel, done, job), daemon=True,
-                             name="specdeck-cancel-watch").start()  # fmt: skip
+            threading.Thread(
+                target=self._cancel_when_set, args=(cancel, done, job), daemon=True, name="specdeck-cancel-watch"
+            ).start()
         try:
             response = self._send(connection, "POST", path, body, {JOB_HEADER: job})
             for data in sse_payloads(response):
@@ -265,8 +331,10 @@ class EngineClient:
                 if "error" in item:
                     raise _engine_error(item["error"])
                 yield item
-            raise EngineUnavailable(f"The engine at {self.url} stopped in the middle of its answer (the stream "
-                                    "ended without its end mark): the server stopped or was stopped.")  # fmt: skip
+            raise EngineUnavailable(
+                f"The engine at {self.url} stopped in the middle of its answer (the stream "
+                "ended without its end mark): the server stopped or was stopped."
+            )
         except (OSError, http.client.HTTPException) as error:
             raise self._unavailable(error, mid_stream=True) from error
         finally:
@@ -296,8 +364,9 @@ class EngineClient:
         except OSError as error:
             raise self._unavailable(error) from error
 
-    def _send(self, connection, method: str, path: str, body: Any, headers: dict | None = None
-              ) -> http.client.HTTPResponse:  # fmt: skip
+    def _send(
+        self, connection, method: str, path: str, body: Any, headers: dict | None = None
+    ) -> http.client.HTTPResponse:
         payload = None if body is None else json.dumps(body).encode()
         connection.request(method, self._base + path, body=payload, headers={**self._headers, **(headers or {})})
         response = connection.getresponse()
@@ -306,20 +375,25 @@ class EngineClient:
             try:
                 error = json.loads(data)["error"]
             except (ValueError, KeyError, TypeError):
-                error = {"message": f"The server at {self.url} answered {response.status} {response.reason}.",
-                         "type": "http_error"}  # fmt: skip
+                error = {
+                    "message": f"The server at {self.url} answered {response.status} {response.reason}.",
+                    "type": "http_error",
+                }
             raise _engine_error(error)
         return response
 
     def _unavailable(self, error: BaseException, mid_stream: bool = False) -> EngineUnavailable:
         if isinstance(error, ConnectionRefusedError):
-            return EngineUnavailable(f"Nothing answers at {self.url} (connection refused): start the server, or "
-                                     "check the address and port.")  # fmt: skip
+            return EngineUnavailable(
+                f"Nothing answers at {self.url} (connection refused): start the server, or check the address and port."
+            )
         if isinstance(error, socket.timeout):
             return EngineUnavailable(f"The server at {self.url} did not answer in time.")
         if mid_stream:
-            return EngineUnavailable(f"The connection to the engine at {self.url} broke off ({_reason(error)}): "
-                                     "the server stopped or was stopped.")  # fmt: skip
+            return EngineUnavailable(
+                f"The connection to the engine at {self.url} broke off ({_reason(error)}): "
+                "the server stopped or was stopped."
+            )
         return EngineUnavailable(f"Cannot reach the server at {self.url} ({_reason(error)}).")
 
 

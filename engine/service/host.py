@@ -23,8 +23,9 @@ import asyncio
 import logging
 import queue
 import threading
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from engine.service.errors import ServerBusy
 
@@ -74,8 +75,9 @@ class EngineThread:
 
 
 class Host:
-    def __init__(self, engine=None, *, queue_limit: int = 8, thread: EngineThread | None = None,
-                 reload_after_jobs: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, engine=None, *, queue_limit: int = 8, thread: EngineThread | None = None, reload_after_jobs: bool = True
+    ) -> None:
         self.engine = engine  # an engine.Engine, or None until one is loaded
         # Load the pair again after a job that freed it (routes_jobs): a shared server's other clients
         # need it. The app's own engine leaves that to its one client, which reloads when it wants.
@@ -90,7 +92,7 @@ class Host:
 
     @property
     def status(self) -> str:
-        """"loading" while a load runs, "busy" while another job runs, else "idle"."""
+        """ "loading" while a load runs, "busy" while another job runs, else "idle"."""
         if self.job_name is None:
             return "idle"
         return "loading" if self.job_name == "load" else "busy"
@@ -141,8 +143,7 @@ class Host:
         cancel.set()
         return True
 
-    async def run(self, name: str, job: Job, request=None, *, time_limit_s: float | None = None
-                  ) -> AsyncIterator[Any]:  # fmt: skip
+    async def run(self, name: str, job: Job, request=None, *, time_limit_s: float | None = None) -> AsyncIterator[Any]:
         """Run `job` once the engine is free; yield what it emits. Raises what the job raised.
 
         `request` (a Starlette request): when its client disconnects, the job is cancelled, while it

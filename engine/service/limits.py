@@ -139,14 +139,19 @@ class Guard:
         if not host_allowed(name, self.allowed):
             shown = name or "(none)"
             return error_response(
-                400, f"The Host header names {shown!r}, which is not this server. Reach it by the address it "
+                400,
+                f"The Host header names {shown!r}, which is not this server. Reach it by the address it "
                 "listens on (or a loopback name), or start it with --allowed-host NAME to answer to that name.",
-                "invalid_request_error")  # fmt: skip
+                "invalid_request_error",
+            )
         if scope["method"] in ("POST", "PUT", "PATCH") and not is_json(headers.get("content-type", "")):
             given = headers.get("content-type") or "none"
             return error_response(
-                415, f"Bad request: the body must be JSON, sent with 'Content-Type: application/json' (this request "
-                f"said {given!r}; with curl, add -H 'Content-Type: application/json').", "invalid_request_error")
+                415,
+                f"Bad request: the body must be JSON, sent with 'Content-Type: application/json' (this request "
+                f"said {given!r}; with curl, add -H 'Content-Type: application/json').",
+                "invalid_request_error",
+            )
         return None
 
     async def _read_body(self, receive, headers: dict[str, str]) -> tuple[bytes, object]:
@@ -170,8 +175,10 @@ class Guard:
                         return b"".join(chunks), None
         except TimeoutError:
             return b"", error_response(
-                408, f"The request body did not arrive within {self.limits.body_timeout_s:g} seconds.",
-                "invalid_request_error")  # fmt: skip
+                408,
+                f"The request body did not arrive within {self.limits.body_timeout_s:g} seconds.",
+                "invalid_request_error",
+            )
 
 
 async def _answered(app, scope, receive, send) -> None:
@@ -189,16 +196,22 @@ async def _answered(app, scope, receive, send) -> None:
     except Exception as error:  # noqa: BLE001 - the last place a request's error can be answered
         log.exception("%s %s failed", scope.get("method"), scope.get("path"))
         if not started:
-            response = error_response(500, f"Unexpected error in the server ({type(error).__name__}); the server's "
-                                      "log has the details. Please report it.", "internal_error")  # fmt: skip
+            response = error_response(
+                500,
+                f"Unexpected error in the server ({type(error).__name__}); the server's "
+                "log has the details. Please report it.",
+                "internal_error",
+            )
             await response(scope, receive, send)
 
 
 def _too_large(size: str, limit: int):
     return error_response(
-        413, f"The request body is {size}, over this server's limit of {_mb(limit)}. Send less (fewer "
+        413,
+        f"The request body is {size}, over this server's limit of {_mb(limit)}. Send less (fewer "
         "messages or prompts), or start the server with a larger --max-body-mb.",
-        "invalid_request_error")  # fmt: skip
+        "invalid_request_error",
+    )
 
 
 def _mb(size: int) -> str:

@@ -69,8 +69,11 @@ class Metrics:
     def snapshot(self) -> dict:
         """The counters as plain data (a copy)."""
         with self._lock:
-            return {**self._counts, "accepted_per_position": list(self._per_position),
-                    "request_success": dict(self._finished)}  # fmt: skip
+            return {
+                **self._counts,
+                "accepted_per_position": list(self._per_position),
+                "request_success": dict(self._finished),
+            }
 
     def render(self, running: int, waiting: int) -> str:
         """Prometheus' text exposition format (version 0.0.4)."""
@@ -84,10 +87,18 @@ class Metrics:
 
         for name, help_text in _COUNTERS:
             family(name, "counter", help_text, [("", data[name])])
-        family("spec_decode_num_accepted_tokens_per_pos", "counter", "Draft tokens accepted, per draft position.",
-               [(f'{{position="{i}"}}', n) for i, n in enumerate(data["accepted_per_position"])])  # fmt: skip
-        family("request_success", "counter", "Generations finished, by the engine's finish reason.",
-               [(f'{{finished_reason="{reason}"}}', n) for reason, n in sorted(data["request_success"].items())])
+        family(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "counter",
+            "Draft tokens accepted, per draft position.",
+            [(f'{{position="{i}"}}', n) for i, n in enumerate(data["accepted_per_position"])],
+        )
+        family(
+            "request_success",
+            "counter",
+            "Generations finished, by the engine's finish reason.",
+            [(f'{{finished_reason="{reason}"}}', n) for reason, n in sorted(data["request_success"].items())],
+        )
         family("num_requests_running", "gauge", "Jobs holding the engine (0 or 1).", [("", running)])
         family("num_requests_waiting", "gauge", "Requests queued for the engine.", [("", waiting)])
         return "\n".join(lines) + "\n"

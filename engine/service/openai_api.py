@@ -150,33 +150,45 @@ class CompletionRequest(_Completion):
 def refuse_unsupported(body: _Completion) -> None:
     """A 400 for a standard field set to something other than its default that this engine cannot do."""
     checks = [
-        ("n", body.n in (None, 1), "this server makes one choice per request: send n = 1 (or leave it out), "
-                                   "and make several requests for several replies"),
+        (
+            "n",
+            body.n in (None, 1),
+            "this server makes one choice per request: send n = 1 (or leave it out), "
+            "and make several requests for several replies",
+        ),
         ("frequency_penalty", not body.frequency_penalty, "penalties are not offered: send 0 or leave it out"),
         ("presence_penalty", not body.presence_penalty, "penalties are not offered: send 0 or leave it out"),
         ("repeat_penalty", body.repeat_penalty in (None, 1.0), "penalties are not offered: send 1 or leave it out"),
         ("logit_bias", not body.logit_bias, "logit biases are not offered: leave it out"),
-    ]  # fmt: skip
-    probabilities = ("log probabilities are not offered; SpecDeck's extension gives each token's target "
-                     "probability p (and the draft's q): send \"specdeck\": {\"events\": true}")  # fmt: skip
+    ]
+    probabilities = (
+        "log probabilities are not offered; SpecDeck's extension gives each token's target "
+        'probability p (and the draft\'s q): send "specdeck": {"events": true}'
+    )
     if isinstance(body, ChatRequest):
         checks += [
             ("logprobs", not body.logprobs, probabilities),
             ("top_logprobs", not body.top_logprobs, probabilities),
             ("tools", not body.tools and not body.functions, "tool calls are not offered: leave out tools"),
-            ("tool_choice", body.tool_choice in (None, "none", "auto") and body.function_call in (None, "none", "auto"),
-             "tool calls are not offered: leave out tool_choice"),
-            ("response_format", body.response_format in (None, {"type": "text"}),
-             "only plain text replies are offered: leave out response_format"),
+            (
+                "tool_choice",
+                body.tool_choice in (None, "none", "auto") and body.function_call in (None, "none", "auto"),
+                "tool calls are not offered: leave out tool_choice",
+            ),
+            (
+                "response_format",
+                body.response_format in (None, {"type": "text"}),
+                "only plain text replies are offered: leave out response_format",
+            ),
             ("modalities", body.modalities in (None, ["text"]), "only text is offered"),
-        ]  # fmt: skip
+        ]
     else:
         checks += [
             ("logprobs", not body.logprobs, probabilities),
             ("echo", not body.echo, "echoing the prompt is not offered: leave it out"),
             ("suffix", not body.suffix, "a suffix (fill in the middle) is not offered: leave it out"),
             ("best_of", body.best_of in (None, 1), "one reply is made per request: send best_of = 1 or leave it out"),
-        ]  # fmt: skip
+        ]
     for name, fine, why in checks:
         if not fine:
             raise BadRequest(f"Bad request: '{name}' cannot be honoured: {why}.")
@@ -193,10 +205,12 @@ def sampling_of(body: _Completion) -> SamplingConfig:
     values = {
         "temperature": OPENAI_DEFAULTS["temperature"] if body.temperature is None else body.temperature,
         "top_p": OPENAI_DEFAULTS["top_p"] if body.top_p is None else body.top_p,
-        "top_k": body.top_k or 0, "min_p": body.min_p or 0.0,
+        "top_k": body.top_k or 0,
+        "min_p": body.min_p or 0.0,
         "seed": secrets.randbits(31) if body.seed is None else body.seed,
-        "max_tokens": 1 if given is None else given, "stop": tuple(stop),
-    }  # fmt: skip
+        "max_tokens": 1 if given is None else given,
+        "stop": tuple(stop),
+    }
     return SamplingConfig(**values)
 
 
@@ -206,15 +220,13 @@ def chat_messages(messages: list[Message]) -> list[dict]:
     out = []
     for n, message in enumerate(messages, start=1):
         if message.tool_calls or message.function_call or message.audio or message.role in ("tool", "function"):
-            raise BadRequest(f"Bad request: message {n} carries a tool call or its result; tool calls are not "
-                             "offered.")  # fmt: skip
+            raise BadRequest(f"Bad request: message {n} carries a tool call or its result; tool calls are not offered.")
         content = message.content
         if isinstance(content, list):
             texts = []
             for part in content:
                 if part.type != "text" or part.text is None:
-                    raise BadRequest(f"Bad request: message {n} has a '{part.type}' part; this model reads text "
-                                     "only.")  # fmt: skip
+                    raise BadRequest(f"Bad request: message {n} has a '{part.type}' part; this model reads text only.")
                 texts.append(part.text)
             content = "\n".join(texts)
         role = "system" if message.role == "developer" else message.role
@@ -265,30 +277,51 @@ class Reply:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice]}  # fmt: skip
+        body = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
         if self.include_usage:
             body["usage"] = None  # as OpenAI: null on every chunk but the last
         return {**body, **extra}
 
     def usage_chunk(self, steps: list[StepEvent], prompt: Prompt) -> dict:
         """The last chunk when `stream_options.include_usage`: no choices, the usage (and timings)."""
-        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [],
-                "usage": usage(steps, prompt), "timings": timings(steps, prompt)}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage(steps, prompt),
+            "timings": timings(steps, prompt),
+        }
 
     def response(self, steps: list[StepEvent], prompt: Prompt, events: list[dict] | None = None) -> dict:
         """The whole, non-streamed reply."""
         text = "".join(step.text for step in steps)
         finish = finish_reason(steps)
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}  # fmt: skip
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        body = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice],
-                "usage": usage(steps, prompt), "timings": timings(steps, prompt)}  # fmt: skip
+        body = {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage(steps, prompt),
+            "timings": timings(steps, prompt),
+        }
         if events is not None:
             body["specdeck"] = events
         return body
@@ -305,8 +338,12 @@ def completion_tokens(steps: list[StepEvent]) -> int:
 
 def usage(steps: list[StepEvent], prompt: Prompt) -> dict:
     made = completion_tokens(steps)
-    return {"prompt_tokens": prompt.tokens, "completion_tokens": made, "total_tokens": prompt.tokens + made,
-            "prompt_tokens_details": {"cached_tokens": prompt.cached}}  # fmt: skip
+    return {
+        "prompt_tokens": prompt.tokens,
+        "completion_tokens": made,
+        "total_tokens": prompt.tokens + made,
+        "prompt_tokens_details": {"cached_tokens": prompt.cached},
+    }
 
 
 def timings(steps: list[StepEvent], prompt: Prompt) -> dict:
@@ -317,11 +354,15 @@ def timings(steps: list[StepEvent], prompt: Prompt) -> dict:
     predicted_ms = 1000.0 * stats.wall_s if stats else 0.0
     predicted = completion_tokens(steps)
     return {
-        "cache_n": prompt.cached, "prompt_n": prompt_tokens, "prompt_ms": prompt_ms,
+        "cache_n": prompt.cached,
+        "prompt_n": prompt_tokens,
+        "prompt_ms": prompt_ms,
         "prompt_per_token_ms": prompt_ms / prompt_tokens if prompt_tokens else 0.0,
         "prompt_per_second": 1000.0 * prompt_tokens / prompt_ms if prompt_ms > 0 else 0.0,
-        "predicted_n": predicted, "predicted_ms": predicted_ms,
+        "predicted_n": predicted,
+        "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
         "predicted_per_second": 1000.0 * predicted / predicted_ms if predicted_ms > 0 else 0.0,
-        "draft_n": stats.drafted if stats else 0, "draft_n_accepted": stats.accepted if stats else 0,
-    }  # fmt: skip
+        "draft_n": stats.drafted if stats else 0,
+        "draft_n_accepted": stats.accepted if stats else 0,
+    }

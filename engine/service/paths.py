@@ -85,9 +85,15 @@ class ServerPaths:
         return cls(trust_client=True)
 
     @classmethod
-    def served(cls, config=None, *, train_dir: str | os.PathLike | None = None,
-               data_dir: str | os.PathLike | None = None, models_dirs=(),
-               llama_server: str | os.PathLike | None = None) -> ServerPaths:  # fmt: skip
+    def served(
+        cls,
+        config=None,
+        *,
+        train_dir: str | os.PathLike | None = None,
+        data_dir: str | os.PathLike | None = None,
+        models_dirs=(),
+        llama_server: str | os.PathLike | None = None,
+    ) -> ServerPaths:
         """The policy of a server started with `config` (an EngineConfig, or None) and the operator's
         folders and binary, each checked now: a mistake is said at start, not at a client's request."""
         named = [p for p in os.environ.get("SPECDECK_MODEL_DIRS", "").split(os.pathsep) if p.strip()]
@@ -104,8 +110,13 @@ class ServerPaths:
             started.append(spec)
             if Path(spec).expanduser().exists():
                 started.append(os.path.realpath(Path(spec).expanduser()))
-        return cls(train_dir=train, data_dir=_folder(data_dir, "--data-dir") if data_dir is not None else None,
-                   models_dirs=folders, started=tuple(started), llama_server=binary)  # fmt: skip
+        return cls(
+            train_dir=train,
+            data_dir=_folder(data_dir, "--data-dir") if data_dir is not None else None,
+            models_dirs=folders,
+            started=tuple(started),
+            llama_server=binary,
+        )
 
     # -- what the routes ask ---------------------------------------------------------------------
 
@@ -155,8 +166,11 @@ class ServerPaths:
         self.check_model(options.get("target_spec"), "The training's target")
         data = options.get("data")
         sources = (data,) if isinstance(data, str) else tuple(data or ())
-        return {**options, "out_dir": str(self.run_dir(options.get("out_dir"), "out_dir")),
-                "data": [self._data_source(source) for source in sources]}  # fmt: skip
+        return {
+            **options,
+            "out_dir": str(self.run_dir(options.get("out_dir"), "out_dir")),
+            "data": [self._data_source(source) for source in sources],
+        }
 
     def run_dir(self, name, field_name: str = "out_dir") -> Path:
         """The folder of training run `name`: <train dir>/<name> (made here); for the app's engine, `name`."""
@@ -179,23 +193,29 @@ class ServerPaths:
         if text is None:
             return None
         if not isinstance(text, str) or len(text) > COMMAND_LIMIT or not text.isprintable():
-            raise _refused(f"'command' is recorded as text: one line of printable characters, at most "
-                           f"{COMMAND_LIMIT} of them.")  # fmt: skip
+            raise _refused(
+                f"'command' is recorded as text: one line of printable characters, at most {COMMAND_LIMIT} of them."
+            )
         return text
 
     def _data_source(self, source) -> str:
         if source == BUILTIN:
             return source
-        where = ("its data folder, which was not given (specdeck-cli serve --data-dir DIR)" if self.data_dir is None
-                 else f"its data folder ({self.data_dir}, set by specdeck-cli serve --data-dir)")  # fmt: skip
+        where = (
+            "its data folder, which was not given (specdeck-cli serve --data-dir DIR)"
+            if self.data_dir is None
+            else f"its data folder ({self.data_dir}, set by specdeck-cli serve --data-dir)"
+        )
         if self.data_dir is not None and isinstance(source, str) and source.strip():
             relative = Path(source)
             if not relative.is_absolute() and ".." not in relative.parts and not source.startswith("~"):
                 path = self.data_dir / relative
                 if _within(path, (self.data_dir,)):
                     return str(path)
-        raise _refused(f"This server reads training data only from {where}: send 'builtin' or a path relative to "
-                       f"that folder, without '..'; got {source!r}.")  # fmt: skip
+        raise _refused(
+            f"This server reads training data only from {where}: send 'builtin' or a path relative to "
+            f"that folder, without '..'; got {source!r}."
+        )
 
 
 def paths_of(request) -> ServerPaths:
@@ -208,8 +228,10 @@ def server_paths(paths: ServerPaths | None, host, api_key: str | None) -> Server
     if paths is None:
         paths = ServerPaths.served(getattr(host.engine, "config", None))
     if paths.trust_client and not api_key:
-        raise ConfigError(f"{CLIENT_PATHS_FLAG} takes paths from the server's one client, which must prove it is "
-                          "that client: start it with an API key ($SPECDECK_API_KEY).")  # fmt: skip
+        raise ConfigError(
+            f"{CLIENT_PATHS_FLAG} takes paths from the server's one client, which must prove it is "
+            "that client: start it with an API key ($SPECDECK_API_KEY)."
+        )
     return paths
 
 

@@ -73,8 +73,14 @@ class EngineProcess:
         try:
             # A session of its own: a Ctrl+C in the terminal that started the app reaches the app,
             # which then stops its engine, and not the engine behind its back.
-            self._child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                           stderr=log_file, env=env, start_new_session=True)  # fmt: skip
+            self._child = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as error:
             raise EngineUnavailable(f"Cannot start the engine process ({error.strerror}): {command[0]}.") from error
         finally:
@@ -110,8 +116,9 @@ class EngineProcess:
         if found:
             return found[0]
         self.stop()
-        raise EngineUnavailable(f"The engine process did not start: {self.exit_description() or 'no answer'}"
-                                f"{self._log_tail()}")  # fmt: skip
+        raise EngineUnavailable(
+            f"The engine process did not start: {self.exit_description() or 'no answer'}{self._log_tail()}"
+        )
 
     def exit_description(self) -> str:
         """How the child ended, in words ("was killed by signal 9 (SIGKILL)"); "" while it runs."""

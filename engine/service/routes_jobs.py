@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
@@ -114,9 +115,16 @@ async def bench(body: BenchRequest, request: Request):
 
         with _engine_for(host, config, emit) as engine:
             try:
-                report = run_benchmark(config, prompts, settings, engine=engine, cancel=cancel,
-                                       prompts_source=body.prompts_source or "", progress=progress,
-                                       on_row=on_row)  # fmt: skip
+                report = run_benchmark(
+                    config,
+                    prompts,
+                    settings,
+                    engine=engine,
+                    cancel=cancel,
+                    prompts_source=body.prompts_source or "",
+                    progress=progress,
+                    on_row=on_row,
+                )
             except BenchmarkCancelled:
                 emit(CANCELLED)
                 return
@@ -140,8 +148,15 @@ async def autotune(body: AutotuneRequest, request: Request):
 
         with _engine_for(host, config, emit) as engine:
             try:
-                result = run_autotune(config, prompts, settings, engine=engine, candidates=candidates,
-                                      cancel=cancel, progress=_progress(emit))  # fmt: skip
+                result = run_autotune(
+                    config,
+                    prompts,
+                    settings,
+                    engine=engine,
+                    candidates=candidates,
+                    cancel=cancel,
+                    progress=_progress(emit),
+                )
             except BenchmarkCancelled:
                 emit(CANCELLED)
                 return
@@ -160,8 +175,13 @@ async def train(body: TrainRequest, request: Request):
         from engine.training.medusa import train_heads  # loads torch
 
         with _memory_for(host, emit):  # training loads its own target
-            result = train_heads(**options, resume=body.resume, command=command, cancel=cancel,
-                                 progress=lambda event: emit({"progress": event.to_dict()}))  # fmt: skip
+            result = train_heads(
+                **options,
+                resume=body.resume,
+                command=command,
+                cancel=cancel,
+                progress=lambda event: emit({"progress": event.to_dict()}),
+            )
             emit({"result": result.to_dict()})
 
     return await event_stream(host.run("train", job, request))
@@ -234,8 +254,10 @@ def _train_options(options: dict[str, Any], paths: ServerPaths) -> dict[str, Any
     (settings, data paths) before the job starts: a mistake must not free the loaded pair first."""
     unknown = sorted(set(options) - TRAIN_OPTIONS)
     if unknown:
-        raise BadRequest(f"Unknown training option(s) {', '.join(map(repr, unknown))}; train_heads takes "
-                         f"{', '.join(sorted(TRAIN_OPTIONS))}.")  # fmt: skip
+        raise BadRequest(
+            f"Unknown training option(s) {', '.join(map(repr, unknown))}; train_heads takes "
+            f"{', '.join(sorted(TRAIN_OPTIONS))}."
+        )
     missing = [name for name in ("target_spec", "out_dir") if not options.get(name)]
     if missing:
         raise BadRequest(f"The training options lack {' and '.join(map(repr, missing))}.")
@@ -243,8 +265,9 @@ def _train_options(options: dict[str, Any], paths: ServerPaths) -> dict[str, Any
     data = options.get("data")
     sources = (data,) if isinstance(data, str) else tuple(data or ())
     values = {k: v for k, v in options.items() if k not in ("target_spec", "out_dir", "data")}
-    settings = _record(TrainSettings.from_dict, {**values, "target": options["target_spec"], "data": sources},
-                       "training options")  # fmt: skip
+    settings = _record(
+        TrainSettings.from_dict, {**values, "target": options["target_spec"], "data": sources}, "training options"
+    )
     _record(lambda _: settings.check(), None, "training options")
     return dict(options)
 
@@ -260,4 +283,3 @@ def _read_checkpoint(out_dir) -> dict:
         except ConfigError:
             pass  # checkpoint_info read it a moment ago; a run that replaced it since has no history yet
     return {"info": None if info is None else info.to_dict(), "history": history}
-

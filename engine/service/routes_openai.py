@@ -32,23 +32,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-
 from engine.core.draft_length import K_LIMIT, DraftLength
 from engine.core.events import StepEvent
 from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
 from engine.service import openai_api
+from engine.service.limits import check_message_count, limits_of
 from engine.service.metrics import metrics_of
 from engine.service.openai_api import ChatRequest, CompletionRequest, Reply
 from engine.service.routes_specdeck import drafter_stats, step_item
-from engine.service.limits import check_message_count, limits_of
 from engine.service.server import BadRequest, error_response, event_stream, parse_json, require_engine
 
 router = APIRouter()
@@ -60,8 +60,9 @@ async def models(request: Request) -> dict:
     host = request.app.state.host
     data = []
     if host.engine is not None:
-        data.append({"id": model_name(request.app, host.engine), "object": "model", "created": 0,
-                     "owned_by": "specdeck"})  # fmt: skip
+        data.append(
+            {"id": model_name(request.app, host.engine), "object": "model", "created": 0, "owned_by": "specdeck"}
+        )
     return {"object": "list", "data": data}
 
 
@@ -72,8 +73,9 @@ async def model(model_id: str, request: Request) -> dict:
     if host.engine is not None and model_id == model_name(request.app, host.engine):
         return {"id": model_id, "object": "model", "created": 0, "owned_by": "specdeck"}
     served = f"'{model_name(request.app, host.engine)}'" if host.engine is not None else "no model (none is loaded)"
-    return error_response(404, f"The model '{model_id}' does not exist on this server: it serves {served}.",
-                          "invalid_request_error")  # fmt: skip
+    return error_response(
+        404, f"The model '{model_id}' does not exist on this server: it serves {served}.", "invalid_request_error"
+    )
 
 
 @router.post("/v1/chat/completions")
@@ -164,8 +166,7 @@ async def _serve(body, request: Request, tokenize, chat: bool):
     return JSONResponse(reply.response(steps, prompt, events if options.events else None))
 
 
-async def _chunks(items: AsyncIterator[Emitted], chat: bool, include_usage: bool, events: bool
-                  ) -> AsyncIterator[dict]:  # fmt: skip
+async def _chunks(items: AsyncIterator[Emitted], chat: bool, include_usage: bool, events: bool) -> AsyncIterator[dict]:
     """The stream's chunks: the role, then one per step with text (every step with `events`),
     the finish with the timings, and the usage when asked for."""
     reply, steps, prompt = None, [], openai_api.Prompt(0)
@@ -183,8 +184,7 @@ async def _chunks(items: AsyncIterator[Emitted], chat: bool, include_usage: bool
                 yield reply.chunk(step.text)
     if reply is None:
         return
-    yield reply.chunk(None if chat else "", openai_api.finish_reason(steps),
-                      timings=openai_api.timings(steps, prompt))  # fmt: skip
+    yield reply.chunk(None if chat else "", openai_api.finish_reason(steps), timings=openai_api.timings(steps, prompt))
     if include_usage:
         yield reply.usage_chunk(steps, prompt)
 
@@ -196,12 +196,13 @@ def _item(engine, step: StepEvent, drafter: Drafter | None) -> dict:
     return {**step_item(engine, step, False), "run": "speculative", "drafter_stats": drafter_stats(drafter)}
 
 
-def _steps(engine, prompt: list[int], sampling, drafter: Drafter | None, plan: "Plan", cancel
-           ) -> Iterator[StepEvent]:  # fmt: skip
+def _steps(engine, prompt: list[int], sampling, drafter: Drafter | None, plan: Plan, cancel) -> Iterator[StepEvent]:
     """Engine.stream with this request's drafter and draft length."""
     if drafter is None:
         return engine.stream(prompt, sampling, speculative=False, cancel=cancel)
-    return engine.stream(prompt, sampling, cancel=cancel, drafter=drafter, draft_length=plan.draft_length(engine.config))
+    return engine.stream(
+        prompt, sampling, cancel=cancel, drafter=drafter, draft_length=plan.draft_length(engine.config)
+    )
 
 
 # -- the request's speculative options -------------------------------------------------------------
@@ -259,8 +260,11 @@ def _plan(engine, body, options) -> Plan:
     if not own:
         spec = drafter_spec(name)  # an unknown name: the registry's ConfigError (a 400) lists the drafters
         if not _loads_nothing(spec, option_settings):
-            free = [n for n in drafter_names()
-                    if n not in ("none", engine.config.drafter) and _loads_nothing(drafter_spec(n), option_settings)]
+            free = [
+                n
+                for n in drafter_names()
+                if n not in ("none", engine.config.drafter) and _loads_nothing(drafter_spec(n), option_settings)
+            ]
             raise BadRequest(
                 f"Bad request: the {name} drafter loads a model of its own, so it cannot be chosen per request: "
                 f"load it on the server (specdeck-cli serve --drafter {name} ..., or POST /specdeck/load). "

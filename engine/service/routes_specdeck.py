@@ -94,8 +94,11 @@ async def health(request: Request) -> dict:
 @router.get("/specdeck/info")
 async def info(request: Request) -> dict:
     host = _host(request)
-    return {"wire_version": wire.WIRE_VERSION, "status": host.status,
-            "loaded": None if host.engine is None else loaded_info(host.engine)}  # fmt: skip
+    return {
+        "wire_version": wire.WIRE_VERSION,
+        "status": host.status,
+        "loaded": None if host.engine is None else loaded_info(host.engine),
+    }
 
 
 @router.post("/specdeck/load")
@@ -180,8 +183,9 @@ async def check(body: PreflightRequest, request: Request):
         result = await asyncio.to_thread(preflight, config)
     except Exception as error:  # noqa: BLE001 - preflight reports bad models as findings: this is a bug
         log.exception("the preflight of %r failed", config)
-        return error_response(500, f"The check failed in the engine ({type(error).__name__}: {error}).",
-                              "internal_error")  # fmt: skip
+        return error_response(
+            500, f"The check failed in the engine ({type(error).__name__}: {error}).", "internal_error"
+        )
     return result.to_dict()
 
 
@@ -196,18 +200,24 @@ async def cancel(request: Request, body: CancelRequest | None = None) -> dict:
 def loaded_info(engine) -> dict:
     """What a client shows about the loaded pair; call it on the thread that loaded it."""
     return {
-        "config": engine.config.to_dict(), "target": wire.model_info_to_dict(engine.target.info),
-        "n_ctx": engine.target.n_ctx, "speculative": engine.drafter is not None,
-        "notes": [str(note) for note in engine.notes if note], "costs": wire.costs_to_dict(engine.costs),
-    }  # fmt: skip
+        "config": engine.config.to_dict(),
+        "target": wire.model_info_to_dict(engine.target.info),
+        "n_ctx": engine.target.n_ctx,
+        "speculative": engine.drafter is not None,
+        "notes": [str(note) for note in engine.notes if note],
+        "costs": wire.costs_to_dict(engine.costs),
+    }
 
 
 def step_item(engine, step, speculative: bool) -> dict:
     """A step and the copies made beside it, on the engine's thread, between two steps."""
     drafter = engine.drafter if speculative else None
-    return {"run": "speculative" if speculative else "vanilla", "step": wire.step_to_dict(step),
-            "drafter_stats": drafter_stats(drafter),
-            "costs": wire.costs_to_dict(engine.costs)}  # fmt: skip
+    return {
+        "run": "speculative" if speculative else "vanilla",
+        "step": wire.step_to_dict(step),
+        "drafter_stats": drafter_stats(drafter),
+        "costs": wire.costs_to_dict(engine.costs),
+    }
 
 
 _failed_stats: set[type] = set()  # drafter classes whose stats() raised: logged once each

@@ -55,16 +55,28 @@ def bind(address: str, port: int) -> socket.socket:
         sock.bind((address, port))
     except OSError as error:
         sock.close()
-        raise ConfigError(f"Cannot listen on {address}:{port} ({error.strerror}). Choose another --port, or "
-                          "stop the program that uses it.") from error  # fmt: skip
+        raise ConfigError(
+            f"Cannot listen on {address}:{port} ({error.strerror}). Choose another --port, or "
+            "stop the program that uses it."
+        ) from error
     sock.listen(128)  # connections.BACKLOG, which uvicorn sets again
     return sock
 
 
-def serve(host: Host, *, address: str = LOOPBACK, port: int = 0, api_key: str | None = None,
-          model_name: str | None = None, announce: bool = True, log_level: str = "warning",
-          sock: socket.socket | None = None, limits: Limits | None = None,
-          host_names: tuple[str, ...] = (), paths=None) -> None:  # fmt: skip
+def serve(
+    host: Host,
+    *,
+    address: str = LOOPBACK,
+    port: int = 0,
+    api_key: str | None = None,
+    model_name: str | None = None,
+    announce: bool = True,
+    log_level: str = "warning",
+    sock: socket.socket | None = None,
+    limits: Limits | None = None,
+    host_names: tuple[str, ...] = (),
+    paths=None,
+) -> None:
     """Serve `host` until interrupted (Ctrl+C, SIGTERM); closes its engine at the end. `sock`: a socket
     `bind` made already (specdeck-cli serve binds before loading, so a busy port is said at once).
     `limits`: the bounds on requests and connections; `host_names`: Host names to answer to besides
@@ -77,11 +89,13 @@ def serve(host: Host, *, address: str = LOOPBACK, port: int = 0, api_key: str | 
     check_bind(address, api_key)
     limits = limits or Limits()
     sock = sock or bind(address, port)
-    app = create_app(host, api_key=api_key, model_name=model_name, limits=limits, address=address,
-                     host_names=host_names, paths=paths)  # fmt: skip
+    app = create_app(
+        host, api_key=api_key, model_name=model_name, limits=limits, address=address, host_names=host_names, paths=paths
+    )
     protocol = guarded_protocol(connection_limit(limits.max_connections), limits.header_timeout_s)
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=3,
-                            http=protocol, backlog=BACKLOG)  # fmt: skip
+    config = uvicorn.Config(
+        app, log_level=log_level, access_log=False, timeout_graceful_shutdown=3, http=protocol, backlog=BACKLOG
+    )
     quiet_floods()
     server = _server_class(uvicorn)(config)
     if announce:
@@ -114,8 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.service", description=main.__doc__)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--parent-pid", type=int, default=None)
-    parser.add_argument("--client-paths", action="store_true",
-                        help="take file paths from the one client holding the key (the app's own engine: paths.py)")
+    parser.add_argument(
+        "--client-paths",
+        action="store_true",
+        help="take file paths from the one client holding the key (the app's own engine: paths.py)",
+    )
     args = parser.parse_args(argv)
     if args.parent_pid:
         exit_with_parent(args.parent_pid)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,8 +33,15 @@ from starlette.exceptions import HTTPException
 
 from engine.errors import SpecDeckError
 from engine.service import wire
-from engine.service.errors import (BadRequest, NoEngine, ServerBusy, error_body, error_response, error_type,  # noqa: F401
-                                   status_of)  # fmt: skip (the routes' names for them)
+from engine.service.errors import (  # noqa: F401 (the routes' names for them)
+    BadRequest,
+    NoEngine,
+    ServerBusy,
+    error_body,
+    error_response,
+    error_type,
+    status_of,
+)
 from engine.service.host import Host
 from engine.service.limits import Guard, Limits, allowed_hosts
 
@@ -42,9 +50,16 @@ OPEN_PATHS = ("/health",)  # answered without the API key: a supervisor polls it
 MIN_KEY_LENGTH = 16
 
 
-def create_app(host: Host, *, api_key: str | None = None, model_name: str | None = None,
-               limits: Limits | None = None, address: str = "127.0.0.1", host_names: tuple[str, ...] = (),
-               paths=None) -> FastAPI:  # fmt: skip
+def create_app(
+    host: Host,
+    *,
+    api_key: str | None = None,
+    model_name: str | None = None,
+    limits: Limits | None = None,
+    address: str = "127.0.0.1",
+    host_names: tuple[str, ...] = (),
+    paths=None,
+) -> FastAPI:
     """The server's ASGI app; `model_name` is the id `/v1/models` lists (default: the target's name).
     It answers to the Host names of `address` (the address it is bound to) and `host_names`
     (limits.allowed_hosts)."""
@@ -73,18 +88,21 @@ def create_app(host: Host, *, api_key: str | None = None, model_name: str | None
 
     @app.exception_handler(json.JSONDecodeError)
     async def bad_json(request: Request, error: json.JSONDecodeError):
-        return error_response(400, f"The request body is not valid JSON ({error.msg} at character {error.pos}).",
-                              "invalid_request_error")  # fmt: skip
+        return error_response(
+            400, f"The request body is not valid JSON ({error.msg} at character {error.pos}).", "invalid_request_error"
+        )
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException):
         # FastAPI's own: an unknown route (404), a wrong method (405), a body it could not parse.
-        message = {FASTAPI_PARSE_ERROR: BODY_UNREADABLE,
-                   "Not Found": f"There is no {request.url.path} on this server.",
-                   "Method Not Allowed": f"{request.url.path} does not take {request.method} requests."
-                   }.get(error.detail, str(error.detail))  # fmt: skip
-        return error_response(error.status_code, message, "invalid_request_error" if error.status_code < 500
-                              else "internal_error")  # fmt: skip
+        message = {
+            FASTAPI_PARSE_ERROR: BODY_UNREADABLE,
+            "Not Found": f"There is no {request.url.path} on this server.",
+            "Method Not Allowed": f"{request.url.path} does not take {request.method} requests.",
+        }.get(error.detail, str(error.detail))
+        return error_response(
+            error.status_code, message, "invalid_request_error" if error.status_code < 500 else "internal_error"
+        )
 
     from engine.service import metrics, routes_jobs, routes_specdeck
 
@@ -98,8 +116,10 @@ def create_app(host: Host, *, api_key: str | None = None, model_name: str | None
 
 
 FASTAPI_PARSE_ERROR = "There was an error parsing the body"
-BODY_UNREADABLE = ("The request body could not be read as JSON: it is nested too deeply (over ~900 levels), or "
-                   "holds a number too long to read (over 4,300 digits). Send plain JSON objects of ordinary size.")
+BODY_UNREADABLE = (
+    "The request body could not be read as JSON: it is nested too deeply (over ~900 levels), or "
+    "holds a number too long to read (over 4,300 digits). Send plain JSON objects of ordinary size."
+)
 
 
 def parse_json(body: bytes) -> Any:
@@ -121,7 +141,7 @@ def check_key(api_key: str) -> None:
     if len(api_key) < MIN_KEY_LENGTH:
         raise ConfigError(
             f"The API key is {len(api_key)} characters long; use at least {MIN_KEY_LENGTH} (a short key can be "
-            "guessed). Make one with: python -c \"import secrets; print(secrets.token_urlsafe(32))\""
+            'guessed). Make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
         )
 
 
@@ -144,8 +164,11 @@ class RequireKey:
             scheme, _, key = given.strip().partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(key.strip(), self._expected):
                 what = "is missing" if not given else "is wrong"
-                response = error_response(401, f"The API key {what}: send 'Authorization: Bearer <key>', the key "
-                                               "the server was started with.", "authentication_error")  # fmt: skip
+                response = error_response(
+                    401,
+                    f"The API key {what}: send 'Authorization: Bearer <key>', the key the server was started with.",
+                    "authentication_error",
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -187,8 +210,11 @@ async def event_stream(items: AsyncIterator[Any], *, done: str | None = "[DONE]"
         first = await items.__anext__()
     except StopAsyncIteration:
         first = None
-    return StreamingResponse(_sse(first, items, done), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+    return StreamingResponse(
+        _sse(first, items, done),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 async def _sse(first, items: AsyncIterator[Any], done: str | None):
@@ -201,8 +227,9 @@ async def _sse(first, items: AsyncIterator[Any], done: str | None):
         yield _data(error_body(str(error), error_type(error), status_of(error), error))
     except Exception as error:  # noqa: BLE001 - the client gets a last word, the log the details
         log.exception("a streamed job failed")
-        yield _data(error_body(f"Unexpected error in the engine ({type(error).__name__}: {error}).", "internal_error",
-                               500))  # fmt: skip
+        yield _data(
+            error_body(f"Unexpected error in the engine ({type(error).__name__}: {error}).", "internal_error", 500)
+        )
     finally:
         await items.aclose()
     if done is not None:

@@ -62,8 +62,15 @@ def batch(items: list[bytes]) -> bytes:
 
 
 def token_to_dict(token: TokenInfo) -> dict:
-    return {"id": token.id, "text": token.text, "source": token.source.value, "p": token.p, "q": token.q,
-            "top_ids": list(token.top_ids), "top_logits": list(token.top_logits)}  # fmt: skip
+    return {
+        "id": token.id,
+        "text": token.text,
+        "source": token.source.value,
+        "p": token.p,
+        "q": token.q,
+        "top_ids": list(token.top_ids),
+        "top_logits": list(token.top_logits),
+    }
 
 
 _SOURCES = {source.value: source for source in Source}  # a dict look-up: Source(value) takes 1-2 us a token
@@ -72,12 +79,14 @@ _SOURCES = {source.value: source for source in Source}  # a dict look-up: Source
 def token_from_dict(data: dict) -> TokenInfo:
     p, q = data["p"], data.get("q")
     return TokenInfo(
-        id=int(data["id"]), text=data["text"], source=_SOURCES.get(data["source"]) or Source(data["source"]),
+        id=int(data["id"]),
+        text=data["text"],
+        source=_SOURCES.get(data["source"]) or Source(data["source"]),
         p=float("nan") if p is None else float(p),  # a NaN travels as null (`dumps`)
         q=None if q is None else float(q),
         top_ids=tuple(map(int, data.get("top_ids", ()))),
         top_logits=tuple(map(float, data.get("top_logits", ()))),
-    )  # fmt: skip
+    )
 
 
 _STATS_NAMES = tuple(f.name for f in fields(RunStats))
@@ -105,24 +114,39 @@ def stats_from_dict(data: dict) -> RunStats:
 
 def step_to_dict(step: StepEvent) -> dict:
     return {
-        "index": step.index, "tokens": [token_to_dict(t) for t in step.tokens], "text": step.text, "k": step.k,
-        "drafted": step.drafted, "accepted": step.accepted, "draft_s": step.draft_s, "verify_s": step.verify_s,
-        "other_s": step.other_s, "stats": stats_to_dict(step.stats), "finish_reason": step.finish_reason,
+        "index": step.index,
+        "tokens": [token_to_dict(t) for t in step.tokens],
+        "text": step.text,
+        "k": step.k,
+        "drafted": step.drafted,
+        "accepted": step.accepted,
+        "draft_s": step.draft_s,
+        "verify_s": step.verify_s,
+        "other_s": step.other_s,
+        "stats": stats_to_dict(step.stats),
+        "finish_reason": step.finish_reason,
         "end_token": None if step.end_token is None else token_to_dict(step.end_token),
         "stop_tokens": [token_to_dict(t) for t in step.stop_tokens],
-    }  # fmt: skip
+    }
 
 
 def step_from_dict(data: dict) -> StepEvent:
     end = data.get("end_token")
     return StepEvent(
-        index=int(data["index"]), tokens=tuple(token_from_dict(t) for t in data["tokens"]), text=data["text"],
-        k=int(data["k"]), drafted=int(data["drafted"]), accepted=int(data["accepted"]),
-        draft_s=float(data["draft_s"]), verify_s=float(data["verify_s"]), other_s=float(data["other_s"]),
-        stats=stats_from_dict(data["stats"]), finish_reason=data.get("finish_reason"),
+        index=int(data["index"]),
+        tokens=tuple(token_from_dict(t) for t in data["tokens"]),
+        text=data["text"],
+        k=int(data["k"]),
+        drafted=int(data["drafted"]),
+        accepted=int(data["accepted"]),
+        draft_s=float(data["draft_s"]),
+        verify_s=float(data["verify_s"]),
+        other_s=float(data["other_s"]),
+        stats=stats_from_dict(data["stats"]),
+        finish_reason=data.get("finish_reason"),
         end_token=None if end is None else token_from_dict(end),
         stop_tokens=tuple(token_from_dict(t) for t in data.get("stop_tokens", ())),  # absent from older servers
-    )  # fmt: skip
+    )
 
 
 # -- results --------------------------------------------------------------------------------
@@ -159,13 +183,19 @@ def model_info_from_dict(data: dict) -> ModelInfo:
 
 def costs_to_dict(costs: CostModel) -> dict:
     """The cost model as it stands now; call it on the thread that updates `costs`."""
-    return {"verify_s": [[n, s] for n, s in sorted(costs.verify_s.items())],
-            "draft_s_per_token": costs.draft_s_per_token, "window": costs.window}  # fmt: skip
+    return {
+        "verify_s": [[n, s] for n, s in sorted(costs.verify_s.items())],
+        "draft_s_per_token": costs.draft_s_per_token,
+        "window": costs.window,
+    }
 
 
 def costs_from_dict(data: dict) -> CostModel:
-    return CostModel(verify_s={int(n): float(s) for n, s in data["verify_s"]},
-                     draft_s_per_token=float(data["draft_s_per_token"]), window=int(data["window"]))  # fmt: skip
+    return CostModel(
+        verify_s={int(n): float(s) for n, s in data["verify_s"]},
+        draft_s_per_token=float(data["draft_s_per_token"]),
+        window=int(data["window"]),
+    )
 
 
 def sampling_to_dict(sampling: SamplingConfig) -> dict:

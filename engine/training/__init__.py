@@ -18,10 +18,13 @@ from engine.lazy import lazy_getattr
 
 # name -> the module under engine.training that defines it
 _LAZY = {
-    "CheckpointInfo": "records", "TrainProgress": "records", "TrainResult": "records", "TrainSettings": "records",
+    "CheckpointInfo": "records",
+    "TrainProgress": "records",
+    "TrainResult": "records",
+    "TrainSettings": "records",
     "checkpoint_info": "checkpoint",  # loads torch (it reads the saved .pt file)
     "train_heads": "medusa",  # loads torch
-}  # fmt: skip
+}
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)

@@ -49,19 +49,119 @@ BENCH_PROMPTS = Path(__file__).resolve().parents[2] / "resources" / "prompts" / 
 # list, imported when the corpus is built: importing every module would run the
 # ones with side effects (this, antigravity) and the GUI ones (tkinter, turtle).
 STDLIB_MODULES = (
-    "abc", "argparse", "array", "ast", "asyncio", "base64", "bisect", "calendar", "cmath", "codecs",
-    "collections", "colorsys", "concurrent.futures", "configparser", "contextlib", "copy", "csv", "dataclasses",
-    "datetime", "decimal", "difflib", "email", "enum", "filecmp", "fnmatch", "fractions", "ftplib", "functools",
-    "getopt", "gettext", "glob", "gzip", "hashlib", "heapq", "hmac", "html", "html.parser", "http.client",
-    "http.server", "imaplib", "importlib", "inspect", "io", "ipaddress", "itertools", "json", "keyword",
-    "linecache", "locale", "logging", "lzma", "mailbox", "math", "mimetypes", "multiprocessing", "numbers",
-    "operator", "optparse", "os", "pathlib", "pickle", "pkgutil", "platform", "plistlib", "pprint", "queue",
-    "quopri", "random", "re", "reprlib", "sched", "secrets", "selectors", "shelve", "shlex", "shutil", "signal",
-    "smtplib", "socket", "socketserver", "sqlite3", "ssl", "statistics", "string", "stringprep", "struct",
-    "subprocess", "tarfile", "tempfile", "textwrap", "threading", "time", "timeit", "token", "tokenize",
-    "trace", "traceback", "types", "typing", "unicodedata", "unittest", "urllib.parse", "urllib.request",
-    "uuid", "warnings", "wave", "weakref", "xml.dom", "xml.etree.ElementTree", "zipfile", "zlib", "zoneinfo",
-)  # fmt: skip
+    "abc",
+    "argparse",
+    "array",
+    "ast",
+    "asyncio",
+    "base64",
+    "bisect",
+    "calendar",
+    "cmath",
+    "codecs",
+    "collections",
+    "colorsys",
+    "concurrent.futures",
+    "configparser",
+    "contextlib",
+    "copy",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email",
+    "enum",
+    "filecmp",
+    "fnmatch",
+    "fractions",
+    "ftplib",
+    "functools",
+    "getopt",
+    "gettext",
+    "glob",
+    "gzip",
+    "hashlib",
+    "heapq",
+    "hmac",
+    "html",
+    "html.parser",
+    "http.client",
+    "http.server",
+    "imaplib",
+    "importlib",
+    "inspect",
+    "io",
+    "ipaddress",
+    "itertools",
+    "json",
+    "keyword",
+    "linecache",
+    "locale",
+    "logging",
+    "lzma",
+    "mailbox",
+    "math",
+    "mimetypes",
+    "multiprocessing",
+    "numbers",
+    "operator",
+    "optparse",
+    "os",
+    "pathlib",
+    "pickle",
+    "pkgutil",
+    "platform",
+    "plistlib",
+    "pprint",
+    "queue",
+    "quopri",
+    "random",
+    "re",
+    "reprlib",
+    "sched",
+    "secrets",
+    "selectors",
+    "shelve",
+    "shlex",
+    "shutil",
+    "signal",
+    "smtplib",
+    "socket",
+    "socketserver",
+    "sqlite3",
+    "ssl",
+    "statistics",
+    "string",
+    "stringprep",
+    "struct",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "time",
+    "timeit",
+    "token",
+    "tokenize",
+    "trace",
+    "traceback",
+    "types",
+    "typing",
+    "unicodedata",
+    "unittest",
+    "urllib.parse",
+    "urllib.request",
+    "uuid",
+    "warnings",
+    "wave",
+    "weakref",
+    "xml.dom",
+    "xml.etree.ElementTree",
+    "zipfile",
+    "zlib",
+    "zoneinfo",
+)
 
 # Requests for self-generated replies when the data has none: varied on purpose
 # (chat, explanation, code, lists, rewriting), as a desktop chat would see.
@@ -116,7 +216,7 @@ BUILTIN_PROMPTS = (
     "What is a black hole?",
     "Write a regular expression that matches an email address, and explain it.",
     "Summarize the benefits and drawbacks of remote work.",
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -177,8 +277,15 @@ def _read_file(path: Path) -> list[Document]:
     return documents
 
 
-_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
-          "bot": "assistant", "model": "assistant"}  # fmt: skip
+_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "bot": "assistant",
+    "model": "assistant",
+}
 
 
 def jsonl_document(record, source: str = "") -> Document | None:
@@ -280,8 +387,9 @@ def _package_documents(max_chars: int = 40_000) -> list[Document]:
             key = hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()
             if key not in seen:
                 seen.add(key)
-                documents.append(Document(messages=(("user", request), ("assistant", text[:max_chars])),
-                                          source=f"package:{name}"))  # fmt: skip
+                documents.append(
+                    Document(messages=(("user", request), ("assistant", text[:max_chars])), source=f"package:{name}")
+                )
     return documents
 
 

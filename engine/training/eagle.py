@@ -65,9 +65,17 @@ def draft_vocabulary(tokens: torch.Tensor, size: int, vocab_size: int, always: S
 
 
 def eagle_losses(
-    head: EagleHead, target, ids: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, metric: torch.Tensor,
-    scale: float, generator: torch.Generator | None, train: bool, token_rows: int = TOKEN_ROWS,
-) -> tuple[list[float], list[float]]:  # fmt: skip
+    head: EagleHead,
+    target,
+    ids: torch.Tensor,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    metric: torch.Tensor,
+    scale: float,
+    generator: torch.Generator | None,
+    train: bool,
+    token_rows: int = TOKEN_ROWS,
+) -> tuple[list[float], list[float]]:
     """Loss and top-1 agreement per depth on windows `ids` (B, T) with cached features (B, T, H)
     and greedy labels (B, T); with `train`, backward() on their weighted sum. Without a
     generator every position goes into the token term (validation)."""
@@ -93,8 +101,11 @@ def eagle_losses(
         regression = error.pow(2).sum(-1).mean() / scale
         flat = guess.reshape(-1, H)
         greedy = labels[:, depth:].reshape(-1).to(device)  # the target's token after t + depth
-        rows = (torch.randperm(flat.shape[0], generator=generator)[:token_rows].to(device)
-                if generator is not None else torch.arange(flat.shape[0], device=device))  # fmt: skip
+        rows = (
+            torch.randperm(flat.shape[0], generator=generator)[:token_rows].to(device)
+            if generator is not None
+            else torch.arange(flat.shape[0], device=device)
+        )
         logits = target.logits(flat[rows])
         token = F.cross_entropy(logits, greedy[rows])
         loss = regression + TOKEN_WEIGHT * token
@@ -106,8 +117,9 @@ def eagle_losses(
     return losses, accuracy
 
 
-def unroll(head, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-           depths: int) -> list[torch.Tensor]:  # fmt: skip
+def unroll(
+    head, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, depths: int
+) -> list[torch.Tensor]:
     """The head's guesses at depths 1..`depths` over windows (the module docstring's passes): `embeds`
     (B, T, H) are e(x_t), `hidden` (B, T-1, H) what pair t carries at depth 1 (f_t, or EAGLE-3's
     fc(a_t)); cos/sin (T, dim) for positions 0..T-1. Guess d is (B, T-d, H), row t predicting
@@ -121,8 +133,11 @@ def unroll(head, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, 
         keys.append(k)
         values.append(v)
         # Pass 1's rows up to t (causal), then row t of every later pass (the diagonal of each).
-        mask = torch.cat([torch.ones(n, T - 1, dtype=torch.bool, device=device).tril()]
-                         + [torch.eye(n, T - j, dtype=torch.bool, device=device) for j in range(2, depth + 1)], dim=1)
+        mask = torch.cat(
+            [torch.ones(n, T - 1, dtype=torch.bool, device=device).tril()]
+            + [torch.eye(n, T - j, dtype=torch.bool, device=device) for j in range(2, depth + 1)],
+            dim=1,
+        )
         out = _attend(head, q, torch.cat(keys, dim=1), torch.cat(values, dim=1), mask)
         hidden = head.finish(residual, out)
         guesses.append(hidden)

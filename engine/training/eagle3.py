@@ -43,8 +43,11 @@ def make_head(target, base_model: str, seed: int, draft_vocab: int) -> Eagle3Hea
     """A fresh head for `target` (float32, on its device) with room for `draft_vocab` draft ids (0: the
     whole vocabulary; which ids, set_draft_vocab says), initialised from `seed` alone (the global
     RNG is left as it was)."""
-    config = Eagle3Config.for_target(target.model.config.get_text_config(), base_model=base_model,
-                                     draft_vocab_size=min(draft_vocab, target.vocab_size) or None)  # fmt: skip
+    config = Eagle3Config.for_target(
+        target.model.config.get_text_config(),
+        base_model=base_model,
+        draft_vocab_size=min(draft_vocab, target.vocab_size) or None,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         head = Eagle3Head(config)
@@ -52,8 +55,9 @@ def make_head(target, base_model: str, seed: int, draft_vocab: int) -> Eagle3Hea
     return head.to(target.device)
 
 
-def eagle3_losses(head: Eagle3Head, target, ids: torch.Tensor, cached: torch.Tensor, labels: torch.Tensor,
-                  train: bool) -> tuple[list[float], list[float]]:  # fmt: skip
+def eagle3_losses(
+    head: Eagle3Head, target, ids: torch.Tensor, cached: torch.Tensor, labels: torch.Tensor, train: bool
+) -> tuple[list[float], list[float]]:
     """Loss and top-1 agreement per depth on windows `ids` (B, T) with cached rows (B, T, 4H: the
     layers' inputs, then h_t) and greedy labels (B, T); with `train`, backward() on the weighted sum."""
     B, T, _ = cached.shape

@@ -34,8 +34,11 @@ FEATURES_FILE = "features.bin"
 LABELS_FILE = "labels.bin"
 META_FILE = "features.pt"
 CHUNK_WINDOWS = 16  # windows per target forward: 4096 tokens at seq_len 256
-_STORAGE = {torch.bfloat16: (np.uint16, "bfloat16"), torch.float16: (np.uint16, "float16"),
-            torch.float32: (np.float32, "float32")}  # fmt: skip
+_STORAGE = {
+    torch.bfloat16: (np.uint16, "bfloat16"),
+    torch.float16: (np.uint16, "float16"),
+    torch.float32: (np.float32, "float32"),
+}
 _TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -50,8 +53,17 @@ def cached_windows(n_train: int, n_cache: int, seed: int) -> list[int]:
 class FeatureCache:
     """Hidden states and greedy labels of the cached windows; `batch(position, B)` serves them epoch after epoch."""
 
-    def __init__(self, folder: Path, windows: list[int], seq_len: int, hidden_size: int, dtype: torch.dtype,
-                 fingerprint: str, seed: int, layers: tuple[int, ...] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        folder: Path,
+        windows: list[int],
+        seq_len: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        fingerprint: str,
+        seed: int,
+        layers: tuple[int, ...] = (),
+    ) -> None:
         self.folder = Path(folder)
         self.windows = windows
         self.seq_len = seq_len
@@ -60,8 +72,15 @@ class FeatureCache:
         self.width = (len(self.layers) + 1) * hidden_size if self.layers else hidden_size
         self.dtype = dtype if dtype in _STORAGE else torch.float32
         self.seed = seed
-        self.meta = {"format": ckpt.FORMAT, "windows": windows, "seq_len": seq_len, "hidden_size": hidden_size,
-                     "dtype": _STORAGE[self.dtype][1], "fingerprint": fingerprint, "built": 0}  # fmt: skip
+        self.meta = {
+            "format": ckpt.FORMAT,
+            "windows": windows,
+            "seq_len": seq_len,
+            "hidden_size": hidden_size,
+            "dtype": _STORAGE[self.dtype][1],
+            "fingerprint": fingerprint,
+            "built": 0,
+        }
         if self.layers:  # only then: a cache of final features written before layers existed stays valid
             self.meta["layers"] = list(self.layers)
         self.built_now = 0  # windows this process ran the target on (0 when a finished cache was reused)
@@ -75,8 +94,9 @@ class FeatureCache:
             self.dtype = _TORCH[saved["dtype"]]
         mode = "r+" if self.meta["built"] > 0 else "w+"
         n, T, W = len(windows), seq_len, self.width
-        self._features = np.memmap(self.folder / FEATURES_FILE, dtype=_STORAGE[self.dtype][0], mode=mode,
-                                   shape=(n, T, W))  # fmt: skip
+        self._features = np.memmap(
+            self.folder / FEATURES_FILE, dtype=_STORAGE[self.dtype][0], mode=mode, shape=(n, T, W)
+        )
         self._labels = np.memmap(self.folder / LABELS_FILE, dtype=np.int32, mode=mode, shape=(n, T))
 
     @property
@@ -87,8 +107,9 @@ class FeatureCache:
     def built(self) -> int:
         return int(self.meta["built"])
 
-    def build(self, target, all_windows: torch.Tensor, progress: Callable[[int, int, float], None],
-              cancel: threading.Event) -> bool:  # fmt: skip
+    def build(
+        self, target, all_windows: torch.Tensor, progress: Callable[[int, int, float], None], cancel: threading.Event
+    ) -> bool:
         """Run the target over the windows not cached yet; False when cancelled (what is written is kept)."""
         started, done_here = time.perf_counter(), 0
         n = len(self.windows)

@@ -21,8 +21,9 @@ from engine.heads.medusa import MedusaHeads
 CHUNK_ROWS = 128
 
 
-def distill(heads: MedusaHeads, target, ids: torch.Tensor, weights: Sequence[float], train: bool,
-            chunk_rows: int = CHUNK_ROWS) -> tuple[list[float], list[float]]:  # fmt: skip
+def distill(
+    heads: MedusaHeads, target, ids: torch.Tensor, weights: Sequence[float], train: bool, chunk_rows: int = CHUNK_ROWS
+) -> tuple[list[float], list[float]]:
     """KL per head and top-1 agreement per head on the batch `ids` (B, T); with `train`, also backward().
 
     Gradients are accumulated chunk by chunk, each scaled so that their sum is
@@ -124,9 +125,17 @@ def feature_scale(features: torch.Tensor, metric: torch.Tensor) -> float:
     return float((features.reshape(-1, features.shape[-1]) @ metric).pow(2).sum(-1).mean())
 
 
-def regress(heads: MedusaHeads, lm_logits, features: torch.Tensor, labels: torch.Tensor, weights: Sequence[float],
-            metric: torch.Tensor, scale: float, generator: torch.Generator,
-            token_rows: int = TOKEN_ROWS) -> tuple[list[float], list[float]]:  # fmt: skip
+def regress(
+    heads: MedusaHeads,
+    lm_logits,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    weights: Sequence[float],
+    metric: torch.Tensor,
+    scale: float,
+    generator: torch.Generator,
+    token_rows: int = TOKEN_ROWS,
+) -> tuple[list[float], list[float]]:
     """Loss per head and top-1 agreement per head (on the sampled rows) for cached features (B, T, H).
 
     Calls backward() on sum_k w_k * loss_k; `labels` (B, T) are argmax p_t; `lm_logits` is the

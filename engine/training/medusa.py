@@ -59,8 +59,8 @@ import torch
 
 from engine.errors import ConfigError
 from engine.heads.medusa import MedusaConfig, MedusaHeads
-from engine.training import eagle, eagle3
 from engine.training import checkpoint as ckpt
+from engine.training import eagle, eagle3
 from engine.training.data import (
     BUILTIN,
     DEFAULT_BUILTIN_CHARS,
@@ -74,15 +74,29 @@ from engine.training.data import (
 )
 from engine.training.features import FeatureCache, cached_windows, target_rows
 from engine.training.loss import distill, feature_scale, logit_metric, regress
-from engine.training.records import (DEFAULT_CACHE_TOKENS, KINDS, OBJECTIVES, TrainProgress,  # noqa: F401
-                                     TrainResult, TrainSettings)  # fmt: skip
+from engine.training.records import DEFAULT_CACHE_TOKENS, KINDS, OBJECTIVES, TrainProgress, TrainResult, TrainSettings  # noqa: F401
 
 HEAD_DECAY = 0.8  # weight of head k is HEAD_DECAY ** k, as in the paper
 GRAD_CLIP = 1.0
 # Settings a resumed run must share with the run it continues (steps may grow; device, dtype may change).
-RESUME_KEYS = ("target", "data", "self_generate", "num_heads", "num_layers", "batch_size", "seq_len", "lr",
-               "seed", "gen_max_tokens", "gen_temperature", "max_builtin_chars", "objective", "cache_tokens",
-               "kind", "draft_vocab")  # fmt: skip
+RESUME_KEYS = (
+    "target",
+    "data",
+    "self_generate",
+    "num_heads",
+    "num_layers",
+    "batch_size",
+    "seq_len",
+    "lr",
+    "seed",
+    "gen_max_tokens",
+    "gen_temperature",
+    "max_builtin_chars",
+    "objective",
+    "cache_tokens",
+    "kind",
+    "draft_vocab",
+)
 # What a checkpoint saved before a setting existed meant.
 OLD_DEFAULTS = {"objective": "kl", "kind": "medusa", "draft_vocab": eagle.DEFAULT_DRAFT_VOCAB}
 
@@ -140,12 +154,28 @@ def train_heads(
     """
     sources = (data,) if isinstance(data, str) else tuple(data or ())
     settings = TrainSettings(
-        target=target_spec, data=tuple(str(s) for s in sources), self_generate=self_generate, num_heads=num_heads,
-        num_layers=num_layers, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, dtype=dtype,
-        device=device, seed=seed, checkpoint_every=checkpoint_every, gen_max_tokens=gen_max_tokens,
-        gen_temperature=gen_temperature, val_windows=val_windows, max_builtin_chars=max_builtin_chars,
-        objective=objective, cache_tokens=cache_tokens, kind=kind, draft_vocab=draft_vocab,
-    )  # fmt: skip
+        target=target_spec,
+        data=tuple(str(s) for s in sources),
+        self_generate=self_generate,
+        num_heads=num_heads,
+        num_layers=num_layers,
+        steps=steps,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        dtype=dtype,
+        device=device,
+        seed=seed,
+        checkpoint_every=checkpoint_every,
+        gen_max_tokens=gen_max_tokens,
+        gen_temperature=gen_temperature,
+        val_windows=val_windows,
+        max_builtin_chars=max_builtin_chars,
+        objective=objective,
+        cache_tokens=cache_tokens,
+        kind=kind,
+        draft_vocab=draft_vocab,
+    )
     settings.check()
     run = _Run(settings, Path(out_dir), progress, cancel or threading.Event(), command or _command_line())
     return run.execute(resume)
@@ -163,8 +193,9 @@ def learning_rate(step: int, steps: int, lr: float) -> float:
 class _Run:
     """One call of train_heads: data, target, heads, optimizer, and the loop."""
 
-    def __init__(self, settings: TrainSettings, out: Path, progress: Progress | None, cancel: threading.Event,
-                 command: str) -> None:  # fmt: skip
+    def __init__(
+        self, settings: TrainSettings, out: Path, progress: Progress | None, cancel: threading.Event, command: str
+    ) -> None:
         self.s = settings
         self.out = out
         self.report = progress or (lambda event: None)
@@ -214,8 +245,9 @@ class _Run:
                     "exactly. Start over, or use another folder."
                 )
             windows = Windows(tokens, self.s.seq_len, self.s.seed, self.s.val_windows)
-            self.corpus_info.update(corpus_tokens=len(tokens), train_windows=windows.n_train,
-                                    validation_windows=windows.n_val)  # fmt: skip
+            self.corpus_info.update(
+                corpus_tokens=len(tokens), train_windows=windows.n_train, validation_windows=windows.n_val
+            )
             heads = self._make_heads(target, state, tokens)
             optimizer = torch.optim.AdamW(heads.parameters(), lr=self.s.lr, betas=(0.9, 0.999), weight_decay=0.0)
             if state is not None:
@@ -223,8 +255,11 @@ class _Run:
                 self._restore(state)
             if self.s.objective == "features" and not self._build_cache(target, windows):
                 self._save(heads, optimizer, finished=False)
-                self.report(TrainProgress("cancelled", self.step, self.s.steps,
-                                          message="Cancelled; the features cached so far are kept"))  # fmt: skip
+                self.report(
+                    TrainProgress(
+                        "cancelled", self.step, self.s.steps, message="Cancelled; the features cached so far are kept"
+                    )
+                )
                 return self._result(heads, cancelled=True, step_times=[])
             if self.s.kind == "eagle3":
                 self._draft_vocab(heads, target)
@@ -248,14 +283,22 @@ class _Run:
                 features, labels = self.cache.batch(self.position, self.s.batch_size)
                 ids = windows.windows[self.cache.batch_windows(self.position, self.s.batch_size)]
                 rows = torch.Generator().manual_seed(self.s.seed * 1_000_003 + self.step)  # noise, token rows
-                head_loss, head_accuracy = self._eagle_losses(heads, target, ids, features.to(target.device),
-                                                              labels, rows, train=True)  # fmt: skip
+                head_loss, head_accuracy = self._eagle_losses(
+                    heads, target, ids, features.to(target.device), labels, rows, train=True
+                )
             elif self.cache is not None:
                 features, labels = self.cache.batch(self.position, self.s.batch_size)
                 rows = torch.Generator().manual_seed(self.s.seed * 1_000_003 + self.step)  # token-term positions
-                head_loss, head_accuracy = regress(heads, target.logits, features.to(target.device),
-                                                   labels.to(target.device), self.weights, self.metric, self.scale,
-                                                   rows)  # fmt: skip
+                head_loss, head_accuracy = regress(
+                    heads,
+                    target.logits,
+                    features.to(target.device),
+                    labels.to(target.device),
+                    self.weights,
+                    self.metric,
+                    self.scale,
+                    rows,
+                )
             else:
                 batch = windows.train_batch(self.position, self.s.batch_size).to(target.device)
                 head_loss, head_accuracy = distill(heads, target, batch, self.weights, train=True)
@@ -272,10 +315,19 @@ class _Run:
             self.history["head_loss"].append(head_loss)
             self.history["head_accuracy"].append(head_accuracy)
             mean_step = sum(step_times) / len(step_times)
-            self.report(TrainProgress(
-                "train", self.step, self.s.steps, loss, tuple(head_loss), tuple(head_accuracy),
-                tokens_per_step / mean_step, mean_step * (self.s.steps - self.step), step_s=mean_step,
-            ))  # fmt: skip
+            self.report(
+                TrainProgress(
+                    "train",
+                    self.step,
+                    self.s.steps,
+                    loss,
+                    tuple(head_loss),
+                    tuple(head_accuracy),
+                    tokens_per_step / mean_step,
+                    mean_step * (self.s.steps - self.step),
+                    step_s=mean_step,
+                )
+            )
             if self.step % self.s.checkpoint_every == 0 and self.step < self.s.steps:
                 self._save(heads, optimizer, finished=False)
                 self.report(TrainProgress("checkpoint", self.step, self.s.steps, message="Checkpoint saved"))
@@ -284,8 +336,19 @@ class _Run:
         validation = self._validate(heads, target, windows)
         self._save(heads, optimizer, finished=True, validation=validation)
         result = self._result(heads, cancelled=False, step_times=step_times, validation=validation)
-        self.report(TrainProgress("done", self.step, self.s.steps, result.final_loss, validation[0], validation[1],
-                                  result.tokens_per_s, 0.0, message=f"Heads saved in {self.out}"))  # fmt: skip
+        self.report(
+            TrainProgress(
+                "done",
+                self.step,
+                self.s.steps,
+                result.final_loss,
+                validation[0],
+                validation[1],
+                result.tokens_per_s,
+                0.0,
+                message=f"Heads saved in {self.out}",
+            )
+        )
         return result
 
     def _validate(self, heads, target, windows: Windows) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -318,17 +381,35 @@ class _Run:
             n_cache = min(n_cache, max(1, math.ceil(self.s.cache_tokens / self.s.seq_len)))
         folder = ckpt.training_dir(self.out)
         folder.mkdir(parents=True, exist_ok=True)
-        self.cache = FeatureCache(folder, cached_windows(windows.n_train, n_cache, self.s.seed), self.s.seq_len,
-                                  target.hidden_size, target.dtype, self.corpus_info.get("fingerprint", ""),
-                                  self.s.seed, self.layers)  # fmt: skip
+        self.cache = FeatureCache(
+            folder,
+            cached_windows(windows.n_train, n_cache, self.s.seed),
+            self.s.seq_len,
+            target.hidden_size,
+            target.dtype,
+            self.corpus_info.get("fingerprint", ""),
+            self.s.seed,
+            self.layers,
+        )
         if not self.cache.complete:
-            def show(done: int, total: int, rate: float) -> None:
-                self.report(TrainProgress("cache", done, total, tokens_per_s=rate,
-                                          eta_s=(total - done) * self.s.seq_len / rate if rate else None,
-                                          message=f"Target features: {done} of {total} windows cached"))  # fmt: skip
 
-            self.report(TrainProgress("cache", self.cache.built, n_cache,
-                                      message=f"Running {self.s.target} once over {n_cache} windows"))  # fmt: skip
+            def show(done: int, total: int, rate: float) -> None:
+                self.report(
+                    TrainProgress(
+                        "cache",
+                        done,
+                        total,
+                        tokens_per_s=rate,
+                        eta_s=(total - done) * self.s.seq_len / rate if rate else None,
+                        message=f"Target features: {done} of {total} windows cached",
+                    )
+                )
+
+            self.report(
+                TrainProgress(
+                    "cache", self.cache.built, n_cache, message=f"Running {self.s.target} once over {n_cache} windows"
+                )
+            )
             if not self.cache.build(target, windows.windows, show, self.cancel):
                 return False
         if self.s.kind != "eagle3":  # the regression's metric; EAGLE-3 is scored on tokens only
@@ -347,11 +428,15 @@ class _Run:
         labels = self.cache.labels()
         if self.step == 0:
             always = [target.eos_id] if target.eos_id is not None else []
-            head.set_draft_vocab(eagle.draft_vocabulary(labels, head.config.draft_vocab_size, target.vocab_size,
-                                                        always))  # fmt: skip
+            head.set_draft_vocab(
+                eagle.draft_vocabulary(labels, head.config.draft_vocab_size, target.vocab_size, always)
+            )
         covered = head.t2d.cpu()[labels].float().mean()
-        self.corpus_info.update(draft_vocab=head.config.draft_vocab_size, target_layers=list(self.layers),
-                                draft_vocab_coverage=round(float(covered), 4))  # fmt: skip
+        self.corpus_info.update(
+            draft_vocab=head.config.draft_vocab_size,
+            target_layers=list(self.layers),
+            draft_vocab_coverage=round(float(covered), 4),
+        )
 
     def _eagle_losses(self, head, target, ids, features, labels, generator, train: bool):
         """EAGLE's or EAGLE-3's losses and agreement per depth on a batch of cached rows."""
@@ -383,16 +468,28 @@ class _Run:
             prompts = generation_prompts(documents, self.s.self_generate, self.s.seed)
             self.report(TrainProgress("generate", 0, len(prompts), message=f"{self.s.target} writes its replies"))
             replies = generate_replies(
-                self.s.target, prompts, str(ckpt.training_dir(self.out) / ckpt.REPLIES_FILE),
-                max_tokens=self.s.gen_max_tokens, temperature=self.s.gen_temperature, seed=self.s.seed,
-                device=self.s.device, dtype=self.s.dtype,
-                progress=lambda done, total: self.report(TrainProgress(
-                    "generate", done, total, message=f"Reply {done} of {total} written")),
+                self.s.target,
+                prompts,
+                str(ckpt.training_dir(self.out) / ckpt.REPLIES_FILE),
+                max_tokens=self.s.gen_max_tokens,
+                temperature=self.s.gen_temperature,
+                seed=self.s.seed,
+                device=self.s.device,
+                dtype=self.s.dtype,
+                progress=lambda done, total: self.report(
+                    TrainProgress("generate", done, total, message=f"Reply {done} of {total} written")
+                ),
                 cancel=self.cancel,
-            )  # fmt: skip
+            )
             if len(replies) < len(prompts):
-                self.report(TrainProgress("cancelled", 0, self.s.steps,
-                                          message=f"Cancelled; {len(replies)} replies kept for the next start"))
+                self.report(
+                    TrainProgress(
+                        "cancelled",
+                        0,
+                        self.s.steps,
+                        message=f"Cancelled; {len(replies)} replies kept for the next start",
+                    )
+                )
                 return None
             self.replies = len(replies)
             documents += replies
@@ -402,10 +499,15 @@ class _Run:
     def _tokenize(self, target) -> torch.Tensor:
         self.report(TrainProgress("data", 0, self.s.steps, message="Tokenizing the training text"))
         tokens = tokenize_documents(target, self._documents)
-        self.corpus_info = {"documents": len(self._documents), "self_generated": self.replies,
-                            "fingerprint": fingerprint(tokens)}  # fmt: skip
-        ckpt.save_atomically({"format": ckpt.FORMAT, "tokens": tokens, "info": dict(self.corpus_info)},
-                             ckpt.training_dir(self.out) / ckpt.CORPUS_FILE)  # fmt: skip
+        self.corpus_info = {
+            "documents": len(self._documents),
+            "self_generated": self.replies,
+            "fingerprint": fingerprint(tokens),
+        }
+        ckpt.save_atomically(
+            {"format": ckpt.FORMAT, "tokens": tokens, "info": dict(self.corpus_info)},
+            ckpt.training_dir(self.out) / ckpt.CORPUS_FILE,
+        )
         return tokens
 
     # -- heads and checkpoints -----------------------------------------------------
@@ -430,9 +532,13 @@ class _Run:
                 self.corpus_info["draft_vocab_coverage"] = round(float(covered), 4)
             return head
         config = MedusaConfig(
-            num_heads=self.s.num_heads, num_layers=self.s.num_layers, hidden_size=target.hidden_size,
-            vocab_size=target.vocab_size, shared_lm_head=True, base_model=target.name,
-        )  # fmt: skip
+            num_heads=self.s.num_heads,
+            num_layers=self.s.num_layers,
+            hidden_size=target.hidden_size,
+            vocab_size=target.vocab_size,
+            shared_lm_head=True,
+            base_model=target.name,
+        )
         heads = MedusaHeads(config, target.lm_head).to(target.device)  # float32 weights whatever the target's dtype
         if state is not None:
             heads.load_state_dict({f"heads.{name}": t for name, t in state["heads"].items()}, strict=True)
@@ -443,8 +549,11 @@ class _Run:
         current = asdict(self.s)
         saved = {**OLD_DEFAULTS, **saved}
         keys = [k for k in RESUME_KEYS if k != "cache_tokens" or current["objective"] == "features"]
-        differ = [f"{key} {saved.get(key)!r} -> {current[key]!r}" for key in keys
-                  if _normal(saved.get(key)) != _normal(current[key])]  # fmt: skip
+        differ = [
+            f"{key} {saved.get(key)!r} -> {current[key]!r}"
+            for key in keys
+            if _normal(saved.get(key)) != _normal(current[key])
+        ]
         if differ:
             raise ConfigError(
                 f"{self.out} holds a run at step {state['step']} made with other settings ({'; '.join(differ)}). "
@@ -464,15 +573,23 @@ class _Run:
             "method": METHODS[self.s.kind if self.s.kind in EAGLE_KINDS else self.s.objective],
             "objective": self.s.objective,
             "kind": self.s.kind,
-            "target": self.s.target, "data": list(self.s.data), "self_generated": self.replies,
+            "target": self.s.target,
+            "data": list(self.s.data),
+            "self_generated": self.replies,
             **{k: v for k, v in self.corpus_info.items() if k != "fingerprint"},
-            "steps": self.step, "steps_planned": self.s.steps, "batch_size": self.s.batch_size,
-            "seq_len": self.s.seq_len, "lr": self.s.lr, "seed": self.s.seed,
+            "steps": self.step,
+            "steps_planned": self.s.steps,
+            "batch_size": self.s.batch_size,
+            "seq_len": self.s.seq_len,
+            "lr": self.s.lr,
+            "seed": self.s.seed,
             "tokens_seen": self.step * self.s.batch_size * self.s.seq_len,
             "final_loss": round(sum(losses) / len(losses), 5) if losses else None,
-            "finished": finished, "command": self.command, "train_tokens_per_s": round(rate, 1),
+            "finished": finished,
+            "command": self.command,
+            "train_tokens_per_s": round(rate, 1),
             "seconds_per_step": round(self.train_seconds / self.step, 3) if self.step else None,
-        }  # fmt: skip
+        }
         if self.cache is not None:
             facts["epochs"] = round(self.position / len(self.cache.windows), 3)
         if validation is not None:
@@ -485,13 +602,20 @@ class _Run:
         heads.config = type(heads.config)(**{**asdict(heads.config), "training": facts})
         ckpt.save_heads(heads, self.out)
         state = {
-            "format": ckpt.FORMAT, "step": self.step, "finished": finished, "settings": asdict(self.s),
+            "format": ckpt.FORMAT,
+            "step": self.step,
+            "finished": finished,
+            "settings": asdict(self.s),
             "heads": {name: t.detach().cpu().clone() for name, t in heads.weights().items()},
-            "optimizer": optimizer.state_dict(), "data_position": self.position,
+            "optimizer": optimizer.state_dict(),
+            "data_position": self.position,
             # The only randomness is the data order, a function of (seed, epoch): no generator state to keep.
-            "rng": {"data_seed": self.s.seed}, "history": self.history, "train_seconds": self.train_seconds,
-            "corpus_fingerprint": self.corpus_info.get("fingerprint", ""), "training": facts,
-        }  # fmt: skip
+            "rng": {"data_seed": self.s.seed},
+            "history": self.history,
+            "train_seconds": self.train_seconds,
+            "corpus_fingerprint": self.corpus_info.get("fingerprint", ""),
+            "training": facts,
+        }
         ckpt.save_atomically(state, ckpt.state_path(self.out))
 
     # -- results -------------------------------------------------------------------
@@ -500,11 +624,16 @@ class _Run:
         losses = self.history["loss"][-20:]
         rate = self.s.batch_size * self.s.seq_len * len(step_times) / sum(step_times) if step_times else 0.0
         return TrainResult(
-            out_dir=str(self.out), step=self.step, steps=self.s.steps, cancelled=cancelled,
+            out_dir=str(self.out),
+            step=self.step,
+            steps=self.s.steps,
+            cancelled=cancelled,
             final_loss=sum(losses) / len(losses) if losses else None,
-            head_accuracy=validation[1] if validation else (), head_loss=validation[0] if validation else (),
-            tokens_per_s=rate, training=heads.config.training,
-        )  # fmt: skip
+            head_accuracy=validation[1] if validation else (),
+            head_loss=validation[0] if validation else (),
+            tokens_per_s=rate,
+            training=heads.config.training,
+        )
 
     def _cancelled_result(self) -> TrainResult:
         return TrainResult(str(self.out), 0, self.s.steps, True, None, (), (), 0.0, {})
@@ -514,24 +643,31 @@ class _Run:
         losses = list(state["history"]["loss"])[-20:]
         self.report(TrainProgress("done", state["step"], self.s.steps, message="Already trained for these steps"))
         return TrainResult(
-            str(self.out), int(state["step"]), self.s.steps, False, sum(losses) / len(losses) if losses else None,
-            tuple(facts.get("validation_head_accuracy", ())), tuple(facts.get("validation_head_kl", ())), 0.0, facts,
-        )  # fmt: skip
+            str(self.out),
+            int(state["step"]),
+            self.s.steps,
+            False,
+            sum(losses) / len(losses) if losses else None,
+            tuple(facts.get("validation_head_accuracy", ())),
+            tuple(facts.get("validation_head_kl", ())),
+            0.0,
+            facts,
+        )
 
 
 METHODS = {
     "kl": "self-distillation: KL(p_target(t+k) || head k), head weights 0.8^k",
     "features": "self-distillation on cached target features: ||z_k(h_t) - h_{t+k}||^2 in the LM head's logit "
-                "metric / target logit variance + 0.1 CE(LM(z_k), argmax p_{t+k}) on 64 positions, head weights 0.8^k",
+    "metric / target logit variance + 0.1 CE(LM(z_k), argmax p_{t+k}) on 64 positions, head weights 0.8^k",
     "eagle": "EAGLE on cached target features, depths 1 and 2 (the second fed the head's own guesses): "
-             "||g - f||^2 in the LM head's logit metric / target logit variance + 0.1 CE(LM(g), argmax p) on 64 "
-             "positions, depth weights 1 and 0.5, Gaussian noise 0.05 x RMS on the input features; "
-             "the reported per-head numbers are per depth",
+    "||g - f||^2 in the LM head's logit metric / target logit variance + 0.1 CE(LM(g), argmax p) on 64 "
+    "positions, depth weights 1 and 0.5, Gaussian noise 0.05 x RMS on the input features; "
+    "the reported per-head numbers are per depth",
     "eagle3": "EAGLE-3 on cached inputs of three target layers, unrolled 7 depths on its own outputs (the "
-              "training-time test): soft cross-entropy to the target's distribution over the draft vocabulary, "
-              "positions whose greedy token is outside it left out, depth weights 0.8^(d-1); the reported "
-              "per-head numbers are per depth",
-}  # fmt: skip
+    "training-time test): soft cross-entropy to the target's distribution over the draft vocabulary, "
+    "positions whose greedy token is outside it left out, depth weights 0.8^(d-1); the reported "
+    "per-head numbers are per depth",
+}
 EAGLE_KINDS = {"eagle": eagle, "eagle3": eagle3}  # the one-head kinds, by the module of their loss
 
 

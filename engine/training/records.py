@@ -127,13 +127,15 @@ class TrainSettings:
             raise ConfigError(f"The number of cached tokens must be 0 (all) or more, got {self.cache_tokens}.")
         if not self.data and self.self_generate <= 0:
             raise ConfigError("No training data: give --data (a file, a folder or 'builtin') and/or --self-generate N.")
-        limits = (("The number of heads", self.num_heads, 1, 16),
-                  ("The number of layers per head", self.num_layers, 1, 8),
-                  ("The number of steps", self.steps, 1, None), ("The batch size", self.batch_size, 1, None),
-                  ("The checkpoint interval", self.checkpoint_every, 1, None),
-                  ("The number of self-generated replies", self.self_generate, 0, None),
-                  ("The sequence length (longer than the number of heads + 1)", self.seq_len,
-                   self.num_heads + 2, None))  # fmt: skip
+        limits = (
+            ("The number of heads", self.num_heads, 1, 16),
+            ("The number of layers per head", self.num_layers, 1, 8),
+            ("The number of steps", self.steps, 1, None),
+            ("The batch size", self.batch_size, 1, None),
+            ("The checkpoint interval", self.checkpoint_every, 1, None),
+            ("The number of self-generated replies", self.self_generate, 0, None),
+            ("The sequence length (longer than the number of heads + 1)", self.seq_len, self.num_heads + 2, None),
+        )
         for name, value, low, high in limits:
             if value < low or (high is not None and value > high):
                 bound = f"from {low} to {high}" if high is not None else f"at least {low}"
@@ -187,9 +189,13 @@ def _known(cls, data: dict) -> dict:
 
 def _with_tuples(cls, values: dict) -> dict:
     """Fields declared as tuples back as tuples (JSON has lists only)."""
-    return {key: tuple(value) if isinstance(value, list) and key in _TUPLE_FIELDS[cls] else value
-            for key, value in values.items()}  # fmt: skip
+    return {
+        key: tuple(value) if isinstance(value, list) and key in _TUPLE_FIELDS[cls] else value
+        for key, value in values.items()
+    }
 
 
-_TUPLE_FIELDS = {cls: {f.name for f in fields(cls) if str(f.type).startswith("tuple")}
-                 for cls in (TrainProgress, TrainResult, TrainSettings)}  # fmt: skip
+_TUPLE_FIELDS = {
+    cls: {f.name for f in fields(cls) if str(f.type).startswith("tuple")}
+    for cls in (TrainProgress, TrainResult, TrainSettings)
+}

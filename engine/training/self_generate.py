@@ -62,8 +62,8 @@ def generate_replies(
     means batches of BATCH on a CUDA device and the engine, one reply at a time,
     elsewhere; a number forces batches of that size (on any device).
     """
-    from engine.core.sampling import SamplingConfig
     from engine.api import Engine, EngineConfig
+    from engine.core.sampling import SamplingConfig
 
     done = read_replies(path)
     todo = prompts[len(done) :]
@@ -74,21 +74,23 @@ def generate_replies(
 
         batch_size = BATCH if pick_device(device) == "cuda" else 0
     if batch_size > 0:
-        return _generate_batched(target_spec, prompts, done, path, max_tokens, temperature, seed, device, dtype,
-                                 batch_size, progress, cancel)  # fmt: skip
+        return _generate_batched(
+            target_spec, prompts, done, path, max_tokens, temperature, seed, device, dtype, batch_size, progress, cancel
+        )
     engine = Engine.load(EngineConfig(target=target_spec, drafter="none", measure_costs=False))
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
-            for i, prompt in enumerate(todo):
+            for prompt in todo:
                 if cancel is not None and cancel.is_set():
                     break
                 sampling = SamplingConfig(temperature=temperature, seed=seed + len(done), max_tokens=max_tokens)
                 result = engine.generate(engine.prompt_ids(prompt), sampling, speculative=False, cancel=cancel)
                 if result.finish_reason == "cancelled":
                     break
-                record = {"messages": [{"role": "user", "content": prompt},
-                                       {"role": "assistant", "content": result.text}]}  # fmt: skip
+                record = {
+                    "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": result.text}]
+                }
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 f.flush()
                 done.append(jsonl_document(record, path))
@@ -99,8 +101,9 @@ def generate_replies(
     return done
 
 
-def _generate_batched(target_spec, prompts, done, path, max_tokens, temperature, seed, device, dtype, batch_size,
-                      progress, cancel) -> list[Document]:  # fmt: skip
+def _generate_batched(
+    target_spec, prompts, done, path, max_tokens, temperature, seed, device, dtype, batch_size, progress, cancel
+) -> list[Document]:
     """Batches of replies through transformers' generate (left padding), appended batch by batch."""
     import torch
 
@@ -123,15 +126,19 @@ def _generate_batched(target_spec, prompts, done, path, max_tokens, temperature,
                 torch.manual_seed(seed + len(done))  # generate() samples with the global generator
                 with torch.inference_mode():
                     out = model.generate(
-                        input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, pad_token_id=pad,
-                        do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
-                        top_k=None, top_p=None,
-                    )  # fmt: skip
+                        input_ids=ids,
+                        attention_mask=mask,
+                        max_new_tokens=max_tokens,
+                        pad_token_id=pad,
+                        do_sample=temperature > 0,
+                        temperature=temperature if temperature > 0 else None,
+                        top_k=None,
+                        top_p=None,
+                    )
                 for prompt, reply in zip(batch, out[:, width:].tolist()):
                     reply = _until_end(reply, target.stop_ids(), pad)
                     text = tokenizer.decode(reply, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-                    record = {"messages": [{"role": "user", "content": prompt},
-                                           {"role": "assistant", "content": text}]}  # fmt: skip
+                    record = {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": text}]}
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
                     done.append(jsonl_document(record, path))
                 f.flush()

@@ -105,8 +105,12 @@ def make_window(qtbot, engine_process):
     MainWindow on the session's engine process, or (own_engine) on one it starts and stops itself."""
     from app.shell.main_window import MainWindow
 
-    def make(config: EngineConfig | None = FAST_CONFIG, sampling: SamplingConfig = SHORT_REPLY, load: bool = True,
-             own_engine: bool = False):  # fmt: skip
+    def make(
+        config: EngineConfig | None = FAST_CONFIG,
+        sampling: SamplingConfig = SHORT_REPLY,
+        load: bool = True,
+        own_engine: bool = False,
+    ):
         window = MainWindow(engine_process=None if own_engine else unloaded(engine_process))
         qtbot.addWidget(window)  # closed at teardown: closeEvent cancels and joins the worker
         window.sampling = sampling

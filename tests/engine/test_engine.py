@@ -20,8 +20,8 @@ from engine import (
 )
 from engine.core.divergence import first_divergence
 from engine.core.events import GenerationResult, RunStats, StepEvent, TokenInfo
-from tests.factories.gguf_models import make_corrupt_gguf
 from tests.engine.drafters.build import legacy_config
+from tests.factories.gguf_models import make_corrupt_gguf
 from tests.factories.hf_models import make_tiny_llama
 
 PROMPTS = [
@@ -210,7 +210,11 @@ def test_prompt_longer_than_the_context(default_gguf):
 
 @pytest.mark.parametrize(
     "options, message",
-    [({"k": 99}, "between 0 and 32"), ({"backend": "onnx"}, "Unknown backend"), ({"drafter": "magic"}, "Unknown drafter")],
+    [
+        ({"k": 99}, "between 0 and 32"),
+        ({"backend": "onnx"}, "Unknown backend"),
+        ({"drafter": "magic"}, "Unknown drafter"),
+    ],
 )
 def test_bad_settings_are_refused_before_loading(default_gguf, options, message):
     with pytest.raises(ConfigError, match=message):
@@ -242,8 +246,10 @@ def test_cancel_mid_run_then_generate_again(default_gguf):
 
 def load_with_progress(target, **options) -> list[tuple[str, float]]:
     heard = []
-    engine = Engine.load(legacy_config(target=target, measure_costs=False, **options),
-                         progress=lambda message, fraction: heard.append((message, fraction)))  # fmt: skip
+    engine = Engine.load(
+        legacy_config(target=target, measure_costs=False, **options),
+        progress=lambda message, fraction: heard.append((message, fraction)),
+    )
     engine.close()
     return heard
 

@@ -28,20 +28,26 @@ def test_a_draft_model_is_checked_by_the_pair_doctor():
 @pytest.mark.parametrize(
     "config, title, severity",
     [
-        (EngineConfig(target="default", backend="llama.cpp").with_drafter("eagle"), "EAGLE needs the PyTorch backend",
-         "error"),
+        (
+            EngineConfig(target="default", backend="llama.cpp").with_drafter("eagle"),
+            "EAGLE needs the PyTorch backend",
+            "error",
+        ),
         (BASE.with_drafter("early-exit"), "The target runs on PyTorch", "info"),  # auto loads the GGUF on PyTorch
         (BASE.with_drafter("lookahead", window=0), "Lookahead W is out of range", "error"),
         (BASE.with_drafter("early-exit", exit_layer="30"), "The exit layer is out of range", "error"),
         (BASE.with_drafter("eagle", tree_depth=0), "The tree depth must be 1 or more", "error"),
         (BASE.with_drafter("ngram", max_ngram=40), "N-gram length is out of range", "error"),
-        (BASE.with_drafter("model", draft="default", backend="llama.cpp", dtype="bfloat16"),
-         "The dtype does not apply to the draft model", "error"),
+        (
+            BASE.with_drafter("model", draft="default", backend="llama.cpp", dtype="bfloat16"),
+            "The dtype does not apply to the draft model",
+            "error",
+        ),
         (BASE.with_drafter("model", draft="default", threads=0), "Draft threads is out of range", "error"),
         (EngineConfig(target="default", k=99), "The draft length cannot be used", "error"),
         (EngineConfig(target="default", threads=0), "These load options cannot work", "error"),
     ],
-)  # fmt: skip
+)
 def test_each_rule_is_a_finding(config, title, severity):
     assert titles(config).get(title) == severity, titles(config)
 
@@ -53,10 +59,12 @@ def test_each_rule_is_a_finding(config, title, severity):
         (EngineConfig(target=" "), "No target chosen"),
         (EngineConfig(target="default", drafter="telepathy"), "Cannot use this drafter"),
         (BASE.with_drafter("model", draft="/nowhere/draft.gguf"), "Cannot use the draft model"),
-        (EngineConfig(target="default", drafter="ngram", options=BASE.with_drafter("model", dtype="fp16").options),
-         "Cannot use this drafter"),
+        (
+            EngineConfig(target="default", drafter="ngram", options=BASE.with_drafter("model", dtype="fp16").options),
+            "Cannot use this drafter",
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_cannot_be_used_is_one_error_and_no_exception(config, title):
     result = preflight(config)
     assert not result.compatible and [f.title for f in result.findings] == [title]

@@ -25,8 +25,9 @@ def test_import_engine_imports_neither_the_preflight_nor_the_doctor():
     assert loaded == "[]"
 
 
-@pytest.mark.parametrize("first", ["import engine.preflight", "from engine.preflight import Preflight",
-                                   "import engine; engine.Preflight"])  # fmt: skip
+@pytest.mark.parametrize(
+    "first", ["import engine.preflight", "from engine.preflight import Preflight", "import engine; engine.Preflight"]
+)
 def test_engine_preflight_is_the_function_whoever_imports_its_module_first(first):
     said = run_python(
         f"{first}\nimport engine\nfrom engine import preflight\n"
@@ -51,9 +52,12 @@ def test_ctrl_c_while_specdeck_cli_starts_exits_quietly(after):
     writes a line to stderr as each import ends, so the signal lands right after `after` was imported."""
     child = subprocess.Popen(
         [sys.executable, "-X", "importtime", cli_script(), "generate", "-m", "default", "-p", "Hi", "-n", "4"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )  # fmt: skip
+    )
     try:
         seen = []
         while not (seen and seen[-1].startswith("import time:") and seen[-1].split("|")[-1].strip() == after):

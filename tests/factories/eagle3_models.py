@@ -27,8 +27,9 @@ SELF_ATTENTION = 3.0  # queries and keys of the mirror head: its own row outweig
 def make_bigram_llama(out_dir, *, seed: int = 0, n_layers: int = 4, leak: float = 0.001) -> str:
     from safetensors.torch import load_file, save_file
 
-    path = make_tiny_model(out_dir, "llama", seed=seed, n_layers=n_layers, n_kv_heads=4, tie_embeddings=False,
-                           norm_jitter=0.0)  # fmt: skip
+    path = make_tiny_model(
+        out_dir, "llama", seed=seed, n_layers=n_layers, n_kv_heads=4, tie_embeddings=False, norm_jitter=0.0
+    )
     file = Path(path) / "model.safetensors"
     weights = load_file(str(file))
     for name, tensor in weights.items():
@@ -68,8 +69,9 @@ def mirror_head(backend, draft_ids):
     return head.eval()
 
 
-def write_published(folder, head, *, pickle: bool = False, embed=None, extra: dict | None = None,
-                    drop: tuple[str, ...] = ()) -> str:  # fmt: skip
+def write_published(
+    folder, head, *, pickle: bool = False, embed=None, extra: dict | None = None, drop: tuple[str, ...] = ()
+) -> str:
     """`head` in SafeAILab's layout in `folder`; `embed` (V, H) saved as its embed_tokens.weight, `extra`
     merged into config.json, `drop` left out of the weights."""
     import torch
@@ -77,13 +79,25 @@ def write_published(folder, head, *, pickle: bool = False, embed=None, extra: di
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     c = head.config
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "bias": False,
-              "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-              "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "num_hidden_layers": 1,
-              "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "vocab_size": c.vocab_size,
-              "draft_vocab_size": c.draft_vocab_size, "hidden_act": "silu", "torch_dtype": "bfloat16",
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.layers)},
-              **({"norm_before_residual": True} if c.norm_before_residual else {}), **(extra or {})}  # fmt: skip
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "bias": False,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.layers)},
+        **({"norm_before_residual": True} if c.norm_before_residual else {}),
+        **(extra or {}),
+    }
     (folder / "config.json").write_text(json.dumps(config))
     weights = {k: v for k, v in head.weights().items() if k not in drop}
     if embed is not None:

@@ -11,8 +11,8 @@ import torch
 
 from engine.backends.base import Backend, ModelInfo
 from engine.backends.capabilities import HiddenFeatures, TreeForward
-from engine.drafters.base import Draft, Drafter
 from engine.core.sampling import SamplingConfig, probabilities, sample
+from engine.drafters.base import Draft, Drafter
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 

@@ -27,11 +27,16 @@ DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Scalar GGUF value types -> struct format (little endian, as every GGUF in the wild).
 _SCALAR_FORMATS = {
-    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b",
-    GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
-    GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
-    GGUFValueType.UINT64: "Q", GGUFValueType.INT64: "q",
-    GGUFValueType.FLOAT32: "f", GGUFValueType.FLOAT64: "d",
+    GGUFValueType.UINT8: "B",
+    GGUFValueType.INT8: "b",
+    GGUFValueType.UINT16: "H",
+    GGUFValueType.INT16: "h",
+    GGUFValueType.UINT32: "I",
+    GGUFValueType.INT32: "i",
+    GGUFValueType.UINT64: "Q",
+    GGUFValueType.INT64: "q",
+    GGUFValueType.FLOAT32: "f",
+    GGUFValueType.FLOAT64: "d",
     GGUFValueType.BOOL: "?",
 }
 

@@ -99,9 +99,17 @@ def make_tiny_llama(
     All norm weights are exactly 1 (make_tiny_model without jitter).
     """
     return make_tiny_model(
-        out_dir, "llama", seed=seed, n_layers=n_layers, hidden=hidden, n_heads=n_heads,
-        n_kv_heads=n_kv_heads, intermediate=intermediate, tie_embeddings=tie_embeddings, norm_jitter=0.0,
-    )  # fmt: skip
+        out_dir,
+        "llama",
+        seed=seed,
+        n_layers=n_layers,
+        hidden=hidden,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        intermediate=intermediate,
+        tie_embeddings=tie_embeddings,
+        norm_jitter=0.0,
+    )
 
 
 def _init(name: str, param, seed: int) -> None:

@@ -49,7 +49,7 @@ def add_ollama_model(root, name: str, gguf_path, *, host: str = "registry.ollama
     root = Path(root)
     path, _, tag = name.partition(":")
     pieces = path.split("/")
-    namespace, model = (pieces if len(pieces) == 2 else ["library", pieces[0]])
+    namespace, model = pieces if len(pieces) == 2 else ["library", pieces[0]]
     blobs = root / "blobs"
     blobs.mkdir(parents=True, exist_ok=True)
 
@@ -70,11 +70,15 @@ def add_ollama_model(root, name: str, gguf_path, *, host: str = "registry.ollama
             layers.append({"mediaType": f"application/vnd.ollama.image.{media}", "digest": digest, "size": size})
     config_digest, config_size = blob(json.dumps({"model_format": "gguf", "model_family": "llama"}).encode())
     manifest = {
-        "schemaVersion": 2, "mediaType": MANIFEST_TYPE,
-        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "digest": config_digest,
-                   "size": config_size},
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "config": {
+            "mediaType": "application/vnd.docker.container.image.v1+json",
+            "digest": config_digest,
+            "size": config_size,
+        },
         "layers": layers,
-    }  # fmt: skip
+    }
     manifest_path = root / "manifests" / host / namespace / model / (tag or "latest")
     manifest_path.parent.mkdir(parents=True, exist_ok=True)
     manifest_path.write_text(json.dumps(manifest))

@@ -32,28 +32,65 @@ HIDDEN = 64
 def _config(arch: str, n_layers: int, **extra):
     import transformers
 
-    common = dict(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, intermediate_size=128, moe_intermediate_size=32,
-                  num_hidden_layers=n_layers, num_attention_heads=4, max_position_embeddings=2048,
-                  tie_word_embeddings=False, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-                  initializer_range=EMBEDDING_STD)  # fmt: skip
+    common = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=n_layers,
+        num_attention_heads=4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        initializer_range=EMBEDDING_STD,
+    )
     if arch == "deepseek_v3":
         return transformers.DeepseekV3Config(
-            **common, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-            n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
-            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, **extra,
-        )  # fmt: skip
+            **common,
+            num_key_value_heads=4,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            **extra,
+        )
     if arch == "glm4_moe":
         return transformers.Glm4MoeConfig(
-            **common, num_key_value_heads=2, head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
-            n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1, **extra,
-        )  # fmt: skip
+            **common,
+            num_key_value_heads=2,
+            head_dim=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            **extra,
+        )
     if arch == "qwen3_next":
         types = ["linear_attention", "full_attention", "linear_attention", "full_attention"][: n_layers - 1]
         return transformers.Qwen3NextConfig(
-            **common, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
-            shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
-            linear_key_head_dim=16, linear_value_head_dim=16, layer_types=[*types, "full_attention"], **extra,
-        )  # fmt: skip
+            **common,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            shared_expert_intermediate_size=32,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            layer_types=[*types, "full_attention"],
+            **extra,
+        )
     raise ValueError(arch)
 
 
@@ -69,8 +106,18 @@ def _random(shape, seed: int, name: str, std: float):
     return torch.randn(shape, generator=_generator(seed, name)) * std
 
 
-def make_mtp_model(out_dir, arch: str = "deepseek_v3", *, kind: str = "random", seed: int = 0, n_layers: int = 2,
-                   mtp: bool = True, head: bool = True, embed: bool = True, leak: float = 0.3) -> str:  # fmt: skip
+def make_mtp_model(
+    out_dir,
+    arch: str = "deepseek_v3",
+    *,
+    kind: str = "random",
+    seed: int = 0,
+    n_layers: int = 2,
+    mtp: bool = True,
+    head: bool = True,
+    embed: bool = True,
+    leak: float = 0.3,
+) -> str:
     """Write the model to `out_dir` and return its path. `mtp`: add the MTP block (and, for the
     DeepSeek layout, num_nextn_predict_layers = 1); `head` / `embed`: the block carries its own
     shared_head.head / embed_tokens (DeepSeek layout; else the target's are used)."""
@@ -83,8 +130,11 @@ def make_mtp_model(out_dir, arch: str = "deepseek_v3", *, kind: str = "random", 
     deepseek = arch != "qwen3_next"
     # Layer N = n_layers of a model one layer deeper is the MTP block's decoder layer.
     config = _config(arch, n_layers + 1, **({"num_nextn_predict_layers": 1} if deepseek and mtp else {}))
-    model_cls = {"deepseek_v3": transformers.DeepseekV3ForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM,
-                 "qwen3_next": transformers.Qwen3NextForCausalLM}[arch]  # fmt: skip
+    model_cls = {
+        "deepseek_v3": transformers.DeepseekV3ForCausalLM,
+        "glm4_moe": transformers.Glm4MoeForCausalLM,
+        "qwen3_next": transformers.Qwen3NextForCausalLM,
+    }[arch]
     model = model_cls(config).to(torch.float32).eval()
     # The stored weight of a norm that scales by 1, as the class initialises it: 1 for w * x,
     # 0 for Qwen3-Next's (1 + w) * x.
@@ -121,16 +171,24 @@ def make_mtp_model(out_dir, arch: str = "deepseek_v3", *, kind: str = "random", 
     final = weights["model.norm.weight"].clone()
     if deepseek:
         mtp_tensors = {prefix + k: v for k, v in block.items()}
-        mtp_tensors |= {prefix + "enorm.weight": norms["embed"], prefix + "hnorm.weight": norms["hidden"],
-                        prefix + "eh_proj.weight": proj, prefix + "shared_head.norm.weight": final}  # fmt: skip
+        mtp_tensors |= {
+            prefix + "enorm.weight": norms["embed"],
+            prefix + "hnorm.weight": norms["hidden"],
+            prefix + "eh_proj.weight": proj,
+            prefix + "shared_head.norm.weight": final,
+        }
         if head:
             mtp_tensors[prefix + "shared_head.head.weight"] = weights["lm_head.weight"].clone()
         if embed:
             mtp_tensors[prefix + "embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
     else:
         mtp_tensors = {"mtp.layers.0." + k: v for k, v in block.items()}
-        mtp_tensors |= {"mtp.pre_fc_norm_embedding.weight": norms["embed"], "mtp.pre_fc_norm_hidden.weight":
-                        norms["hidden"], "mtp.fc.weight": proj, "mtp.norm.weight": final}  # fmt: skip
+        mtp_tensors |= {
+            "mtp.pre_fc_norm_embedding.weight": norms["embed"],
+            "mtp.pre_fc_norm_hidden.weight": norms["hidden"],
+            "mtp.fc.weight": proj,
+            "mtp.norm.weight": final,
+        }
     out.mkdir(parents=True, exist_ok=True)
     save_file({**target, **(mtp_tensors if mtp else {})}, str(out / "model.safetensors"), metadata={"format": "pt"})
     data = json.loads((staging / "config.json").read_text())

@@ -34,8 +34,13 @@ logger = logging.getLogger(__name__)
 IMPLEMENTATIONS = ("auto", "native", "transformers")
 
 
-def TorchBackend(path: str | os.PathLike, *, impl: str = "auto", compile: str = "auto",  # noqa: N802
-                 **options) -> HFBackend:
+def TorchBackend(
+    path: str | os.PathLike,
+    *,
+    impl: str = "auto",
+    compile: str = "auto",  # noqa: N802
+    **options,
+) -> HFBackend:
     """Load `path` and return the backend that runs it: a NativeBackend or a TransformersBackend.
 
     `impl`: "auto", "native" or "transformers". `compile`: the native forward's path, "auto"

@@ -14,8 +14,16 @@ import abc
 import torch
 
 from engine.backends.base import Backend, ModelInfo
+from engine.backends.hf.loader import (
+    LoadedModel,
+    Vocabulary,
+    chat_template,
+    empty_device_cache,
+    is_oom,
+    render_chat,
+    rotary,
+)
 from engine.backends.threads import decode_threads, follow_in_torch
-from engine.backends.hf.loader import LoadedModel, Vocabulary, chat_template, empty_device_cache, is_oom, render_chat, rotary
 from engine.errors import OutOfMemoryError
 from engine.models.memory_errors import model_out_of_memory
 
@@ -141,8 +149,9 @@ class HFBackend(Backend):
             # some layers; put the cache back in line with self.tokens.
             self._repair_cache()
             if is_oom(error):
-                raise self._out_of_memory(f"run {self._info.name} on {len(self.tokens) + len(tokens)} tokens",
-                                          "a shorter prompt") from error  # fmt: skip
+                raise self._out_of_memory(
+                    f"run {self._info.name} on {len(self.tokens) + len(tokens)} tokens", "a shorter prompt"
+                ) from error
             raise
         # Copy out of inference mode: the caller gets an ordinary float32 CPU
         # tensor it may modify in place (inference tensors refuse that).

@@ -28,7 +28,13 @@ from engine.core.chat_render import ControlTokens, chat_pieces, contents_with_co
 from engine.core.text import plain_chat
 from engine.errors import ConfigError, ModelLoadError, ModelNotFoundError
 from engine.models.memory_errors import out_of_memory, release_frames, unexplained_allocation_failure
-from engine.models.pickled_code import convert_model_folder, is_refused_pickle, pickle_files, refused_pickle_error, short_reason
+from engine.models.pickled_code import (
+    convert_model_folder,
+    is_refused_pickle,
+    pickle_files,
+    refused_pickle_error,
+    short_reason,
+)
 
 _PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 _SPM_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -102,7 +108,9 @@ def load(
     where = os.path.join(folder, gguf_file) if gguf_file else folder
     display = name or os.path.basename(os.path.normpath(where))
     report = progress or (lambda message, fraction: None)
-    model, tokenizer = _from_pretrained(folder, gguf_file, chosen_dtype, chosen_device, trust_remote_code, n_ctx, report)
+    model, tokenizer = _from_pretrained(
+        folder, gguf_file, chosen_dtype, chosen_device, trust_remote_code, n_ctx, report
+    )
 
     config = model.config.get_text_config()
     context = context_length(config, tokenizer)
@@ -174,9 +182,14 @@ def _check_folder(folder: str) -> None:
 
 
 def _from_pretrained(
-    folder: str, gguf_file: str | None, dtype: torch.dtype, device: str, trust_remote_code: bool, n_ctx: int | None,
+    folder: str,
+    gguf_file: str | None,
+    dtype: torch.dtype,
+    device: str,
+    trust_remote_code: bool,
+    n_ctx: int | None,
     report: LoadProgress,
-):  # fmt: skip
+):
     if gguf_file is None:
         _check_folder(folder)
     where = os.path.join(folder, gguf_file) if gguf_file else folder
@@ -343,6 +356,7 @@ def render_chat(tokenizer, messages: list[dict], reply: bool) -> list[int]:
     lines, after the tokenizer's usual prefix (e.g. BOS), special tokens in it split into text.
     """
     if chat_template(tokenizer):
+
         def render(chat: list[dict]) -> str:
             return tokenizer.apply_chat_template(chat, add_generation_prompt=reply, tokenize=False)
 
@@ -351,7 +365,9 @@ def render_chat(tokenizer, messages: list[dict], reply: bool) -> list[int]:
             return list(tokenizer(render(messages), add_special_tokens=False)["input_ids"])
         pieces = chat_pieces(render, messages, controls)
         texts = [piece for piece in pieces if isinstance(piece, str)]  # one batch: a call costs ~50 us
-        encoded = iter(tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"] if texts else [])
+        encoded = iter(
+            tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"] if texts else []
+        )
         ids: list[int] = []
         for piece in pieces:
             if isinstance(piece, int):

@@ -47,9 +47,13 @@ class NativeBackend(HFBackend):
             if not is_oom(error):
                 raise
             raise out_of_memory(
-                f"prepare {loaded.name}", path=loaded.path, backend="torch", dtype=loaded.dtype_label,
-                device=loaded.device, n_ctx=loaded.n_ctx,
-            ) from error  # fmt: skip
+                f"prepare {loaded.name}",
+                path=loaded.path,
+                backend="torch",
+                dtype=loaded.dtype_label,
+                device=loaded.device,
+                n_ctx=loaded.n_ctx,
+            ) from error
         super().__init__(loaded, weight_bytes=native.weight_bytes, forward=path)
         self._native = native
         # The one forward every call goes through: NativeLlama's own (eager), or the static one.
@@ -116,7 +120,9 @@ class NativeBackend(HFBackend):
         self._tree_parents = list(parents)
         return logits
 
-    def forward_masked(self, tokens: list[int], offsets: list[int], mask: torch.Tensor, what: str = "a block") -> torch.Tensor:
+    def forward_masked(
+        self, tokens: list[int], offsets: list[int], mask: torch.Tensor, what: str = "a block"
+    ) -> torch.Tensor:
         """Run `tokens` after the cached ones, token i at position len(self.tokens) +
         offsets[i], attending to every cached token and to the new tokens j where
         mask[i, j] (bool (n, n); include i itself). Returns float32 logits (n, V).
@@ -145,7 +151,9 @@ class NativeBackend(HFBackend):
         except BaseException as error:
             self._repair_cache()
             if is_oom(error):
-                raise self._out_of_memory(f"verify {what} of {n} tokens with {self._info.name}", "a smaller draft") from error
+                raise self._out_of_memory(
+                    f"verify {what} of {n} tokens with {self._info.name}", "a smaller draft"
+                ) from error
             raise
         self.tokens.extend(tokens)
         if not finite_rows(logits):
@@ -258,8 +266,9 @@ class NativeBackend(HFBackend):
                 self._exit_hidden = self._native.residual
         except BaseException as error:
             if is_oom(error):
-                raise self._out_of_memory(f"draft with the first {n_layers} layers of {self._info.name}",
-                                          "a shorter draft") from error  # fmt: skip
+                raise self._out_of_memory(
+                    f"draft with the first {n_layers} layers of {self._info.name}", "a shorter draft"
+                ) from error
             raise
         finally:
             self._kv.truncate(base)

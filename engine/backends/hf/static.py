@@ -71,7 +71,7 @@ def bucket(n: int) -> int | None:
     return next((b for b in ROW_BUCKETS if b >= n), None)
 
 
-def choose(native: NativeLlama, compile: str) -> tuple["StaticForward | None", str]:
+def choose(native: NativeLlama, compile: str) -> tuple[StaticForward | None, str]:
     """(the static forward or None for eager, a description of the path) for `compile`:
     "auto" (static with CUDA graphs on CUDA, eager elsewhere), "on" (static everywhere it can
     run) or "off" (eager)."""
@@ -93,8 +93,9 @@ class StaticForward:
     def __init__(self, native: NativeLlama, graphs: bool = False) -> None:
         self.native = native
         device, largest = native.device, ROW_BUCKETS[-1]
-        self.cache = StaticKVCache(len(native.blocks), native.n_kv_heads, native.head_dim, native.n_ctx,
-                                   native.dtype, device, slack=largest)  # fmt: skip
+        self.cache = StaticKVCache(
+            len(native.blocks), native.n_kv_heads, native.head_dim, native.n_ctx, native.dtype, device, slack=largest
+        )
         positions = torch.arange(native.n_ctx + largest, device=device)
         cos, sin = native.rotary(native.final_norm, positions[None])  # every position a row can sit at
         self._cos = cos[0, :, None]  # (n_ctx + largest, 1, head_dim)
@@ -111,9 +112,17 @@ class StaticForward:
         self._hidden = torch.zeros(largest, native.hidden_size, dtype=native.dtype, device=device)
         self.graphs = _Graphs() if graphs else None
 
-    def forward(self, ids: torch.Tensor, cache, offsets: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                last_only: bool = False, n_layers: int | None = None, start_layer: int = 0,
-                hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def forward(
+        self,
+        ids: torch.Tensor,
+        cache,
+        offsets: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        last_only: bool = False,
+        n_layers: int | None = None,
+        start_layer: int = 0,
+        hidden: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """NativeLlama.forward's arguments and results (its docstring), `cache` being `self.cache`."""
         n = ids.shape[0]
         rows = bucket(n)

@@ -60,7 +60,7 @@ def test_no_text_of_the_chart_overlaps_or_leaves_its_place(qtbot, screen):
     assert len(found["names"]) >= len(report.prompts) // 2 and len(found["kinds"]) == 3
     everything = [(group, text, rect) for group, items in found.items() for text, rect in items]
     for i, (group_a, a, rect_a) in enumerate(everything):
-        for group_b, b, rect_b in everything[i + 1:]:
+        for group_b, b, rect_b in everything[i + 1 :]:
             assert not rect_a.intersects(rect_b), f"{group_a} {a!r} overlaps {group_b} {b!r} on a {screen} screen"
     widget = QRectF(chart.rect())
     plot = chart.plot.getViewBox().sceneBoundingRect()

@@ -12,9 +12,9 @@ import signal
 import pytest
 from PySide6.QtWidgets import QDialog
 
-from app.shell import settings as keys
 from app.bench.dialog import BenchDialog
 from app.runtime.engine_controller import EngineController
+from app.shell import settings as keys
 from engine import EngineConfig
 from engine.bench import Candidate
 from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, STRICT_QT_LOG, unloaded
@@ -30,10 +30,15 @@ def own_prompts(tmp_path):
     """A user's own prompt file: one prompt of each kind."""
     path = tmp_path / "mine.jsonl"
     lines = [
-        {"id": "echo", "kind": "reuse", "messages": [
-            {"role": "user", "content": "Copy this sentence exactly: the quick brown fox jumps over the lazy dog."}]},
+        {
+            "id": "echo",
+            "kind": "reuse",
+            "messages": [
+                {"role": "user", "content": "Copy this sentence exactly: the quick brown fox jumps over the lazy dog."}
+            ],
+        },
         {"id": "story", "kind": "open", "messages": [{"role": "user", "content": "Tell me a story about a cat."}]},
-    ]  # fmt: skip
+    ]
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     return path
 
@@ -102,15 +107,26 @@ def test_rows_are_drawn_as_prompts_finish_not_at_the_end(qtbot, dialog, own_prom
     dialog.repeat.setValue(2)
     dialog.max_tokens.setValue(8)
     shown = []  # at each row: (rows, the final report yet?, bars drawn, table rows)
-    dialog.sig_rows_shown.connect(lambda n: shown.append(
-        (n, dialog.report is not None, len(dialog.chart.bars["SpecDeck speculative"].opts["height"]),
-         [dialog.table.item(r, 0).text() for r in range(n)])))  # fmt: skip
+    dialog.sig_rows_shown.connect(
+        lambda n: shown.append(
+            (
+                n,
+                dialog.report is not None,
+                len(dialog.chart.bars["SpecDeck speculative"].opts["height"]),
+                [dialog.table.item(r, 0).text() for r in range(n)],
+            )
+        )
+    )
     report = run_and_wait(qtbot, dialog)
 
     assert report is not None, dialog.status.text()
     # Each repeat sends each prompt's row again, over the repeats so far; the chart and table draw it at once.
-    assert [(n, final, bars) for n, final, bars, _ in shown] == [(1, False, 1), (2, False, 2), (2, False, 2),
-                                                                 (2, False, 2)]  # fmt: skip
+    assert [(n, final, bars) for n, final, bars, _ in shown] == [
+        (1, False, 1),
+        (2, False, 2),
+        (2, False, 2),
+        (2, False, 2),
+    ]
     assert shown[0][3] == ["echo"] and shown[-1][3] == ["echo", "story"]
     assert dialog.table.item(0, 0).text() == "echo" and dialog.report is report
 
@@ -146,8 +162,7 @@ def test_the_settings_are_remembered(qtbot, own_prompts):
     first._remember()
     second = BenchDialog(config=CONFIG)
     qtbot.addWidget(second)
-    assert (second.prompts_edit.text(), second.repeat.value(), second.peers.isChecked()) == \
-        (str(own_prompts), 5, True)  # fmt: skip
+    assert (second.prompts_edit.text(), second.repeat.value(), second.peers.isChecked()) == (str(own_prompts), 5, True)
 
 
 def test_the_models_menu_opens_the_benchmark_on_the_windows_pair(qtbot, make_window):
@@ -225,8 +240,9 @@ def test_use_these_settings_loads_the_fastest_config_in_the_window(qtbot, make_w
     dialog.autotune_candidates = FEW
     result = tune_and_wait(qtbot, dialog)
     assert result is not None, dialog.status.text()
-    assert result.best_config == dataclasses.replace(CONFIG, drafter=result.best.candidate.drafter,
-                                                     k=result.best.candidate.k)  # fmt: skip
+    assert result.best_config == dataclasses.replace(
+        CONFIG, drafter=result.best.candidate.drafter, k=result.best.candidate.k
+    )
 
     with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
         dialog.autotune_panel.apply_button.click()
@@ -270,8 +286,14 @@ def test_another_pair_frees_the_windows_models_first_and_they_load_again_after(q
     dialog.repeat.setValue(1)
     dialog.max_tokens.setValue(8)
     seen_while_running = []
-    dialog.progress.valueChanged.connect(lambda value: value > 0 and seen_while_running.append(
-        (dialog.models_label.text(), window.chat_view.composer.placeholderText(), window.engine_label.text())))
+    dialog.progress.valueChanged.connect(
+        lambda value: (
+            value > 0
+            and seen_while_running.append(
+                (dialog.models_label.text(), window.chat_view.composer.placeholderText(), window.engine_label.text())
+            )
+        )
+    )
 
     with qtbot.waitSignal(dialog.sig_finished, timeout=RUN_TIMEOUT_MS) as blocker:
         dialog.run()
@@ -283,8 +305,11 @@ def test_another_pair_frees_the_windows_models_first_and_they_load_again_after(q
     assert values[0] == CONFIG and values[1][0] == "Loading the models"
     assert window.controller.client.loaded() is None  # the benchmark's copy is closed again
     assert seen_while_running and all(  # said in the dialog and in the window while the benchmark runs
-        "models were freed first" in label and placeholder == "The models are freed while the benchmark runs."
-        and engine == "No model loaded" for label, placeholder, engine in seen_while_running)  # fmt: skip
+        "models were freed first" in label
+        and placeholder == "The models are freed while the benchmark runs."
+        and engine == "No model loaded"
+        for label, placeholder, engine in seen_while_running
+    )
     assert window.controller.loaded is None and "models were freed first" in dialog.models_label.text()
     assert not window.chat_view.send_button.isEnabled()
     with qtbot.waitSignal(window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS):
@@ -292,8 +317,7 @@ def test_another_pair_frees_the_windows_models_first_and_they_load_again_after(q
     assert window.controller.loaded.config == CONFIG and window.controller.client.loaded().config == CONFIG
 
 
-def test_closing_the_dialog_under_a_run_of_another_pair_loads_the_windows_pair_again(qtbot, make_window,
-                                                                                    own_prompts):  # fmt: skip
+def test_closing_the_dialog_under_a_run_of_another_pair_loads_the_windows_pair_again(qtbot, make_window, own_prompts):
     window = make_window(config=CONFIG)
     dialog = window.open_benchmark()
     dialog.config = dataclasses.replace(CONFIG, k=3)
@@ -306,7 +330,8 @@ def test_closing_the_dialog_under_a_run_of_another_pair_loads_the_windows_pair_a
 
 
 def test_an_engine_process_killed_under_a_run_leaves_the_dialog_its_report_and_the_window(
-        qtbot, make_window, own_prompts, tmp_path):  # fmt: skip
+    qtbot, make_window, own_prompts, tmp_path
+):
     window = make_window(config=CONFIG, own_engine=True)
     dialog = window.open_benchmark()
     dialog.prompts_edit.setText(str(own_prompts))
@@ -317,8 +342,12 @@ def test_an_engine_process_killed_under_a_run_leaves_the_dialog_its_report_and_t
     exported = dialog.export_json(tmp_path / "first.json")
 
     dialog.repeat.setValue(20)
-    kill = lambda rows: window.controller.process.running and os.kill(  # noqa: E731
-        window.controller.process.pid, signal.SIGKILL)  # fmt: skip
+    kill = lambda rows: (
+        window.controller.process.running
+        and os.kill(  # noqa: E731
+            window.controller.process.pid, signal.SIGKILL
+        )
+    )
     dialog.sig_rows_shown.connect(kill)  # once the new run has drawn its first row
     with qtbot.waitSignal(dialog.sig_finished, timeout=RUN_TIMEOUT_MS) as blocker:
         dialog.run()

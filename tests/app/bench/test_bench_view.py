@@ -3,8 +3,8 @@ the bandwidth floor is explained, not graded against a target of ours."""
 
 from __future__ import annotations
 
-from engine.figures import ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE
 from app.bench.view import BenchTable, checks_html
+from engine.figures import ACCEPTANCE_LENGTH, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE
 from tests.app.bench.sample_report import sample_report
 from tests.app.conftest import STRICT_QT_LOG
 
@@ -47,7 +47,8 @@ def test_the_benchmark_and_find_the_best_settings_name_one_speedup_the_same_way(
     qtbot.addWidget(dialog)
     dialog._on_report(sample_report())
     assert "decoding speedup 1.27× (geometric mean over 24 prompts, replies of up to 128 tokens)" in (
-        dialog.status.text())  # fmt: skip
+        dialog.status.text()
+    )
 
     ngram = CandidateResult(Candidate("ngram", 4), 1.27, 76.0, 0.7, 2.0, 3, 3, draft_acceptance=0.4)
     plain = CandidateResult(PLAIN, 1.0, 60.0, 0.0, 1.0, 3, 3)
@@ -56,7 +57,8 @@ def test_the_benchmark_and_find_the_best_settings_name_one_speedup_the_same_way(
     qtbot.addWidget(panel)
     panel.show_result(result)
     assert "decoding speedup 1.27× (geometric mean over 3 prompts, replies of up to 64 tokens)" in (
-        panel.summary.text())  # fmt: skip
+        panel.summary.text()
+    )
     headers = [panel.table.horizontalHeaderItem(c).text().replace("\n", " ") for c in range(panel.table.columnCount())]
     assert {"decoding speedup", "draft acceptance", "mean acceptance length"} <= set(headers)
     assert panel.table.item(0, headers.index("draft acceptance")).text() == "40%"

@@ -42,7 +42,7 @@ def texts(panel) -> dict[str, QRectF]:
         if axis.isVisible() and axis.label.isVisible() and axis.label.toPlainText().strip():
             found[f"{side} axis title"] = scene_rect(axis.label)
     if panel.legend.isVisible():
-        for i, (_, label) in enumerate(panel.legend.items):
+        for _, label in panel.legend.items:
             if label.isVisible() and label.text:
                 found[f"legend {label.text!r}"] = scene_rect(label.item)
     for i, item in enumerate(panel.plot.getViewBox().addedItems):
@@ -80,8 +80,10 @@ def problems(panel) -> list[str]:
     return out
 
 
-@pytest.fixture(params=[(screen, dock) for screen in SCREENS for dock in (0.34, 0.4)],
-                ids=lambda p: f"{p[0][0]}x{p[0][1]}-dock{p[1]:.0%}")
+@pytest.fixture(
+    params=[(screen, dock) for screen in SCREENS for dock in (0.34, 0.4)],
+    ids=lambda p: f"{p[0][0]}x{p[0][1]}-dock{p[1]:.0%}",
+)
 def charts_on_screen(request, qtbot, make_window):
     """The window's charts on a screen, the dock at its default share of the width (0.4) and narrower
     (as the tour's window shows it once the chat asks for its room)."""
@@ -93,8 +95,11 @@ def charts_on_screen(request, qtbot, make_window):
     return window.charts
 
 
-@pytest.mark.parametrize("costs", [CHEAP, COSTLY, NEAR, LINEAR, None],
-                         ids=["cheap", "costly", "break-even-at-the-run", "no-break-even", "no-cost-model"])
+@pytest.mark.parametrize(
+    "costs",
+    [CHEAP, COSTLY, NEAR, LINEAR, None],
+    ids=["cheap", "costly", "break-even-at-the-run", "no-break-even", "no-cost-model"],
+)
 def test_no_chart_text_is_cut_off_or_written_over_another(qtbot, charts_on_screen, costs):
     charts = charts_on_screen
     charts.set_cost_model(costs)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import replace
 import json
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -55,10 +55,18 @@ def make_run(steps, verify_s=0.02, draft_s=0.002, other_s=0.001, predicted=1.5) 
         t["other"] += other_s
         t["wall"] += step_draft + verify_s + other_s
         stats = RunStats(
-            steps=i + 1, tokens=t["tokens"], drafted=t["drafted"], accepted=t["accepted"], tested=t["tested"],
-            wall_s=t["wall"], draft_s=t["draft"], verify_s=t["verify"], other_s=t["other"],
-            predicted_speedup=predicted, k=k,
-        )  # fmt: skip
+            steps=i + 1,
+            tokens=t["tokens"],
+            drafted=t["drafted"],
+            accepted=t["accepted"],
+            tested=t["tested"],
+            wall_s=t["wall"],
+            draft_s=t["draft"],
+            verify_s=t["verify"],
+            other_s=t["other"],
+            predicted_speedup=predicted,
+            k=k,
+        )
         finish = "length" if i == len(steps) - 1 else None
         events.append(StepEvent(i, tokens, "x" * n, k, drafted, accepted, step_draft, verify_s, other_s, stats, finish))
     return events
@@ -115,8 +123,9 @@ def test_hidden_charts_draw_nothing_and_catch_up_when_shown_again(qtbot):
 
     with qtbot.waitSignal(charts.sig_redrawn, timeout=2000):
         charts.show()
-    np.testing.assert_allclose(drawn(charts.throughput.curves["speculative"])[0],
-                               charts.series()["throughput"]["speculative"][0])  # fmt: skip
+    np.testing.assert_allclose(
+        drawn(charts.throughput.curves["speculative"])[0], charts.series()["throughput"]["speculative"][0]
+    )
     assert len(drawn(charts.acceptance.curve)[0]) == len(events)
 
 
@@ -315,8 +324,16 @@ def test_real_decode_steps_feed_the_charts(charts, qtbot):
 
     p = random_transition(12, seed=1)
     costs = CostModel(verify_s=dict(CHEAP.verify_s))
-    events = list(decode_steps(MarkovBackend(p), [0, 1, 2], SamplingConfig(max_tokens=60),
-                               drafter=MarkovDrafter(p), draft_length=DraftLength(4), costs=costs))  # fmt: skip
+    events = list(
+        decode_steps(
+            MarkovBackend(p),
+            [0, 1, 2],
+            SamplingConfig(max_tokens=60),
+            drafter=MarkovDrafter(p),
+            draft_length=DraftLength(4),
+            costs=costs,
+        )
+    )
     charts.set_cost_model(costs)
     feed(charts, "speculative", events)
     with qtbot.waitSignal(charts.sig_redrawn, timeout=2000):
@@ -333,8 +350,10 @@ def bar_rects(panel) -> list[QRectF]:
     box = panel.plot.getViewBox()
     opts = panel.bars["verify"].opts
     totals = sum(np.asarray(bar.opts["width"]) for bar in panel.bars.values())
-    return [box.mapViewToScene(QRectF(0, y - h / 2, total, h)).boundingRect()
-            for y, h, total in zip(opts["y"], np.broadcast_to(opts["height"], len(opts["y"])), totals)]  # fmt: skip
+    return [
+        box.mapViewToScene(QRectF(0, y - h / 2, total, h)).boundingRect()
+        for y, h, total in zip(opts["y"], np.broadcast_to(opts["height"], len(opts["y"])), totals)
+    ]
 
 
 @pytest.mark.parametrize("size", [(1000, 700), (560, 620), (420, 900)])

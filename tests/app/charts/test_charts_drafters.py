@@ -13,6 +13,7 @@ from PySide6.QtCore import QPointF
 from PySide6.QtGui import QColor
 
 from app.charts.data import COLUMNS, DRAFTER_COLUMNS, drafter_row
+from app.charts.live import LiveCharts, grid_positions
 from app.charts.panels import (
     RUN_COLOURS,
     ExitAcceptancePanel,
@@ -21,11 +22,10 @@ from app.charts.panels import (
     PoolPanel,
     label_sides,
 )
-from app.charts.live import LiveCharts, grid_positions
 from engine.core.draft_length import CostModel, break_even_acceptance
 from engine.core.events import RunStats
-from tests.app.conftest import STRICT_QT_LOG
 from tests.app.charts.test_charts import drawn, make_run
+from tests.app.conftest import STRICT_QT_LOG
 
 pytestmark = STRICT_QT_LOG
 
@@ -36,31 +36,65 @@ EXITS = (8, 12, 16, 20, 24)
 def lookahead_stats(i: int) -> dict:
     """What LookaheadDrafter.stats() says after step i (W 2, N 3, G 2)."""
     jacobi, text = 2 * i, 20 + 7 * i
-    return dict(window=2, ngram=3, max_candidates=2, extra_rows=4, pool_size=jacobi + text, pool_jacobi=jacobi,
-                pool_text=text, steps=i + 1, pool_hits=(i * 3) // 5, accepted=i, candidates=2, nodes=5)  # fmt: skip
+    return dict(
+        window=2,
+        ngram=3,
+        max_candidates=2,
+        extra_rows=4,
+        pool_size=jacobi + text,
+        pool_jacobi=jacobi,
+        pool_text=text,
+        steps=i + 1,
+        pool_hits=(i * 3) // 5,
+        accepted=i,
+        candidates=2,
+        nodes=5,
+    )
 
 
 def early_exit_stats(i: int) -> dict:
     """What EarlyExitDrafter.stats() says after step i: exploring the exits deepest first, then 12."""
     layer = EXITS[::-1][i // 3] if i < 15 else 12
     rates = {8: 0.31, 12: 0.52, 16: 0.64, 20: 0.71, 24: None}  # 24: never measured
-    candidates = [dict(layer=L, acceptance=rates[L], tested=0.0 if rates[L] is None else 10.0, steps=3,
-                       ms_per_token=1.0, cost_ratio=L / 30, predicted_speedup=1.2) for L in EXITS]  # fmt: skip
+    candidates = [
+        dict(
+            layer=L,
+            acceptance=rates[L],
+            tested=0.0 if rates[L] is None else 10.0,
+            steps=3,
+            ms_per_token=1.0,
+            cost_ratio=L / 30,
+            predicted_speedup=1.2,
+        )
+        for L in EXITS
+    ]
     return dict(exit_layer=layer, n_layers=30, layers="auto", candidates=candidates)
 
 
 def eagle_stats(i: int) -> dict:
-    return dict(nodes=TREE_STEPS[i % len(TREE_STEPS)][1], depth=4, rounds=5, top_k=8, draft_vocab=32000,
-                calibration=0.87)  # fmt: skip
+    return dict(
+        nodes=TREE_STEPS[i % len(TREE_STEPS)][1], depth=4, rounds=5, top_k=8, draft_vocab=32000, calibration=0.87
+    )
 
 
 def medusa_stats(i: int) -> dict:
-    return dict(heads=4, candidates_per_head=3, nodes=12, head_top1=[0.6, 0.4, 0.3, 0.2],
-                head_top_k=[0.8, 0.6, 0.5, 0.4], scored=[i + 1] * 4)  # fmt: skip
+    return dict(
+        heads=4,
+        candidates_per_head=3,
+        nodes=12,
+        head_top1=[0.6, 0.4, 0.3, 0.2],
+        head_top_k=[0.8, 0.6, 0.5, 0.4],
+        scored=[i + 1] * 4,
+    )
 
 
-SNAPSHOTS = {"lookahead": lookahead_stats, "early-exit": early_exit_stats, "eagle": eagle_stats,
-             "medusa": medusa_stats, "ngram": lambda i: {"lookups": i + 1, "hits": i // 2}}  # fmt: skip
+SNAPSHOTS = {
+    "lookahead": lookahead_stats,
+    "early-exit": early_exit_stats,
+    "eagle": eagle_stats,
+    "medusa": medusa_stats,
+    "ngram": lambda i: {"lookups": i + 1, "hits": i // 2},
+}
 
 
 def tree_run(steps=TREE_STEPS):
@@ -73,8 +107,14 @@ def tree_run(steps=TREE_STEPS):
             tested[d] += 1
         for d in range(event.accepted):
             accepted[d] += 1
-        stats = RunStats(**{**event.stats.__dict__, "depth_tested": tuple(tested), "depth_accepted": tuple(accepted),
-                            "tree_nodes": event.drafted})  # fmt: skip
+        stats = RunStats(
+            **{
+                **event.stats.__dict__,
+                "depth_tested": tuple(tested),
+                "depth_accepted": tuple(accepted),
+                "tree_nodes": event.drafted,
+            }
+        )
         out.append(type(event)(**{**event.__dict__, "stats": stats}))
     return out
 
@@ -109,12 +149,14 @@ def shown_plots(charts) -> list[type]:
 
 @pytest.mark.parametrize(
     "kind, plots, draft_title, depth_title",
-    [("eagle", [], "Tree size and accepted length", "Acceptance per tree depth"),
-     ("medusa", [], "Tree size and accepted length", "Acceptance per head"),
-     ("lookahead", [PoolPanel, PoolHitsPanel], "Tree size and accepted length", "Acceptance per tree depth"),
-     ("early-exit", [ExitLayerPanel, ExitAcceptancePanel], "Draft length k", "Acceptance per draft position"),
-     ("ngram", [], "Draft length k", "Acceptance per draft position")],
-)  # fmt: skip
+    [
+        ("eagle", [], "Tree size and accepted length", "Acceptance per tree depth"),
+        ("medusa", [], "Tree size and accepted length", "Acceptance per head"),
+        ("lookahead", [PoolPanel, PoolHitsPanel], "Tree size and accepted length", "Acceptance per tree depth"),
+        ("early-exit", [ExitLayerPanel, ExitAcceptancePanel], "Draft length k", "Acceptance per draft position"),
+        ("ngram", [], "Draft length k", "Acceptance per draft position"),
+    ],
+)
 def test_each_drafter_gets_its_panels_and_names(charts, kind, plots, draft_title, depth_title):
     feed(charts, kind)
     assert shown_plots(charts) == plots
@@ -309,14 +351,16 @@ def test_a_chain_run_exports_no_drafter_columns(charts, tmp_path):
 
 @pytest.mark.parametrize(
     "overall, break_even, sides",
-    [(0.74, 0.79, (False, True)),  # close: the upper line's label above it, the lower's below
-     (0.79, 0.74, (True, False)),
-     (0.60, 0.20, (True, False)),  # apart: whole run above, break-even below
-     (0.92, 0.30, (False, False)),  # whole run near the top: below its line
-     (0.50, 0.05, (True, True)),  # break-even near the bottom: above its line
-     (0.97, 0.95, (False, False)),  # both at the top: both below, at the lines' opposite ends
-     (0.50, None, (True, False))],
-)  # fmt: skip
+    [
+        (0.74, 0.79, (False, True)),  # close: the upper line's label above it, the lower's below
+        (0.79, 0.74, (True, False)),
+        (0.60, 0.20, (True, False)),  # apart: whole run above, break-even below
+        (0.92, 0.30, (False, False)),  # whole run near the top: below its line
+        (0.50, 0.05, (True, True)),  # break-even near the bottom: above its line
+        (0.97, 0.95, (False, False)),  # both at the top: both below, at the lines' opposite ends
+        (0.50, None, (True, False)),
+    ],
+)
 def test_acceptance_line_labels_take_sides(overall, break_even, sides):
     assert label_sides(overall, break_even) == sides
 
@@ -325,8 +369,10 @@ def test_close_whole_run_and_break_even_labels_do_not_overlap(charts, qtbot):
     """The README screenshot's case: a whole-run acceptance just under the break-even."""
     panel = charts.acceptance
     steps = np.arange(40.0)
-    series = {"acceptance": {"speculative": (steps, np.full(40, 0.74))},
-              "theory": {"measured": (0.74, 2.5), "break_even": 0.79}}  # fmt: skip
+    series = {
+        "acceptance": {"speculative": (steps, np.full(40, 0.74))},
+        "theory": {"measured": (0.74, 2.5), "break_even": 0.79},
+    }
     panel.show_series(series)
     qtbot.wait(50)
     box = panel.plot.getViewBox()
@@ -373,8 +419,11 @@ def test_a_chain_shows_which_member_drafted_each_step_and_each_members_share(cha
     for i, event in enumerate(events):
         by = 1 if i % 2 == 0 else 2
         steps = ((i + 2) // 2, (i + 1) // 2)
-        charts.add_step("speculative", event, {"drafted_by": by, "members": members, "steps": steps,
-                                               "accepted": (3 * steps[0], steps[1])})  # fmt: skip
+        charts.add_step(
+            "speculative",
+            event,
+            {"drafted_by": by, "members": members, "steps": steps, "accepted": (3 * steps[0], steps[1])},
+        )
     charts.redraw()
     (panel,) = [p for p in charts.drafter.plots if p.isVisibleTo(charts)]
     assert isinstance(panel, ChainPanel) and "Drafted by: suffix 6, model 6" in panel.plot.titleLabel.text

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from app.charts.panels import PoolHitsPanel, PoolPanel
-from engine.service.routes_specdeck import drafter_stats as drafter_snapshot
 from engine import EngineConfig, SamplingConfig
+from engine.service.routes_specdeck import drafter_stats as drafter_snapshot
 from tests.app.conftest import STRICT_QT_LOG, send_and_wait
 from tests.factories.hf_models import make_tiny_llama
 
@@ -25,7 +25,8 @@ def tiny(tmp_path_factory) -> str:
 
 def test_lookahead_pool_reaches_the_charts_from_the_engine_process(qtbot, make_window, tiny):
     config = EngineConfig(target=tiny, k=6, dtype="float32", measure_costs=False).with_drafter(
-        "lookahead", window=2, ngram=3, candidates=2)  # fmt: skip
+        "lookahead", window=2, ngram=3, candidates=2
+    )
     window = make_window(config, sampling=SamplingConfig(max_tokens=24))
     snapshots = []
     window.controller.sig_steps.connect(lambda steps: snapshots.extend((step.label, step.stats) for step in steps))

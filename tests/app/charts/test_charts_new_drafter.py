@@ -77,15 +77,28 @@ def test_a_new_drafters_charted_statistics_are_drawn_and_exported(tmp_path):
     folder.mkdir()
     (folder / "toy_spec.py").write_text(TOY_SPEC, encoding="utf-8")
     csv_path = tmp_path / "steps.csv"
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD), str(folder), str(csv_path)], cwd=ROOT,
-                          env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"},
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CHILD), str(folder), str(csv_path)],
+        cwd=ROOT,
+        env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     shown = json.loads(done.stdout.strip().splitlines()[-1])
 
     # Today's columns first, then the toy's; its pool_size is qualified, lookahead keeps the name.
-    assert shown["columns"][:8] == ["match_length", "draft_size", "pool_size", "pool_jacobi", "pool_text", "pool_steps",
-                                    "pool_hits", "exit_layer"]  # fmt: skip
+    assert shown["columns"][:8] == [
+        "match_length",
+        "draft_size",
+        "pool_size",
+        "pool_jacobi",
+        "pool_text",
+        "pool_steps",
+        "pool_hits",
+        "exit_layer",
+    ]
     assert shown["columns"][8:] == ["echoes", "toy_pool_size", "drafted_by"]  # a chain's: after every drafter
     assert shown["active"] and shown["plots"] == ["StatsPanel"] and shown["title"] == "Toy echo"
     assert shown["legend"] == ["Echoes proposed", "Echo pool"]

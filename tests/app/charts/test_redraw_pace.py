@@ -7,8 +7,15 @@ import time
 import pyqtgraph as pg
 import pytest
 
-from app.charts.live import (FIRST_REDRAW_MS, REDRAW_BUDGET, REDRAW_MS, SHARED_CORES_BUDGET, SLOWEST_REDRAW_MS,
-                             LiveCharts, RedrawPace)  # fmt: skip
+from app.charts.live import (
+    FIRST_REDRAW_MS,
+    REDRAW_BUDGET,
+    REDRAW_MS,
+    SHARED_CORES_BUDGET,
+    SLOWEST_REDRAW_MS,
+    LiveCharts,
+    RedrawPace,
+)
 from tests.app.charts.test_charts import make_run
 from tests.app.conftest import STRICT_QT_LOG
 

@@ -29,9 +29,16 @@ def main(folder: str, seed: int) -> None:
             store.begin_reply(conversation)
             reply = conversation.messages[-1]
             for _ in range(rng.randint(5, 60)):
-                step = tuple(TokenInfo(rng.randrange(50000), rng.choice(["a", " b", "é", "☕", "\n"]),
-                                       rng.choice(list(Source)), rng.random(), rng.random())
-                             for _ in range(rng.randint(1, 5)))  # fmt: skip
+                step = tuple(
+                    TokenInfo(
+                        rng.randrange(50000),
+                        rng.choice(["a", " b", "é", "☕", "\n"]),
+                        rng.choice(list(Source)),
+                        rng.random(),
+                        rng.random(),
+                    )
+                    for _ in range(rng.randint(1, 5))
+                )
                 store.add_reply_tokens(conversation, step)
                 print("tokens", conversation.id, position + 1, len(reply.tokens), flush=True)
             store.end_reply(conversation, "stop", {"tokens": len(reply.tokens)})

@@ -85,10 +85,16 @@ def test_sending_while_a_reply_streams_stops_it_and_then_sends(qtbot, make_windo
 
     assert finished[0] == "cancelled"
     assert set(buttons) == {"Stop"}  # the second reply is stoppable too, like any other
-    roles = [(m.role, m.content if m.role == "user" else m.finish_reason)
-             for m in ConversationStore(data_dir).load(window.chats.conversation.id).messages]  # fmt: skip
-    assert roles == [("user", "Tell me about the sea."), ("assistant", "cancelled"),
-                     ("user", "Shorter, please."), ("assistant", finished[1])]  # fmt: skip
+    roles = [
+        (m.role, m.content if m.role == "user" else m.finish_reason)
+        for m in ConversationStore(data_dir).load(window.chats.conversation.id).messages
+    ]
+    assert roles == [
+        ("user", "Tell me about the sea."),
+        ("assistant", "cancelled"),
+        ("user", "Shorter, please."),
+        ("assistant", finished[1]),
+    ]
 
 
 def test_shift_enter_adds_a_line_and_enter_sends(qtbot, make_window):

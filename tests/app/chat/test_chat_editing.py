@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from PySide6.QtGui import QGuiApplication, QTextTable
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication, QTextTable
 
-from app.chat.view import ChatView
 from app.chat.conversations import ConversationStore
+from app.chat.view import ChatView
 from engine.core.events import Source, TokenInfo
 from tests.app.conftest import REPLY_TIMEOUT_MS, STRICT_QT_LOG, send_and_wait
 
@@ -16,9 +16,10 @@ MARKDOWN_REPLY = "# Plan\n\nSome **bold** words and `code`.\n\n- one\n- two\n\n|
 
 
 def reply_tokens(text: str) -> tuple[TokenInfo, ...]:
-    pieces = [text[i:i + 5] for i in range(0, len(text), 5)]
-    return tuple(TokenInfo(i, piece, Source.ACCEPTED if i % 2 else Source.PLAIN, 0.5, 0.6)
-                 for i, piece in enumerate(pieces))  # fmt: skip
+    pieces = [text[i : i + 5] for i in range(0, len(text), 5)]
+    return tuple(
+        TokenInfo(i, piece, Source.ACCEPTED if i % 2 else Source.PLAIN, 0.5, 0.6) for i, piece in enumerate(pieces)
+    )
 
 
 def show_reply(view: ChatView, text: str) -> None:

@@ -114,7 +114,8 @@ def test_the_real_models_reply_streams_in_sight_below_a_long_chat(qtbot, make_wi
     bar = window.chat_view.transcript.verticalScrollBar()
     seen = []
     window.controller.sig_steps.connect(  # after the window drew the batch (it connected first)
-        lambda _steps: seen.append((bar.value() == bar.maximum(), newest_text_in_sight(window.chat_view))))
+        lambda _steps: seen.append((bar.value() == bar.maximum(), newest_text_in_sight(window.chat_view)))
+    )
 
     send_and_wait(qtbot, window, "Say hello.")
 

@@ -58,8 +58,22 @@ def test_with_markdown_on_a_bold_token_is_drawn_bold_and_tinted(qtbot):
     qtbot.addWidget(view)
     view.set_markdown(True)
 
-    finish_reply(view, tokens(("# Ti", P), ("tle\n\n", A), ("Some ", P), ("**", A), ("bold", A), ("**", A),
-                              (" words and", R), (" `co", B), ("de`", B), (".\n\n- it", P), ("em", A)))  # fmt: skip
+    finish_reply(
+        view,
+        tokens(
+            ("# Ti", P),
+            ("tle\n\n", A),
+            ("Some ", P),
+            ("**", A),
+            ("bold", A),
+            ("**", A),
+            (" words and", R),
+            (" `co", B),
+            ("de`", B),
+            (".\n\n- it", P),
+            ("em", A),
+        ),
+    )
 
     shown = view.transcript.toPlainText()
     assert "**" not in shown and "`" not in shown and "# " not in shown and "- item" not in shown  # Markdown

@@ -21,8 +21,11 @@ def bar_rects(bars) -> list[QRectF]:
     """Each bar of a BarGraphItem in scene coordinates (its boundingRect spans them all)."""
     o = bars.opts
     height = o["height"]
-    return [bars.mapRectToScene(QRectF(x0, y - height / 2, width, height))
-            for x0, y, width in zip(o["x0"], o["y"], o["width"]) if width > 0]  # fmt: skip
+    return [
+        bars.mapRectToScene(QRectF(x0, y - height / 2, width, height))
+        for x0, y, width in zip(o["x0"], o["y"], o["width"])
+        if width > 0
+    ]
 
 
 @pytest.mark.parametrize("size", [(1440, 900), (1280, 720)])
@@ -33,8 +36,11 @@ def test_every_bar_is_labelled_inside_the_plot_and_nothing_overlaps(qtbot, make_
     window.tabs.setCurrentWidget(window.compare_view)
     infos = [token(i, f" w{i}") for i in range(64)]
     spec_speed, vanilla_speed = speeds
-    comparison = Comparison(result(*infos, tokens_per_s=vanilla_speed, prefill_s=0.87),
-                            result(*infos, tokens_per_s=spec_speed, prefill_s=0.91), None)  # fmt: skip
+    comparison = Comparison(
+        result(*infos, tokens_per_s=vanilla_speed, prefill_s=0.87),
+        result(*infos, tokens_per_s=spec_speed, prefill_s=0.91),
+        None,
+    )
     window.compare_view.show_comparison(comparison, greedy=True)
     chart = window.compare_view.chart
     qtbot.waitUntil(lambda: chart.isVisible() and chart.plot.getViewBox().width() > 100)
@@ -63,8 +69,11 @@ def test_a_short_run_is_drawn_in_seconds_not_thousandths(qtbot):
     view.resize(700, 700)
     view.show()
     infos = [token(i, f" w{i}") for i in range(8)]
-    view.show_comparison(Comparison(result(*infos, tokens_per_s=60, prefill_s=0.43),
-                                    result(*infos, tokens_per_s=50, prefill_s=0.35), None))  # fmt: skip
+    view.show_comparison(
+        Comparison(
+            result(*infos, tokens_per_s=60, prefill_s=0.43), result(*infos, tokens_per_s=50, prefill_s=0.35), None
+        )
+    )
     qtbot.wait(50)
 
     axis = view.chart.plot.getAxis("bottom")

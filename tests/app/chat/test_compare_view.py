@@ -6,9 +6,9 @@ import pytest
 
 from app.chat.compare_view import CompareView
 from engine import EngineConfig, SamplingConfig
+from engine.api import Comparison, collect
 from engine.core.divergence import first_divergence
 from engine.core.events import RunStats, Source, StepEvent, TokenInfo
-from engine.api import Comparison, collect
 from engine.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
 from tests.app.conftest import REPLY_TIMEOUT_MS, STRICT_QT_LOG
 
@@ -56,8 +56,13 @@ def result(*infos: TokenInfo, tokens_per_s: float, prefill_s: float = 0.0):
     events = []
     for index, info in enumerate(infos):
         wall_s = (index + 1) / tokens_per_s
-        stats = RunStats(steps=index + 1, tokens=index + 1, wall_s=wall_s, prefill_s=prefill_s,
-                         time_to_first_token_s=prefill_s + 1 / tokens_per_s)  # fmt: skip
+        stats = RunStats(
+            steps=index + 1,
+            tokens=index + 1,
+            wall_s=wall_s,
+            prefill_s=prefill_s,
+            time_to_first_token_s=prefill_s + 1 / tokens_per_s,
+        )
         finish = "length" if index == len(infos) - 1 else None
         events.append(StepEvent(index, (info,), info.text, 0, 0, 0, 0.0, 0.0, 0.0, stats, finish))
     return collect(events)

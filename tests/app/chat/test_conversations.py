@@ -12,8 +12,10 @@ from tests.disks import fill, make_read_only, make_writable, small_disk
 
 
 def tokens(*pieces: tuple[str, Source]) -> tuple[TokenInfo, ...]:
-    return tuple(TokenInfo(i, text, source, 0.5, 0.8 if source is Source.ACCEPTED else None)
-                 for i, (text, source) in enumerate(pieces))  # fmt: skip
+    return tuple(
+        TokenInfo(i, text, source, 0.5, 0.8 if source is Source.ACCEPTED else None)
+        for i, (text, source) in enumerate(pieces)
+    )
 
 
 def chat(store: ConversationStore, question="Hi?", reply=(("Hel", Source.PLAIN), ("lo", Source.ACCEPTED))):
@@ -217,7 +219,10 @@ def test_a_read_only_folder_shows_its_chats_and_refuses_new_messages_without_los
         store = ConversationStore(disk)
         store.add_user_message(conversation, "Are you there?")
         assert [m.content for m in ConversationStore(disk).load(conversation.id).messages] == [
-            "Hi?", "Hello", "Are you there?"]  # fmt: skip
+            "Hi?",
+            "Hello",
+            "Are you there?",
+        ]
 
 
 def test_a_folder_that_cannot_be_created_says_so(tmp_path):
@@ -241,8 +246,10 @@ def test_a_system_prompt_is_saved_and_sent_first(tmp_path):
 
     again = ConversationStore(tmp_path).load(conversation.id)
 
-    assert again.chat_messages() == [{"role": "system", "content": "Answer like a pirate, briefly."},
-                                     {"role": "user", "content": "Hello"}]  # fmt: skip
+    assert again.chat_messages() == [
+        {"role": "system", "content": "Answer like a pirate, briefly."},
+        {"role": "user", "content": "Hello"},
+    ]
 
 
 def test_truncating_drops_a_message_and_everything_after_it_for_good(tmp_path):

@@ -39,11 +39,15 @@ def test_a_healthy_journal_comes_across_whole_and_is_moved_aside(tmp_path):
     assert (summary.id, summary.title, summary.created, summary.updated) == ("c0ffee", "Renamed", 100.0, 105.0)
     conversation = store.load("c0ffee")
     assert [(m.role, m.content, m.finish_reason) for m in conversation.messages] == [
-        ("user", "Où est le café ? 東京 ☕", None), ("assistant", "Au coin ☕", "stop")]  # fmt: skip
+        ("user", "Où est le café ? 東京 ☕", None),
+        ("assistant", "Au coin ☕", "stop"),
+    ]
     assert [(t.source, t.q) for t in conversation.messages[1].tokens] == [(Source.PLAIN, None), (Source.ACCEPTED, 0.8)]
     assert conversation.skipped == 0
     assert not path.exists() and (tmp_path / IMPORTED_FOLDER / path.name).exists()  # kept, out of the way
-    assert store.notices == [f"Imported 1 conversation from the old journal files (now in {tmp_path / IMPORTED_FOLDER})."]
+    assert store.notices == [
+        f"Imported 1 conversation from the old journal files (now in {tmp_path / IMPORTED_FOLDER})."
+    ]
     assert ConversationStore(tmp_path).notices == []  # once
 
 
@@ -51,12 +55,17 @@ def test_a_torn_last_line_does_not_swallow_the_message_written_after_it(tmp_path
     # A crash mid-write left half a tokens record; the old writer then appended the user's
     # next message straight after it, on the same line.
     torn = line(TOKENS)[:40]
-    journal(tmp_path, lines=[USER, REPLY, torn + line({"type": "user", "content": "Are you still there?", "at": 110.0})])
+    journal(
+        tmp_path, lines=[USER, REPLY, torn + line({"type": "user", "content": "Are you still there?", "at": 110.0})]
+    )
 
     conversation = ConversationStore(tmp_path).load("c0ffee")
 
     assert [(m.role, m.content) for m in conversation.messages] == [
-        ("user", "Où est le café ? 東京 ☕"), ("assistant", ""), ("user", "Are you still there?")]  # fmt: skip
+        ("user", "Où est le café ? 東京 ☕"),
+        ("assistant", ""),
+        ("user", "Are you still there?"),
+    ]
     assert conversation.skipped == 1
 
 
@@ -70,7 +79,11 @@ def test_bad_bytes_cost_only_their_own_line_and_are_counted(tmp_path):
     assert [c.id for c in store.list()] == ["c0ffee"]
     conversation = store.load("c0ffee")
     assert [m.content for m in conversation.messages] == [
-        "Où est le café ? 東京 ☕", "", "sec\ufffd\ufffdond question", "Au coin ☕"]  # fmt: skip
+        "Où est le café ? 東京 ☕",
+        "",
+        "sec\ufffd\ufffdond question",
+        "Au coin ☕",
+    ]
     assert conversation.skipped == 1
     assert "1 damaged record in 1 of them could not be read and was skipped" in store.notices[0]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from app.chat.session import GREEDY_REGENERATE
-from engine import EngineClient, SamplingConfig
 from app.shell.settings import DEFAULT_SAMPLING as CHAT_DEFAULT
+from engine import EngineClient, SamplingConfig
 from tests.app.conftest import REPLY_TIMEOUT_MS, STRICT_QT_LOG, send_and_wait
 
 pytestmark = STRICT_QT_LOG

@@ -9,17 +9,18 @@ from app.chat.view import FOOTER_TIP, ChatView
 from engine.core.decode import decode_steps
 from engine.core.draft_length import DraftLength
 from engine.core.events import collect
-from engine.figures import ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE
 from engine.core.sampling import SamplingConfig
 from engine.drafters.ngram import NgramDrafter
+from engine.figures import ACCEPTANCE_LENGTH, DRAFT_ACCEPTANCE
 
 
 @pytest.fixture(scope="module")
 def real_stats(default_llama) -> dict:
     """A real reply's statistics as the chat stores them (RunStats.as_dict)."""
     prompt = default_llama.apply_chat_template([{"role": "user", "content": "Repeat: one two three, one two three."}])
-    steps = decode_steps(default_llama, prompt, SamplingConfig(max_tokens=24), drafter=NgramDrafter(),
-                         draft_length=DraftLength(4))  # fmt: skip
+    steps = decode_steps(
+        default_llama, prompt, SamplingConfig(max_tokens=24), drafter=NgramDrafter(), draft_length=DraftLength(4)
+    )
     stats = collect(list(steps)).stats
     assert stats.drafted > 0
     return stats.as_dict()
@@ -62,4 +63,3 @@ def test_hovering_the_footer_explains_its_figures_and_a_token_keeps_its_own_tip(
     assert DRAFT_ACCEPTANCE.tip in FOOTER_TIP and ACCEPTANCE_LENGTH.tip in FOOTER_TIP
     cursor.setPosition(0)
     assert view.footer_tip_at(view.transcript.cursorRect(cursor).center()) == ""  # the user's message: no tip
-

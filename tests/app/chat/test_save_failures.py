@@ -44,7 +44,8 @@ def test_a_message_that_cannot_be_saved_stays_in_the_composer(qtbot, make_window
 
 
 def test_a_full_disk_mid_reply_keeps_the_reply_streaming_and_saves_it_once_there_is_room(
-        qtbot, make_window, disk, monkeypatch):  # fmt: skip
+    qtbot, make_window, disk, monkeypatch
+):
     monkeypatch.setenv("SPECDECK_DATA_DIR", str(disk / "conversations"))
     # Long enough for several hand-overs of steps (4 to 10 a second) after the disk fills: the
     # embedded model tells a story to its 160-token end (it answers a request to count in one line).
@@ -65,7 +66,9 @@ def test_a_full_disk_mid_reply_keeps_the_reply_streaming_and_saves_it_once_there
 
     window.controller.sig_steps.connect(on_steps)
     with qtbot.waitSignal(window.controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS) as finished:
-        window.send_message("Write a story of about 200 words about a lighthouse keeper who finds a message in a bottle.")
+        window.send_message(
+            "Write a story of about 200 words about a lighthouse keeper who finds a message in a bottle."
+        )
     result = finished.args[1]
 
     assert len(failures) == 1 and "disk is full" in failures[0]  # once for the streak, not once per token

@@ -57,9 +57,14 @@ def test_kill_9_at_random_moments_loses_nothing_acknowledged(tmp_path):
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     total: dict = {}
     for seed in range(KILLS):
-        writer = subprocess.Popen([sys.executable, "-m", "tests.app.chat.store_writer", str(tmp_path), str(seed)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                  env=environment)  # fmt: skip
+        writer = subprocess.Popen(
+            [sys.executable, "-m", "tests.app.chat.store_writer", str(tmp_path), str(seed)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=environment,
+        )
         assert writer.stdout.readline(), writer.stderr.read()  # it has started writing
         time.sleep(rng.uniform(0.0, 0.4))
         writer.send_signal(signal.SIGKILL)

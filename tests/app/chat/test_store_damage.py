@@ -241,8 +241,10 @@ def test_a_users_own_jsonl_files_are_left_where_they_are(tmp_path):
     scratch = tmp_path / ".notes.backup.tmp"
     scratch.write_text("my scratch file")
     journal = tmp_path / ("a" * 32 + ".jsonl")
-    journal.write_text('{"type":"conversation","version":1,"id":"' + "a" * 32 + '","title":"Old chat","created":1.0}\n'
-                       '{"type":"user","content":"hi","at":2.0}\n')  # fmt: skip
+    journal.write_text(
+        '{"type":"conversation","version":1,"id":"' + "a" * 32 + '","title":"Old chat","created":1.0}\n'
+        '{"type":"user","content":"hi","at":2.0}\n'
+    )
     before = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in (notes, todo, scratch)}
 
     store = ConversationStore(tmp_path)

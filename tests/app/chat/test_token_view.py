@@ -93,7 +93,9 @@ def test_tokens_of_one_source_share_a_format_and_each_keeps_its_own_tooltip(view
     # Neighbours from one source are one run of text to Qt, and still two tokens to the user.
     assert char_format_at(view, spans[0][0] + 1) == char_format_at(view, spans[1][0] + 1)
     assert "'Second'" in tooltip_at_position(spans[0][0]) and "p(x) = 0.1100" in tooltip_at_position(spans[0][1] - 1)
-    assert "' reply'" in tooltip_at_position(spans[1][0] + 1) and "p(x) = 0.2200" in tooltip_at_position(spans[1][0] + 1)
+    assert "' reply'" in tooltip_at_position(spans[1][0] + 1) and "p(x) = 0.2200" in tooltip_at_position(
+        spans[1][0] + 1
+    )
     assert "q(x) = 0.5000" in tooltip_at_position(spans[2][0] + 1)
     assert "p(x) = 0.9000" in tooltip_at_position(view._entries[0].spans[0][0] + 1)  # the first reply's own
 

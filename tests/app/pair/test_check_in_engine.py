@@ -112,6 +112,8 @@ def test_the_controllers_check_is_the_engine_processs_answer(qtbot, tmp_path, en
         dialog = make_dialog(qtbot, tmp_path, engine.preflight)
         assert run_check(qtbot, dialog)
         assert engine_process.running  # started by the check when no window had started it
-        assert [f.title for f in dialog.findings_list()] == [f.title for f in preflight(dialog.engine_config()).findings]
+        assert [f.title for f in dialog.findings_list()] == [
+            f.title for f in preflight(dialog.engine_config()).findings
+        ]
     finally:
         engine.shutdown()  # a process given to the controller keeps running for the session's windows

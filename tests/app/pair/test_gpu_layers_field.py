@@ -88,8 +88,19 @@ def test_changing_the_gpu_layers_checks_again(qtbot, dialog, monkeypatch):
 
 
 def test_the_status_line_says_where_the_layers_went():
-    info = ModelInfo(name="SmolLM2", path="s.gguf", backend="llama.cpp", architecture="llama", n_params=1,
-                     weight_bytes=1, vocab_size=8, n_layers=30, context_length=8192, dtype="Q4_1", device="cpu",
-                     placement="all 30 layers on the GPU")  # fmt: skip
+    info = ModelInfo(
+        name="SmolLM2",
+        path="s.gguf",
+        backend="llama.cpp",
+        architecture="llama",
+        n_params=1,
+        weight_bytes=1,
+        vocab_size=8,
+        n_layers=30,
+        context_length=8192,
+        dtype="Q4_1",
+        device="cpu",
+        placement="all 30 layers on the GPU",
+    )
     loaded = SimpleNamespace(config=EngineConfig(), target=info, speculative=True)
     assert "(Q4_1, llama.cpp, all 30 layers on the GPU)" in main_window.describe_engine(loaded)

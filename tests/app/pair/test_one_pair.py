@@ -9,8 +9,7 @@ from tests.app.conftest import LOAD_TIMEOUT_MS, STRICT_QT_LOG
 pytestmark = STRICT_QT_LOG
 
 
-def test_after_use_the_built_in_model_the_dialog_shows_the_pair_that_loaded(qtbot, make_window, tmp_path,
-                                                                            monkeypatch):  # fmt: skip
+def test_after_use_the_built_in_model_the_dialog_shows_the_pair_that_loaded(qtbot, make_window, tmp_path, monkeypatch):
     """Issue 13's bug: the dialog kept its own copy of the pair, so after a failed load and "Use the
     built-in model" it reopened on the pair that had failed."""
     window = make_window(load=False)

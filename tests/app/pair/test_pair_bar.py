@@ -124,8 +124,22 @@ def test_the_whole_bar_is_readable_in_the_window(qtbot, make_window, size):
 
     for toolbar in window.findChildren(QToolBar):  # nothing pushed into a toolbar's » menu
         assert not toolbar.findChild(QToolButton, "qt_toolbar_ext_button").isVisible(), toolbar.objectName()
-    shown = [w for w in (bar.target_label, bar.target, bar.drafter_label, bar.drafter, bar.draft_label, bar.draft,
-                         bar.k_label, bar.k, bar.more, bar.reason) if w.isVisible()]  # fmt: skip
+    shown = [
+        w
+        for w in (
+            bar.target_label,
+            bar.target,
+            bar.drafter_label,
+            bar.drafter,
+            bar.draft_label,
+            bar.draft,
+            bar.k_label,
+            bar.k,
+            bar.more,
+            bar.reason,
+        )
+        if w.isVisible()
+    ]
     assert len(shown) == 10
     on_window = QRect(bar.mapTo(window, bar.rect().topLeft()), bar.size())
     assert window.rect().contains(on_window)
@@ -174,9 +188,16 @@ def test_a_wheel_turned_over_the_bar_changes_nothing_until_a_field_is_clicked(qt
 
     def wheel() -> None:
         centre = QPointF(bar.drafter.rect().center())
-        event = QWheelEvent(centre, QPointF(bar.drafter.mapToGlobal(centre.toPoint())), QPoint(0, 0),
-                            QPoint(0, -120), Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier,
-                            Qt.ScrollPhase.NoScrollPhase, False)  # fmt: skip
+        event = QWheelEvent(
+            centre,
+            QPointF(bar.drafter.mapToGlobal(centre.toPoint())),
+            QPoint(0, 0),
+            QPoint(0, -120),
+            Qt.MouseButton.NoButton,
+            Qt.KeyboardModifier.NoModifier,
+            Qt.ScrollPhase.NoScrollPhase,
+            False,
+        )
         QApplication.sendEvent(bar.drafter, event)
 
     wheel()

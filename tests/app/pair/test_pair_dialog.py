@@ -59,8 +59,21 @@ def test_every_drafter_can_be_chosen_and_none_is_a_placeholder(dialog):
     combo = dialog.form.drafter
     drafters = [combo.itemData(i) for i in range(combo.count())]
     # The drafters that load a draft model first, plain decoding last; the suggested chains among them.
-    assert drafters == ["model", "suffix+model", "ngram", "suffix", "medusa", "eagle", "eagle3", "mtp", "lookahead",
-                        "early-exit", "suffix+eagle", "suffix+medusa", "none"]  # fmt: skip
+    assert drafters == [
+        "model",
+        "suffix+model",
+        "ngram",
+        "suffix",
+        "medusa",
+        "eagle",
+        "eagle3",
+        "mtp",
+        "lookahead",
+        "early-exit",
+        "suffix+eagle",
+        "suffix+medusa",
+        "none",
+    ]
     assert combo.itemText(1) == "Suffix decoding, then Draft model"
     assert all(combo.model().item(i).isEnabled() for i in range(combo.count()))
     assert not any("coming" in combo.itemText(i) for i in range(combo.count()))
@@ -194,8 +207,10 @@ def test_settings_persist_across_dialogs(qtbot, settings):
     first = PairDialog(settings=settings)
     qtbot.addWidget(first)
     config = EngineConfig(target=default_model_path(), k=7, gpu_layers=-1, threads=2)
-    chosen = (config.with_drafter("ngram", max_ngram=5),
-              SamplingConfig(temperature=0.35, top_p=0.8, seed=9, max_tokens=100))  # fmt: skip
+    chosen = (
+        config.with_drafter("ngram", max_ngram=5),
+        SamplingConfig(temperature=0.35, top_p=0.8, seed=9, max_tokens=100),
+    )
     first.set_config(*chosen)
     first.resize(720, 700)  # within the offscreen screen (800 x 800): restoreGeometry clamps to the screen
     assert run_check(qtbot, first) is True
@@ -212,8 +227,10 @@ def test_settings_persist_across_dialogs(qtbot, settings):
 
 def test_presets_save_load_and_delete(dialog, settings):
     fast = (EngineConfig(target="default", drafter="ngram", k=3), SamplingConfig(temperature=0.0))
-    careful = (EngineConfig(target="default", k_max=8).with_drafter("model", draft="default"),
-               SamplingConfig(temperature=0.9, top_k=50))
+    careful = (
+        EngineConfig(target="default", k_max=8).with_drafter("model", draft="default"),
+        SamplingConfig(temperature=0.9, top_k=50),
+    )
     dialog.set_config(*fast)
     dialog.save_preset("fast / greedy")  # a slash must not become a settings group
     dialog.set_config(*careful)
@@ -231,8 +248,9 @@ def test_presets_save_load_and_delete(dialog, settings):
 
 
 def test_a_choice_round_trips_through_the_engine_configs(dialog):
-    config = EngineConfig(target="a.gguf", backend="llama.cpp", k=5, threads=8, n_ctx=2048,
-                          gpu_layers=-1, compile="off").with_drafter("model", draft="b.gguf")  # fmt: skip
+    config = EngineConfig(
+        target="a.gguf", backend="llama.cpp", k=5, threads=8, n_ctx=2048, gpu_layers=-1, compile="off"
+    ).with_drafter("model", draft="b.gguf")
     sampling = SamplingConfig(temperature=0.5, top_k=20, seed=3, max_tokens=64)
     dialog.set_config(config, sampling)  # what the dialog shows is what it gives back
     assert dialog.engine_config() == config
@@ -268,14 +286,21 @@ def test_the_self_drafting_preset_comes_with_the_app(qtbot, dialog, settings):
     dialog.preset_combo.activated.emit(1)
     choice = dialog.engine_config()
     assert (choice.target, choice.backend, choice.drafter, choice.draft, choice.options.backend) == (
-        "default", "torch", "model", "default", "llama.cpp")  # fmt: skip
+        "default",
+        "torch",
+        "model",
+        "default",
+        "llama.cpp",
+    )
     assert choice.k == "auto"
     assert not dialog.delete_button.isEnabled()
     assert run_check(qtbot, dialog)
     # With a bf16 target the llama.cpp draft still loads in its file's own precision.
     config = dataclasses.replace(choice, dtype="bfloat16")
-    assert config.dtype == "bfloat16" and draft_load_options(config.drafter_options(),
-                                                              target_load_options(config))["dtype"] == "auto"
+    assert (
+        config.dtype == "bfloat16"
+        and draft_load_options(config.drafter_options(), target_load_options(config))["dtype"] == "auto"
+    )
     assert dialog.preset_names() == []  # not among the saved ones: nothing to delete
     dialog.save_preset(SELF_DRAFT_PRESET)  # a saved preset of the same name replaces it
     assert dialog.preset_combo.findText(SELF_DRAFT_PRESET) != -1 and dialog.delete_button.isEnabled()

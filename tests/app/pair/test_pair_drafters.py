@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
-from app.shell import settings as keys
-from app.pair.heads import heads_root, known_heads, remember_trained
 from app.pair.dialog import PairDialog
+from app.pair.heads import heads_root, known_heads, remember_trained
 from app.pair.presets import PresetStore
+from app.shell import settings as keys
 from engine import EngineConfig, preflight
 from engine.models.shipped import resources_dir
 from tests.app.conftest import STRICT_QT_LOG
@@ -20,12 +20,13 @@ from tests.app.pair.test_pair_dialog import run_check, severities
 pytestmark = STRICT_QT_LOG
 
 NEW_DRAFTERS = ("eagle", "lookahead", "early-exit")
-TORCH_NAMES = {"eagle": "EAGLE", "lookahead": "Lookahead decoding", "early-exit": "Early exit",
-               "medusa": "Medusa"}  # fmt: skip
+TORCH_NAMES = {"eagle": "EAGLE", "lookahead": "Lookahead decoding", "early-exit": "Early exit", "medusa": "Medusa"}
 BASE = EngineConfig(backend="torch", k=5)
-EVERYTHING = {"eagle": BASE.with_drafter("eagle", heads="/heads/eagle-x", tree_depth=6),
-              "lookahead": BASE.with_drafter("lookahead", window=7, ngram="auto", candidates=5),
-              "early-exit": BASE.with_drafter("early-exit", exit_layer=12)}  # fmt: skip
+EVERYTHING = {
+    "eagle": BASE.with_drafter("eagle", heads="/heads/eagle-x", tree_depth=6),
+    "lookahead": BASE.with_drafter("lookahead", window=7, ngram="auto", candidates=5),
+    "early-exit": BASE.with_drafter("early-exit", exit_layer=12),
+}
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +63,15 @@ def test_the_app_knows_which_drafters_need_pytorch_as_the_engine_does(dialog):
 
 def test_only_the_chosen_drafters_settings_are_shown(dialog):
     form = dialog.form
-    names = {"model": ("draft", "backend", "device", "dtype", "threads", "gpu_layers"), "ngram": ("max_ngram",),
-             "medusa": ("heads",), "eagle": ("heads", "tree_depth"), "none": (),
-             "lookahead": ("window", "ngram", "candidates"), "early-exit": ("exit_layer",)}  # fmt: skip
+    names = {
+        "model": ("draft", "backend", "device", "dtype", "threads", "gpu_layers"),
+        "ngram": ("max_ngram",),
+        "medusa": ("heads",),
+        "eagle": ("heads", "tree_depth"),
+        "none": (),
+        "lookahead": ("window", "ngram", "candidates"),
+        "early-exit": ("exit_layer",),
+    }
     own = {drafter: {form.field(drafter, name) for name in options} for drafter, options in names.items()}
     every = set().union(*own.values())
     for drafter, widgets in own.items():
@@ -92,8 +99,7 @@ def test_the_config_carries_what_the_form_shows(qtbot, dialog):
     form.field("lookahead", "candidates").set_value("5")
     config = dialog.engine_config()
     o = config.options
-    assert (config.drafter, (o.window, o.ngram, o.candidates), config.draft) == ("lookahead", (7, "auto", 5),
-                                                                                  None)  # fmt: skip
+    assert (config.drafter, (o.window, o.ngram, o.candidates), config.draft) == ("lookahead", (7, "auto", 5), None)
     choose(form, "early-exit")
     form.field("early-exit", "exit_layer").set_value("12")
     config = dialog.engine_config()
@@ -125,8 +131,9 @@ def test_pytorch_is_used_with_backend_auto_and_llama_cpp_is_refused(drafter):
 
     refused = preflight(EngineConfig(target="default", drafter=drafter, backend="llama.cpp"))
     assert not refused.compatible
-    assert {f.title: f.severity for f in refused.findings}[f"{TORCH_NAMES[drafter]} needs the PyTorch backend"] \
-        == "error"  # fmt: skip
+    assert {f.title: f.severity for f in refused.findings}[
+        f"{TORCH_NAMES[drafter]} needs the PyTorch backend"
+    ] == "error"
 
 
 def test_the_dialog_refuses_early_exit_on_llama_cpp_before_loading(qtbot, dialog):
@@ -171,8 +178,9 @@ def test_new_fields_round_trip_through_settings_presets_and_configs(qtbot, setti
     qtbot.addWidget(second)
     for drafter in NEW_DRAFTERS:
         assert second.load_preset(drafter)
-        assert (second.engine_config(), second.sampling_config()) == PresetStore(settings).get(drafter) \
-            and second.engine_config().drafter == drafter  # fmt: skip
+        assert (second.engine_config(), second.sampling_config()) == PresetStore(settings).get(
+            drafter
+        ) and second.engine_config().drafter == drafter
         config = second.engine_config()
         second.set_config(config, second.sampling_config())
         assert second.engine_config() == config
@@ -199,8 +207,9 @@ def test_damaged_values_of_the_new_fields_fall_back_to_auto(qtbot, settings):
 def test_the_eagle_picker_offers_eagle_heads_and_remembers_a_trained_one(qtbot, settings):
     eagle = Path(heads_root()) / "eagle-mine"
     eagle.mkdir(parents=True)
-    (eagle / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4,
-                                                   "intermediate_size": 128}))  # fmt: skip
+    (eagle / "config.json").write_text(
+        json.dumps({"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128})
+    )
     (eagle / "model.safetensors").write_bytes(b"")
     medusa = Path(heads_root()) / "medusa-mine"
     medusa.mkdir()
@@ -208,8 +217,16 @@ def test_the_eagle_picker_offers_eagle_heads_and_remembers_a_trained_one(qtbot, 
     (medusa / "medusa_lm_head.safetensors").write_bytes(b"")
     eagle3 = Path(heads_root()) / "eagle3-mine"  # SafeAILab's EAGLE-3 layout: a draft vocabulary of its own
     eagle3.mkdir()
-    (eagle3 / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64,
-                                                    "num_attention_heads": 4, "draft_vocab_size": 512}))  # fmt: skip
+    (eagle3 / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "draft_vocab_size": 512,
+            }
+        )
+    )
     (eagle3 / "pytorch_model.bin").write_bytes(b"")
     assert known_heads(settings, "eagle") == [str(eagle)] and known_heads(settings, "medusa") == [str(medusa)]
     assert known_heads(settings, "eagle3") == [str(eagle3)]

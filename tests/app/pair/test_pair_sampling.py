@@ -31,8 +31,9 @@ def test_min_p_goes_into_the_sampling_and_comes_back(dialog):
 
 
 def test_the_models_recommended_sampling_is_offered_and_applied(dialog, tmp_path):
-    recommends = make_tiny_gguf(str(tmp_path / "recommends.gguf"), extra={
-        "general.sampling.temp": 0.6, "general.sampling.top_p": 0.95})  # fmt: skip
+    recommends = make_tiny_gguf(
+        str(tmp_path / "recommends.gguf"), extra={"general.sampling.temp": 0.6, "general.sampling.top_p": 0.95}
+    )
 
     dialog.set_config(EngineConfig(target=recommends))
 
@@ -52,4 +53,5 @@ def test_the_sampling_summary_names_min_p():
     from engine import SamplingConfig
 
     assert describe_sampling(SamplingConfig(temperature=0.7, min_p=0.05, max_tokens=64)) == (
-        "temperature 0.7, min-p 0.05, seed 0, up to 64 tokens")
+        "temperature 0.7, min-p 0.05, seed 0, up to 64 tokens"
+    )

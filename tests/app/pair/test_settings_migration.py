@@ -12,7 +12,6 @@ exactly what a user's disk holds:
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import shutil
 from pathlib import Path
@@ -49,9 +48,16 @@ def test_a_store_that_agreed_keeps_the_pair_its_sampling_and_presets(tmp_path):
 
     assert resets == []
     # gpu_layers 0 was the only default before "auto": a saved 0 is kept as it was
-    assert config == EngineConfig(target="/models/qwen.gguf", backend="torch", dtype="bfloat16", n_ctx=2048,
-                                  threads=4, gpu_layers=0, k=5, k_max=12).with_drafter("eagle",
-                                  heads="/heads/eagle-qwen", tree_depth=6)  # fmt: skip
+    assert config == EngineConfig(
+        target="/models/qwen.gguf",
+        backend="torch",
+        dtype="bfloat16",
+        n_ctx=2048,
+        threads=4,
+        gpu_layers=0,
+        k=5,
+        k_max=12,
+    ).with_drafter("eagle", heads="/heads/eagle-qwen", tree_depth=6)
     assert keys.sampling_config(settings) == SamplingConfig(temperature=0.7, top_p=0.9, seed=7, max_tokens=300)
     presets = PresetStore(settings)
     assert presets.names() == ["exit", "fast / greedy", "look", "pair"]
@@ -60,15 +66,15 @@ def test_a_store_that_agreed_keeps_the_pair_its_sampling_and_presets(tmp_path):
     look, look_sampling = presets.get("look")
     assert look == EngineConfig(gpu_layers=0).with_drafter("lookahead", window=7, candidates=5)
     assert look_sampling.temperature == 0.5
-    assert presets.get("exit")[0] == EngineConfig(backend="torch", gpu_layers=0).with_drafter("early-exit",
-                                                                                              exit_layer=12)
+    assert presets.get("exit")[0] == EngineConfig(backend="torch", gpu_layers=0).with_drafter(
+        "early-exit", exit_layer=12
+    )
     pair, pair_sampling = presets.get("pair")
     assert (pair.draft, pair.options.backend, pair_sampling.top_k) == ("/models/small.gguf", "llama.cpp", 40)
     assert fast_sampling.max_tokens == 512  # the dialog's default then
 
     left = stored_keys(settings)
-    assert not any(key.startswith("pair_dialog/") for key in left - {"pair_dialog/geometry",
-                                                                      "pair_dialog/browse_dir"})  # fmt: skip
+    assert not any(key.startswith("pair_dialog/") for key in left - {"pair_dialog/geometry", "pair_dialog/browse_dir"})
     assert {"pair_dialog/geometry", "pair_dialog/browse_dir", "medusa/trained", "window/tab"} <= left
     assert json.loads(settings.value(keys.ENGINE_CONFIG))["version"] == CONFIG_VERSION
     assert keys.read(settings, keys.VERSION, 0) == keys.SETTINGS_VERSION
@@ -109,11 +115,14 @@ def test_the_dialogs_keys_count_where_the_window_saved_nothing(qtbot, tmp_path):
     assert not any(key.startswith("pair_dialog/") for key in stored_keys(settings))
 
 
-@pytest.mark.parametrize("saved", [
-    {"version": CONFIG_VERSION + 1, "target": "default", "drafter": "telepathy", "options": {"depth": 3}},
-    "{not json",
-    {"version": CONFIG_VERSION, "target": "default", "drafter": "ngram", "options": {"max_ngram": "three"}},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "saved",
+    [
+        {"version": CONFIG_VERSION + 1, "target": "default", "drafter": "telepathy", "options": {"depth": 3}},
+        "{not json",
+        {"version": CONFIG_VERSION, "target": "default", "drafter": "ngram", "options": {"max_ngram": "three"}},
+    ],
+)
 def test_a_newer_or_damaged_pair_falls_back_to_the_defaults_and_the_dialog_says_so(qtbot, tmp_path, saved):
     settings = QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat)
     keys.migrate(settings)

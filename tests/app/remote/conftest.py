@@ -33,8 +33,12 @@ class SpecDeckServer:
 
     def start(self) -> SpecDeckServer:
         env = {**os.environ, "SPECDECK_API_KEY": self.key, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-        self.process = subprocess.Popen([sys.executable, "-m", "engine.service", "--port", "0"],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)  # fmt: skip
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "engine.service", "--port", "0"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.append(self.process.stdout.readline().decode()), daemon=True)
         reader.start()
@@ -98,8 +102,10 @@ def llama_server_binary() -> str:
 
     found = find_llama_server()
     if found is None:
-        pytest.fail("No llama-server binary: run `specdeck-cli llama-server build` (the second half of README's "
-                    "install command), or set $SPECDECK_LLAMA_SERVER, to test the window on llama-server.")  # fmt: skip
+        pytest.fail(
+            "No llama-server binary: run `specdeck-cli llama-server build` (the second half of README's "
+            "install command), or set $SPECDECK_LLAMA_SERVER, to test the window on llama-server."
+        )
     return str(found)
 
 
@@ -111,6 +117,8 @@ def llama_servers(llama_server_binary, default_gguf):
     """(speculative, vanilla): llama-server on the embedded model with n-gram drafting, and without."""
     from engine.remote.llama_server_process import LlamaServerProcess
 
-    with (LlamaServerProcess(llama_server_binary, default_gguf, threads=2, n_ctx=2048, spec=LLAMA_SPEC) as spec,
-          LlamaServerProcess(llama_server_binary, default_gguf, threads=2, n_ctx=2048) as vanilla):  # fmt: skip
+    with (
+        LlamaServerProcess(llama_server_binary, default_gguf, threads=2, n_ctx=2048, spec=LLAMA_SPEC) as spec,
+        LlamaServerProcess(llama_server_binary, default_gguf, threads=2, n_ctx=2048) as vanilla,
+    ):
         yield spec, vanilla

@@ -42,13 +42,19 @@ def test_local_is_the_default_and_shows_no_server_fields(dialog):
     row = dialog.engine_row
     assert dialog.engine_choice() == LOCAL and row.kind.currentText() == "Local"
     assert [row.kind.itemText(i) for i in range(row.kind.count())] == [
-        "Local", "SpecDeck server", "llama-server", "vLLM", "SGLang"]  # fmt: skip
+        "Local",
+        "SpecDeck server",
+        "llama-server",
+        "vLLM",
+        "SGLang",
+    ]
     assert not row.url.isVisibleTo(dialog) and not row.test_button.isVisibleTo(dialog)
     assert dialog.form.models_box.isEnabled()
 
 
-def test_a_specdeck_server_answers_the_test_and_the_choice_is_saved_and_restored(qtbot, dialog, settings,
-                                                                                 specdeck_server):  # fmt: skip
+def test_a_specdeck_server_answers_the_test_and_the_choice_is_saved_and_restored(
+    qtbot, dialog, settings, specdeck_server
+):
     choice = EngineChoice("specdeck", specdeck_server.url, specdeck_server.key)
     choose(dialog, choice)
     assert not dialog.load_button.isEnabled()  # not tested yet

@@ -16,8 +16,13 @@ from engine import Comparison, EngineProcess, SamplingConfig, Source
 from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS, STRICT_QT_LOG, send_and_wait
 
 pytestmark = STRICT_QT_LOG
-COPY = [{"role": "user", "content": "Repeat this list exactly, twice: apple, banana, cherry, date, elderberry, "
-                                    "fig, grape, honeydew, kiwi, lemon, mango, nectarine, papaya."}]  # fmt: skip
+COPY = [
+    {
+        "role": "user",
+        "content": "Repeat this list exactly, twice: apple, banana, cherry, date, elderberry, "
+        "fig, grape, honeydew, kiwi, lemon, mango, nectarine, papaya.",
+    }
+]
 
 
 @pytest.fixture

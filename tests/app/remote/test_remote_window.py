@@ -35,16 +35,18 @@ def open_window(qtbot, local_process):
         qtbot.addWidget(window)
         window.sampling = sampling
         window.show()
-        with qtbot.waitSignal(wait_for(window.controller) if wait_for else window.controller.sig_loaded,
-                              timeout=LOAD_TIMEOUT_MS):  # fmt: skip
+        with qtbot.waitSignal(
+            wait_for(window.controller) if wait_for else window.controller.sig_loaded, timeout=LOAD_TIMEOUT_MS
+        ):
             window.start()
         return window
 
     return open_
 
 
-def test_a_reply_through_a_specdeck_server_is_shown_and_stored(qtbot, open_window, specdeck_server, data_dir,
-                                                               local_process):  # fmt: skip
+def test_a_reply_through_a_specdeck_server_is_shown_and_stored(
+    qtbot, open_window, specdeck_server, data_dir, local_process
+):
     choice = EngineChoice("specdeck", specdeck_server.url, specdeck_server.key)
     window = open_window(choice)
     assert window.controller.choice == choice
@@ -63,7 +65,8 @@ def test_a_reply_through_a_specdeck_server_is_shown_and_stored(qtbot, open_windo
 
 
 def test_a_server_that_is_not_there_fails_the_load_in_its_clients_words_and_send_tries_again(
-        qtbot, open_window, nowhere, local_process):  # fmt: skip
+    qtbot, open_window, nowhere, local_process
+):
     window = open_window(EngineChoice("specdeck", nowhere), wait_for=lambda c: c.sig_load_failed)
     banner = window.banner.text()
     assert f"Nothing answers at {nowhere}" in banner and "Send tries again" in banner
@@ -82,7 +85,8 @@ def test_a_server_that_is_not_there_fails_the_load_in_its_clients_words_and_send
 
 
 def test_a_server_killed_mid_reply_keeps_what_was_shown_and_the_next_send_connects_again(
-        qtbot, open_window, start_specdeck_server, data_dir):  # fmt: skip
+    qtbot, open_window, start_specdeck_server, data_dir
+):
     server = start_specdeck_server()
     window = open_window(EngineChoice("specdeck", server.url, server.key), sampling=LONG)
     shown = []
@@ -114,8 +118,9 @@ def test_the_benchmark_and_training_say_they_need_a_specdeck_engine_on_llama_ser
     controller = EngineController(process=EngineProcess())
     controller.choice = EngineChoice("llama-server", nowhere)
     with pytest.raises(Exception, match="Training runs on a local engine or a SpecDeck server") as refused:
-        controller.lend("train-heads", FAST_CONFIG, lambda lent, cancel, report: None, lambda worker: None,
-                        on_server=True)  # fmt: skip
+        controller.lend(
+            "train-heads", FAST_CONFIG, lambda lent, cancel, report: None, lambda worker: None, on_server=True
+        )
     assert f"the llama-server at {nowhere}" in str(refused.value)
     assert not controller.busy and controller.process.pid is None
     controller.shutdown()

@@ -12,10 +12,9 @@ from PySide6.QtCore import QThread
 from app.runtime.costs import CostSnapshot
 from app.runtime.engine_controller import EngineController
 from app.runtime.steps import hand_over_s, shares_cores
-from engine import BATCH_S, CPU_BATCH_S
-from engine import EngineClient, LoadedPair, SamplingConfig, Source, SpecDeckError
-from engine.core.events import GenerationResult
+from engine import BATCH_S, CPU_BATCH_S, EngineClient, LoadedPair, SamplingConfig, Source, SpecDeckError
 from engine.api import Comparison
+from engine.core.events import GenerationResult
 from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS, STRICT_QT_LOG, unloaded
 
 pytestmark = STRICT_QT_LOG
@@ -177,8 +176,9 @@ def test_a_job_lent_the_engine_process_gets_its_client_and_the_windows_pair_stay
     def job(client, cancel, report):
         return isinstance(client, EngineClient), client.loaded().config
 
-    worker = controller.lend("bench", FAST_CONFIG, job, on_server=True,
-                             connect=lambda worker: worker.sig_returned.connect(returned.append))  # fmt: skip
+    worker = controller.lend(
+        "bench", FAST_CONFIG, job, on_server=True, connect=lambda worker: worker.sig_returned.connect(returned.append)
+    )
     qtbot.waitUntil(lambda: not controller.busy, timeout=REPLY_TIMEOUT_MS)
 
     assert worker.result == (True, FAST_CONFIG) and returned == [(True, FAST_CONFIG)]
@@ -188,8 +188,13 @@ def test_a_job_lent_the_engine_process_gets_its_client_and_the_windows_pair_stay
 def test_a_job_that_leaves_another_pair_in_the_engine_process_frees_the_windows(qtbot, controller):
     other = dataclasses.replace(FAST_CONFIG, k=3)
     with qtbot.waitSignal(controller.sig_unloaded, timeout=LOAD_TIMEOUT_MS) as unloaded_signal:
-        controller.lend("bench", other, lambda client, cancel, report: client.load(other), connect=lambda worker: None,
-                        on_server=True)  # fmt: skip
+        controller.lend(
+            "bench",
+            other,
+            lambda client, cancel, report: client.load(other),
+            connect=lambda worker: None,
+            on_server=True,
+        )
 
     assert unloaded_signal.args == [FAST_CONFIG] and controller.loaded is None
     qtbot.waitUntil(lambda: not controller.busy)

@@ -128,7 +128,8 @@ def test_killed_between_two_runs_the_next_comparison_says_so_and_starts_it_again
 
 
 def test_a_check_that_starts_a_new_engine_after_a_kill_still_leaves_the_next_run_to_say_so_and_reload(
-        qtbot, controller):  # fmt: skip
+    qtbot, controller
+):
     load(qtbot, controller)
     killed = controller.process.pid
     os.kill(killed, signal.SIGKILL)

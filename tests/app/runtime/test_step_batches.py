@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from engine.core.draft_length import CostModel
-
 from app.runtime.steps import StepBatches
+from engine.core.draft_length import CostModel
 
 
 def step(index: int, finish_reason: str | None = None):

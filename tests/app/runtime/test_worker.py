@@ -68,8 +68,10 @@ def test_report_works_for_jobs_that_are_not_generators(qtbot, runner):
         return 42
 
     worker = GeneratorWorker(loading)
-    with qtbot.waitSignal(worker.sig_returned, timeout=10_000) as returned, \
-            qtbot.waitSignal(worker.sig_yielded) as yielded:  # fmt: skip
+    with (
+        qtbot.waitSignal(worker.sig_returned, timeout=10_000) as returned,
+        qtbot.waitSignal(worker.sig_yielded) as yielded,
+    ):
         runner.start(worker)
 
     assert yielded.args == [("half", 0.5)] and returned.args == [42]
@@ -137,8 +139,9 @@ def test_prepare_runs_on_the_gui_thread_once_the_previous_job_has_ended(qtbot, r
     log = []
     first = GeneratorWorker(counting_job(10_000, delay=0.005), name="first")
     first.sig_returned.connect(lambda value: log.append(("first ended", value)))
-    second = GeneratorWorker(counting_job(1), name="second",
-                             prepare=lambda: log.append(("prepare", threading.current_thread())))  # fmt: skip
+    second = GeneratorWorker(
+        counting_job(1), name="second", prepare=lambda: log.append(("prepare", threading.current_thread()))
+    )
     with qtbot.waitSignal(first.sig_yielded, timeout=10_000):
         runner.start(first)
     with qtbot.waitSignal(second.sig_returned, timeout=10_000):

@@ -99,11 +99,17 @@ def test_python_m_app_starts_loads_and_closes_cleanly_on_ctrl_c(tmp_path):
     settings = QSettings(str(config_home / "SpecDeck" / "SpecDeck.conf"), QSettings.Format.IniFormat)
     settings.setValue("engine/config", json.dumps({"target": "default", "drafter": "ngram", "measure_costs": False}))
     settings.sync()
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", XDG_CONFIG_HOME=str(config_home),
-               XDG_DATA_HOME=str(tmp_path / "data"), SPECDECK_DATA_DIR=str(tmp_path / "chats"))  # fmt: skip
+    env = dict(
+        os.environ,
+        QT_QPA_PLATFORM="offscreen",
+        XDG_CONFIG_HOME=str(config_home),
+        XDG_DATA_HOME=str(tmp_path / "data"),
+        SPECDECK_DATA_DIR=str(tmp_path / "chats"),
+    )
 
-    child = subprocess.Popen([sys.executable, "-m", "app"], cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-m", "app"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         time.sleep(6)  # started, and loading or loaded
         assert child.poll() is None, child.communicate()[1]

@@ -30,8 +30,9 @@ def test_a_fresh_profile_chats_with_sampling_not_greedy(store):
 
 
 def test_a_fresh_profile_samples_as_the_saved_model_recommends(store, tmp_path):
-    path = make_tiny_gguf(str(tmp_path / "tiny.gguf"), extra={"general.sampling.temp": 0.6,
-                                                             "general.sampling.top_p": 0.9})  # fmt: skip
+    path = make_tiny_gguf(
+        str(tmp_path / "tiny.gguf"), extra={"general.sampling.temp": 0.6, "general.sampling.top_p": 0.9}
+    )
     keys.set_engine_config(EngineConfig(target=path), store)
 
     sampling = keys.sampling_config(store)

@@ -33,7 +33,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         stack.append(module)
         for other in sorted(graph[module]):
             if state.get(other) == "open":
-                found.append(stack[stack.index(other):] + [other])
+                found.append(stack[stack.index(other) :] + [other])
             elif other not in state:
                 visit(other)
         stack.pop()
@@ -80,9 +80,17 @@ def test_no_app_module_loads_torch_transformers_or_llama_cpp_when_imported():
     needs one imports it inside the function that runs the engine in process, e.g. the benchmark)."""
     modules = sorted(name for name in app_imports() if name != "app.__main__")
     heavy = {"torch", "transformers", "llama_cpp"}
-    code = (f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
-            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {heavy!r}))")  # fmt: skip
-    child = subprocess.run([sys.executable, "-c", code], cwd=APP.parent, capture_output=True, text=True, timeout=300,
-                           env=dict(os.environ, QT_QPA_PLATFORM="offscreen"))  # fmt: skip
+    code = (
+        f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {heavy!r}))"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=APP.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, QT_QPA_PLATFORM="offscreen"),
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     assert child.stdout.strip().splitlines()[-1] == "[]"

@@ -6,8 +6,8 @@ import pytest
 from PySide6.QtCore import QEvent, QObject, QSettings
 from PySide6.QtWidgets import QDialog
 
-from app.shell import settings as keys
 from app.chat.conversations import ConversationStore
+from app.shell import settings as keys
 from engine import EngineConfig, SamplingConfig
 from engine.core.events import Source
 from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS, STRICT_QT_LOG, send_and_wait
@@ -284,8 +284,13 @@ def test_exports_go_where_the_user_chose(qtbot, make_window, data_dir, tmp_path,
 
     (tmp_path / "exports").mkdir()
     monkeypatch.setattr(QFileDialog, "getSaveFileName", choose)
-    for action in (window.actions.export_markdown, window.actions.export_png, window.actions.export_csv,
-                   window.actions.export_json, window.actions.export_svg):  # fmt: skip
+    for action in (
+        window.actions.export_markdown,
+        window.actions.export_png,
+        window.actions.export_csv,
+        window.actions.export_json,
+        window.actions.export_svg,
+    ):
         action.trigger()
 
     assert [p.suffix for p in chosen] == [".md", ".png", ".csv", ".json", ".svg"]

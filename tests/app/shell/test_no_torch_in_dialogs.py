@@ -83,19 +83,31 @@ def test_benchmarking_and_training_from_the_window_load_no_torch_or_llama_cpp_in
     prompts.write_text(json.dumps({"id": "one", "kind": "reuse", "messages": [{"role": "user", "content": copy}]}))
     text = tmp_path / "fox.txt"
     text.write_text("The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat. " * 40)
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "config"),
-               XDG_DATA_HOME=str(tmp_path / "data"), SPECDECK_DATA_DIR=str(tmp_path / "chats"))  # fmt: skip
+    env = dict(
+        os.environ,
+        QT_QPA_PLATFORM="offscreen",
+        HF_HUB_OFFLINE="1",
+        XDG_CONFIG_HOME=str(tmp_path / "config"),
+        XDG_DATA_HOME=str(tmp_path / "data"),
+        SPECDECK_DATA_DIR=str(tmp_path / "chats"),
+    )
     paths = {"TINY": str(tiny), "PROMPTS": str(prompts), "TEXT": str(text), "OUT": str(tmp_path / "heads")}
     script = "".join(f"{name} = {value!r}\n" for name, value in {"HEAVY": HEAVY, **paths}.items()) + SCRIPT
-    child = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=400)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
+    )
 
     lines = [line for line in child.stdout.splitlines() if line.startswith("OUTCOME ")]
     assert child.returncode == 0 and lines, child.stderr[-3000:]
     outcome = json.loads(lines[-1].removeprefix("OUTCOME "))
     assert "error" not in outcome, outcome["error"]
     bench, train = outcome["bench"], outcome["train"]
-    assert bench["prompts"] == ["one"] and bench["rows"] == 1 + 1 + 1 and bench["status"].startswith("Done:") and "over 1 prompt," in bench["status"]
+    assert (
+        bench["prompts"] == ["one"]
+        and bench["rows"] == 1 + 1 + 1
+        and bench["status"].startswith("Done:")
+        and "over 1 prompt," in bench["status"]
+    )
     assert train["step"] == 2 and train["points"] == 2 and train["status"].startswith("Done: 2 steps")
     assert (tmp_path / "heads" / "config.json").is_file()  # the heads, saved by the engine process
     assert outcome["heavy"] == []

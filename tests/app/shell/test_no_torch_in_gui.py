@@ -68,11 +68,18 @@ print("OUTCOME " + json.dumps(outcome))
 
 
 def test_chatting_in_the_window_loads_no_torch_or_llama_cpp_in_its_process(tmp_path):
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "config"),
-               XDG_DATA_HOME=str(tmp_path / "data"), SPECDECK_DATA_DIR=str(tmp_path / "chats"))  # fmt: skip
+    env = dict(
+        os.environ,
+        QT_QPA_PLATFORM="offscreen",
+        HF_HUB_OFFLINE="1",
+        XDG_CONFIG_HOME=str(tmp_path / "config"),
+        XDG_DATA_HOME=str(tmp_path / "data"),
+        SPECDECK_DATA_DIR=str(tmp_path / "chats"),
+    )
     script = f"HEAVY = {HEAVY!r}\n{SCRIPT}"
-    child = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=400)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
+    )
 
     lines = [line for line in child.stdout.splitlines() if line.startswith("OUTCOME ")]
     assert child.returncode == 0 and lines, child.stderr[-3000:]

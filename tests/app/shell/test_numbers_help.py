@@ -13,8 +13,8 @@ from app.shell.numbers_help import NO_DRAFTS, NO_RUN, NumbersHelpDialog
 from engine.core.decode import decode_steps
 from engine.core.draft_length import DraftLength
 from engine.core.events import RunStats, collect
-from engine.figures import ACCEPTANCE_LENGTH, BREAK_EVEN, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE
 from engine.core.sampling import SamplingConfig
+from engine.figures import ACCEPTANCE_LENGTH, BREAK_EVEN, DECODE_SPEEDUP, DRAFT_ACCEPTANCE, PER_TOKEN_ACCEPTANCE
 from tests.factories.fake import MarkovBackend, MarkovDrafter, random_transition
 
 
@@ -22,8 +22,13 @@ def real_run(drafter: bool = True) -> RunStats:
     """A real decode on the fake Markov model, with a draft model that often disagrees."""
     backend = MarkovBackend(random_transition(8, seed=11))
     draft = MarkovDrafter(random_transition(8, seed=12)) if drafter else None
-    steps = decode_steps(backend, [0, 1, 2], SamplingConfig(max_tokens=40), drafter=draft,
-                         draft_length=DraftLength(4) if drafter else None)  # fmt: skip
+    steps = decode_steps(
+        backend,
+        [0, 1, 2],
+        SamplingConfig(max_tokens=40),
+        drafter=draft,
+        draft_length=DraftLength(4) if drafter else None,
+    )
     return collect(list(steps)).stats
 
 
@@ -38,8 +43,10 @@ def test_the_page_works_the_formula_through_with_the_runs_own_numbers(qtbot):
     qtbot.addWidget(dialog)
     text = dialog.text()
 
-    assert (f"{stats.tokens} tokens in {stats.steps} steps; {stats.drafted} drafted, {stats.tested} tested, "
-            f"{stats.accepted} accepted") in text  # fmt: skip
+    assert (
+        f"{stats.tokens} tokens in {stats.steps} steps; {stats.drafted} drafted, {stats.tested} tested, "
+        f"{stats.accepted} accepted"
+    ) in text
     assert f"{stats.draft_acceptance_rate:.0%} of drafted tokens accepted" in text
     assert f"{stats.tokens} / {stats.steps} = {stats.mean_acceptance_length:.2f} tokens per step" in text
     a = stats.accepted / stats.tested
@@ -49,7 +56,8 @@ def test_the_page_works_the_formula_through_with_the_runs_own_numbers(qtbot):
     # the article's formula, written out here, against what the page computed
     assert number(text, r"\) = ") == pytest.approx((1 - a ** (k + 1)) / (1 - a), abs=0.006)
     assert number(text, "Predicted speedup = [\\d.]+ / [\\d.]+ = ") == pytest.approx(
-        (1 - a ** (k + 1)) / ((1 - a) * (1 + c)), abs=0.006)
+        (1 - a ** (k + 1)) / ((1 - a) * (1 + c)), abs=0.006
+    )
     assert f"The engine's own prediction, {stats.predicted_speedup:.2f}x" in text
     for figure in (DRAFT_ACCEPTANCE, ACCEPTANCE_LENGTH, PER_TOKEN_ACCEPTANCE, BREAK_EVEN, DECODE_SPEEDUP):
         assert figure.tip in text  # each figure explained in the glossary's words

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from app.shell import qt_platform
+
 ROOT = Path(__file__).resolve().parents[3]
 LIBC = qt_platform.SystemLibrary("libc.so.6", "libc6", "glibc", "glibc")
-MISSING = qt_platform.SystemLibrary("libspecdeck-missing.so.0", "libspecdeck-missing0", "specdeck-missing",
-                                    "specdeck-missing")  # fmt: skip
+MISSING = qt_platform.SystemLibrary(
+    "libspecdeck-missing.so.0", "libspecdeck-missing0", "specdeck-missing", "specdeck-missing"
+)
 X11 = {"DISPLAY": ":0"}
 
 
@@ -36,8 +38,10 @@ def test_fedora_and_arch_get_their_own_package_names(tmp_path):
     assert qt_platform.check_xcb_libraries(X11, [MISSING], arch).endswith("sudo pacman -S specdeck-missing")
 
 
-@pytest.mark.parametrize("environ", [{}, {"DISPLAY": ":0", "QT_QPA_PLATFORM": "offscreen"},
-                                     {"DISPLAY": ":0", "WAYLAND_DISPLAY": "wayland-0"}])  # fmt: skip
+@pytest.mark.parametrize(
+    "environ",
+    [{}, {"DISPLAY": ":0", "QT_QPA_PLATFORM": "offscreen"}, {"DISPLAY": ":0", "WAYLAND_DISPLAY": "wayland-0"}],
+)
 def test_no_check_where_qt_would_not_use_xcb(environ):
     assert qt_platform.check_xcb_libraries(environ, [MISSING]) is None
 
@@ -50,13 +54,14 @@ def test_every_debian_package_of_the_readme_is_checked():
 
 def test_specdeck_prints_one_line_and_exits_instead_of_qts_abort():
     """The real entry point on an X display that lacks a library: one line on stderr, status 1."""
-    script = ("import sys, app.shell.qt_platform as q; "
-              "q.XCB_LIBRARIES += (q.SystemLibrary('libspecdeck-missing.so.0', 'libspecdeck-missing0', 'x', 'x'),); "
-              "from app.__main__ import main; sys.exit(main([]))")  # fmt: skip
+    script = (
+        "import sys, app.shell.qt_platform as q; "
+        "q.XCB_LIBRARIES += (q.SystemLibrary('libspecdeck-missing.so.0', 'libspecdeck-missing0', 'x', 'x'),); "
+        "from app.__main__ import main; sys.exit(main([]))"
+    )
     env = {"PATH": "/usr/bin:/bin", "DISPLAY": ":99", "HOME": "/nonexistent"}  # no X server at :99 either
 
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()

@@ -48,8 +48,15 @@ def test_garbage_settings_fall_back_to_defaults_and_the_banner_names_them(make_w
 
     assert window.isVisible()
     text = window.banner.text()
-    for name in ("window size and position", "panel layout", "open tab", "token colours", "open conversation",
-                 "model pair", "sampling settings"):  # fmt: skip
+    for name in (
+        "window size and position",
+        "panel layout",
+        "open tab",
+        "token colours",
+        "open conversation",
+        "model pair",
+        "sampling settings",
+    ):
         assert name in text, (name, text)
     assert window.tabs.currentWidget() is window.chat_view
     assert window.actions.colour_tokens.isChecked()
@@ -159,8 +166,9 @@ def test_an_unreadable_export_folder_suggests_the_documents_folder(make_window, 
     write_settings_file("[files]\nexport_folder=a, b\n")  # a list, not a folder
     window = make_window(load=False)
     suggested = []
-    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda parent, caption, path, filter: suggested.append(path)
-                        or ("", ""))  # fmt: skip
+    monkeypatch.setattr(
+        QFileDialog, "getSaveFileName", lambda parent, caption, path, filter: suggested.append(path) or ("", "")
+    )
 
     window.actions.export_csv.trigger()
 

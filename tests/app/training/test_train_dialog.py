@@ -21,8 +21,8 @@ from app.training.form import command_line
 from engine import EngineConfig
 from engine.core.events import RunStats, Source, StepEvent, TokenInfo
 from engine.training import checkpoint_info
-from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, STRICT_QT_LOG, unloaded
 from tests.app.charts.test_charts import SPEC_STEPS, make_run
+from tests.app.conftest import FAST_CONFIG, LOAD_TIMEOUT_MS, STRICT_QT_LOG, unloaded
 
 pytestmark = STRICT_QT_LOG
 
@@ -184,8 +184,9 @@ def test_medusa_with_backend_auto_says_the_gguf_target_runs_on_pytorch(qtbot):
 
 
 def depth_event(tested, accepted) -> StepEvent:
-    stats = RunStats(steps=1, tokens=2, drafted=5, accepted=1, tested=2, wall_s=0.1,
-                     depth_tested=tested, depth_accepted=accepted)  # fmt: skip
+    stats = RunStats(
+        steps=1, tokens=2, drafted=5, accepted=1, tested=2, wall_s=0.1, depth_tested=tested, depth_accepted=accepted
+    )
     tokens = (TokenInfo(5, "a", Source.ACCEPTED, 0.5, None), TokenInfo(6, "b", Source.RESAMPLED, 0.4, None))
     return StepEvent(0, tokens, "ab", 5, 5, 1, 0.01, 0.05, 0.0, stats)
 
@@ -232,25 +233,32 @@ def test_the_main_window_has_a_train_heads_action(make_window):
 
 
 def test_training_in_the_window_frees_its_pair_loads_it_again_after_and_the_heads_go_to_the_pair_dialog(
-        qtbot, make_window, tiny, text_file, tmp_path):  # fmt: skip
+    qtbot, make_window, tiny, text_file, tmp_path
+):
     window = make_window(config=FAST_CONFIG)
     dialog = window.open_training()
     dialog.form.target.set_spec(tiny)
     set_up(dialog, text_file, tmp_path / "heads")
     seen_while_training = []
-    dialog.progress.valueChanged.connect(lambda value: value > 0 and seen_while_training.append(
-        (window.chat_view.composer.placeholderText(), window.engine_label.text())))
+    dialog.progress.valueChanged.connect(
+        lambda value: (
+            value > 0
+            and seen_while_training.append((window.chat_view.composer.placeholderText(), window.engine_label.text()))
+        )
+    )
 
     results = []
     dialog.sig_finished.connect(results.append)
-    with qtbot.waitSignals([dialog.sig_finished, window.controller.sig_loaded], timeout=TRAIN_TIMEOUT_MS,
-                           order="strict"):  # fmt: skip
+    with qtbot.waitSignals(
+        [dialog.sig_finished, window.controller.sig_loaded], timeout=TRAIN_TIMEOUT_MS, order="strict"
+    ):
         dialog.start()
     result = results[0]
     assert result is not None and result.step == 3, dialog.status.text()
     # Training loads its own target: the window's pair was freed for it, said so, and loaded again after.
-    assert seen_while_training and all(text == ("The models are freed while training runs.", "No model loaded")
-                                       for text in seen_while_training)  # fmt: skip
+    assert seen_while_training and all(
+        text == ("The models are freed while training runs.", "No model loaded") for text in seen_while_training
+    )
     qtbot.waitUntil(lambda: not window.controller.busy, timeout=LOAD_TIMEOUT_MS)
     assert window.controller.loaded.config == FAST_CONFIG and window.chat_view.send_button.isEnabled()
     assert window.controller.client.loaded().config == FAST_CONFIG
@@ -266,7 +274,8 @@ def test_training_in_the_window_frees_its_pair_loads_it_again_after_and_the_head
 
 
 def test_an_engine_process_killed_under_a_training_keeps_its_checkpoint_and_start_resumes_it(
-        qtbot, tiny, text_file, tmp_path):  # fmt: skip
+    qtbot, tiny, text_file, tmp_path
+):
     host = EngineController()  # an engine process of its own: this test kills it
     dialog = set_up(TrainDialog(settings=QSettings(), target=tiny, host=host), text_file, tmp_path / "heads")
     qtbot.addWidget(dialog)

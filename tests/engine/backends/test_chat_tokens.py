@@ -64,7 +64,9 @@ DROPPING_REASONING = (  # as Qwen3's: past assistant turns lose their reasoning
 
 @pytest.fixture(scope="module")
 def tiny_torch(tmp_path_factory):
-    backend = TorchBackend(make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny"), dtype="float32", impl="transformers")
+    backend = TorchBackend(
+        make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny"), dtype="float32", impl="transformers"
+    )
     yield backend
     backend.close()
 
@@ -147,7 +149,9 @@ def test_templates_that_change_contents_keep_ordinary_ids(default_llama, tiny_to
     tokenizer = tiny_torch._tok
     saved, tokenizer.chat_template = tokenizer.chat_template, template
     try:
-        assert render_chat(tokenizer, REASONING_CHAT, reply=True) == tiny_torch.tokenize(render(REASONING_CHAT), special=True)
+        assert render_chat(tokenizer, REASONING_CHAT, reply=True) == tiny_torch.tokenize(
+            render(REASONING_CHAT), special=True
+        )
     finally:
         tokenizer.chat_template = saved
 
@@ -179,7 +183,11 @@ def test_whitespace_beside_strip_tokens_goes_as_in_llama_cpp():
     # control token RSTRIP; no vocabulary here has that, hence strings of our own).
     controls = ControlTokens({"<A>": 7, "<B>": 8}, lstrip=frozenset({"<B>"}), rstrip=frozenset({"<A>"}))
     render = jinja_renderer("{% for m in messages %}<A>{{ m['content'] }}<B>{% endfor %} end")
-    chat = [{"role": "user", "content": " \n padded \t"}, {"role": "user", "content": "  "}, {"role": "user", "content": "x"}]
+    chat = [
+        {"role": "user", "content": " \n padded \t"},
+        {"role": "user", "content": "  "},
+        {"role": "user", "content": "x"},
+    ]
     assert chat_pieces(render, chat, controls) == [7, "padded", 8, 7, 8, 7, "x", 8, " end"]
 
 
@@ -217,4 +225,6 @@ def test_tokenizing_a_chat_is_linear_in_its_messages(backend):
     backend.apply_chat_template(chat(10))  # reads the control tokens once
     small, large = _seconds(backend, chat(2_000), repeats=3), _seconds(backend, chat(16_000), repeats=2)
     # Linear is 8x and quadratic 64x (the old llama.cpp path measured 109x); 20 leaves room for a busy machine.
-    assert large / small < 20, f"2,000 messages: {small:.3f} s, 16,000: {large:.3f} s ({large / small:.1f}x, linear: 8x)"
+    assert large / small < 20, (
+        f"2,000 messages: {small:.3f} s, 16,000: {large:.3f} s ({large / small:.1f}x, linear: 8x)"
+    )

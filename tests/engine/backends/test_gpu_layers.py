@@ -87,8 +87,10 @@ def test_a_cpu_only_build_says_its_layers_stay_on_the_cpu(default_gguf):
         backend.close()
 
 
-@pytest.mark.parametrize("asked, said", [("auto", "all 30 layers on the GPU"), (12, "12 of 30 layers on the GPU"),
-                                         (0, "on the CPU (GPU layers 0)")])  # fmt: skip
+@pytest.mark.parametrize(
+    "asked, said",
+    [("auto", "all 30 layers on the GPU"), (12, "12 of 30 layers on the GPU"), (0, "on the CPU (GPU layers 0)")],
+)
 def test_a_build_that_offloads_says_how_many_layers_went_on_the_gpu(default_gguf, gpu_build, asked, said):
     backend = LlamaCppBackend(default_gguf, n_ctx=256, n_gpu_layers=asked)  # this CPU build ignores them
     try:

@@ -43,8 +43,9 @@ def test_watched_layers_are_the_inputs_transformers_reports(model, compile):
         backend.forward_tree([11, 12, 13, 14], [-1, -1, 1, 2])
         backend.keep_nodes([1, 2, 3])
         assert backend.cached_layer_features().shape == (base + 3, len(LAYERS) * 64)
-        torch.testing.assert_close(backend.cached_layer_features(base - 2), reference(backend, ids + [12, 13, 14])[-5:],
-                                   atol=1e-4, rtol=1e-4)  # fmt: skip
+        torch.testing.assert_close(
+            backend.cached_layer_features(base - 2), reference(backend, ids + [12, 13, 14])[-5:], atol=1e-4, rtol=1e-4
+        )
         backend.watch_layers(())
         assert backend._layer_store is None and backend.tokens  # stopping keeps the cache
     finally:

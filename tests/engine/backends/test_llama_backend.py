@@ -102,7 +102,9 @@ def test_prefill_reuses_the_common_prefix(backend, monkeypatch):
     backend.prefill(ids[:12])
     decoded = []
     original = backend._forward
-    monkeypatch.setattr(backend, "_forward", lambda toks, all_logits: decoded.append(toks) or original(toks, all_logits))
+    monkeypatch.setattr(
+        backend, "_forward", lambda toks, all_logits: decoded.append(toks) or original(toks, all_logits)
+    )
     backend.prefill(ids[:8] + ids[20:24])  # shares 8 tokens with the cache
     assert decoded == [ids[20:24]]
     assert backend.tokens == ids[:8] + ids[20:24]
@@ -209,7 +211,7 @@ def test_chat_template_ends_ready_for_the_reply(backend):
     text = backend.detokenize(ids)
     assert "What is 2+2?" in text
     tail = backend.tokenize("<|im_start|>assistant\n", special=True)
-    assert ids[-len(tail):] == tail
+    assert ids[-len(tail) :] == tail
     assert ids.count(1) == 3  # system, user, assistant turns; no extra BOS
 
 

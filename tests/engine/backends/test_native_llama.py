@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from engine.backends.hf.backend import TorchBackend
-from engine.backends.hf.native_backend import NativeBackend
-from engine.backends.hf.transformers_backend import TransformersBackend
 from engine.backends.hf.device import pick_dtype
-from engine.errors import ConfigError, ContextOverflowError
+from engine.backends.hf.native_backend import NativeBackend
 from engine.backends.hf.quantize import Int8Linear
-from tests.engine.backends.numerics import assert_close as _close, random_ids as _ids
+from engine.backends.hf.transformers_backend import TransformersBackend
+from engine.errors import ConfigError, ContextOverflowError
+from tests.engine.backends.numerics import assert_close as _close
+from tests.engine.backends.numerics import random_ids as _ids
 from tests.factories.hf_models import make_tiny_model, tokenizer_dir
 
 # Each: (architecture, factory options). Tied and untied heads, Qwen2's q/k/v biases,

@@ -19,13 +19,14 @@ from engine.config import EngineConfig
 from engine.core.decode import decode_steps
 from engine.core.draft_length import CostModel, DraftLength
 from engine.core.sampling import SamplingConfig
-from engine.drafters.early_exit import EarlyExitDrafter
 from engine.drafters.eagle import EagleDrafter
+from engine.drafters.early_exit import EarlyExitDrafter
 from engine.drafters.model import ModelDrafter
 from engine.errors import ConfigError
 from engine.heads.eagle import EagleConfig, EagleHead
+from tests.engine.backends.numerics import assert_close as _close
+from tests.engine.backends.numerics import random_ids as _ids
 from tests.engine.drafters.build import make_drafter
-from tests.engine.backends.numerics import assert_close as _close, random_ids as _ids
 from tests.factories.hf_models import make_tiny_model
 
 GREEDY = SamplingConfig(max_tokens=40)
@@ -224,8 +225,9 @@ def test_the_path_travels_to_the_app_and_an_older_servers_info_still_reads(pair)
 
 
 def test_dynamic_rope_keeps_the_eager_path_and_says_why(tmp_path):
-    folder = make_tiny_model(tmp_path / "dynamic", "llama",
-                             rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})  # fmt: skip
+    folder = make_tiny_model(
+        tmp_path / "dynamic", "llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+    )
     backend = TorchBackend(folder, dtype="float32", compile="on")
     assert "eager" in backend.info.forward and "dynamic rope" in backend.info.forward
     backend.close()

@@ -20,8 +20,9 @@ from engine.drafters.model import ModelDrafter
 from tests.factories.gguf_models import default_gguf_path
 
 ALLOWED = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-needs_two_cores = pytest.mark.skipif(len(ALLOWED) < 2 or not os.path.exists("/proc/stat"),
-                                     reason="needs /proc/stat and two allowed cores")  # fmt: skip
+needs_two_cores = pytest.mark.skipif(
+    len(ALLOWED) < 2 or not os.path.exists("/proc/stat"), reason="needs /proc/stat and two allowed cores"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -115,7 +116,10 @@ def _fake_stat(path, busy_ticks: list[int], idle_ticks: list[int]) -> None:
     path.write_text("\n".join(lines + ["intr 0"]) + "\n")
 
 
-@pytest.mark.parametrize(("others_s", "own_s", "free"), [(0.0, 0.0, 2), (1.0, 0.0, 1), (0.0, 2.0, 2), (1.0, 1.0, 1), (2.0, 0.0, 1), (0.3, 0.0, 2), (0.6, 0.0, 1)])
+@pytest.mark.parametrize(
+    ("others_s", "own_s", "free"),
+    [(0.0, 0.0, 2), (1.0, 0.0, 1), (0.0, 2.0, 2), (1.0, 1.0, 1), (2.0, 0.0, 1), (0.3, 0.0, 2), (0.6, 0.0, 1)],
+)
 def test_others_load_is_the_cores_busy_time_less_our_own(tmp_path, monkeypatch, others_s, own_s, free):
     """Over a 1 s window of 2 cores: busy time (from /proc/stat) less this process's CPU time
     is the others' load; a core of it or more (rounded at half a core) is taken; at least 1 is free."""

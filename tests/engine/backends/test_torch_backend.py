@@ -16,11 +16,11 @@ import shutil
 import pytest
 import torch
 
-from engine.backends.hf import device as device_mod
 from engine.backends.hf import base as hf_base
+from engine.backends.hf import device as device_mod
 from engine.backends.hf.backend import TorchBackend
-from engine.backends.hf.native_backend import NativeBackend
 from engine.backends.hf.device import cpu_has_native_bf16, pick_device, pick_dtype, weight_format
+from engine.backends.hf.native_backend import NativeBackend
 from engine.errors import ConfigError, ContextOverflowError, ModelLoadError, ModelNotFoundError
 from tests.factories.hf_models import default_gguf_path, make_tiny_llama
 
@@ -381,8 +381,11 @@ def test_a_gguf_load_reports_the_tensors_as_they_are_dequantized(tmp_path):
     from tests.factories.gguf_models import make_tiny_gguf
 
     heard = []
-    backend = TorchBackend(make_tiny_gguf(str(tmp_path / "tiny.gguf")), dtype="float32",
-                           progress=lambda message, fraction: heard.append((message, fraction)))  # fmt: skip
+    backend = TorchBackend(
+        make_tiny_gguf(str(tmp_path / "tiny.gguf")),
+        dtype="float32",
+        progress=lambda message, fraction: heard.append((message, fraction)),
+    )
     backend.close()
     dequantizing = [fraction for message, fraction in heard if message == "Dequantizing the GGUF weights"]
     assert len(dequantizing) > 5 and dequantizing == sorted(dequantizing)  # tensor by tensor, not one jump

@@ -10,29 +10,50 @@ from types import SimpleNamespace
 import pytest
 
 from engine import EngineConfig, SamplingConfig
+from engine.api import Engine
 from engine.bench import AutotuneSettings, BenchmarkCancelled, Candidate, format_autotune, run_autotune
 from engine.bench.autotune import PLAIN, allowed_drafters, candidates_for, config_for
 from engine.bench.prompts import BenchPrompt
 from engine.cli.main import main
-from engine.api import Engine
 
 # One llama.cpp thread: on a busy 2-core machine two threads spin waiting for each other.
 CONFIG = EngineConfig(measure_costs=False, threads=1)
 SHORT = AutotuneSettings(max_tokens=48)
 # Replies that copy their input: n-gram lookup drafts them almost whole, so it must beat plain decoding.
 COPY_PROMPTS = (
-    BenchPrompt("copy-river", "reuse", ({"role": "user", "content": (
-        "Copy this paragraph exactly, word for word: The river runs past the old mill, under the stone "
-        "bridge, and into the quiet valley where the farmers keep their sheep.")},)),
-    BenchPrompt("copy-fruit", "reuse", ({"role": "user", "content": (
-        "Repeat this list exactly: apples, pears, plums, cherries, grapes, lemons, limes, oranges, melons, figs.")},)),
-)  # fmt: skip
+    BenchPrompt(
+        "copy-river",
+        "reuse",
+        (
+            {
+                "role": "user",
+                "content": (
+                    "Copy this paragraph exactly, word for word: The river runs past the old mill, under the stone "
+                    "bridge, and into the quiet valley where the farmers keep their sheep."
+                ),
+            },
+        ),
+    ),
+    BenchPrompt(
+        "copy-fruit",
+        "reuse",
+        (
+            {
+                "role": "user",
+                "content": (
+                    "Repeat this list exactly: apples, pears, plums, cherries, grapes, lemons, limes, oranges, melons, figs."
+                ),
+            },
+        ),
+    ),
+)
 NGRAM = (Candidate("ngram", 2), Candidate("ngram", 8))
 
 
 def target(backend: str, name: str = "SmolLM2-135M-Instruct"):
-    info = SimpleNamespace(name=name, path=f"/models/{name}", backend=backend, architecture="llama",
-                           vocab_size=49152, n_layers=30)  # fmt: skip
+    info = SimpleNamespace(
+        name=name, path=f"/models/{name}", backend=backend, architecture="llama", vocab_size=49152, n_layers=30
+    )
     return SimpleNamespace(info=info)
 
 
@@ -45,8 +66,16 @@ def test_a_llama_cpp_target_allows_ngram_suffix_decoding_and_a_loaded_draft_mode
 
 def test_a_torch_target_also_allows_its_own_drafters_and_heads_where_they_exist():
     # The embedded model ships Medusa and EAGLE heads; another model has none unless given.
-    assert allowed_drafters(CONFIG, target("torch")) == ("ngram", "suffix", "lookahead", "early-exit", "medusa",
-                                                         "eagle", "suffix+eagle", "suffix+medusa")  # fmt: skip
+    assert allowed_drafters(CONFIG, target("torch")) == (
+        "ngram",
+        "suffix",
+        "lookahead",
+        "early-exit",
+        "medusa",
+        "eagle",
+        "suffix+eagle",
+        "suffix+medusa",
+    )
     other = SimpleNamespace(info=SimpleNamespace(**{**vars(target("torch", "Qwen2-0.5B").info), "n_layers": 24}))
     assert allowed_drafters(CONFIG, other) == ("ngram", "suffix", "lookahead", "early-exit")
     given = CONFIG.with_drafter("medusa", heads="/my/heads")
@@ -57,8 +86,11 @@ def test_tree_drafters_are_tried_with_node_budgets_and_chains_with_draft_lengths
     found = candidates_for(("ngram", "medusa", "suffix"), "torch")
     assert [c.k for c in found if c.drafter == "ngram"] == ["auto", 2, 4, 8]
     assert [c.k for c in found if c.drafter == "medusa"] == ["auto", 8, 16]
-    assert [c.label for c in found if c.drafter == "suffix"] == ["suffix, node budget auto", "suffix, node budget 8",
-                                                                 "suffix, node budget 16"]  # fmt: skip
+    assert [c.label for c in found if c.drafter == "suffix"] == [
+        "suffix, node budget auto",
+        "suffix, node budget 8",
+        "suffix, node budget 16",
+    ]
     # llama.cpp verifies a tree's best branch only: there suffix decoding's k is a draft length.
     assert [c.label for c in candidates_for(("suffix",), "llama.cpp")][1] == "suffix, k 2"
     # A chain sizes its drafts itself: one candidate each, so the chains add a pass over the prompts each.
@@ -82,8 +114,9 @@ def test_ngram_drafts_copies_whole_and_the_ranking_is_by_measured_speedup():
     # measured speedups, plain decoding is their unit, greedy output is lossless, and n-gram lookup
     # drafts a copied paragraph nearly whole (several tokens per target forward, not timed).
     progress = []
-    result = run_autotune(CONFIG, COPY_PROMPTS, SHORT, candidates=NGRAM,
-                          progress=lambda message, fraction: progress.append(fraction))  # fmt: skip
+    result = run_autotune(
+        CONFIG, COPY_PROMPTS, SHORT, candidates=NGRAM, progress=lambda message, fraction: progress.append(fraction)
+    )
 
     speedups = [r.speedup for r in result.ranked]
     assert speedups == sorted(speedups, reverse=True)
@@ -111,10 +144,17 @@ def test_candidates_run_on_the_engines_own_target_which_is_never_loaded_again(mo
 
         monkeypatch.setattr(loading, "load_backend", no_second_target)
         monkeypatch.setattr("engine.api.load_backend", no_second_target)
-        result = run_autotune(engine.config, COPY_PROMPTS[:1], AutotuneSettings(max_tokens=16, warmup=False),
-                              engine=engine, candidates=(Candidate("ngram", 4),))  # fmt: skip
+        result = run_autotune(
+            engine.config,
+            COPY_PROMPTS[:1],
+            AutotuneSettings(max_tokens=16, warmup=False),
+            engine=engine,
+            candidates=(Candidate("ngram", 4),),
+        )
         assert result.best_config.drafter in ("ngram", "none")
-        assert engine.generate(engine.prompt_ids("Hi"), SamplingConfig(max_tokens=4), speculative=False).tokens  # still open
+        assert engine.generate(
+            engine.prompt_ids("Hi"), SamplingConfig(max_tokens=4), speculative=False
+        ).tokens  # still open
     finally:
         engine.close()
 
@@ -129,8 +169,9 @@ def test_suffix_decoding_and_the_chain_with_the_draft_model_run_on_the_loaded_dr
 
         monkeypatch.setattr(loading, "load_backend", no_second_model)
         monkeypatch.setattr("engine.api.load_backend", no_second_model)
-        result = run_autotune(engine.config, COPY_PROMPTS[:1], AutotuneSettings(max_tokens=16, warmup=False),
-                              engine=engine)  # fmt: skip
+        result = run_autotune(
+            engine.config, COPY_PROMPTS[:1], AutotuneSettings(max_tokens=16, warmup=False), engine=engine
+        )
         tried = {r.candidate.drafter for r in result.ranked}
         assert {"suffix", "suffix+model", "model", "ngram"} <= tried
         chain = next(r for r in result.ranked if r.candidate.drafter == "suffix+model")
@@ -146,8 +187,9 @@ def test_a_candidates_speedup_is_the_geometric_mean_over_prompts_as_the_benchmar
     from engine.bench.autotune import _score
 
     def run(tps):
-        return SimpleNamespace(tokens=[1], stats=SimpleNamespace(tokens_per_s=tps, accepted=1, tested=1, drafted=2,
-                                                                 tokens=2, steps=1))  # fmt: skip
+        return SimpleNamespace(
+            tokens=[1], stats=SimpleNamespace(tokens_per_s=tps, accepted=1, tested=1, drafted=2, tokens=2, steps=1)
+        )
 
     vanilla = [run(10.0), run(10.0), run(10.0)]
     scored = _score(Candidate("ngram", 4), [run(40.0), run(10.0), run(10.0)], vanilla)
@@ -173,8 +215,7 @@ def test_cancel_stops_auto_tune_between_two_generations():
 def test_the_cli_prints_the_ranked_table(tmp_path, capsys):
     prompts = tmp_path / "copy.jsonl"
     prompts.write_text(json.dumps({"id": "copy", "kind": "reuse", "messages": list(COPY_PROMPTS[1].messages)}))
-    assert main(["bench", "--autotune", "--prompts", str(prompts), "--max-tokens", "16", "--threads", "1"
-                 ]) == 0  # fmt: skip
+    assert main(["bench", "--autotune", "--prompts", str(prompts), "--max-tokens", "16", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "Auto-tune: 1 prompts" in out and "ngram" in out and "Best:" in out
 
@@ -187,7 +228,8 @@ def test_every_candidate_run_reads_its_prompt_cold_so_greedy_replies_match_plain
     from engine.bench.prompts import default_prompts_path, load_prompts
 
     prompts = load_prompts(default_prompts_path())
-    result = run_autotune(CONFIG, prompts, AutotuneSettings(max_tokens=24, warmup=False),
-                          candidates=(Candidate("ngram", "auto"),))  # fmt: skip
+    result = run_autotune(
+        CONFIG, prompts, AutotuneSettings(max_tokens=24, warmup=False), candidates=(Candidate("ngram", "auto"),)
+    )
     ngram = next(r for r in result.ranked if r.candidate != PLAIN)
     assert ngram.identical == ngram.prompts == 24, "a greedy reply differed from plain decoding's"

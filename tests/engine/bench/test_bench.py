@@ -10,18 +10,35 @@ import threading
 import pytest
 
 from engine import ConfigError, EngineConfig
-from engine.bench import (BenchmarkCancelled, BenchSettings, PromptFileError, default_prompts_path, format_text,
-                          load_prompts, parse_prompts, run_benchmark, to_json)  # fmt: skip
+from engine.api import Engine
+from engine.bench import (
+    BenchmarkCancelled,
+    BenchSettings,
+    PromptFileError,
+    default_prompts_path,
+    format_text,
+    load_prompts,
+    parse_prompts,
+    run_benchmark,
+    to_json,
+)
 from engine.bench.peers import PeerOutput, PeerSpec, default_peers, run_peers
 from engine.bench.prompts import BenchPrompt
-from engine.bench.results import (SPECULATIVE, VANILLA, FloorCheck, MemoryCheck, RunRecord, geometric_mean,
-                                  memory_check, summarize)  # fmt: skip
+from engine.bench.results import (
+    SPECULATIVE,
+    VANILLA,
+    FloorCheck,
+    MemoryCheck,
+    RunRecord,
+    geometric_mean,
+    memory_check,
+    summarize,
+)
 from engine.bench.system import copy_bandwidth, floor_s_per_token, peak_rss_bytes, reset_peak_rss
 from engine.cli.main import build_parser, main
 from engine.core.draft_length import CostModel
 from engine.core.sampling import SamplingConfig
 from engine.drafters.ngram import NgramDrafter
-from engine.api import Engine
 
 USER = {"role": "user", "content": "Hello"}
 
@@ -53,15 +70,19 @@ def test_a_bad_json_line_is_named_by_its_number(tmp_path):
     [
         ({"id": "a", "messages": [USER]}, r"line 1: missing 'kind'"),
         ({"kind": "k"}, r"line 1: missing 'id', 'messages'"),
-        ({"id": "a", "kind": "k", "messages": [{"role": "robot", "content": "hi"}]},
-         r"line 1: message 1 has the unknown role 'robot'; use system, user, assistant"),
+        (
+            {"id": "a", "kind": "k", "messages": [{"role": "robot", "content": "hi"}]},
+            r"line 1: message 1 has the unknown role 'robot'; use system, user, assistant",
+        ),
         ({"id": "a", "kind": "k", "messages": []}, r"line 1: 'messages' must be a non-empty list"),
         ({"id": "a", "kind": "k", "messages": [{"role": "user"}]}, r'line 1: message 1 must be \{"role"'),
         ({"id": "a", "kind": "", "messages": [USER]}, r"line 1: 'kind' must be a non-empty string"),
-        ({"id": "a", "kind": "k", "messages": [USER, {"role": "assistant", "content": "x"}]},
-         r"line 1: the last message is the assistant's"),
+        (
+            {"id": "a", "kind": "k", "messages": [USER, {"role": "assistant", "content": "x"}]},
+            r"line 1: the last message is the assistant's",
+        ),
     ],
-)  # fmt: skip
+)
 def test_invalid_prompts_get_a_clear_error_with_the_line_number(record, message):
     with pytest.raises(PromptFileError, match=message):
         parse_prompts(line(**record), "p.jsonl")
@@ -85,11 +106,42 @@ def test_duplicate_ids_empty_files_and_unknown_kinds_are_refused(tmp_path):
 # -- aggregation ---------------------------------------------------------------------------
 
 
-def record(pid, kind, mode, repeat, tokens, wall_s, *, steps=None, accepted=0, tested=0, predicted=1.0,
-           identical=None, peak=None, divergence=None, drafted=None) -> RunRecord:  # fmt: skip
+def record(
+    pid,
+    kind,
+    mode,
+    repeat,
+    tokens,
+    wall_s,
+    *,
+    steps=None,
+    accepted=0,
+    tested=0,
+    predicted=1.0,
+    identical=None,
+    peak=None,
+    divergence=None,
+    drafted=None,
+) -> RunRecord:
     drafted = tested if drafted is None else drafted
-    return RunRecord(pid, kind, mode, repeat, tokens, wall_s, 0.01, steps or tokens, drafted, accepted, tested,
-                     predicted, "length", peak, identical, divergence)  # fmt: skip
+    return RunRecord(
+        pid,
+        kind,
+        mode,
+        repeat,
+        tokens,
+        wall_s,
+        0.01,
+        steps or tokens,
+        drafted,
+        accepted,
+        tested,
+        predicted,
+        "length",
+        peak,
+        identical,
+        divergence,
+    )
 
 
 def hand_made_runs() -> list[RunRecord]:
@@ -97,18 +149,45 @@ def hand_made_runs() -> list[RunRecord]:
     # "copy": vanilla 100, 80, 120 tok/s (median 100); speculative 200, 150, 250 (median 200).
     for r, (v, s) in enumerate([(100, 200), (80, 150), (120, 250)]):
         runs.append(record("copy", "reuse", VANILLA, r, 100, 100 / v, peak=1000))
-        runs.append(record("copy", "reuse", SPECULATIVE, r, 100, 100 / s, steps=40, accepted=60, tested=80,
-                           predicted=2.5, identical=True, peak=1050))  # fmt: skip
+        runs.append(
+            record(
+                "copy",
+                "reuse",
+                SPECULATIVE,
+                r,
+                100,
+                100 / s,
+                steps=40,
+                accepted=60,
+                tested=80,
+                predicted=2.5,
+                identical=True,
+                peak=1050,
+            )
+        )
     # "edit": vanilla 100 (median), speculative 50: speedup 0.5; one repeat differs.
     for r, (v, s) in enumerate([(100, 50), (90, 40), (110, 60)]):
         runs.append(record("edit", "reuse", VANILLA, r, 50, 50 / v, peak=1200))
-        runs.append(record("edit", "reuse", SPECULATIVE, r, 50, 50 / s, steps=50, accepted=0, tested=20,
-                           predicted=0.5, identical=r != 1, peak=1100,
-                           divergence={"index": 7, "explained": True} if r == 1 else None))  # fmt: skip
+        runs.append(
+            record(
+                "edit",
+                "reuse",
+                SPECULATIVE,
+                r,
+                50,
+                50 / s,
+                steps=50,
+                accepted=0,
+                tested=20,
+                predicted=0.5,
+                identical=r != 1,
+                peak=1100,
+                divergence={"index": 7, "explained": True} if r == 1 else None,
+            )
+        )
     # "story" (open): vanilla 90, speculative 99.
     runs.append(record("story", "open", VANILLA, 0, 10, 10 / 90))
-    runs.append(record("story", "open", SPECULATIVE, 0, 10, 10 / 99, steps=10, tested=5, predicted=1.0,
-                       identical=True))  # fmt: skip
+    runs.append(record("story", "open", SPECULATIVE, 0, 10, 10 / 99, steps=10, tested=5, predicted=1.0, identical=True))
     return runs
 
 
@@ -175,8 +254,7 @@ def test_the_memory_allowance_counts_a_draft_models_weights_and_full_cache(one_t
 
     draft = LlamaCppBackend(make_tiny_gguf(str(tmp_path / "tiny.gguf")), n_ctx=512, n_threads=1)
     try:
-        engine = Engine(one_thread_llama, ModelDrafter(draft, one_thread_llama.vocab_size), EngineConfig(),
-                        CostModel())  # fmt: skip
+        engine = Engine(one_thread_llama, ModelDrafter(draft, one_thread_llama.vocab_size), EngineConfig(), CostModel())
         # 2 layers x 2 kv heads x head dim 16 x 512 tokens x (keys + values) x 2 bytes (float16)
         assert draft_memory_bytes(engine) == draft.info.weight_bytes + 2 * 2 * 16 * 512 * 2 * 2
         engine.drafter = NgramDrafter()
@@ -210,8 +288,11 @@ def test_a_peer_that_raises_is_a_failure_row_not_a_missing_one():
     def cannot_load():
         raise OSError("no such library: libllama.so")
 
-    specs = [PeerSpec("echo", VANILLA, lambda: EchoPeer(" same ")), PeerSpec("flaky", SPECULATIVE, lambda: flaky),
-             PeerSpec("missing", VANILLA, cannot_load)]  # fmt: skip
+    specs = [
+        PeerSpec("echo", VANILLA, lambda: EchoPeer(" same ")),
+        PeerSpec("flaky", SPECULATIVE, lambda: flaky),
+        PeerSpec("missing", VANILLA, cannot_load),
+    ]
     echo, failed_run, failed_load = run_peers(specs, prompts, ids, reference, max_tokens=8, repeat=2)
     assert echo.ok and echo.tokens_per_s == pytest.approx(8.0)
     assert [p.identical for p in echo.prompts] == [True, False]  # compared by text when there are no ids
@@ -226,15 +307,19 @@ def test_the_transformers_peers_run_on_the_torch_backends_models(tmp_path):
 
     target = make_tiny_llama(tmp_path / "target", seed=0, n_layers=2)
     draft = make_tiny_llama(tmp_path / "draft", seed=1, n_layers=1)
-    engine = Engine.load(EngineConfig(target=target, dtype="float32", k=3, measure_costs=False).with_drafter("model", draft=draft))
+    engine = Engine.load(
+        EngineConfig(target=target, dtype="float32", k=3, measure_costs=False).with_drafter("model", draft=draft)
+    )
     try:
         prompt = BenchPrompt("copy", "reuse", ({"role": "user", "content": "Copy: the cat sat on the mat."},))
         ids = engine.prompt_ids(list(prompt.messages))
         ours = engine.generate(ids, SamplingConfig(max_tokens=8), speculative=False)
         specs = default_peers(engine)
         assert [(s.name, s.mode) for s in specs] == [
-            ("transformers generate", VANILLA), ("transformers prompt lookup (10)", SPECULATIVE),
-            ("transformers assistant model", SPECULATIVE)]  # fmt: skip
+            ("transformers generate", VANILLA),
+            ("transformers prompt lookup (10)", SPECULATIVE),
+            ("transformers assistant model", SPECULATIVE),
+        ]
         results = run_peers(specs, (prompt,), {"copy": ids}, {"copy": (ours.text, ours.tokens)}, 8, 1, warmup=0)
     finally:
         engine.close()
@@ -283,8 +368,14 @@ def test_a_real_short_run_reports_both_modes_identity_and_peers(one_thread_llama
 
     peers = [*default_peers(engine), PeerSpec("broken peer", VANILLA, broken)]
     progress = []
-    report = run_benchmark(engine.config, two_prompts, BenchSettings(max_tokens=16, repeat=1), engine=engine,
-                           peers=peers, progress=lambda m, f: progress.append(f))  # fmt: skip
+    report = run_benchmark(
+        engine.config,
+        two_prompts,
+        BenchSettings(max_tokens=16, repeat=1),
+        engine=engine,
+        peers=peers,
+        progress=lambda m, f: progress.append(f),
+    )
 
     assert [p.id for p in report.prompts] == [two_prompts[0].id, two_prompts[1].id]
     assert [k.name for k in report.kinds] == ["reuse", "open"]
@@ -301,8 +392,13 @@ def test_a_real_short_run_reports_both_modes_identity_and_peers(one_thread_llama
     chat, lookup, *servers, broken_row = report.peers
     assert chat.ok and lookup.ok, (chat.error, lookup.error)
     # llama-server beside ours (README's install command builds it): plain, then each n-gram type.
-    assert [p.name for p in servers] == ["llama-server", "llama-server ngram-simple", "llama-server ngram-map-k",
-                                         "llama-server ngram-mod", "llama-server ngram-cache"]  # fmt: skip
+    assert [p.name for p in servers] == [
+        "llama-server",
+        "llama-server ngram-simple",
+        "llama-server ngram-map-k",
+        "llama-server ngram-mod",
+        "llama-server ngram-cache",
+    ]
     assert all(p.ok and p.tokens_per_s > 0 for p in servers), [p.error for p in servers]
     assert [p.mode for p in servers] == [VANILLA] + [SPECULATIVE] * 4
     assert chat.tokens_per_s > 0 and all(p.tokens == 16 and isinstance(p.identical, bool) for p in chat.prompts)
@@ -331,8 +427,13 @@ def test_cancel_before_the_runs_raises_cancelled(one_thread_llama, two_prompts):
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(BenchmarkCancelled):
-        run_benchmark(engine.config, two_prompts, BenchSettings(max_tokens=4, repeat=1,
-                      measure_bandwidth=False), engine=engine, cancel=cancel)  # fmt: skip
+        run_benchmark(
+            engine.config,
+            two_prompts,
+            BenchSettings(max_tokens=4, repeat=1, measure_bandwidth=False),
+            engine=engine,
+            cancel=cancel,
+        )
 
 
 # -- the command line ----------------------------------------------------------------------
@@ -340,11 +441,37 @@ def test_cancel_before_the_runs_raises_cancelled(one_thread_llama, two_prompts):
 
 def test_the_bench_command_parses_the_issue_options():
     args = build_parser().parse_args(
-        ["bench", "--prompts", "p.jsonl", "--target", "m.gguf", "--drafter", "ngram", "--backend", "llama.cpp",
-         "--k", "4", "--max-tokens", "32", "--repeat", "2", "--json", "out.json", "--peers", "--kinds", "reuse"]
-    )  # fmt: skip
-    assert (args.command, args.k, args.max_tokens, args.repeat, args.peers, args.kinds) == \
-        ("bench", "4", 32, 2, True, "reuse")  # fmt: skip
+        [
+            "bench",
+            "--prompts",
+            "p.jsonl",
+            "--target",
+            "m.gguf",
+            "--drafter",
+            "ngram",
+            "--backend",
+            "llama.cpp",
+            "--k",
+            "4",
+            "--max-tokens",
+            "32",
+            "--repeat",
+            "2",
+            "--json",
+            "out.json",
+            "--peers",
+            "--kinds",
+            "reuse",
+        ]
+    )
+    assert (args.command, args.k, args.max_tokens, args.repeat, args.peers, args.kinds) == (
+        "bench",
+        "4",
+        32,
+        2,
+        True,
+        "reuse",
+    )
     assert str(args.json) == "out.json" and args.drafter == "ngram" and args.draft is None
 
 
@@ -357,8 +484,10 @@ def test_the_bench_command_reports_a_bad_prompts_file_in_one_line(tmp_path, caps
 
 def test_both_acceptance_rates_are_reported_by_their_names():
     """a = accepted / tested (the formula's); drafts accepted = accepted / drafted (vLLM's, llama.cpp's)."""
-    runs = [record("copy", "reuse", VANILLA, 0, 100, 1.0),
-            record("copy", "reuse", SPECULATIVE, 0, 100, 0.5, steps=40, accepted=60, tested=80, drafted=120)]
+    runs = [
+        record("copy", "reuse", VANILLA, 0, 100, 1.0),
+        record("copy", "reuse", SPECULATIVE, 0, 100, 0.5, steps=40, accepted=60, tested=80, drafted=120),
+    ]
     [copy], [reuse], _ = summarize(runs)
 
     assert copy.acceptance == pytest.approx(60 / 80) and copy.draft_acceptance == pytest.approx(60 / 120)
@@ -372,8 +501,9 @@ def test_a_benchmarks_repeats_do_not_draft_from_each_others_replies(one_thread_l
     config = EngineConfig(drafter="suffix", k=4, measure_costs=False, threads=1)
     drafter = SuffixDrafter(trees=False)
     engine = Engine(one_thread_llama, drafter, config, CostModel())
-    report = run_benchmark(engine.config, two_prompts[1:], BenchSettings(max_tokens=24, repeat=2, warmup=1),
-                           engine=engine)  # fmt: skip
+    report = run_benchmark(
+        engine.config, two_prompts[1:], BenchSettings(max_tokens=24, repeat=2, warmup=1), engine=engine
+    )
     first, second = [r for r in report.runs if r.mode == SPECULATIVE]
     assert first.token_ids == second.token_ids  # greedy: the same reply twice
     assert (second.drafted, second.accepted) == (first.drafted, first.accepted)  # drafted as if for the first time

@@ -7,14 +7,24 @@ import json
 import pytest
 
 from engine import ConfigError, EngineConfig
-from engine.bench import (AutotuneSettings, BenchSettings, Candidate, PromptFileError, count_prompts,
-                          default_prompts_path, format_text, load_prompts, parse_prompts, run_autotune,
-                          run_benchmark)  # fmt: skip
+from engine.api import Engine
+from engine.bench import (
+    AutotuneSettings,
+    BenchSettings,
+    Candidate,
+    PromptFileError,
+    count_prompts,
+    default_prompts_path,
+    format_text,
+    load_prompts,
+    parse_prompts,
+    run_autotune,
+    run_benchmark,
+)
 from engine.bench.prompts import BenchPrompt
 from engine.bench.results import SPECULATIVE, VANILLA
 from engine.core.draft_length import CostModel
 from engine.drafters.ngram import NgramDrafter
-from engine.api import Engine
 
 FIRST = {"role": "user", "content": "Write a haiku about tea."}
 AGAIN = {"role": "user", "content": "Write it again, word for word."}
@@ -22,15 +32,19 @@ THIRD = {"role": "user", "content": "Once more, the same."}
 
 
 def test_a_conversations_turns_follow_the_replies_before_them():
-    (talk,) = parse_prompts(json.dumps({"id": "tea", "kind": "multi-turn", "messages": [FIRST],
-                                        "follow_ups": [AGAIN, THIRD]}))  # fmt: skip
+    (talk,) = parse_prompts(
+        json.dumps({"id": "tea", "kind": "multi-turn", "messages": [FIRST], "follow_ups": [AGAIN, THIRD]})
+    )
     assert talk.turns == 3 and talk.follow_ups == (AGAIN, THIRD)
     assert talk.turn(0, []) == BenchPrompt("tea/1", "multi-turn", (FIRST,))
     third = talk.turn(2, ["Leaves steep.", "Leaves steep again."])
     assert third.id == "tea/3" and third.messages == (
-        FIRST, {"role": "assistant", "content": "Leaves steep."}, AGAIN,
-        {"role": "assistant", "content": "Leaves steep again."}, THIRD,
-    )  # fmt: skip
+        FIRST,
+        {"role": "assistant", "content": "Leaves steep."},
+        AGAIN,
+        {"role": "assistant", "content": "Leaves steep again."},
+        THIRD,
+    )
     assert BenchPrompt.from_dict(json.loads(json.dumps(talk.to_dict()))) == talk
     single = BenchPrompt("hi", "open", (FIRST,))
     assert single.turns == 1 and single.turn(0, []) is single and "follow_ups" not in single.to_dict()
@@ -52,8 +66,13 @@ def test_bad_follow_ups_are_refused_with_the_line_number(follow_ups, message):
 
 
 def test_a_prompt_named_like_a_conversations_turn_is_refused():
-    text = "\n".join(json.dumps(r) for r in ({"id": "tea", "kind": "k", "messages": [FIRST], "follow_ups": [AGAIN]},
-                                              {"id": "tea/2", "kind": "k", "messages": [FIRST]}))  # fmt: skip
+    text = "\n".join(
+        json.dumps(r)
+        for r in (
+            {"id": "tea", "kind": "k", "messages": [FIRST], "follow_ups": [AGAIN]},
+            {"id": "tea/2", "kind": "k", "messages": [FIRST]},
+        )
+    )
     with pytest.raises(PromptFileError, match=r"line 2: the report row 'tea/2' would also be line 1's"):
         parse_prompts(text, "p.jsonl")
 
@@ -87,11 +106,21 @@ def test_the_benchmark_runs_each_conversation_turn_by_turn(llama, conversations,
     engine = Engine(llama, NgramDrafter(), EngineConfig(k=4, measure_costs=False, threads=1), CostModel())
     forgotten = []
     monkeypatch.setattr(engine.drafter, "forget", lambda: forgotten.append(True))
-    report = run_benchmark(engine.config, conversations, BenchSettings(max_tokens=40, repeat=2, warmup=0,
-                           measure_bandwidth=False), engine=engine)  # fmt: skip
+    report = run_benchmark(
+        engine.config,
+        conversations,
+        BenchSettings(max_tokens=40, repeat=2, warmup=0, measure_bandwidth=False),
+        engine=engine,
+    )
 
-    assert [p.id for p in report.prompts] == ["code-edit/1", "code-edit/2", "code-edit/3",
-                                              "revise-email/1", "revise-email/2", "revise-email/3"]  # fmt: skip
+    assert [p.id for p in report.prompts] == [
+        "code-edit/1",
+        "code-edit/2",
+        "code-edit/3",
+        "revise-email/1",
+        "revise-email/2",
+        "revise-email/3",
+    ]
     assert [k.name for k in report.kinds] == ["multi-turn"] and report.settings["prompts"] == 6
     assert all(p.identical for p in report.prompts)  # lossless at every turn
     # The drafter forgets at each conversation's start only: later turns may draft from earlier ones.
@@ -112,15 +141,28 @@ def test_a_conversation_too_long_for_the_context_is_refused_before_anything_runs
     talk = BenchPrompt("long", "multi-turn", (FIRST,), (long, long))
     engine = Engine(llama, NgramDrafter(), EngineConfig(k=4, measure_costs=False, threads=1), CostModel())
     progress = []
-    with pytest.raises(ConfigError, match=r"Conversation 'long' needs up to \d+ tokens of context by its turn 3 .* "
-                                          r"the context holds 2048: load the model with a larger context"):  # fmt: skip
-        run_benchmark(engine.config, (talk,), BenchSettings(max_tokens=128, repeat=1), engine=engine,
-                      progress=lambda message, fraction: progress.append(message))  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"Conversation 'long' needs up to \d+ tokens of context by its turn 3 .* "
+        r"the context holds 2048: load the model with a larger context",
+    ):
+        run_benchmark(
+            engine.config,
+            (talk,),
+            BenchSettings(max_tokens=128, repeat=1),
+            engine=engine,
+            progress=lambda message, fraction: progress.append(message),
+        )
     assert not any(message.startswith("Repeat") for message in progress)
 
 
 def test_auto_tune_scores_every_turn(llama, conversations):
     engine = Engine(llama, NgramDrafter(), EngineConfig(k=4, measure_costs=False, threads=1), CostModel())
-    result = run_autotune(engine.config, conversations[1:], AutotuneSettings(max_tokens=24, warmup=False),
-                          engine=engine, candidates=(Candidate("ngram", 4),))  # fmt: skip
+    result = run_autotune(
+        engine.config,
+        conversations[1:],
+        AutotuneSettings(max_tokens=24, warmup=False),
+        engine=engine,
+        candidates=(Candidate("ngram", 4),),
+    )
     assert result.prompts == 3 and all(r.prompts == 3 and r.identical == 3 for r in result.ranked)

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "docs" / "gpu"))
 
 import bench_gpu  # noqa: E402
+
 from engine import EngineConfig  # noqa: E402
 
 
@@ -26,10 +27,21 @@ def test_the_smoke_run_prints_every_row_measured(tmp_path):
     out = tmp_path / "cells.json"
     env = dict(os.environ, OUT=str(out), PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     done = subprocess.run(
-        ["bash", str(ROOT / "docs" / "gpu" / "bench.sh"), "--smoke", "--work", str(tmp_path / "work"),
-         "--tokenizer", str(tokenizer_dir())],
-        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            "bash",
+            str(ROOT / "docs" / "gpu" / "bench.sh"),
+            "--smoke",
+            "--work",
+            str(tmp_path / "work"),
+            "--tokenizer",
+            str(tokenizer_dir()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     table = parse(done.stdout)
     expected = bench_gpu.row_keys(bench_gpu.SMOKE)
@@ -50,8 +62,12 @@ def test_a_run_stopped_from_outside_still_gives_its_table(tmp_path):
     table = bench_gpu.Table(bench_gpu.SMOKE, tmp_path / "cells.json", {"device": "cpu"})
     first = bench_gpu.row_keys(bench_gpu.SMOKE)[1]
     table.put(first, bench_gpu.EAGER, "1.23 (4.0x the 0.300 ms floor)")
-    printed = subprocess.run([sys.executable, str(ROOT / "docs" / "gpu" / "bench_gpu.py"), "--table",
-                              str(tmp_path / "cells.json")], capture_output=True, text=True, check=True).stdout
+    printed = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "gpu" / "bench_gpu.py"), "--table", str(tmp_path / "cells.json")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     table = parse(printed)
     assert list(table) == bench_gpu.row_keys(bench_gpu.SMOKE)
     assert table[first] == ["1.23 (4.0x the 0.300 ms floor)", "not run"]

@@ -13,14 +13,25 @@ import pytest
 
 from engine import EngineConfig
 from engine.api import Engine
-from engine.bench import (AutotuneResult, AutotuneSettings, BenchPrompt, BenchReport, BenchSettings, Candidate,
-                          default_prompts_path, load_prompts, progress_from_dict, progress_to_dict, run_autotune,
-                          run_benchmark, to_json)  # fmt: skip
+from engine.bench import (
+    AutotuneResult,
+    AutotuneSettings,
+    BenchPrompt,
+    BenchReport,
+    BenchSettings,
+    Candidate,
+    default_prompts_path,
+    load_prompts,
+    progress_from_dict,
+    progress_to_dict,
+    run_autotune,
+    run_benchmark,
+    to_json,
+)
 from engine.bench.peers import PeerOutput, PeerSpec
 from engine.bench.results import SPECULATIVE, VANILLA, PromptSummary, RunRecord
 from engine.core.draft_length import CostModel
 from engine.drafters.ngram import NgramDrafter
-
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -64,18 +75,29 @@ def bench(engine, prompts):
     """A real short benchmark (both kinds, the bandwidth floor, a peer that runs and one that fails), its progress."""
     progress = []
     peers = [PeerSpec("echo", SPECULATIVE, EchoPeer), PeerSpec("broken", VANILLA, broken)]
-    report = run_benchmark(engine.config, prompts, BenchSettings(max_tokens=12, repeat=1, warmup=0), engine=engine,
-                           peers=peers, progress=lambda message, fraction: progress.append((message, fraction)),
-                           prompts_source=str(default_prompts_path()))  # fmt: skip
+    report = run_benchmark(
+        engine.config,
+        prompts,
+        BenchSettings(max_tokens=12, repeat=1, warmup=0),
+        engine=engine,
+        peers=peers,
+        progress=lambda message, fraction: progress.append((message, fraction)),
+        prompts_source=str(default_prompts_path()),
+    )
     return report, progress
 
 
 @pytest.fixture(scope="module")
 def tuned(engine, prompts):
     progress = []
-    result = run_autotune(engine.config, prompts[:1], AutotuneSettings(max_tokens=8, warmup=False), engine=engine,
-                          candidates=(Candidate("ngram", 2), Candidate("ngram", "auto")),
-                          progress=lambda message, fraction: progress.append((message, fraction)))  # fmt: skip
+    result = run_autotune(
+        engine.config,
+        prompts[:1],
+        AutotuneSettings(max_tokens=8, warmup=False),
+        engine=engine,
+        candidates=(Candidate("ngram", 2), Candidate("ngram", "auto")),
+        progress=lambda message, fraction: progress.append((message, fraction)),
+    )
     return result, progress
 
 
@@ -101,11 +123,30 @@ def test_an_exported_report_file_reads_back_as_the_same_report(bench):
 
 def test_a_divergence_and_missing_measurements_travel_too():
     divergence = {"index": 3, "speculative_token": 17, "vanilla_token": 42, "explained": True, "reason": "rounding"}
-    run = RunRecord("p", "open", SPECULATIVE, 0, 5, 0.5, 0.1, 3, 4, 2, 4, 1.4, "length", None, False, divergence,
-                    "text", (1, 2, 3, 4, 5))  # fmt: skip
+    run = RunRecord(
+        "p",
+        "open",
+        SPECULATIVE,
+        0,
+        5,
+        0.5,
+        0.1,
+        3,
+        4,
+        2,
+        4,
+        1.4,
+        "length",
+        None,
+        False,
+        divergence,
+        "text",
+        (1, 2, 3, 4, 5),
+    )
     assert RunRecord.from_dict(through_json(run.to_dict())) == run
-    summary = PromptSummary("p", "open", 1, 5, 10.0, 12.5, 1.25, float("inf"), 2, 4, 4, 5, 3, False, divergence,
-                            "a", "b")  # fmt: skip
+    summary = PromptSummary(
+        "p", "open", 1, 5, 10.0, 12.5, 1.25, float("inf"), 2, 4, 4, 5, 3, False, divergence, "a", "b"
+    )
     assert PromptSummary.from_dict(through_json(summary.to_dict())) == summary
 
 
@@ -116,8 +157,10 @@ def test_benchmark_progress_comes_back_as_the_same_calls(bench):
 
 
 def test_settings_and_prompts_come_back_equal(prompts):
-    for settings in (BenchSettings(), BenchSettings(max_tokens=7, repeat=1, warmup=0, peers=True,
-                                                    measure_bandwidth=False)):  # fmt: skip
+    for settings in (
+        BenchSettings(),
+        BenchSettings(max_tokens=7, repeat=1, warmup=0, peers=True, measure_bandwidth=False),
+    ):
         assert BenchSettings.from_dict(through_json(settings.to_dict())) == settings
     for settings in (AutotuneSettings(), AutotuneSettings(max_tokens=9, warmup=False)):
         assert AutotuneSettings.from_dict(through_json(settings.to_dict())) == settings
@@ -142,10 +185,26 @@ def test_a_real_autotune_result_comes_back_equal_through_json(tuned):
 
 
 # Every name app/bench imports from `engine`, and the wire forms it will rebuild records with.
-APP_NAMES = ("AutotuneResult", "AutotuneSettings", "BenchmarkCancelled", "BenchPrompt", "BenchReport", "BenchSettings",
-             "Candidate", "EngineConfig", "SpecDeckError", "default_prompts_path", "load_prompts", "write_json",
-             "EFFICIENCY_LIMIT", "SPECULATIVE", "VANILLA", "format_autotune", "bench_progress_from_dict",
-             "bench_progress_to_dict")  # fmt: skip
+APP_NAMES = (
+    "AutotuneResult",
+    "AutotuneSettings",
+    "BenchmarkCancelled",
+    "BenchPrompt",
+    "BenchReport",
+    "BenchSettings",
+    "Candidate",
+    "EngineConfig",
+    "SpecDeckError",
+    "default_prompts_path",
+    "load_prompts",
+    "write_json",
+    "EFFICIENCY_LIMIT",
+    "SPECULATIVE",
+    "VANILLA",
+    "format_autotune",
+    "bench_progress_from_dict",
+    "bench_progress_to_dict",
+)
 
 
 def test_the_app_holds_benchmark_records_without_loading_torch(bench, tuned, tmp_path):
@@ -165,8 +224,7 @@ def test_the_app_holds_benchmark_records_without_loading_torch(bench, tuned, tmp
         print(json.dumps({{"heavy": [m for m in ("torch", "llama_cpp", "transformers") if m in sys.modules],
                            "prompts": len(report.prompts), "best": tuned.best.candidate.label}}))
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"heavy": [], "prompts": 2, "best": tuned[0].best.candidate.label}

@@ -24,9 +24,19 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 def test_generate_compare_json_reports_what_the_issue_lists(capsys):
     code, out, _ = run_cli(
-        capsys, "generate", "--target", "default", "--drafter", "ngram", "--prompt", README_PROMPT,
-        "--compare", "--json", "--max-tokens", "40",
-    )  # fmt: skip
+        capsys,
+        "generate",
+        "--target",
+        "default",
+        "--drafter",
+        "ngram",
+        "--prompt",
+        README_PROMPT,
+        "--compare",
+        "--json",
+        "--max-tokens",
+        "40",
+    )
     assert code == 0
     report = json.loads(out)
     assert report["text"] and report["tokens"]
@@ -95,8 +105,10 @@ def test_console_script_is_installed():
     assert exe, "specdeck-cli is not on PATH: run the install command from README.md"
     done = subprocess.run(
         [exe, "generate", "--prompt", "Hi", "--max-tokens", "4", "--json"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["stats"]["steps"] >= 1
 
@@ -117,8 +129,19 @@ def test_compile_on_runs_the_static_forward_and_says_so(capsys, tmp_path):
     capsys.readouterr()  # the factory's own progress bars
     texts = {}
     for choice in ("off", "on"):
-        code, out, err = run_cli(capsys, "generate", "--target", folder, "--compile", choice, "--prompt", "Say hello.",
-                                 "--max-tokens", "12", "--json")  # fmt: skip
+        code, out, err = run_cli(
+            capsys,
+            "generate",
+            "--target",
+            folder,
+            "--compile",
+            choice,
+            "--prompt",
+            "Say hello.",
+            "--max-tokens",
+            "12",
+            "--json",
+        )
         assert code == 0, err
         texts[choice] = json.loads(out)["text"]
         line = next(line for line in err.splitlines() if line.startswith("loading "))  # after transformers' bars

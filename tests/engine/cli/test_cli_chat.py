@@ -13,8 +13,8 @@ import subprocess
 
 import pytest
 
-from engine.cli.main import build_parser, main
 from engine.cli.chat import COLOURS, RESET, Chat, paint
+from engine.cli.main import build_parser, main
 from engine.core.events import Source
 
 ANSI = re.compile(r"\033\[[0-9;]*m")
@@ -40,22 +40,141 @@ def parsed(*argv: str) -> dict:
 @pytest.mark.parametrize(
     "short, long",
     [
-        (["generate", "-m", "t.gguf", "-md", "d.gguf", "-ngl", "99", "-c", "2048", "-n", "8", "--draft-max", "5",
-          "-p", "hi", "-t", "2", "-s", "7", "--temp", "0.7"],
-         ["generate", "--target", "t.gguf", "--draft", "d.gguf", "--gpu-layers", "99", "--n-ctx", "2048",
-          "--max-tokens", "8", "--k", "5", "--prompt", "hi", "--threads", "2", "--seed", "7", "--temperature", "0.7"]),
-        (["bench", "-m", "t.gguf", "-md", "d.gguf", "-ngl", "99", "-c", "2048", "-n", "8", "--draft-max", "5",
-          "-t", "2"],
-         ["bench", "--target", "t.gguf", "--draft", "d.gguf", "--gpu-layers", "99", "--n-ctx", "2048",
-          "--max-tokens", "8", "--k", "5", "--threads", "2"]),
-        (["chat", "-m", "t.gguf", "-md", "d.gguf", "-ngl", "99", "-c", "2048", "-n", "8", "--draft-max", "5",
-          "-t", "2", "-s", "7", "--temp", "0.7", "-sys", "Be terse."],
-         ["chat", "--target", "t.gguf", "--draft", "d.gguf", "--gpu-layers", "99", "--n-ctx", "2048",
-          "--max-tokens", "8", "--k", "5", "--threads", "2", "--seed", "7", "--temperature", "0.7",
-          "--system", "Be terse."]),
+        (
+            [
+                "generate",
+                "-m",
+                "t.gguf",
+                "-md",
+                "d.gguf",
+                "-ngl",
+                "99",
+                "-c",
+                "2048",
+                "-n",
+                "8",
+                "--draft-max",
+                "5",
+                "-p",
+                "hi",
+                "-t",
+                "2",
+                "-s",
+                "7",
+                "--temp",
+                "0.7",
+            ],
+            [
+                "generate",
+                "--target",
+                "t.gguf",
+                "--draft",
+                "d.gguf",
+                "--gpu-layers",
+                "99",
+                "--n-ctx",
+                "2048",
+                "--max-tokens",
+                "8",
+                "--k",
+                "5",
+                "--prompt",
+                "hi",
+                "--threads",
+                "2",
+                "--seed",
+                "7",
+                "--temperature",
+                "0.7",
+            ],
+        ),
+        (
+            [
+                "bench",
+                "-m",
+                "t.gguf",
+                "-md",
+                "d.gguf",
+                "-ngl",
+                "99",
+                "-c",
+                "2048",
+                "-n",
+                "8",
+                "--draft-max",
+                "5",
+                "-t",
+                "2",
+            ],
+            [
+                "bench",
+                "--target",
+                "t.gguf",
+                "--draft",
+                "d.gguf",
+                "--gpu-layers",
+                "99",
+                "--n-ctx",
+                "2048",
+                "--max-tokens",
+                "8",
+                "--k",
+                "5",
+                "--threads",
+                "2",
+            ],
+        ),
+        (
+            [
+                "chat",
+                "-m",
+                "t.gguf",
+                "-md",
+                "d.gguf",
+                "-ngl",
+                "99",
+                "-c",
+                "2048",
+                "-n",
+                "8",
+                "--draft-max",
+                "5",
+                "-t",
+                "2",
+                "-s",
+                "7",
+                "--temp",
+                "0.7",
+                "-sys",
+                "Be terse.",
+            ],
+            [
+                "chat",
+                "--target",
+                "t.gguf",
+                "--draft",
+                "d.gguf",
+                "--gpu-layers",
+                "99",
+                "--n-ctx",
+                "2048",
+                "--max-tokens",
+                "8",
+                "--k",
+                "5",
+                "--threads",
+                "2",
+                "--seed",
+                "7",
+                "--temperature",
+                "0.7",
+                "--system",
+                "Be terse.",
+            ],
+        ),
     ],
     ids=["generate", "bench", "chat"],
-)  # fmt: skip
+)
 def test_short_options_parse_to_the_same_settings_as_long_ones(short, long):
     assert parsed(*short) == parsed(*long)
 
@@ -84,8 +203,11 @@ def test_help_shows_the_short_options(capsys):
 def test_generate_reads_the_prompt_from_standard_input(capsys):
     done = subprocess.run(
         [cli(), "generate", "-m", "default", "-n", "4", "--threads", "1", "--drafter", "ngram", "--json"],
-        input="Say hello.\n", capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        input="Say hello.\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     piped = json.loads(done.stdout)
     assert main(["generate", "-p", "Say hello.", "-n", "4", "--threads", "1", "--json"]) == 0
@@ -115,21 +237,30 @@ def test_chat_answers_then_prints_stats_and_compare_without_colours_on_a_pipe():
     lines = "Say hi\n/stats\n/compare\n/quit\n"
     done = subprocess.run(
         [cli(), "chat", "-m", "default", "-n", "8", "--threads", "1", "--drafter", "ngram"],
-        input=lines, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert not ANSI.search(out) and not ANSI.search(done.stderr)
     reply = out.splitlines()[0]
     assert reply.strip() and not reply.startswith("tokens/s")
-    labels = ("tokens/s: ", "draft acceptance: ", "mean acceptance length: ", "per-token acceptance a: ",
-              "predicted speedup: ")  # engine/figures.py's names, in its order
+    labels = (
+        "tokens/s: ",
+        "draft acceptance: ",
+        "mean acceptance length: ",
+        "per-token acceptance a: ",
+        "predicted speedup: ",
+    )  # engine/figures.py's names, in its order
     for label in labels:
         assert re.search(rf"^{label}(\d|nothing drafted)", out, re.MULTILINE), label
     assert [out.index(f"\n{label}") for label in labels] == sorted(out.index(f"\n{label}") for label in labels)
     assert re.search(r"^speculative: 8 tokens at \d+\.\d tok/s$", out, re.MULTILINE), out
-    assert re.search(r"^vanilla: 8 tokens at \d+\.\d tok/s -> decoding speedup \d+\.\d\dx; outputs identical$", out,
-                     re.MULTILINE), out  # fmt: skip
+    assert re.search(
+        r"^vanilla: 8 tokens at \d+\.\d tok/s -> decoding speedup \d+\.\d\dx; outputs identical$", out, re.MULTILINE
+    ), out
     assert "/help lists the commands" in done.stderr
 
 
@@ -139,8 +270,11 @@ def test_chat_on_a_terminal_colours_tokens():
     env = {**{k: v for k, v in os.environ.items() if k != "NO_COLOR"}, "TERM": "xterm-256color"}
     child = subprocess.Popen(
         [cli(), "chat", "-m", "default", "-n", "12", "--threads", "1", "--draft-max", "4"],  # k fixed: it drafts
-        stdin=subprocess.PIPE, stdout=follower, stderr=subprocess.PIPE, env=env,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     os.close(follower)
     child.stdin.write(f"{COPY_PROMPT}\n/quit\n".encode())
     child.stdin.close()
@@ -170,8 +304,9 @@ def test_chat_on_a_terminal_colours_tokens():
 def engine():
     from engine.api import Engine, EngineConfig
 
-    engine = Engine.load(EngineConfig(target="default", drafter="ngram", threads=1, n_ctx=256, k=4,
-                                      measure_costs=False))  # fmt: skip
+    engine = Engine.load(
+        EngineConfig(target="default", drafter="ngram", threads=1, n_ctx=256, k=4, measure_costs=False)
+    )
     yield engine
     engine.close()
 
@@ -247,8 +382,11 @@ def test_a_reply_cut_by_the_context_window_says_reset(engine):
 def test_ctrl_c_at_the_prompt_exits_130():
     child = subprocess.Popen(
         [cli(), "chat", "-m", "default", "-n", "4", "--threads", "1"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         seen = ""
         while "/help lists the commands" not in seen:  # then it waits for a line

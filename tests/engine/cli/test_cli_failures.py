@@ -122,8 +122,23 @@ def test_ctrl_c_during_bench_and_train_heads_setup(tmp_path):
         code, _, err = interrupt(bench, at, tmp_path)
         assert_cancelled_cleanly(code, err, f"bench, {at}")
     for n, at in enumerate((TORCH, TORCH_LATER)):
-        train = ["train-heads", "--target", "default", "--data", "builtin", "--out", str(tmp_path / f"heads{n}"),
-                 "--steps", "2", "--cache-tokens", "256", "--seq-len", "32", "--batch-size", "2"]  # fmt: skip
+        train = [
+            "train-heads",
+            "--target",
+            "default",
+            "--data",
+            "builtin",
+            "--out",
+            str(tmp_path / f"heads{n}"),
+            "--steps",
+            "2",
+            "--cache-tokens",
+            "256",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "2",
+        ]
         code, _, err = interrupt(train, at, tmp_path)
         # Still importing: "cancelled". Already training: it stops after the step, keeps a checkpoint
         # and says "cancelled at step ..."; either way status 130 and no traceback.
@@ -143,9 +158,20 @@ TINY = ("--target", "default", "--threads", "1")
 def test_a_small_context_window_loads_and_generates(capsys, n_ctx):
     """The verify-cost measurement at load used to need 65 tokens of room."""
     code, out, err = run_cli(
-        capsys, "generate", *TINY, "--n-ctx", str(n_ctx), "--raw", "--prompt", "Once upon a time",
-        "--max-tokens", "6", "--drafter", "none", "--json",
-    )  # fmt: skip
+        capsys,
+        "generate",
+        *TINY,
+        "--n-ctx",
+        str(n_ctx),
+        "--raw",
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "6",
+        "--drafter",
+        "none",
+        "--json",
+    )
     assert "are in use" not in err
     assert code == 0, err
     report = json.loads(out)
@@ -177,10 +203,16 @@ def test_a_reply_cut_by_the_context_window_gets_a_note_in_plain_mode_too(capsys)
 
 @pytest.mark.parametrize(
     "option, value, says",
-    [("--temperature", "inf", "finite positive"), ("--temperature", "nan", "finite positive"),
-     ("--temperature", "-1", "finite positive"), ("--top-p", "nan", "(0, 1]"), ("--top-p", "inf", "(0, 1]"),
-     ("--top-p", "0", "(0, 1]"), ("--top-p", "1.5", "(0, 1]")],
-)  # fmt: skip
+    [
+        ("--temperature", "inf", "finite positive"),
+        ("--temperature", "nan", "finite positive"),
+        ("--temperature", "-1", "finite positive"),
+        ("--top-p", "nan", "(0, 1]"),
+        ("--top-p", "inf", "(0, 1]"),
+        ("--top-p", "0", "(0, 1]"),
+        ("--top-p", "1.5", "(0, 1]"),
+    ],
+)
 def test_sampling_numbers_out_of_range_are_refused_before_loading(capsys, tmp_path, option, value, says):
     missing = str(tmp_path / "missing.gguf")  # would be reported if the model were loaded first
     code, out, err = run_cli(capsys, "generate", "--target", missing, "--prompt", "hi", option, value)
@@ -199,12 +231,16 @@ def test_train_heads_refuses_non_finite_numbers(capsys, tmp_path):
 
 @pytest.mark.parametrize(
     "content, says",
-    [('[{"role": "wizard", "content": "hi"}]', "role 'wizard'; the roles are system, user, assistant"),
-     ('[{"role": "tool", "content": "21 C"}]', "role 'tool'; the roles are"),
-     ('[{"role": "user", "content": ["hi"]}]', "content of message 1 must be text"),
-     ('[{"role": "user", "content": "hi"}, {"content": "no role"}]', "message 2 is not a"),
-     ("[]", "non-empty list"), ('{"role": "user"}', "non-empty list"), ("[{", "is not a JSON messages file")],
-)  # fmt: skip
+    [
+        ('[{"role": "wizard", "content": "hi"}]', "role 'wizard'; the roles are system, user, assistant"),
+        ('[{"role": "tool", "content": "21 C"}]', "role 'tool'; the roles are"),
+        ('[{"role": "user", "content": ["hi"]}]', "content of message 1 must be text"),
+        ('[{"role": "user", "content": "hi"}, {"content": "no role"}]', "message 2 is not a"),
+        ("[]", "non-empty list"),
+        ('{"role": "user"}', "non-empty list"),
+        ("[{", "is not a JSON messages file"),
+    ],
+)
 def test_a_bad_messages_file_is_reported_before_the_model(capsys, tmp_path, content, says):
     messages = tmp_path / "chat.json"
     messages.write_text(content)
@@ -217,10 +253,16 @@ def test_a_bad_messages_file_is_reported_before_the_model(capsys, tmp_path, cont
 
 def test_every_known_role_is_accepted(capsys, tmp_path):
     messages = tmp_path / "chat.json"
-    messages.write_text(json.dumps([
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Thanks!"},
-    ]))  # fmt: skip
+    messages.write_text(
+        json.dumps(
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "Sunny."},
+                {"role": "user", "content": "Thanks!"},
+            ]
+        )
+    )
     code, out, err = run_cli(capsys, "generate", *TINY, "--messages", str(messages), "--max-tokens", "4", "--json")
     assert code == 0, err
     assert json.loads(out)["tokens"]

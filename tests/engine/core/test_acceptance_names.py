@@ -11,13 +11,28 @@ import pytest
 from app.chat.view import reply_note
 from engine.cli.main import main
 
-COPY = ("Copy this sentence exactly: the quick brown fox jumps over the lazy dog, "
-        "the quick brown fox jumps over the lazy dog.")  # fmt: skip
+COPY = (
+    "Copy this sentence exactly: the quick brown fox jumps over the lazy dog, "
+    "the quick brown fox jumps over the lazy dog."
+)
 
 
 def test_the_cli_json_and_summary_give_both_rates_and_the_mean_acceptance_length(capsys):
-    common = ["generate", "--target", "default", "--drafter", "ngram", "--k", "4", "--threads", "1",
-              "--max-tokens", "24", "--prompt", COPY]  # fmt: skip
+    common = [
+        "generate",
+        "--target",
+        "default",
+        "--drafter",
+        "ngram",
+        "--k",
+        "4",
+        "--threads",
+        "1",
+        "--max-tokens",
+        "24",
+        "--prompt",
+        COPY,
+    ]
     assert main(common + ["--json"]) == 0
     stats = json.loads(capsys.readouterr().out)["stats"]
 
@@ -28,16 +43,20 @@ def test_the_cli_json_and_summary_give_both_rates_and_the_mean_acceptance_length
 
     assert main(common) == 0
     err = capsys.readouterr().err
-    share = (f"{stats['accepted'] / stats['drafted']:.0%} of drafted tokens accepted "
-             f"({stats['accepted']} of {stats['drafted']})")  # fmt: skip
+    share = (
+        f"{stats['accepted'] / stats['drafted']:.0%} of drafted tokens accepted "
+        f"({stats['accepted']} of {stats['drafted']})"
+    )
     # engine/figures.py's names in its order: the two everyone knows, then the formula's a and its speedup
-    assert re.search(re.escape(share) + r" · mean acceptance length \d\.\d\d · per-token acceptance a \d\.\d\d "
-                     r"\(\d+ of \d+ tested\) · predicted speedup \d+\.\d\dx", err), err  # fmt: skip
+    assert re.search(
+        re.escape(share) + r" · mean acceptance length \d\.\d\d · per-token acceptance a \d\.\d\d "
+        r"\(\d+ of \d+ tested\) · predicted speedup \d+\.\d\dx",
+        err,
+    ), err
     assert "rate" not in err and "per target forward" not in err  # the names the glossary replaced
 
 
 def test_the_chat_footer_leads_with_the_share_of_drafted_tokens_accepted_then_the_mean_acceptance_length():
     note = reply_note("stop", {"tokens": 30, "tokens_per_s": 40.0, "drafted": 20, "accepted": 18, "steps": 12})
 
-    assert note == ("90% of drafted tokens accepted (18 of 20) · mean acceptance length 2.50 · "
-                    "30 tokens at 40.0 tok/s")  # fmt: skip
+    assert note == ("90% of drafted tokens accepted (18 of 20) · mean acceptance length 2.50 · 30 tokens at 40.0 tok/s")

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from engine.api import collect
 from engine.core.decode import decode_steps
 from engine.core.draft_length import CostModel, DraftLength
-from engine.drafters.ngram import NgramDrafter
-from engine.errors import ConfigError, ContextOverflowError
 from engine.core.events import Source
 from engine.core.sampling import SamplingConfig
-from engine.api import collect
+from engine.drafters.ngram import NgramDrafter
+from engine.errors import ConfigError, ContextOverflowError
 from tests.factories.fake import MarkovBackend, MarkovDrafter, random_transition
 from tests.stats_helpers import chi_square_pvalue, three_token_law
 
@@ -130,8 +130,9 @@ def test_sampling_through_the_loop_is_lossless():
     counts = np.zeros(vocab**3)
     for seed in range(draws):
         length = DraftLength(2)
-        events = decode_steps(backend, [0], SamplingConfig(**{**sampling.__dict__, "seed": seed}),
-                              drafter=drafter, draft_length=length)  # fmt: skip
+        events = decode_steps(
+            backend, [0], SamplingConfig(**{**sampling.__dict__, "seed": seed}), drafter=drafter, draft_length=length
+        )
         a, b, c = collect(list(events)).tokens
         counts[(a * vocab + b) * vocab + c] += 1
     assert chi_square_pvalue(counts, three_token_law(p_t, 0)) > 1e-3
@@ -182,8 +183,11 @@ def test_time_to_first_token_counts_the_prefill_and_the_first_step_only():
         return prefill(tokens)
 
     backend.prefill = slow_prefill
-    events = list(decode_steps(backend, [0, 1, 2], SamplingConfig(max_tokens=20), drafter=NgramDrafter(),
-                               draft_length=DraftLength(4)))  # fmt: skip
+    events = list(
+        decode_steps(
+            backend, [0, 1, 2], SamplingConfig(max_tokens=20), drafter=NgramDrafter(), draft_length=DraftLength(4)
+        )
+    )
     first, last = events[0].stats, events[-1].stats
     assert events[0].tokens and first.prefill_s >= 0.05
     assert first.time_to_first_token_s == pytest.approx(first.prefill_s + first.wall_s)
@@ -218,8 +222,16 @@ def test_the_predicted_speedup_charges_what_catching_the_draft_up_cost():
     predicted = []
     for catch_up_s in (0.0, 0.3):
         costs = CostModel(verify_s={1: 0.011, 2: 0.012, 5: 0.015})
-        steps = list(decode_steps(Slow(chain), [0, 1], SamplingConfig(max_tokens=40),
-                                  drafter=CatchingUp(chain, catch_up_s), draft_length=DraftLength(4), costs=costs))
+        steps = list(
+            decode_steps(
+                Slow(chain),
+                [0, 1],
+                SamplingConfig(max_tokens=40),
+                drafter=CatchingUp(chain, catch_up_s),
+                draft_length=DraftLength(4),
+                costs=costs,
+            )
+        )
         predicted.append(steps[-1].stats.predicted_speedup)
     # 40 tokens in 8 steps of 5 pay without it; 0.3 s, over 30 plain forwards, takes most of it.
     assert predicted[0] > 1.0 and predicted[1] < predicted[0] / 3

@@ -12,13 +12,13 @@ import types
 import pytest
 import torch
 
+from engine.api import collect
 from engine.core import decode, draft_length
 from engine.core.decode import decode_steps
 from engine.core.draft_length import CostModel, DraftLength, measure_draft_cost
+from engine.core.sampling import SamplingConfig
 from engine.drafters import model as model_drafter
 from engine.drafters.model import ModelDrafter
-from engine.core.sampling import SamplingConfig
-from engine.api import collect
 from tests.factories.fake import LETTERS, MarkovBackend
 
 VOCAB = 8
@@ -85,8 +85,9 @@ def test_catching_up_a_long_prompt_is_not_charged_as_drafting(clock):
     prompt = [i % VOCAB for i in range(200)]
     costs = flat_costs()  # draft_s_per_token unknown (0) until the loop times a draft
     sampling = SamplingConfig(max_tokens=64)
-    result = collect(list(decode_steps(target, prompt, sampling, drafter=drafter,
-                                       draft_length=DraftLength("auto"), costs=costs)))  # fmt: skip
+    result = collect(
+        list(decode_steps(target, prompt, sampling, drafter=drafter, draft_length=DraftLength("auto"), costs=costs))
+    )
     one_decode = DRAFT_CALL_S + DRAFT_TOKEN_S
     assert costs.draft_s_per_token == pytest.approx(one_decode, rel=0.1)
     assert result.stats.drafted >= 48  # most of the 64 tokens came as accepted drafts
@@ -135,7 +136,9 @@ def test_loading_a_draft_model_measures_its_token_cost(tmp_path):
 
     target = make_tiny_llama(tmp_path / "target", seed=0, n_layers=2)
     draft = make_tiny_llama(tmp_path / "draft", seed=1, n_layers=1)
-    engine = Engine.load(EngineConfig(target=target, backend="torch").with_drafter("model", draft=draft, backend="torch"))
+    engine = Engine.load(
+        EngineConfig(target=target, backend="torch").with_drafter("model", draft=draft, backend="torch")
+    )
     try:
         assert engine.costs.draft_s_per_token > 0
         assert engine.drafter.backend.tokens == []  # the measurement left the draft's cache empty
@@ -162,8 +165,18 @@ def test_one_slow_draft_step_does_not_stop_drafting(clock):
     costs = flat_costs()
     costs.draft_s_per_token = DRAFT_CALL_S + DRAFT_TOKEN_S  # as measured at load
     prompt = [i % VOCAB for i in range(20)]
-    result = collect(list(decode_steps(target, prompt, SamplingConfig(max_tokens=96), drafter=drafter,
-                                       draft_length=DraftLength("auto"), costs=costs)))  # fmt: skip
+    result = collect(
+        list(
+            decode_steps(
+                target,
+                prompt,
+                SamplingConfig(max_tokens=96),
+                drafter=drafter,
+                draft_length=DraftLength("auto"),
+                costs=costs,
+            )
+        )
+    )
     assert result.stats.drafted >= 80 and result.stats.steps <= 24
     assert costs.draft_s_per_token == pytest.approx(DRAFT_CALL_S + DRAFT_TOKEN_S, rel=0.1)
 
@@ -207,8 +220,9 @@ def test_a_verify_curve_measured_while_the_cpu_was_busy_does_not_keep_auto_k_pla
     prompt = [i % VOCAB for i in range(20)]
     sampling = SamplingConfig(max_tokens=128)
     collect(list(decode_steps(target, prompt, sampling, costs=costs)))  # --compare runs vanilla first
-    result = collect(list(decode_steps(target, prompt, sampling, drafter=drafter,
-                                       draft_length=DraftLength("auto"), costs=costs)))  # fmt: skip
+    result = collect(
+        list(decode_steps(target, prompt, sampling, drafter=drafter, draft_length=DraftLength("auto"), costs=costs))
+    )
     assert result.stats.drafted >= 96  # three quarters of the reply came as drafts
     assert costs.verify_time(2) == pytest.approx(t2, rel=0.05)
     assert costs.draft_s_per_token == pytest.approx(DRAFT_CALL_S + DRAFT_TOKEN_S, rel=0.05)
@@ -222,13 +236,15 @@ def test_a_spike_that_hit_longer_forwards_at_load_does_not_hold_auto_k_at_one(cl
     as two forwards of two are not this backend's: automatic k tries those sizes and drafts long."""
     target, drafter = pair(clock)
     t = {n: TARGET_CALL_S + TARGET_TOKEN_S * n for n in (1, 2, 3, 4)}
-    costs = CostModel(verify_s={1: t[1], 2: t[2], 3: 27 * t[3], 4: 8 * t[4]},
-                      draft_s_per_token=DRAFT_CALL_S + DRAFT_TOKEN_S)  # fmt: skip
+    costs = CostModel(
+        verify_s={1: t[1], 2: t[2], 3: 27 * t[3], 4: 8 * t[4]}, draft_s_per_token=DRAFT_CALL_S + DRAFT_TOKEN_S
+    )
     prompt = [i % VOCAB for i in range(20)]
     sampling = SamplingConfig(max_tokens=128)
     collect(list(decode_steps(target, prompt, sampling, costs=costs)))  # --compare runs vanilla first
-    result = collect(list(decode_steps(target, prompt, sampling, drafter=drafter,
-                                       draft_length=DraftLength("auto"), costs=costs)))  # fmt: skip
+    result = collect(
+        list(decode_steps(target, prompt, sampling, drafter=drafter, draft_length=DraftLength("auto"), costs=costs))
+    )
     assert result.stats.tokens_per_step >= 6
     assert costs.verify_time(4) < 1.5 * t[4]
 
@@ -243,12 +259,15 @@ def test_a_curve_spiked_in_its_shape_does_not_hold_auto_k_at_one(clock):
     first, until a probe times it.)"""
     target, drafter = pair(clock)
     t1 = TARGET_CALL_S + TARGET_TOKEN_S
-    costs = CostModel(verify_s={1: 2.56 * t1, 2: 6.3 * t1, 3: 23.0 * t1}, draft_s_per_token=DRAFT_CALL_S + DRAFT_TOKEN_S)
+    costs = CostModel(
+        verify_s={1: 2.56 * t1, 2: 6.3 * t1, 3: 23.0 * t1}, draft_s_per_token=DRAFT_CALL_S + DRAFT_TOKEN_S
+    )
     prompt = [i % VOCAB for i in range(20)]
     sampling = SamplingConfig(max_tokens=128)
     collect(list(decode_steps(target, prompt, sampling, costs=costs)))  # --compare runs vanilla first
-    result = collect(list(decode_steps(target, prompt, sampling, drafter=drafter,
-                                       draft_length=DraftLength("auto"), costs=costs)))  # fmt: skip
+    result = collect(
+        list(decode_steps(target, prompt, sampling, drafter=drafter, draft_length=DraftLength("auto"), costs=costs))
+    )
     assert result.stats.tokens_per_step >= 4 and max(event.drafted for event in result.events) >= 12
     assert costs.verify_time(3) < 1.5 * (TARGET_CALL_S + 3 * TARGET_TOKEN_S)
 
@@ -300,8 +319,9 @@ def test_auto_k_drafts_no_longer_than_pays_when_verify_costs_jump_past_6_rows(cl
         costs = CostModel(verify_s=draft_length.measure_verify_curve(target, budget_s=1e9))  # every size
         costs.draft_s_per_token = measure_draft_cost(drafter.backend)
         drafter.backend.rollback(0)  # each run feeds the draft the prompt (docs/bench/self_draft.py)
-        result = collect(list(decode_steps(target, prompt, sampling, drafter=drafter,
-                                           draft_length=DraftLength(k), costs=costs)))  # fmt: skip
+        result = collect(
+            list(decode_steps(target, prompt, sampling, drafter=drafter, draft_length=DraftLength(k), costs=costs))
+        )
         return result.stats.tokens_per_s, [event.drafted for event in result.events]
 
     auto, lengths = tokens_per_s("auto")
@@ -353,8 +373,9 @@ def test_a_burst_of_other_work_while_the_curve_is_measured_leaves_its_shape_alon
     as it would on a quiet machine."""
     quiet = {n: TARGET_CALL_S + TARGET_TOKEN_S * n for n in draft_length.CURVE_SIZES}
     # Other work for a few forwards' while, starting as the 3-row forwards come up.
-    target = BurstyMarkovBackend(near_cycle(), clock, TARGET_CALL_S, TARGET_TOKEN_S,
-                                 burst_from=8.5, burst_to=15.0, burst_s=TARGET_CALL_S)  # fmt: skip
+    target = BurstyMarkovBackend(
+        near_cycle(), clock, TARGET_CALL_S, TARGET_TOKEN_S, burst_from=8.5, burst_to=15.0, burst_s=TARGET_CALL_S
+    )
     measured = draft_length.measure_verify_curve(target, budget_s=1e9)
     assert measured == pytest.approx(quiet, rel=0.01)
     with_burst = CostModel(verify_s=measured, draft_s_per_token=0.2)

@@ -67,8 +67,12 @@ def sampling_configs(stops: list[tuple[str, ...]], most: int):
 )
 def test_fake_runs_figures_agree(chain_seed, eos, prompt, sampling, drafter, k):
     transition = random_transition(8, seed=chain_seed)
-    drafters = {"ngram": NgramDrafter(), "same": MarkovDrafter(transition),
-                "other": MarkovDrafter(random_transition(8, seed=chain_seed + 1)), "none": None}  # fmt: skip
+    drafters = {
+        "ngram": NgramDrafter(),
+        "same": MarkovDrafter(transition),
+        "other": MarkovDrafter(random_transition(8, seed=chain_seed + 1)),
+        "none": None,
+    }
     assert_figures_agree(run(MarkovBackend(transition, eos=eos), prompt, sampling, drafters[drafter], k))
 
 

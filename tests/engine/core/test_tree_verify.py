@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
+from engine.api import collect
 from engine.core import verify_tree
 from engine.core.decode import decode_steps
 from engine.core.draft_length import DraftLength, expected_tokens_tree
-from engine.drafters.base import Draft, Drafter
 from engine.core.events import Source
 from engine.core.sampling import SamplingConfig, make_generator, probabilities
-from engine.api import collect
 from engine.core.verify_tree import dedupe_siblings, verify_tree_greedy, verify_tree_sampled
+from engine.drafters.base import Draft, Drafter
 from tests.factories.fake import (
     MarkovBackend,
     MarkovTreeBackend,
@@ -193,8 +193,13 @@ def test_chain_counts_are_per_position():
     t = torch.full((6, 6), 0.02)
     for i in range(6):
         t[i, (i + 1) % 6] = 1.0
-    result = run(MarkovBackend(t / t.sum(-1, keepdim=True)), [0, 1, 2, 3, 4, 5, 0, 1], SamplingConfig(max_tokens=30),
-                 NgramDrafter(), k=4)  # fmt: skip
+    result = run(
+        MarkovBackend(t / t.sum(-1, keepdim=True)),
+        [0, 1, 2, 3, 4, 5, 0, 1],
+        SamplingConfig(max_tokens=30),
+        NgramDrafter(),
+        k=4,
+    )
     s = result.stats
     assert len(s.depth_tested) == 4 and sum(s.depth_accepted) == s.accepted and sum(s.depth_tested) == s.tested
 

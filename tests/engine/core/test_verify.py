@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import engine.core.verify as verify
-from engine.errors import ConfigError
 from engine.core.events import Source
 from engine.core.sampling import SamplingConfig, make_generator, probabilities
+from engine.errors import ConfigError
 from tests.stats_helpers import chi_square_pvalue
 
 DRAWS = 40_000  # enough to catch a wrong residual at p < 1e-6 (the broken-rule tests), in a third of the time

@@ -55,15 +55,17 @@ def test_a_chain_takes_its_members_options_and_flags():
     assert names == [s.name for s in option_settings("suffix")] + [s.name for s in option_settings("model")]
     assert drafter_spec("suffix+eagle").needs_torch  # what a member needs, the chain needs
 
-    args = build_parser().parse_args(["generate", "-p", "hi", "--drafter", "suffix+model", "--draft", "d.gguf",
-                                      "--suffix-depth", "12"])  # fmt: skip
+    args = build_parser().parse_args(
+        ["generate", "-p", "hi", "--drafter", "suffix+model", "--draft", "d.gguf", "--suffix-depth", "12"]
+    )
     name, options = drafter_choice(args)
     assert name == "suffix+model" and (options.draft, options.max_depth, options.min_prob) == ("d.gguf", 12, 0.2)
     config = EngineConfig(drafter=name, options=options)
     assert EngineConfig.from_dict(config.to_dict()) == config  # saved and read back by the app
     with pytest.raises(ConfigError, match="--ngram-max is an option of --drafter ngram"):
-        drafter_choice(build_parser().parse_args(["generate", "-p", "hi", "--drafter", "suffix+model",
-                                                  "--ngram-max", "4"]))  # fmt: skip
+        drafter_choice(
+            build_parser().parse_args(["generate", "-p", "hi", "--drafter", "suffix+model", "--ngram-max", "4"])
+        )
 
 
 @pytest.mark.parametrize(
@@ -128,14 +130,17 @@ def test_sampled_chained_drafting_is_lossless():
 # -- a real pair --------------------------------------------------------------------------------
 
 
-EDIT = ("Here is a function:\n\ndef area(width, height):\n    return width * height\n\n"
-        "Rename width to w and height to h, and show the whole function again.")  # fmt: skip
+EDIT = (
+    "Here is a function:\n\ndef area(width, height):\n    return width * height\n\n"
+    "Rename width to w and height to h, and show the whole function again."
+)
 
 
 def test_float32_greedy_suffix_then_draft_model_equals_vanilla(embedded_hf_dir, default_gguf):
     """The embedded model in float32 on PyTorch, drafted by suffix decoding and by its own Q4_1 file."""
     config = EngineConfig(target=embedded_hf_dir, backend="torch", dtype="float32", k=8, threads=1).with_drafter(
-        "suffix+model", draft=default_gguf, backend="llama.cpp", threads=1)  # fmt: skip
+        "suffix+model", draft=default_gguf, backend="llama.cpp", threads=1
+    )
     engine = Engine.load(config)
     try:
         comparison = engine.compare(engine.prompt_ids(EDIT), SamplingConfig(max_tokens=48))
@@ -151,8 +156,28 @@ def test_the_cli_says_which_member_drafted(capsys):
     from engine.cli.main import main
 
     prompt = "Repeat this list exactly: apples, pears, plums, cherries, grapes, lemons, limes, oranges."
-    assert main(["generate", "-p", prompt, "--drafter", "suffix+model", "--draft", "default", "--k", "4",
-                 "-n", "24", "-t", "1", "--draft-threads", "1"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "generate",
+                "-p",
+                prompt,
+                "--drafter",
+                "suffix+model",
+                "--draft",
+                "default",
+                "--k",
+                "4",
+                "-n",
+                "24",
+                "-t",
+                "1",
+                "--draft-threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     line = next(line for line in err.splitlines() if line.startswith("drafters: "))
     steps = [int(n) for n in re.findall(r"(?:suffix drafted|model) (\d+)", line)]

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from engine.api import Engine, EngineConfig, target_backend
 from engine.backends.hf.backend import TorchBackend
 from engine.core.draft_length import CostModel
 from engine.errors import ConfigError
 from tests.engine.drafters.build import make_drafter
-from engine.api import Engine, EngineConfig, target_backend
 from tests.factories.hf_models import make_tiny_llama
 
 PROMPT = "Repeat after me, word for word: the early bird catches the worm, the early bird catches the worm."
@@ -31,7 +31,10 @@ def test_the_engine_hands_its_cost_model_to_drafters_that_size_themselves(tiny):
     backend = TorchBackend(tiny, dtype="float32")
     try:
         costs = CostModel()
-        for kind, options in (("lookahead", {"window": 2, "ngram": 3, "candidates": 2}), ("early-exit", {"exit_layer": 2})):
+        for kind, options in (
+            ("lookahead", {"window": 2, "ngram": 3, "candidates": 2}),
+            ("early-exit", {"exit_layer": 2}),
+        ):
             drafter = make_drafter(kind, backend, **options)
             engine = Engine(backend, drafter, EngineConfig(drafter=kind, k=6), costs)
             assert engine.drafter.costs is costs
@@ -52,15 +55,31 @@ def _greedy():
 
 @pytest.mark.parametrize(
     "flags, stat",
-    [(["--drafter", "lookahead", "--window", "2", "--ngram", "3", "--candidates", "2", "--k", "6"], "drafted"),
-     (["--drafter", "early-exit", "--exit-layer", "2", "--k", "3"], "drafted")],
+    [
+        (["--drafter", "lookahead", "--window", "2", "--ngram", "3", "--candidates", "2", "--k", "6"], "drafted"),
+        (["--drafter", "early-exit", "--exit-layer", "2", "--k", "3"], "drafted"),
+    ],
     ids=["lookahead", "early-exit"],
 )
 def test_cli_runs_the_training_free_drafters(tiny, capsys, flags, stat):
     from engine.cli.main import main
 
-    code = main(["generate", "--target", tiny, *flags, "--dtype", "float32", "--prompt", PROMPT,
-                 "--max-tokens", "16", "--compare", "--json"])  # fmt: skip
+    code = main(
+        [
+            "generate",
+            "--target",
+            tiny,
+            *flags,
+            "--dtype",
+            "float32",
+            "--prompt",
+            PROMPT,
+            "--max-tokens",
+            "16",
+            "--compare",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
@@ -69,9 +88,11 @@ def test_cli_runs_the_training_free_drafters(tiny, capsys, flags, stat):
 
 @pytest.mark.parametrize(
     "flags, message",
-    [(["--drafter", "early-exit", "--exit-layer", "4"], "layer"),
-     (["--drafter", "lookahead", "--window", "0"], "window"),
-     (["--drafter", "lookahead", "--heads", "x"], "drop one of them")],
+    [
+        (["--drafter", "early-exit", "--exit-layer", "4"], "layer"),
+        (["--drafter", "lookahead", "--window", "0"], "window"),
+        (["--drafter", "lookahead", "--heads", "x"], "drop one of them"),
+    ],
     ids=["exit-layer-too-deep", "window-zero", "heads-with-lookahead"],
 )
 def test_cli_bad_drafter_settings_are_one_clear_line(tiny, capsys, flags, message):

@@ -7,14 +7,14 @@ import json
 import pytest
 import torch
 
+from engine.api import Engine, EngineConfig, target_backend
 from engine.backends.hf.backend import TorchBackend
 from engine.core.draft_length import CostModel
+from engine.core.sampling import SamplingConfig
 from engine.drafters.eagle import EagleDrafter
 from engine.errors import ConfigError, ModelLoadError
 from engine.heads.eagle import EagleConfig, EagleHead, load_head
 from tests.engine.drafters.build import make_drafter
-from engine.core.sampling import SamplingConfig
-from engine.api import Engine, EngineConfig, target_backend
 from tests.factories.hf_models import make_tiny_llama, make_tiny_model
 from tests.stats_helpers import first_two_tokens
 
@@ -52,10 +52,15 @@ def mirror_head(backend: TorchBackend) -> EagleHead:
     h = head.config.hidden_size
     with torch.no_grad():
         head.fc.weight.copy_(torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1))
-        for ours, theirs in [(head.q_proj, layer.self_attn.q_proj), (head.k_proj, layer.self_attn.k_proj),
-                             (head.v_proj, layer.self_attn.v_proj), (head.o_proj, layer.self_attn.o_proj),
-                             (head.gate_proj, layer.mlp.gate_proj), (head.up_proj, layer.mlp.up_proj),
-                             (head.down_proj, layer.mlp.down_proj)]:  # fmt: skip
+        for ours, theirs in [
+            (head.q_proj, layer.self_attn.q_proj),
+            (head.k_proj, layer.self_attn.k_proj),
+            (head.v_proj, layer.self_attn.v_proj),
+            (head.o_proj, layer.self_attn.o_proj),
+            (head.gate_proj, layer.mlp.gate_proj),
+            (head.up_proj, layer.mlp.up_proj),
+            (head.down_proj, layer.mlp.down_proj),
+        ]:
             ours.weight.copy_(theirs.weight)
         head.post_attention_layernorm.copy_(layer.post_attention_layernorm.weight)
     return head.eval()
@@ -139,8 +144,9 @@ def test_the_heads_cache_after_rejections_equals_a_fresh_pass(mirrored):
     with torch.inference_mode():
         fresh._catch_up(context)
     assert fresh.cache.length == pairs
-    torch.testing.assert_close(drafter.cache.buffers[0][:, :pairs], fresh.cache.buffers[0][:, :pairs],
-                               atol=1e-4, rtol=1e-4)  # fmt: skip
+    torch.testing.assert_close(
+        drafter.cache.buffers[0][:, :pairs], fresh.cache.buffers[0][:, :pairs], atol=1e-4, rtol=1e-4
+    )
 
 
 def test_sampled_eagle_is_distributed_as_the_target(mirrored):
@@ -159,10 +165,19 @@ def published_folder(folder, head: EagleHead, pickle: bool = True, extra: dict |
     """A head in SafeAILab's layout: a one-layer LlamaConfig and pytorch_model.bin (or safetensors)."""
     folder.mkdir(parents=True, exist_ok=True)
     c = head.config
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
-              "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
-              "num_key_value_heads": c.num_kv_heads, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps,
-              "vocab_size": c.vocab_size, "bias": c.fc_bias, **(extra or {})}  # fmt: skip
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": c.rms_norm_eps,
+        "vocab_size": c.vocab_size,
+        "bias": c.fc_bias,
+        **(extra or {}),
+    }
     (folder / "config.json").write_text(json.dumps(config))
     weights = head.weights()
     weights["embed_tokens.weight"] = torch.zeros(c.vocab_size, c.hidden_size)  # published heads carry one
@@ -268,8 +283,26 @@ def test_cli_runs_eagle_with_a_heads_folder(mirrored, one_layer, tmp_path, capsy
 
     _, head = mirrored
     folder = published_folder(tmp_path / "h", head, pickle=False)
-    code = main(["generate", "--target", one_layer, "--drafter", "eagle", "--heads", folder, "--k", "8",
-                 "--dtype", "float32", "--prompt", PROMPTS[0], "--max-tokens", "16", "--json"])  # fmt: skip
+    code = main(
+        [
+            "generate",
+            "--target",
+            one_layer,
+            "--drafter",
+            "eagle",
+            "--heads",
+            folder,
+            "--k",
+            "8",
+            "--dtype",
+            "float32",
+            "--prompt",
+            PROMPTS[0],
+            "--max-tokens",
+            "16",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     stats = json.loads(out)["stats"]
@@ -284,8 +317,9 @@ def test_the_shipped_head_keeps_the_embedded_models_greedy_output_exact_in_float
         drafter = make_drafter("eagle", backend)
         assert drafter.vocab is not None and drafter.vocab.numel() == 8192
         engine = engine_for(backend, drafter, k=10)
-        comparison = engine.compare(engine.prompt_ids("List the days of the week, one per line."),
-                                    SamplingConfig(max_tokens=40))  # fmt: skip
+        comparison = engine.compare(
+            engine.prompt_ids("List the days of the week, one per line."), SamplingConfig(max_tokens=40)
+        )
         assert comparison.identical, comparison.divergence
         s = comparison.speculative.stats
         assert s.accepted > 0 and s.tokens_per_step > 1.2

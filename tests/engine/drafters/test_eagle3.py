@@ -141,15 +141,19 @@ def _out_of_range_d2t(folder):
         ({"hidden_size": 128, "num_attention_heads": 8}, (), None, r"hidden size 128 \(the target's: 64\)"),
         ({"num_key_value_heads": 2}, (), None, r"key/value heads 2 \(the target's: 4\)"),
         ({"vocab_size": 32000}, (), None, r"vocabulary size 32000 \(the target's: 49152\)"),
-        ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}}, (), None,
-         r"layers \[1, 2, 9\], of which \[9\] the target's 4 layers lack"),
+        (
+            {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}},
+            (),
+            None,
+            r"layers \[1, 2, 9\], of which \[9\] the target's 4 layers lack",
+        ),
         ({}, (), _out_of_range_d2t, "outside the target's vocabulary"),
         ({}, ("midlayer.mlp.down_proj.weight",), None, "incomplete"),
         ({"speculators_config": {}}, (), None, "speculators"),
         ({"draft_vocab_size": None, "architectures": ["LlamaForCausalLM"]}, (), None, "choose the EAGLE drafter"),
     ],
     ids=["hidden-size", "kv-heads", "vocabulary", "layers", "d2t", "missing-tensor", "speculators", "eagle2"],
-)  # fmt: skip
+)
 def test_a_head_for_another_target_is_refused_naming_what_differs(bigram, tmp_path, extra, drop, breakage, message):
     backend, head = bigram
     folder = tmp_path / "head"
@@ -199,9 +203,26 @@ def test_cli_generates_with_eagle3(bigram, bigram_path, tmp_path, capsys):
     from engine.cli.main import main
 
     _, head = bigram
-    code = main(["generate", "--target", bigram_path, "--drafter", "eagle3", "--heads",
-                 write_published(tmp_path / "h", head), "--k", "8", "--dtype", "float32", "--prompt", PROMPTS[0],
-                 "--max-tokens", "16", "--json"])  # fmt: skip
+    code = main(
+        [
+            "generate",
+            "--target",
+            bigram_path,
+            "--drafter",
+            "eagle3",
+            "--heads",
+            write_published(tmp_path / "h", head),
+            "--k",
+            "8",
+            "--dtype",
+            "float32",
+            "--prompt",
+            PROMPTS[0],
+            "--max-tokens",
+            "16",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     assert json.loads(out)["stats"]["accepted"] > 0

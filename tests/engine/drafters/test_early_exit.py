@@ -15,13 +15,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.api import collect
 from engine.backends.hf.backend import TorchBackend
 from engine.core.decode import decode_steps
 from engine.core.draft_length import CostModel, DraftLength
+from engine.core.sampling import SamplingConfig, probabilities
 from engine.drafters.early_exit import EarlyExitDrafter, ExitChooser, candidate_exits
 from engine.errors import ConfigError
-from engine.core.sampling import SamplingConfig, probabilities
-from engine.api import collect
 from tests.factories.fake import MarkovBackend, random_transition
 from tests.factories.hf_models import make_tiny_llama, make_tiny_model
 from tests.stats_helpers import chi_square_pvalue
@@ -130,7 +130,9 @@ def test_verification_starts_from_the_drafts_layers_and_equals_a_full_forward(ll
         hidden.append(llama.exit_hidden())
     ran = []
     block = llama._native._block
-    monkeypatch.setattr(llama._native, "_block", lambda index, *a: ran.append((index, a[1].shape[0])) or block(index, *a))
+    monkeypatch.setattr(
+        llama._native, "_block", lambda index, *a: ran.append((index, a[1].shape[0])) or block(index, *a)
+    )
     got = llama.forward_from_exit(feed, torch.cat(hidden), exit_layer)
     monkeypatch.undo()
     # The first layers ran only for the rows the draft did not run; the rest for all rows.

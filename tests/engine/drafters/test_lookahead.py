@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
 
+from engine.api import collect
 from engine.backends.hf.backend import TorchBackend
 from engine.core.decode import decode_steps
-from engine.core.feeds import fit_draft, masked_block
 from engine.core.draft_length import CostModel, DraftLength
+from engine.core.feeds import fit_draft, masked_block
+from engine.core.sampling import SamplingConfig, make_generator
 from engine.drafters.base import Draft
 from engine.drafters.lookahead import (
     LookaheadDrafter,
@@ -19,8 +20,6 @@ from engine.drafters.lookahead import (
     window_layout,
 )
 from engine.errors import ConfigError
-from engine.core.sampling import SamplingConfig, make_generator
-from engine.api import collect
 from tests.factories.fake import MarkovBackend, MarkovTreeBackend, random_transition
 from tests.factories.fake import cycle_transition as cycle
 from tests.factories.hf_models import make_tiny_model
@@ -85,8 +84,9 @@ def test_the_window_layout_matches_the_reference_pattern():
 
 def test_the_step_block_puts_tree_and_window_side_by_side():
     offsets, window_mask = window_layout(2, 3)
-    draft = Draft([5, 6, 7], parents=(-1, 0, 0), extra_tokens=(10, 11, 12, 13), extra_offsets=offsets,
-                  extra_mask=window_mask)  # fmt: skip
+    draft = Draft(
+        [5, 6, 7], parents=(-1, 0, 0), extra_tokens=(10, 11, 12, 13), extra_offsets=offsets, extra_mask=window_mask
+    )
     tokens, offsets, mask = masked_block(9, draft)
     assert tokens == [9, 5, 6, 7, 10, 11, 12, 13]
     assert offsets == [0, 1, 2, 2, 1, 2, 2, 3]
@@ -106,8 +106,9 @@ def test_the_step_block_puts_tree_and_window_side_by_side():
 
 def test_fit_draft_keeps_the_window_only_where_it_can_run_and_fits():
     offsets, window_mask = window_layout(2, 3)
-    draft = Draft([5, 6, 7], parents=(-1, 0, 0), extra_tokens=(10, 11, 12, 13), extra_offsets=offsets,
-                  extra_mask=window_mask)  # fmt: skip
+    draft = Draft(
+        [5, 6, 7], parents=(-1, 0, 0), extra_tokens=(10, 11, 12, 13), extra_offsets=offsets, extra_mask=window_mask
+    )
     kept = fit_draft(draft, 2, True, room=100)
     assert kept.tokens == [5, 6] and kept.extra_tokens == (10, 11, 12, 13)  # k counts nodes only
     assert fit_draft(draft, 3, True, room=7).extra_tokens == (10, 11, 12, 13)  # 3 nodes + 4 rows = 7
@@ -316,8 +317,13 @@ def test_the_window_does_not_change_the_tree_rows(tiny_models):
         prompt = backend.tokenize(REPEAT)
         backend.prefill(prompt)
         offsets, window_mask = window_layout(3, 3)
-        draft = Draft([11, 12, 13, 14], parents=(-1, 0, 0, 2), extra_tokens=tuple(range(100, 106)),
-                      extra_offsets=offsets, extra_mask=window_mask)  # fmt: skip
+        draft = Draft(
+            [11, 12, 13, 14],
+            parents=(-1, 0, 0, 2),
+            extra_tokens=tuple(range(100, 106)),
+            extra_offsets=offsets,
+            extra_mask=window_mask,
+        )
         pending = 42
         tree = backend.forward_tree([pending, *draft.tokens], [-1, 0, 1, 1, 3])
         backend.keep_nodes([0])

@@ -9,19 +9,19 @@ import json
 import pytest
 import torch
 
-from engine.backends.hf import backend as torch_backend
+from engine.api import Engine, EngineConfig, collect
 from engine.backends.capabilities import HiddenFeatures
+from engine.backends.hf import backend as torch_backend
 from engine.backends.hf.loader import load
 from engine.backends.hf.transformers_backend import TransformersBackend
 from engine.core.decode import decode_steps
 from engine.core.draft_length import CostModel, DraftLength
+from engine.core.sampling import SamplingConfig, make_generator
 from engine.drafters.medusa import MedusaDrafter
 from engine.errors import ConfigError, ModelLoadError
 from engine.heads.medusa import MedusaConfig, MedusaHeads
-from tests.engine.drafters.build import legacy_config, make_drafter
-from engine.core.sampling import SamplingConfig, make_generator
-from engine.api import Engine, EngineConfig, collect
 from engine.models.shipped import default_heads_dir
+from tests.engine.drafters.build import legacy_config, make_drafter
 from tests.factories.fake import MarkovBackend, MarkovTreeBackend
 from tests.factories.hf_models import make_tiny_llama
 
@@ -128,8 +128,16 @@ def test_automatic_k_sizes_the_tree_from_the_drafters_estimate():
     backend = MarkovTreeBackend(t)
     drafter = MedusaDrafter(markov_heads(t, 3), backend)
     costs = FixedCosts(verify_s={1: 0.010, 2: 0.0101, 4: 0.0102, 8: 0.0104, 16: 0.011, 33: 0.014})
-    events = list(decode_steps(backend, [0, 1], SamplingConfig(max_tokens=60), drafter=drafter,
-                               draft_length=DraftLength("auto", k_max=16), costs=costs))  # fmt: skip
+    events = list(
+        decode_steps(
+            backend,
+            [0, 1],
+            SamplingConfig(max_tokens=60),
+            drafter=drafter,
+            draft_length=DraftLength("auto", k_max=16),
+            costs=costs,
+        )
+    )
     assert collect(events).tokens == run(MarkovBackend(t), [0, 1], SamplingConfig(max_tokens=60)).tokens
     assert max(e.k for e in events) >= 3  # cheap verification and sure heads: a real tree
     assert events[-1].stats.predicted_speedup > 1.5
@@ -287,7 +295,9 @@ def test_published_layout_with_own_lm_heads_loads_drafts_and_stays_lossless(torc
     try:
         engine = Engine(backend, None, EngineConfig(drafter="medusa", k=8), CostModel())
         prompts = [engine.prompt_ids(text) for text in PROMPTS]
-        engine.drafter = make_drafter("medusa", backend, heads=published_heads(tmp_path / "published", backend, prompts))
+        engine.drafter = make_drafter(
+            "medusa", backend, heads=published_heads(tmp_path / "published", backend, prompts)
+        )
         assert not engine.drafter.heads.config.shared_lm_head and engine.drafter.num_heads == 3
         for prompt in prompts:
             comparison = engine.compare(prompt, GREEDY)
@@ -317,7 +327,9 @@ def test_on_a_torch_target_without_tree_attention_medusa_verifies_its_best_branc
         assert not backend.supports_tree
         engine = Engine(backend, None, EngineConfig(drafter="medusa", k=8), CostModel())
         prompts = [engine.prompt_ids(text) for text in PROMPTS]
-        engine.drafter = make_drafter("medusa", backend, heads=published_heads(tmp_path / "published", backend, prompts))
+        engine.drafter = make_drafter(
+            "medusa", backend, heads=published_heads(tmp_path / "published", backend, prompts)
+        )
         assert engine.notes and "most likely branch" in engine.notes[0]
         comparison = engine.compare(prompts[0], GREEDY)
         assert comparison.identical, comparison.divergence
@@ -403,14 +415,16 @@ def test_no_heads_for_a_model_says_how_to_get_some(torch_with_features, tiny):
 
 
 def test_shipped_heads_are_found_for_the_embedded_model_only(monkeypatch, tmp_path):
-    from engine.models import shipped
     from engine.backends.base import ModelInfo
+    from engine.models import shipped
 
     monkeypatch.setattr(shipped, "resources_dir", lambda: tmp_path)
-    smollm = ModelInfo("SmolLM2-135M-Instruct.Q4_1", "/x.gguf", "torch", "llama", 134_515_008, 0, 49152, 30,
-                       8192, "float32", "cpu")  # fmt: skip
-    converted = ModelInfo("my-folder", "/tmp/my-folder", "torch", "llama", 134_515_008, 0, 49152, 30, 8192,
-                          "float32", "cpu")  # fmt: skip
+    smollm = ModelInfo(
+        "SmolLM2-135M-Instruct.Q4_1", "/x.gguf", "torch", "llama", 134_515_008, 0, 49152, 30, 8192, "float32", "cpu"
+    )
+    converted = ModelInfo(
+        "my-folder", "/tmp/my-folder", "torch", "llama", 134_515_008, 0, 49152, 30, 8192, "float32", "cpu"
+    )
     other = ModelInfo("tiny", "/tmp/tiny", "torch", "llama", 3_000_000, 0, 49152, 2, 2048, "float32", "cpu")
     assert default_heads_dir("medusa", smollm) is None  # nothing shipped yet
     folder = tmp_path / "heads" / "medusa-smollm2-135m"
@@ -428,8 +442,24 @@ def test_cli_reports_per_head_acceptance(torch_with_features, tiny, tmp_path, ca
     from engine.cli.main import main
 
     heads = shared_heads(tmp_path / "heads", noise=1.0)
-    code = main(["generate", "--target", tiny, "--heads", heads, "--k", "4", "--dtype", "float32",
-                 "--prompt", PROMPTS[0], "--max-tokens", "16", "--json"])  # fmt: skip
+    code = main(
+        [
+            "generate",
+            "--target",
+            tiny,
+            "--heads",
+            heads,
+            "--k",
+            "4",
+            "--dtype",
+            "float32",
+            "--prompt",
+            PROMPTS[0],
+            "--max-tokens",
+            "16",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     stats = json.loads(out)["stats"]
@@ -441,8 +471,21 @@ def test_cli_reports_per_head_acceptance(torch_with_features, tiny, tmp_path, ca
 def test_cli_medusa_on_the_default_model_is_one_clear_line(capsys):
     from engine.cli.main import main
 
-    code = main(["generate", "--target", "default", "--backend", "llama.cpp", "--drafter", "medusa",
-                 "--prompt", "hi", "--max-tokens", "4"])
+    code = main(
+        [
+            "generate",
+            "--target",
+            "default",
+            "--backend",
+            "llama.cpp",
+            "--drafter",
+            "medusa",
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "4",
+        ]
+    )
     _, err = capsys.readouterr()
     assert code == 2 and "PyTorch backend" in err and len(err.strip().splitlines()) == 1
 

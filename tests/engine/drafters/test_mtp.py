@@ -63,9 +63,14 @@ def engine_for(backend, k=4) -> Engine:
 # -- finding and loading the layers --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch, layout, prefix", [("deepseek_v3", "deepseek", "model.layers.2."),
-                                                  ("glm4_moe", "deepseek", "model.layers.2."),
-                                                  ("qwen3_next", "qwen3-next", "mtp.")])  # fmt: skip
+@pytest.mark.parametrize(
+    "arch, layout, prefix",
+    [
+        ("deepseek_v3", "deepseek", "model.layers.2."),
+        ("glm4_moe", "deepseek", "model.layers.2."),
+        ("qwen3_next", "qwen3-next", "mtp."),
+    ],
+)
 def test_the_published_layouts_are_found_and_built_from_the_architectures_own_layer(models, arch, layout, prefix):
     folder = models(arch, "random")
     files = find_mtp(folder, read_model_config(folder))
@@ -81,7 +86,9 @@ def test_the_published_layouts_are_found_and_built_from_the_architectures_own_la
 
         layer = prefix if layout == "deepseek" else prefix + "layers.0."
         with safe_open(f"{folder}/model.safetensors", "pt") as f:
-            gate, up, down = (f.get_tensor(f"{layer}mlp.experts.1.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj"))
+            gate, up, down = (
+                f.get_tensor(f"{layer}mlp.experts.1.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")
+            )
         torch.testing.assert_close(head.layer.mlp.experts.gate_up_proj[1], torch.cat([gate, up]))
         torch.testing.assert_close(head.layer.mlp.experts.down_proj[1], down)
         # transformers itself dropped these weights: the target's forward never saw them.
@@ -158,7 +165,12 @@ def test_float32_greedy_mtp_equals_vanilla_and_mostly_accepts_a_layer_that_knows
         comparison = engine.compare(engine.prompt_ids(text), GREEDY)
         assert comparison.identical, comparison.divergence
         s = comparison.speculative.stats
-        drafted, accepted, steps, tokens = drafted + s.drafted, accepted + s.accepted, steps + s.steps, tokens + s.tokens
+        drafted, accepted, steps, tokens = (
+            drafted + s.drafted,
+            accepted + s.accepted,
+            steps + s.steps,
+            tokens + s.tokens,
+        )
     # Drafts were accepted (several tokens per target forward) and rejected (rolled back) alike.
     assert 0 < accepted < drafted
     assert tokens / steps > 1.8
@@ -208,8 +220,24 @@ def test_cli_drafts_with_the_models_mtp_layer(models, capsys):
 
     from engine.cli.main import main
 
-    code = main(["generate", "--target", models("glm4_moe"), "--drafter", "mtp", "--k", "4", "--dtype", "float32",
-                 "--prompt", PROMPTS[0], "--max-tokens", "16", "--json"])  # fmt: skip
+    code = main(
+        [
+            "generate",
+            "--target",
+            models("glm4_moe"),
+            "--drafter",
+            "mtp",
+            "--k",
+            "4",
+            "--dtype",
+            "float32",
+            "--prompt",
+            PROMPTS[0],
+            "--max-tokens",
+            "16",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     stats = json.loads(out)["stats"]  # the load report of the dropped MTP keys goes to stderr

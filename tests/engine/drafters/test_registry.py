@@ -33,8 +33,10 @@ def tiny(tmp_path_factory) -> str:
 
 def test_the_built_in_drafters_come_in_their_order_and_load_no_torch():
     assert tuple(spec.name for spec in all_drafters()) == BUILTIN_ORDER
-    code = ("import sys, engine; engine.all_drafters(); engine.option_settings('eagle'); engine.EngineConfig(); "
-            "import engine.preflight; print('torch' in sys.modules)")  # fmt: skip
+    code = (
+        "import sys, engine; engine.all_drafters(); engine.option_settings('eagle'); engine.EngineConfig(); "
+        "import engine.preflight; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -89,8 +91,9 @@ def test_a_new_module_drafts_through_the_engine_and_the_cli(tiny, capsys):
     from engine.core.sampling import SamplingConfig
 
     with toy_drafter():
-        engine = Engine.load(EngineConfig(target=tiny, dtype="float32", k=2, measure_costs=False)
-                             .with_drafter("repeat", copies=2))  # fmt: skip
+        engine = Engine.load(
+            EngineConfig(target=tiny, dtype="float32", k=2, measure_costs=False).with_drafter("repeat", copies=2)
+        )
         try:
             comparison = engine.compare(engine.prompt_ids(PROMPT), SamplingConfig(max_tokens=16))
             assert comparison.identical
@@ -98,8 +101,26 @@ def test_a_new_module_drafts_through_the_engine_and_the_cli(tiny, capsys):
             assert engine.drafter.stats().proposals > 0
         finally:
             engine.close()
-        code = main(["generate", "--target", tiny, "--drafter", "repeat", "--copies", "3", "--k", "3",
-                     "--dtype", "float32", "--prompt", PROMPT, "--max-tokens", "8", "--json"])  # fmt: skip
+        code = main(
+            [
+                "generate",
+                "--target",
+                tiny,
+                "--drafter",
+                "repeat",
+                "--copies",
+                "3",
+                "--k",
+                "3",
+                "--dtype",
+                "float32",
+                "--prompt",
+                PROMPT,
+                "--max-tokens",
+                "8",
+                "--json",
+            ]
+        )
     out, err = capsys.readouterr()
     assert code == 0, err
     assert json.loads(out)["stats"]["drafted"] > 0
@@ -138,7 +159,7 @@ def test_changed_options_go_to_plain_data_and_back():
         ({"compile": "fast"}, "compile.*auto, off, on"),
         ({"compile": True}, "compile"),
     ],
-)  # fmt: skip
+)
 def test_bad_saved_data_names_the_field(change, says):
     data = {**EngineConfig().with_drafter("lookahead").to_dict(), **change}
     with pytest.raises(ConfigError, match=says):
@@ -153,12 +174,15 @@ def test_construction_keeps_what_was_typed_and_make_refuses_it():
 
 
 def test_the_flat_fields_of_before_become_the_drafters_options():
-    assert from_legacy({"draft": "d.gguf", "drafter": "ngram", "draft_backend": "llama.cpp"}) == \
-        EngineConfig().with_drafter("model", draft="d.gguf", backend="llama.cpp")  # draft= meant "model"
-    assert from_legacy({"drafter": "lookahead", "lookahead": [2, "auto", 4], "heads": "h"}) == \
-        EngineConfig().with_drafter("lookahead", window=2, candidates=4)  # another drafter's field is dropped
-    assert from_legacy({"drafter": "eagle", "heads": "h", "tree_depth": None, "k": 6}).drafter_options() == \
-        drafter_spec("eagle").options(heads="h")
+    assert from_legacy(
+        {"draft": "d.gguf", "drafter": "ngram", "draft_backend": "llama.cpp"}
+    ) == EngineConfig().with_drafter("model", draft="d.gguf", backend="llama.cpp")  # draft= meant "model"
+    assert from_legacy(
+        {"drafter": "lookahead", "lookahead": [2, "auto", 4], "heads": "h"}
+    ) == EngineConfig().with_drafter("lookahead", window=2, candidates=4)  # another drafter's field is dropped
+    assert from_legacy(
+        {"drafter": "eagle", "heads": "h", "tree_depth": None, "k": 6}
+    ).drafter_options() == drafter_spec("eagle").options(heads="h")
     stray = from_legacy({"drafter": "ngram", "draft_dtype": "bfloat16"})
     with pytest.raises(ConfigError, match="--draft-dtype sets up a draft model"):
         stray.drafter_options()

@@ -15,8 +15,10 @@ from tests.factories.fake import cycle_transition as cycle
 from tests.stats_helpers import chi_square_pvalue, three_token_law
 
 GREEDY = SamplingConfig(max_tokens=40)
-EDIT = ("Here is a function:\n\ndef area(width, height):\n    return width * height\n\n"
-        "Rename width to w and height to h, and show the whole function again.")  # fmt: skip
+EDIT = (
+    "Here is a function:\n\ndef area(width, height):\n    return width * height\n\n"
+    "Rename width to w and height to h, and show the whole function again."
+)
 
 
 def propose(drafter: SuffixDrafter, context: list[int], k: int = 16):

@@ -20,8 +20,9 @@ def with_config(folder, **changes):
 
 @pytest.fixture
 def unknown(tmp_path):
-    return with_config(write_hf_folder(tmp_path / "unknown"), model_type="nosuchmodel",
-                       architectures=["NoSuchForCausalLM"])  # fmt: skip
+    return with_config(
+        write_hf_folder(tmp_path / "unknown"), model_type="nosuchmodel", architectures=["NoSuchForCausalLM"]
+    )
 
 
 def errors(findings):
@@ -55,7 +56,9 @@ def test_a_folder_with_its_own_code_says_trust_remote_code_stays_off_unless_aske
 
 
 def test_a_model_that_does_not_generate_text_is_refused_by_name(tmp_path):
-    seq2seq = with_config(write_hf_folder(tmp_path / "t5"), model_type="t5", architectures=["T5ForConditionalGeneration"])
+    seq2seq = with_config(
+        write_hf_folder(tmp_path / "t5"), model_type="t5", architectures=["T5ForConditionalGeneration"]
+    )
     (error,) = errors(check_model(str(seq2seq)))  # transformers knows T5, but not as a causal LM
     assert "'t5'" in error.detail and "T5ForConditionalGeneration" in error.detail
 

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from engine.errors import ConfigError, ModelNotFoundError
 from engine.models import doctor
 from engine.models.doctor import check_model, check_pair, estimate_memory
-from engine.errors import ConfigError, ModelNotFoundError
-from engine.models.metadata import read_metadata
 from engine.models.locate import resolve
+from engine.models.metadata import read_metadata
 from engine.models.placement import Placement
 from tests.engine.models.test_models import TOKENS, isolated_home, write_gguf, write_hf_folder  # noqa: F401 (fixture)
 
@@ -90,9 +90,15 @@ def test_special_tokens_and_templates_that_differ(tmp_path):
 
 @pytest.mark.parametrize(
     "ratio, severity, title",
-    [(20, "ok", "useful range"), (8, "ok", "useful range"), (70, "ok", "useful range"),
-     (4, "warning", "large for this target"), (100, "warning", "very small"), (0.5, "warning", "not smaller")],
-)  # fmt: skip
+    [
+        (20, "ok", "useful range"),
+        (8, "ok", "useful range"),
+        (70, "ok", "useful range"),
+        (4, "warning", "large for this target"),
+        (100, "warning", "very small"),
+        (0.5, "warning", "not smaller"),
+    ],
+)
 def test_size_ratio_against_the_8_to_70_guidance(default_meta, ratio, severity, title):
     target = replace(default_meta, n_params=int(default_meta.n_params * ratio))
     result = finding(check_pair(target, default_meta), "ratio" if severity == "ok" else title)

@@ -18,13 +18,13 @@ import textwrap
 import pytest
 import torch
 
+from engine.api import Engine, EngineConfig
 from engine.backends.base import ModelInfo
 from engine.core.draft_length import CostModel
-from engine.errors import ModelLoadError, OutOfMemoryError
-from tests.engine.drafters.build import make_drafter
-from engine.models.memory_errors import is_allocation_failure, out_of_memory
 from engine.core.sampling import SamplingConfig
-from engine.api import Engine, EngineConfig
+from engine.errors import ModelLoadError
+from engine.models.memory_errors import is_allocation_failure, out_of_memory
+from tests.engine.drafters.build import make_drafter
 from tests.factories.fake import MarkovBackend, random_transition
 from tests.factories.gguf_models import make_tiny_gguf
 from tests.factories.hf_models import make_tiny_llama
@@ -199,7 +199,9 @@ def test_out_of_memory_says_what_the_model_needs_and_offers_only_a_smaller_dtype
     bfloat16 = str(out_of_memory("load tiny", path=tiny_dir, backend="torch", dtype="bfloat16", device="cpu"))
     assert "needs about" in bfloat16
     assert "bfloat16" not in _advice(bfloat16) and "int8" in _advice(bfloat16)
-    int8 = str(out_of_memory("load tiny", path=tiny_dir, backend="torch", dtype="int8 (weights) / float32", device="cpu"))
+    int8 = str(
+        out_of_memory("load tiny", path=tiny_dir, backend="torch", dtype="int8 (weights) / float32", device="cpu")
+    )
     assert "bfloat16" not in _advice(int8) and "int8" not in _advice(int8)
 
 
@@ -211,6 +213,7 @@ def test_out_of_memory_on_llama_cpp_suggests_a_quantized_gguf(noise_gguf):
 
 def test_a_failed_allocation_while_generating_is_one_line_on_the_cli(tiny_dir, monkeypatch, capsys):
     from engine.backends.hf import native as native_llama
+
     def allocate_too_much(*args, **kwargs):
         torch.empty(2**45)  # the real allocator's RuntimeError, not "out of memory"
 
@@ -237,20 +240,37 @@ def make_big_sparse_llama(folder: str) -> int:
     make_tiny_llama(folder)
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
-    h, i, n, kv, hd = _BIG["hidden"], _BIG["intermediate"], _BIG["heads"], _BIG["kv_heads"], _BIG["hidden"] // _BIG["heads"]
-    config.update(hidden_size=h, intermediate_size=i, num_hidden_layers=_BIG["layers"], num_attention_heads=n,
-                  num_key_value_heads=kv, head_dim=hd)  # fmt: skip
+    h, i, n, kv, hd = (
+        _BIG["hidden"],
+        _BIG["intermediate"],
+        _BIG["heads"],
+        _BIG["kv_heads"],
+        _BIG["hidden"] // _BIG["heads"],
+    )
+    config.update(
+        hidden_size=h,
+        intermediate_size=i,
+        num_hidden_layers=_BIG["layers"],
+        num_attention_heads=n,
+        num_key_value_heads=kv,
+        head_dim=hd,
+    )
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f)
     shapes = {"model.embed_tokens.weight": [config["vocab_size"], h], "model.norm.weight": [h]}
     for layer in range(_BIG["layers"]):
         p = f"model.layers.{layer}."
         shapes |= {
-            p + "input_layernorm.weight": [h], p + "post_attention_layernorm.weight": [h],
-            p + "self_attn.q_proj.weight": [n * hd, h], p + "self_attn.k_proj.weight": [kv * hd, h],
-            p + "self_attn.v_proj.weight": [kv * hd, h], p + "self_attn.o_proj.weight": [h, n * hd],
-            p + "mlp.gate_proj.weight": [i, h], p + "mlp.up_proj.weight": [i, h], p + "mlp.down_proj.weight": [h, i],
-        }  # fmt: skip
+            p + "input_layernorm.weight": [h],
+            p + "post_attention_layernorm.weight": [h],
+            p + "self_attn.q_proj.weight": [n * hd, h],
+            p + "self_attn.k_proj.weight": [kv * hd, h],
+            p + "self_attn.v_proj.weight": [kv * hd, h],
+            p + "self_attn.o_proj.weight": [h, n * hd],
+            p + "mlp.gate_proj.weight": [i, h],
+            p + "mlp.up_proj.weight": [i, h],
+            p + "mlp.down_proj.weight": [h, i],
+        }
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, shape in shapes.items():
         size = 4 * int(torch.tensor(shape).prod())
@@ -286,7 +306,9 @@ _LIMITED_CLI = textwrap.dedent(
     [("torch", 0.25), ("torch", 1.5), ("llama.cpp", 0.5)],
     ids=["torch-allocator-fails", "torch-mmap-fails", "llama.cpp-mmap-fails"],
 )
-def test_cli_in_a_limited_address_space_says_out_of_memory_in_one_line(tmp_path_factory, default_gguf, backend, headroom):
+def test_cli_in_a_limited_address_space_says_out_of_memory_in_one_line(
+    tmp_path_factory, default_gguf, backend, headroom
+):
     if backend == "torch":
         target = str(tmp_path_factory.mktemp("big") / "big")
         weights = make_big_sparse_llama(target)
@@ -296,8 +318,12 @@ def test_cli_in_a_limited_address_space_says_out_of_memory_in_one_line(tmp_path_
     args = ["generate", "--target", target, *options, "--prompt", "hi", "--max-tokens", "4"]
     run = subprocess.run(
         [sys.executable, "-c", _LIMITED_CLI, str(int(headroom * weights)), *args],
-        capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert run.returncode == 2, run.stderr[-2000:]
     assert "Traceback" not in run.stderr
     lines = [line for line in run.stderr.splitlines() if line.startswith("error:")]
@@ -366,8 +392,14 @@ def _medusa_folder(folder, marker) -> str:
 
 
 def _eagle_folder(folder, marker) -> str:
-    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "num_hidden_layers": 1}  # fmt: skip
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+    }
     (folder / "config.json").write_text(json.dumps(config))
     torch.save({"fc.weight": _Exploit(str(marker))}, str(folder / "pytorch_model.bin"))
     return str(folder / "pytorch_model.bin")
@@ -390,7 +422,9 @@ def test_heads_whose_pickle_holds_code_are_refused_in_full_and_never_run(tiny_to
 def test_out_of_memory_while_running_says_what_the_weights_take_when_the_files_cannot_be_read():
     from engine.models.memory_errors import model_out_of_memory
 
-    info = ModelInfo("gone", "/nowhere/gone.gguf", "torch", "llama", 10**8, 400 * 2**20, 49152, 30, 8192, "float32", "cpu")
+    info = ModelInfo(
+        "gone", "/nowhere/gone.gguf", "torch", "llama", 10**8, 400 * 2**20, 49152, 30, 8192, "float32", "cpu"
+    )
     message = str(model_out_of_memory("run gone on 97 tokens", info, 4096, "a shorter prompt"))
     assert message.startswith("Not enough memory to run gone on 97 tokens (float32 on cpu).")
     assert "weights alone take 400 MiB" in message and _advice(message).startswith("a shorter prompt")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine import api as session
+from engine.api import Engine
 from engine.cli.main import main
 from engine.errors import ConfigError
-from engine.api import Engine
 from engine.models import loading
 from tests.engine.drafters.build import legacy_config as EngineConfig
 from tests.factories.fake import MarkovBackend, random_transition
@@ -63,34 +63,60 @@ def test_a_llama_cpp_draft_does_not_inherit_the_targets_torch_dtype(loads):
 
 
 def test_draft_options_are_the_drafts_own(loads):
-    config = EngineConfig(target="default", backend="torch", draft="default", draft_backend="torch", dtype="float32",
-                          draft_dtype="bfloat16", draft_threads=1, draft_gpu_layers=3, measure_costs=False)  # fmt: skip
+    config = EngineConfig(
+        target="default",
+        backend="torch",
+        draft="default",
+        draft_backend="torch",
+        dtype="float32",
+        draft_dtype="bfloat16",
+        draft_threads=1,
+        draft_gpu_layers=3,
+        measure_costs=False,
+    )
     Engine.load(config)
     (_, _, target), (_, _, draft) = loads
     assert target["dtype"] == "float32" and draft["dtype"] == "bfloat16"
-    assert (draft["threads"], draft["gpu_layers"]) == (1, 3) and (target["threads"], target["gpu_layers"]) == (None, "auto")
+    assert (draft["threads"], draft["gpu_layers"]) == (1, 3) and (target["threads"], target["gpu_layers"]) == (
+        None,
+        "auto",
+    )
 
 
 def test_a_torch_draft_follows_the_targets_dtype_unless_told_otherwise(loads):
-    Engine.load(EngineConfig(target="default", backend="torch", draft="default", draft_backend="torch",
-                             dtype="float32", measure_costs=False))  # fmt: skip
+    Engine.load(
+        EngineConfig(
+            target="default",
+            backend="torch",
+            draft="default",
+            draft_backend="torch",
+            dtype="float32",
+            measure_costs=False,
+        )
+    )
     assert loads[1][2]["dtype"] == "float32"
 
 
 @pytest.mark.parametrize(
     "options, says",
     [
-        (dict(QUANTIZED_SELF_DRAFT, draft_dtype="bfloat16"), "--draft-dtype bfloat16: the draft model runs on llama.cpp"),
+        (
+            dict(QUANTIZED_SELF_DRAFT, draft_dtype="bfloat16"),
+            "--draft-dtype bfloat16: the draft model runs on llama.cpp",
+        ),
         (dict(QUANTIZED_SELF_DRAFT, draft_dtype="fp8"), "--draft-dtype fp8: unknown dtype"),
         (dict(QUANTIZED_SELF_DRAFT, draft_threads=0), "--draft-threads 0"),
         (dict(QUANTIZED_SELF_DRAFT, threads=-1), "--threads -1"),
-        (dict(target="default", backend="llama.cpp", dtype="bfloat16"), "--dtype bfloat16: the target runs on llama.cpp"),
+        (
+            dict(target="default", backend="llama.cpp", dtype="bfloat16"),
+            "--dtype bfloat16: the target runs on llama.cpp",
+        ),
         (dict(target="default", drafter="ngram", draft_dtype="bfloat16"), "--draft-dtype sets up a draft model"),
         (dict(target="default", gpu_layers="lots"), "--gpu-layers lots: give auto"),
         (dict(target="default", gpu_layers=-2), "--gpu-layers -2: give auto"),
         (dict(QUANTIZED_SELF_DRAFT, draft_gpu_layers="lots"), "--draft-gpu-layers lots: give auto"),
     ],
-)  # fmt: skip
+)
 def test_options_that_cannot_work_are_refused_before_anything_loads(loads, options, says):
     with pytest.raises(ConfigError, match=says):
         Engine.load(EngineConfig(**options))
@@ -98,8 +124,23 @@ def test_options_that_cannot_work_are_refused_before_anything_loads(loads, optio
 
 
 def test_the_cli_passes_draft_options_and_names_the_bad_one(loads, capsys):
-    args = ["generate", "--target", "default", "--backend", "torch", "--dtype", "bfloat16", "--draft", "default",
-            "--draft-backend", "llama.cpp", "--draft-dtype", "float16", "--prompt", "hi"]  # fmt: skip
+    args = [
+        "generate",
+        "--target",
+        "default",
+        "--backend",
+        "torch",
+        "--dtype",
+        "bfloat16",
+        "--draft",
+        "default",
+        "--draft-backend",
+        "llama.cpp",
+        "--draft-dtype",
+        "float16",
+        "--prompt",
+        "hi",
+    ]
     assert main(args) == 2
     assert "--draft-dtype float16" in capsys.readouterr().err
     assert loads == []

@@ -12,8 +12,8 @@ import json
 import pytest
 
 from engine.errors import ModelNotFoundError
-from engine.models.metadata import file_type_name, quantization, read_metadata
 from engine.models.locate import list_models, resolve
+from engine.models.metadata import file_type_name, quantization, read_metadata
 from tests.factories.gguf_models import make_tiny_gguf
 from tests.factories.model_stores import add_llama_cache_file, add_ollama_model, write_quant_gguf
 
@@ -47,9 +47,21 @@ def by_name(refs):
 # -- quantization names ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("file_type, name", [(0, "F32"), (1, "F16"), (32, "BF16"), (2, "Q4_0"), (3, "Q4_1"),
-                                              (7, "Q8_0"), (15, "Q4_K_M"), (1024 + 15, "Q4_K_M"), (99999, ""),
-                                              (None, "")])  # fmt: skip
+@pytest.mark.parametrize(
+    "file_type, name",
+    [
+        (0, "F32"),
+        (1, "F16"),
+        (32, "BF16"),
+        (2, "Q4_0"),
+        (3, "Q4_1"),
+        (7, "Q8_0"),
+        (15, "Q4_K_M"),
+        (1024 + 15, "Q4_K_M"),
+        (99999, ""),
+        (None, ""),
+    ],
+)
 def test_file_type_has_llama_cpp_name(file_type, name):
     assert file_type_name(file_type) == name
 

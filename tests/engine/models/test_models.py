@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from engine.errors import ModelLoadError, ModelNotFoundError
-from engine.models.metadata import read_metadata
 from engine.models.locate import DEFAULT_SPEC, default_model_path, list_models, model_dirs, resolve
+from engine.models.metadata import read_metadata
 
 TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "b", "c", "Ġthe", "Ġcat", "ĠĠ", "Ċ"]
 CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -26,8 +26,20 @@ CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}
 # -- fixtures shared with test_doctor.py -------------------------------------------
 
 
-def write_gguf(path, tokens=TOKENS, *, n_layers=2, n_embd=16, n_heads=4, n_kv=2, ctx=512,
-               bos=1, eos=2, template=CHATML, extra_params=0) -> str:  # fmt: skip
+def write_gguf(
+    path,
+    tokens=TOKENS,
+    *,
+    n_layers=2,
+    n_embd=16,
+    n_heads=4,
+    n_kv=2,
+    ctx=512,
+    bos=1,
+    eos=2,
+    template=CHATML,
+    extra_params=0,
+) -> str:
     """A tiny llama GGUF: embeddings, one norm per layer, optionally a filler tensor."""
     import gguf
 
@@ -58,8 +70,20 @@ def write_gguf(path, tokens=TOKENS, *, n_layers=2, n_embd=16, n_heads=4, n_kv=2,
     return str(path)
 
 
-def write_hf_folder(folder, tokens=TOKENS, *, n_layers=2, hidden=16, n_heads=4, n_kv=2, ctx=512,
-                    bos="<|im_start|>", eos="<|im_end|>", template=CHATML, merges=()) -> Path:  # fmt: skip
+def write_hf_folder(
+    folder,
+    tokens=TOKENS,
+    *,
+    n_layers=2,
+    hidden=16,
+    n_heads=4,
+    n_kv=2,
+    ctx=512,
+    bos="<|im_start|>",
+    eos="<|im_end|>",
+    template=CHATML,
+    merges=(),
+) -> Path:
     """A tiny HF model folder: config.json, a real tokenizer.json, float16 safetensors."""
     from safetensors.numpy import save_file
     from tokenizers import Tokenizer, models
@@ -67,11 +91,18 @@ def write_hf_folder(folder, tokens=TOKENS, *, n_layers=2, hidden=16, n_heads=4, 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": n_layers,
-        "hidden_size": hidden, "num_attention_heads": n_heads, "num_key_value_heads": n_kv,
-        "max_position_embeddings": ctx, "vocab_size": len(tokens), "eos_token_id": 2, "bos_token_id": 1,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": n_layers,
+        "hidden_size": hidden,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "max_position_embeddings": ctx,
+        "vocab_size": len(tokens),
+        "eos_token_id": 2,
+        "bos_token_id": 1,
         "torch_dtype": "float16",
-    }  # fmt: skip
+    }
     (folder / "config.json").write_text(json.dumps(config))
     tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, list(merges)))
     tok.save(str(folder / "tokenizer.json"))
@@ -234,8 +265,12 @@ def test_metadata_of_the_default_model_is_quick_and_right():
     elapsed = time.perf_counter() - start
     assert elapsed < 2.0, f"reading the default model's metadata took {elapsed:.2f} s"
     assert (meta.architecture, meta.n_layers, meta.hidden_size, meta.n_heads, meta.n_kv_heads) == (
-        "llama", 30, 576, 9, 3
-    )  # fmt: skip
+        "llama",
+        30,
+        576,
+        9,
+        3,
+    )
     assert (meta.head_dim, meta.context_length, meta.vocab_size, len(meta.vocab)) == (64, 8192, 49152, 49152)
     assert meta.vocab[:3] == ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
     assert "Ġthe" in meta.vocab
@@ -277,8 +312,12 @@ def test_hf_metadata(tmp_path):
     meta = read_metadata(resolve(str(folder)))
     assert meta.vocab == tuple(tokens) + ("<extra>",)
     assert (meta.architecture, meta.n_layers, meta.hidden_size, meta.n_kv_heads, meta.head_dim) == (
-        "llama", 2, 16, 2, 4
-    )  # fmt: skip
+        "llama",
+        2,
+        16,
+        2,
+        4,
+    )
     assert (meta.context_length, meta.bos_id, meta.eos_ids, meta.chat_template) == (512, 1, (2,), CHATML)
     assert (meta.n_params, meta.weight_bytes, meta.dtype) == (10 * 16 + 2 * 16, 2 * (10 * 16 + 2 * 16), "float16")
 

@@ -9,9 +9,9 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 
 @dataclass
@@ -48,7 +48,7 @@ class FakeServer:
     protected: Callable[[str], bool] = lambda path: True
     requests: list = field(default_factory=list)
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> FakeServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="fake-server")
@@ -89,8 +89,11 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
         def _answer(self, method: str, body: dict) -> None:
             path = self.path.split("?", 1)[0]
             server.requests.append((method, path, body))
-            if server.api_key and server.protected(path) and \
-                    self.headers.get("Authorization") != f"Bearer {server.api_key}":  # fmt: skip
+            if (
+                server.api_key
+                and server.protected(path)
+                and self.headers.get("Authorization") != f"Bearer {server.api_key}"
+            ):
                 return self._send(Reply(401, {"error": "Unauthorized"}))  # vLLM's and SGLang's middleware
             route = server.routes.get(path)
             if route is None:

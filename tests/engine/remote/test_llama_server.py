@@ -19,8 +19,13 @@ from engine.remote.llama_server_binary import find_llama_server
 from engine.remote.llama_server_process import LlamaServerProcess
 
 # A reply that copies its input: n-gram drafts land, so every part of the counters moves.
-COPY = [{"role": "user", "content": "Repeat this list exactly, twice: apple, banana, cherry, date, elderberry, "
-                                    "fig, grape, honeydew, kiwi, lemon, mango, nectarine, orange, papaya."}]  # fmt: skip
+COPY = [
+    {
+        "role": "user",
+        "content": "Repeat this list exactly, twice: apple, banana, cherry, date, elderberry, "
+        "fig, grape, honeydew, kiwi, lemon, mango, nectarine, orange, papaya.",
+    }
+]
 SPEC = ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"]
 
 
@@ -30,8 +35,10 @@ def llama_server_binary() -> str:
     a test may take), so that no test waits for a compiler."""
     found = find_llama_server()
     if found is None:
-        pytest.fail("No llama-server binary: run `specdeck-cli llama-server build` (the second half of README's "
-                    "install command), or set $SPECDECK_LLAMA_SERVER.")  # fmt: skip
+        pytest.fail(
+            "No llama-server binary: run `specdeck-cli llama-server build` (the second half of README's "
+            "install command), or set $SPECDECK_LLAMA_SERVER."
+        )
     return str(found)
 
 
@@ -139,7 +146,9 @@ def test_a_wrong_key_and_a_dead_address_say_what_to_do(llama_server_binary, defa
     with LlamaServerProcess(llama_server_binary, default_gguf, n_ctx=512, api_key="right-key") as server:
         with pytest.raises(ServerRefused, match="refused the API key.*give the key"):
             open_remote("llama-server", server.url, api_key="wrong-key").generate(COPY, SamplingConfig(max_tokens=4))
-        reply = open_remote("llama-server", server.url, api_key="right-key").generate(COPY, SamplingConfig(max_tokens=4))
+        reply = open_remote("llama-server", server.url, api_key="right-key").generate(
+            COPY, SamplingConfig(max_tokens=4)
+        )
         assert reply.stats.tokens == 4
         url = server.url
     with pytest.raises(ServerUnavailable, match="connection refused"):
@@ -149,14 +158,29 @@ def test_a_wrong_key_and_a_dead_address_say_what_to_do(llama_server_binary, defa
 def test_a_cancelled_reply_ends_cancelled_with_its_text(speculative_server):
     cancel = threading.Event()
     remote = open_remote("llama-server", speculative_server.url)
-    result = remote.generate(COPY, SamplingConfig(max_tokens=400), cancel=cancel,
-                             on_step=lambda label, step, *_: cancel.set())  # fmt: skip
+    result = remote.generate(
+        COPY, SamplingConfig(max_tokens=400), cancel=cancel, on_step=lambda label, step, *_: cancel.set()
+    )
     assert result.finish_reason == "cancelled" and result.text and result.stats.tokens < 400
 
 
 def test_the_cli_generates_on_llama_server(speculative_server, vanilla_server):
-    command = [sys.executable, "-m", "engine.cli.main", "generate", "--server", speculative_server.url,
-               "--vanilla-server", vanilla_server.url, "--compare", "--json", "-n", "24", "-p", COPY[0]["content"]]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "engine.cli.main",
+        "generate",
+        "--server",
+        speculative_server.url,
+        "--vanilla-server",
+        vanilla_server.url,
+        "--compare",
+        "--json",
+        "-n",
+        "24",
+        "-p",
+        COPY[0]["content"],
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -170,8 +194,13 @@ def test_llama_server_peers_run_beside_ours(llama_server_binary, default_gguf):
 
     prompt = BenchPrompt("copy", "reuse", tuple(COPY))
     specs = llama_server_peers(llama_server_binary, default_gguf, 1024, 2)
-    assert [s.name for s in specs] == ["llama-server", "llama-server ngram-simple", "llama-server ngram-map-k",
-                                       "llama-server ngram-mod", "llama-server ngram-cache"]  # fmt: skip
+    assert [s.name for s in specs] == [
+        "llama-server",
+        "llama-server ngram-simple",
+        "llama-server ngram-map-k",
+        "llama-server ngram-mod",
+        "llama-server ngram-cache",
+    ]
     results = run_peers(specs[:2], (prompt,), {"copy": []}, {}, max_tokens=16, repeat=1, warmup=0)
     for result in results:
         assert result.error is None, result.error
@@ -196,8 +225,12 @@ def test_the_benchmark_runs_on_a_llama_server_with_its_vanilla_twin(speculative_
     from engine.bench.results import BenchSettings
 
     remote = open_remote("llama-server", speculative_server.url)
-    hi = BenchPrompt("hi", "multi-turn", ({"role": "user", "content": "Hi!"},),
-                     follow_ups=({"role": "user", "content": "Say that again, word for word."},))  # fmt: skip
+    hi = BenchPrompt(
+        "hi",
+        "multi-turn",
+        ({"role": "user", "content": "Hi!"},),
+        follow_ups=({"role": "user", "content": "Say that again, word for word."},),
+    )
     prompts = (BenchPrompt("copy", "reuse", tuple(COPY)), hi)
     try:
         report = run_remote_benchmark(remote, prompts, BenchSettings(max_tokens=16, repeat=1, warmup=0))

@@ -33,8 +33,11 @@ def test_samples_types_and_help_are_read_as_written():
     assert scrape.types["vllm:e2e_request_latency_seconds"] == "histogram"
     assert scrape.help["vllm:spec_decode_num_drafts_total"] == "Number of spec decoding drafts."
     first = scrape.samples[0]
-    assert (first.name, first.labels, first.value) == ("vllm:spec_decode_num_drafts_total",
-                                                      (("engine", "0"), ("model_name", "m")), 40.0)  # fmt: skip
+    assert (first.name, first.labels, first.value) == (
+        "vllm:spec_decode_num_drafts_total",
+        (("engine", "0"), ("model_name", "m")),
+        40.0,
+    )
     assert scrape.matching("vllm:spec_decode_num_drafts_created")[0].value == 1754000123.4
 
 
@@ -55,9 +58,11 @@ def test_the_difference_of_two_scrapes_is_what_happened_between_them():
 
 
 def test_escapes_timestamps_special_values_and_trailing_commas():
-    scrape = parse('# a comment\n\n# HELP x line\\nbreak and \\\\ backslash\n'
-                   'x{path="C:\\\\dir\\\\",quote="say \\"hi\\"",nl="a\\nb",} 1.5e3 1700000000000\n'
-                   "y +Inf\nz -Inf\nw NaN\nv{} 0\n")  # fmt: skip
+    scrape = parse(
+        "# a comment\n\n# HELP x line\\nbreak and \\\\ backslash\n"
+        'x{path="C:\\\\dir\\\\",quote="say \\"hi\\"",nl="a\\nb",} 1.5e3 1700000000000\n'
+        "y +Inf\nz -Inf\nw NaN\nv{} 0\n"
+    )
     x = scrape.samples[0]
     assert dict(x.labels) == {"path": "C:\\dir\\", "quote": 'say "hi"', "nl": "a\nb"}
     assert (x.value, x.timestamp_ms) == (1500.0, 1700000000000)
@@ -66,8 +71,9 @@ def test_escapes_timestamps_special_values_and_trailing_commas():
     assert scrape.samples[4].labels == () and scrape.samples[4].value == 0.0
 
 
-@pytest.mark.parametrize("line", ['x{a="1"', 'x{a=1} 2', 'x{a="\\q"} 1', "x", "x 1 2 3", 'x{a="1"}2', "x 1_000",
-                                  "9x 1", "x one"])  # fmt: skip
+@pytest.mark.parametrize(
+    "line", ['x{a="1"', "x{a=1} 2", 'x{a="\\q"} 1', "x", "x 1 2 3", 'x{a="1"}2', "x 1_000", "9x 1", "x one"]
+)
 def test_a_line_that_is_not_the_format_is_refused_with_its_number(line):
     with pytest.raises(ValueError, match="line 2 of the metrics"):
         parse(f"ok 1\n{line}\n")

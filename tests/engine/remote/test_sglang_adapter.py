@@ -37,40 +37,89 @@ A, R, B, P, U = Source.ACCEPTED, Source.RESAMPLED, Source.BONUS, Source.PLAIN, S
 STEPS = [("The", 1), (" quick brown fox", 4), (" jumps over", 2), (" the lazy dog", 3)]
 # The same words where one step's text was held back: its chunk carries two steps (4 + 1 tokens).
 MERGED = [("The", 1), (" quick brown fox", 4), (" jumps over the lazy", 5), (" dog.", 2)]
-MERGED_DETAILS = {"spec_accept_rate": 7 / 12, "spec_accept_length": 3.0, "spec_cap_length": 0.0,
-                  "spec_block_accept_length": 0.0, "spec_num_correct_drafts": 7, "spec_num_proposed_drafts": 12,
-                  "spec_verify_ct": 4, "spec_correct_drafts_histogram": [1, 1, 0, 2],
-                  "spec_cap_lens_histogram": []}  # fmt: skip
+MERGED_DETAILS = {
+    "spec_accept_rate": 7 / 12,
+    "spec_accept_length": 3.0,
+    "spec_cap_length": 0.0,
+    "spec_block_accept_length": 0.0,
+    "spec_num_correct_drafts": 7,
+    "spec_num_proposed_drafts": 12,
+    "spec_verify_ct": 4,
+    "spec_correct_drafts_histogram": [1, 1, 0, 2],
+    "spec_cap_lens_histogram": [],
+}
 
 
 def models() -> dict:
-    return {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 1754000000, "owned_by": "sglang",
-                                        "root": MODEL, "max_model_len": 131072}]}  # fmt: skip
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": MODEL,
+                "object": "model",
+                "created": 1754000000,
+                "owned_by": "sglang",
+                "root": MODEL,
+                "max_model_len": 131072,
+            }
+        ],
+    }
 
 
 def server_info(algorithm: str | None = "EAGLE3", steps: int = 3, topk: int = 1, draft_tokens: int = 4) -> dict:
-    spec = {"speculative_algorithm": algorithm, "speculative_draft_model_path": DRAFT if algorithm else None,
-            "speculative_num_steps": steps if algorithm else None, "speculative_eagle_topk": topk if algorithm else None,
-            "speculative_num_draft_tokens": draft_tokens if algorithm else None}  # fmt: skip
-    return {"model_path": MODEL, "tokenizer_path": MODEL, "served_model_name": MODEL, "context_length": None,
-            "host": "127.0.0.1", "port": 30000, "api_key": None, "tp_size": 1, "stream_interval": 1,
-            "enable_metrics": False, **spec, "max_total_num_tokens": 412346, "max_req_input_len": 131066,
-            "internal_states": [{"avg_spec_accept_length": 2.71, "last_gen_throughput": 181.4,
-                                 "memory_usage": {"weight": 15.0, "kvcache": 50.3}}],
-            "version": "0.5.15.post1"}  # fmt: skip
+    spec = {
+        "speculative_algorithm": algorithm,
+        "speculative_draft_model_path": DRAFT if algorithm else None,
+        "speculative_num_steps": steps if algorithm else None,
+        "speculative_eagle_topk": topk if algorithm else None,
+        "speculative_num_draft_tokens": draft_tokens if algorithm else None,
+    }
+    return {
+        "model_path": MODEL,
+        "tokenizer_path": MODEL,
+        "served_model_name": MODEL,
+        "context_length": None,
+        "host": "127.0.0.1",
+        "port": 30000,
+        "api_key": None,
+        "tp_size": 1,
+        "stream_interval": 1,
+        "enable_metrics": False,
+        **spec,
+        "max_total_num_tokens": 412346,
+        "max_req_input_len": 131066,
+        "internal_states": [
+            {
+                "avg_spec_accept_length": 2.71,
+                "last_gen_throughput": 181.4,
+                "memory_usage": {"weight": 15.0, "kvcache": 50.3},
+            }
+        ],
+        "version": "0.5.15.post1",
+    }
 
 
 def chunk(choice: dict, usage: dict | None = None) -> dict:
-    out = {"id": "9d0c4b6e", "object": "chat.completion.chunk", "created": 1754000100, "model": MODEL,
-           "choices": [{"index": 0, "logprobs": None, "finish_reason": None, "matched_stop": None, **choice}]}  # fmt: skip
+    out = {
+        "id": "9d0c4b6e",
+        "object": "chat.completion.chunk",
+        "created": 1754000100,
+        "model": MODEL,
+        "choices": [{"index": 0, "logprobs": None, "finish_reason": None, "matched_stop": None, **choice}],
+    }
     if usage is not None:
         out["usage"] = usage
     return out
 
 
 def usage(tokens: int) -> dict:
-    return {"prompt_tokens": 12, "total_tokens": 12 + tokens, "completion_tokens": tokens,
-            "prompt_tokens_details": None, "reasoning_tokens": 0}  # fmt: skip
+    return {
+        "prompt_tokens": 12,
+        "total_tokens": 12 + tokens,
+        "completion_tokens": tokens,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+    }
 
 
 def stream(steps, *, details: dict | None = None, continuous: bool = True, break_after: int | None = None) -> Stream:
@@ -79,20 +128,24 @@ def stream(steps, *, details: dict | None = None, continuous: bool = True, break
         total += tokens
         events.append(chunk({"delta": {"content": text}}, usage(total) if continuous else None))
     events.append(chunk({"delta": {}, "finish_reason": "stop", "matched_stop": 128009}))
-    tail = {"id": "9d0c4b6e", "object": "chat.completion.chunk", "created": 1754000100, "model": MODEL,
-            "choices": []}  # fmt: skip
+    tail = {"id": "9d0c4b6e", "object": "chat.completion.chunk", "created": 1754000100, "model": MODEL, "choices": []}
     if details is not None:
         events.append({**tail, "usage": None, "sglext": {"spec_tokens_details": details}})
     events.append({**tail, "usage": usage(total), "sglext": None})
     return Stream(events, break_after)
 
 
-def sglang_server(steps=STEPS, *, info: dict | None = None, info_path: str = "/get_server_info",
-                  **stream_options) -> FakeServer:  # fmt: skip
+def sglang_server(
+    steps=STEPS, *, info: dict | None = None, info_path: str = "/get_server_info", **stream_options
+) -> FakeServer:
     info = info or server_info()
-    return FakeServer({"/v1/models": lambda body: Reply(body=models()),
-                       info_path: lambda body: Reply(body=info),
-                       "/v1/chat/completions": lambda body: stream(steps, **stream_options)})  # fmt: skip
+    return FakeServer(
+        {
+            "/v1/models": lambda body: Reply(body=models()),
+            info_path: lambda body: Reply(body=info),
+            "/v1/chat/completions": lambda body: stream(steps, **stream_options),
+        }
+    )
 
 
 def vanilla_server() -> FakeServer:

@@ -27,15 +27,27 @@ def test_llama_server_counters_rebuild_each_steps_sources():
     builder = StepBuilder(clock=_clock())
     chunks = [  # (text, predicted_n, draft_n, draft_n_accepted)
         ("Once", 1, 0, 0),  # plain: nothing drafted
-        (" upon", 2, 3, 2), (" a", 3, 3, 2), (" time", 4, 3, 2),  # drafted 3, accepted 2, then resampled
-        (",", 5, 5, 4), (" there", 6, 5, 4), (" was", 7, 5, 4),  # drafted 2, accepted 2, then the bonus
+        (" upon", 2, 3, 2),
+        (" a", 3, 3, 2),
+        (" time", 4, 3, 2),  # drafted 3, accepted 2, then resampled
+        (",", 5, 5, 4),
+        (" there", 6, 5, 4),
+        (" was", 7, 5, 4),  # drafted 2, accepted 2, then the bonus
         (" a", 8, 9, 4),  # drafted 4, accepted none: the target's own token
     ]
     steps = [step for text, n, d, a in chunks for step in builder.add(text, tokens=n, drafted=d, accepted=a)]
     result = builder.finish("length", wall_s=0.5, prefill_s=0.1)
     sources = [info.source for info in result.token_infos]
-    assert sources == [Source.PLAIN, Source.ACCEPTED, Source.ACCEPTED, Source.RESAMPLED, Source.ACCEPTED,
-                       Source.ACCEPTED, Source.BONUS, Source.RESAMPLED]  # fmt: skip
+    assert sources == [
+        Source.PLAIN,
+        Source.ACCEPTED,
+        Source.ACCEPTED,
+        Source.RESAMPLED,
+        Source.ACCEPTED,
+        Source.ACCEPTED,
+        Source.BONUS,
+        Source.RESAMPLED,
+    ]
     assert result.text == "Once upon a time, there was a"
     stats = result.stats
     assert (stats.tokens, stats.drafted, stats.accepted, stats.steps) == (8, 9, 4, 4)

@@ -46,15 +46,39 @@ MERGED = [("The", 1, None), (" quick brown fox", 4, 3), (" jumps over the lazy",
 
 
 def models() -> dict:
-    return {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 1754000000, "owned_by": "vllm",
-                                        "root": MODEL, "parent": None, "max_model_len": 32768, "permission": []}]}  # fmt: skip
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": MODEL,
+                "object": "model",
+                "created": 1754000000,
+                "owned_by": "vllm",
+                "root": MODEL,
+                "parent": None,
+                "max_model_len": 32768,
+                "permission": [],
+            }
+        ],
+    }
 
 
 def config() -> dict:
-    return {"model": {"served_model_names": [MODEL], "dtype": "bfloat16", "quantization": None,
-                      "max_model_len": 32768, "max_logprobs": 20},
-            "speculative_decoding": {"enabled": True, "method": "eagle3", "num_speculative_tokens": K,
-                                     "draft_model": DRAFT}}  # fmt: skip
+    return {
+        "model": {
+            "served_model_names": [MODEL],
+            "dtype": "bfloat16",
+            "quantization": None,
+            "max_model_len": 32768,
+            "max_logprobs": 20,
+        },
+        "speculative_decoding": {
+            "enabled": True,
+            "method": "eagle3",
+            "num_speculative_tokens": K,
+            "draft_model": DRAFT,
+        },
+    }
 
 
 class Counters:
@@ -74,54 +98,90 @@ class Counters:
 
     def text(self) -> str:
         labels = f'model_name="{MODEL}",engine="0"'
-        lines = ["# HELP python_gc_objects_collected_total Objects collected during gc",
-                 "# TYPE python_gc_objects_collected_total counter",
-                 'python_gc_objects_collected_total{generation="0"} 5123.0',
-                 "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-                 "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{labels}}} 0.0",
-                 "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
-                 "# TYPE vllm:time_to_first_token_seconds histogram",
-                 f'vllm:time_to_first_token_seconds_bucket{{le="0.001",{labels}}} 0.0',
-                 f'vllm:time_to_first_token_seconds_bucket{{le="+Inf",{labels}}} 41.0',
-                 f"vllm:time_to_first_token_seconds_sum{{{labels}}} 3.25",
-                 f"vllm:time_to_first_token_seconds_count{{{labels}}} 41.0"]  # fmt: skip
-        for name, value, doc in (("drafts", self.drafts, "Number of spec decoding drafts."),
-                                 ("draft_tokens", self.draft_tokens, "Number of draft tokens."),
-                                 ("accepted_tokens", self.accepted, "Number of accepted tokens.")):  # fmt: skip
-            lines += [f"# HELP vllm:spec_decode_num_{name}_total {doc}",
-                      f"# TYPE vllm:spec_decode_num_{name}_total counter",
-                      f"vllm:spec_decode_num_{name}_total{{{labels}}} {float(value)}",
-                      f"# HELP vllm:spec_decode_num_{name}_created {doc}",
-                      f"# TYPE vllm:spec_decode_num_{name}_created gauge",
-                      f"vllm:spec_decode_num_{name}_created{{{labels}}} 1.7540001234e+09"]  # fmt: skip
-        lines += ["# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.",
-                  "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"]  # fmt: skip
-        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{i}"}} {float(n)}'
-                  for i, n in enumerate(self.per_pos)]  # fmt: skip
+        lines = [
+            "# HELP python_gc_objects_collected_total Objects collected during gc",
+            "# TYPE python_gc_objects_collected_total counter",
+            'python_gc_objects_collected_total{generation="0"} 5123.0',
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{{{labels}}} 0.0",
+            "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
+            "# TYPE vllm:time_to_first_token_seconds histogram",
+            f'vllm:time_to_first_token_seconds_bucket{{le="0.001",{labels}}} 0.0',
+            f'vllm:time_to_first_token_seconds_bucket{{le="+Inf",{labels}}} 41.0',
+            f"vllm:time_to_first_token_seconds_sum{{{labels}}} 3.25",
+            f"vllm:time_to_first_token_seconds_count{{{labels}}} 41.0",
+        ]
+        for name, value, doc in (
+            ("drafts", self.drafts, "Number of spec decoding drafts."),
+            ("draft_tokens", self.draft_tokens, "Number of draft tokens."),
+            ("accepted_tokens", self.accepted, "Number of accepted tokens."),
+        ):
+            lines += [
+                f"# HELP vllm:spec_decode_num_{name}_total {doc}",
+                f"# TYPE vllm:spec_decode_num_{name}_total counter",
+                f"vllm:spec_decode_num_{name}_total{{{labels}}} {float(value)}",
+                f"# HELP vllm:spec_decode_num_{name}_created {doc}",
+                f"# TYPE vllm:spec_decode_num_{name}_created gauge",
+                f"vllm:spec_decode_num_{name}_created{{{labels}}} 1.7540001234e+09",
+            ]
+        lines += [
+            "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.",
+            "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
+        ]
+        lines += [
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{i}"}} {float(n)}'
+            for i, n in enumerate(self.per_pos)
+        ]
         return "\n".join(lines) + "\n"
 
 
 def chunk(delta: dict, tokens: int, finish: str | None = None) -> dict:
-    return {"id": "chatcmpl-8c1f", "object": "chat.completion.chunk", "created": 1754000100, "model": MODEL,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
-                         **({"stop_reason": None} if finish else {})}],
-            "usage": {"prompt_tokens": 12, "total_tokens": 12 + tokens, "completion_tokens": tokens}}  # fmt: skip
+    return {
+        "id": "chatcmpl-8c1f",
+        "object": "chat.completion.chunk",
+        "created": 1754000100,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish,
+                **({"stop_reason": None} if finish else {}),
+            }
+        ],
+        "usage": {"prompt_tokens": 12, "total_tokens": 12 + tokens, "completion_tokens": tokens},
+    }
 
 
-def stream(steps, counters: Counters | None, *, reported: dict | None = None, other_traffic: int = 0,
-           break_after: int | None = None, how: str = "reset") -> Stream:  # fmt: skip
+def stream(
+    steps,
+    counters: Counters | None,
+    *,
+    reported: dict | None = None,
+    other_traffic: int = 0,
+    break_after: int | None = None,
+    how: str = "reset",
+) -> Stream:
     """The chat stream of `steps`, raising `counters` as the steps are verified."""
     events, total = [chunk({"role": "assistant", "content": ""}, 0)], 0
     for n, (text, tokens, accepted) in enumerate(steps):
         total += tokens
-        for a in (accepted if isinstance(accepted, tuple) else (accepted,)):
+        for a in accepted if isinstance(accepted, tuple) else (accepted,):
             if a is not None and counters is not None:
                 counters.verify(a)
         events.append(chunk({"content": text}, total, "stop" if n == len(steps) - 1 else None))
     for _ in range(other_traffic):  # another client's steps, verified while this reply ran
         counters.verify(K)
-    last = {"id": "chatcmpl-8c1f", "object": "chat.completion.chunk", "created": 1754000100, "model": MODEL,
-            "choices": [], "usage": {"prompt_tokens": 12, "total_tokens": 12 + total, "completion_tokens": total}}  # fmt: skip
+    last = {
+        "id": "chatcmpl-8c1f",
+        "object": "chat.completion.chunk",
+        "created": 1754000100,
+        "model": MODEL,
+        "choices": [],
+        "usage": {"prompt_tokens": 12, "total_tokens": 12 + total, "completion_tokens": total},
+    }
     if reported is not None:
         last["metrics"] = {"speculative_decoding": reported}
     return Stream(events + [last], break_after, how)
@@ -129,9 +189,12 @@ def stream(steps, counters: Counters | None, *, reported: dict | None = None, ot
 
 def vllm_server(steps=STEPS, *, with_config=True, counters: Counters | None = None, **stream_options) -> FakeServer:
     counters = counters or Counters()
-    routes = {"/v1/models": lambda body: Reply(body=models()), "/version": lambda body: Reply(body={"version": "0.32.0"}),
-              "/metrics": lambda body: Reply(body=counters.text(), content_type="text/plain; version=0.0.4"),
-              "/v1/chat/completions": lambda body: stream(steps, counters, **stream_options)}  # fmt: skip
+    routes = {
+        "/v1/models": lambda body: Reply(body=models()),
+        "/version": lambda body: Reply(body={"version": "0.32.0"}),
+        "/metrics": lambda body: Reply(body=counters.text(), content_type="text/plain; version=0.0.4"),
+        "/v1/chat/completions": lambda body: stream(steps, counters, **stream_options),
+    }
     if with_config:
         routes["/inference/v1/config"] = lambda body: Reply(body=config())
     server = FakeServer(routes, protected=lambda path: path.startswith("/v1"))
@@ -142,12 +205,16 @@ def vllm_server(steps=STEPS, *, with_config=True, counters: Counters | None = No
 def vanilla_server() -> FakeServer:
     """The same model on a server without --speculative-config: no spec-decode counters, a token a step."""
     words = ["The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog"]
-    routes = {"/v1/models": lambda body: Reply(body=models()),
-              "/metrics": lambda body: Reply(body="# HELP vllm:num_requests_running Number of requests.\n"
-                                                  "# TYPE vllm:num_requests_running gauge\n"
-                                                  f'vllm:num_requests_running{{model_name="{MODEL}",engine="0"}} 0.0\n',
-                                             content_type="text/plain; version=0.0.4"),
-              "/v1/chat/completions": lambda body: stream([(w, 1, None) for w in words], None)}  # fmt: skip
+    routes = {
+        "/v1/models": lambda body: Reply(body=models()),
+        "/metrics": lambda body: Reply(
+            body="# HELP vllm:num_requests_running Number of requests.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{model_name="{MODEL}",engine="0"}} 0.0\n',
+            content_type="text/plain; version=0.0.4",
+        ),
+        "/v1/chat/completions": lambda body: stream([(w, 1, None) for w in words], None),
+    }
     return FakeServer(routes)
 
 
@@ -163,7 +230,9 @@ def test_connect_describes_the_model_its_context_and_how_it_speculates():
 def test_without_a_config_endpoint_speculation_is_inferred_from_the_counters():
     with vllm_server(with_config=False) as server:
         pair = VllmEngine(server.url).connect()
-    assert pair.speculative and pair.speculation == f"speculative decoding, up to {K} draft tokens a step (from /metrics)"
+    assert (
+        pair.speculative and pair.speculation == f"speculative decoding, up to {K} draft tokens a step (from /metrics)"
+    )
     assert CONFIG_NOTE in pair.notes and "inferred from its /metrics counters" in CONFIG_NOTE
 
 
@@ -207,9 +276,16 @@ def test_two_steps_in_one_chunk_take_the_accepted_total_from_the_metrics():
 
 def test_the_replys_own_counts_win_over_a_busy_servers_metrics():
     """--per-request-spec-decode-metrics summary: another client's 5 steps raise /metrics meanwhile."""
-    reported = {"mean_acceptance_length": 2.75, "draft_acceptance_rate": 7 / 12, "acceptance_histogram": [1, 1, 0, 2],
-                "acceptance_histogram_by_draft_length": {"3": [1, 1, 0, 2]}, "num_spec_steps": 4,
-                "num_accepted_draft_tokens": 7, "num_draft_tokens": 12, "num_spec_tokens": 3}  # fmt: skip
+    reported = {
+        "mean_acceptance_length": 2.75,
+        "draft_acceptance_rate": 7 / 12,
+        "acceptance_histogram": [1, 1, 0, 2],
+        "acceptance_histogram_by_draft_length": {"3": [1, 1, 0, 2]},
+        "num_spec_steps": 4,
+        "num_accepted_draft_tokens": 7,
+        "num_draft_tokens": 12,
+        "num_spec_tokens": 3,
+    }
     with vllm_server(MERGED, reported=reported, other_traffic=5) as server:
         result = VllmEngine(server.url).generate(ASK, SAMPLING)
     assert result.stats.drafted == 12  # the counters rose by 27
@@ -221,7 +297,9 @@ def test_a_wrong_key_is_refused_with_a_message_that_says_to_give_the_key():
         with pytest.raises(ServerRefused) as refused:
             VllmEngine(server.url, "sk-wrong").connect()
     assert refused.value.status == 401
-    assert "refused the API key" in str(refused.value) and "give the key the server was started with" in str(refused.value)
+    assert "refused the API key" in str(refused.value) and "give the key the server was started with" in str(
+        refused.value
+    )
 
 
 def test_nothing_listening_says_to_start_the_server():

@@ -21,8 +21,20 @@ import pytest
 SERVER_KEY = "test-key-8f2c-5d1e9a"  # 16 characters at least: serve refuses a shorter key
 N_CTX = 1024
 QUEUE = 1
-SERVE_ARGS = ["-m", "default", "--backend", "llama.cpp", "--drafter", "ngram", "--k", "3", "-c", str(N_CTX),
-              "--queue", str(QUEUE)]  # fmt: skip
+SERVE_ARGS = [
+    "-m",
+    "default",
+    "--backend",
+    "llama.cpp",
+    "--drafter",
+    "ngram",
+    "--k",
+    "3",
+    "-c",
+    str(N_CTX),
+    "--queue",
+    str(QUEUE),
+]
 START_TIMEOUT_S = 120.0
 
 
@@ -47,8 +59,14 @@ def start_server(args: list[str], log: Path, key: str | None = None, env: dict |
     env.pop("SPECDECK_API_KEY", None)
     keyed = ["--api-key", key] if key else []
     with open(log, "wb") as err:
-        process = subprocess.Popen(cli_command("serve", *args, "--port", "0", *keyed), stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=err, env=env, **popen)  # fmt: skip
+        process = subprocess.Popen(
+            cli_command("serve", *args, "--port", "0", *keyed),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=env,
+            **popen,
+        )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.append(process.stdout.readline().decode()), daemon=True)
     reader.start()
@@ -105,9 +123,17 @@ class Raw:
         parts = urlsplit(url)
         self.address, self.key = (parts.hostname, parts.port), key
 
-    def request(self, method: str, path: str, body: bytes | str | dict | None = None, *, key: str | None = "",
-                content_type: str | None = "application/json", timeout: float = 60, headers: dict | None = None
-                ) -> tuple[int, dict, bytes]:  # fmt: skip
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | str | dict | None = None,
+        *,
+        key: str | None = "",
+        content_type: str | None = "application/json",
+        timeout: float = 60,
+        headers: dict | None = None,
+    ) -> tuple[int, dict, bytes]:
         """`key` "" (the default): the server's key; None: no Authorization header; else that key.
         `content_type` None: no Content-Type header; `headers`: more (a Host of the test's own, say)."""
         import http.client

@@ -56,17 +56,20 @@ def test_unbatched_gives_every_item_in_order_and_other_events_as_they_are():
 
 
 def sse_events(body: bytes) -> list[dict]:
-    data = [line[len(b"data: "):] for line in body.split(b"\n") if line.startswith(b"data: ")]
+    data = [line[len(b"data: ") :] for line in body.split(b"\n") if line.startswith(b"data: ")]
     assert data[-1] == b"[DONE]"
     return [json.loads(item) for item in data[:-1]]
 
 
 def test_a_streamed_reply_comes_in_batches_that_hold_every_step_in_order(server):
     status, _, body = Raw(server.url, server.key).request(
-        "POST", "/specdeck/generate",
-        {"messages": [{"role": "user", "content": "Count from one to thirty in words."}],
-         "sampling": {"temperature": 0, "max_tokens": 48}},
-    )  # fmt: skip
+        "POST",
+        "/specdeck/generate",
+        {
+            "messages": [{"role": "user", "content": "Count from one to thirty in words."}],
+            "sampling": {"temperature": 0, "max_tokens": 48},
+        },
+    )
     assert status == 200
     events = sse_events(body)
     assert all(set(event) == {"steps"} for event in events)
@@ -86,10 +89,13 @@ def test_a_reply_decoded_on_the_cpu_goes_out_four_times_a_second(server):
     device = json.loads(raw.request("GET", "/specdeck/info")[2])["loaded"]["target"]["device"]
     assert device.startswith("cpu")  # this suite's server decodes on this machine's cores
     status, _, body = raw.request(
-        "POST", "/specdeck/generate",
-        {"messages": [{"role": "user", "content": "Write a story about a lighthouse keeper."}],
-         "sampling": {"temperature": 0, "max_tokens": 160}},
-    )  # fmt: skip
+        "POST",
+        "/specdeck/generate",
+        {
+            "messages": [{"role": "user", "content": "Write a story about a lighthouse keeper."}],
+            "sampling": {"temperature": 0, "max_tokens": 160},
+        },
+    )
     events = sse_events(body)
     steps = [wire.step_from_dict(item["step"]) for item in unbatched(events)]
     assert sum(len(step.tokens) + step.ended_with for step in steps) == steps[-1].stats.tokens  # all, in fewer events

@@ -45,7 +45,9 @@ def test_a_streamed_reply_equals_the_in_process_reply_token_for_token(engine_pro
     from engine import Engine
 
     steps = []
-    remote = engine_process.client.generate(PROMPT, SAMPLED, on_step=lambda label, step, stats, costs: steps.append(step))
+    remote = engine_process.client.generate(
+        PROMPT, SAMPLED, on_step=lambda label, step, stats, costs: steps.append(step)
+    )
     engine = Engine.load(CONFIG)
     try:
         local = engine.generate(engine.prompt_ids(PROMPT), SAMPLED)
@@ -108,7 +110,9 @@ def test_a_wrong_path_is_the_engines_own_error_and_the_loaded_pair_stays(engine_
 
 def test_a_bad_sampling_value_says_its_range(engine_process):
     with pytest.raises(SpecDeckError, match="temperature"):
-        engine_process.client.request("POST", "/specdeck/generate", {"messages": PROMPT, "sampling": {"temperature": -1}})
+        engine_process.client.request(
+            "POST", "/specdeck/generate", {"messages": PROMPT, "sampling": {"temperature": -1}}
+        )
 
 
 def test_the_key_is_required():
@@ -208,15 +212,17 @@ def test_a_clients_stop_stops_its_own_request_and_no_one_elses(engine_process):
     results = {}
 
     def first() -> None:
-        results["first"] = client.generate(PROMPT, SamplingConfig(max_tokens=120),
-                                           on_step=lambda *_: first_step.set())  # fmt: skip
+        results["first"] = client.generate(PROMPT, SamplingConfig(max_tokens=120), on_step=lambda *_: first_step.set())
 
     running = threading.Thread(target=first)
     running.start()
     assert first_step.wait(30)
     stop_second = threading.Event()
-    waiting = threading.Thread(target=lambda: results.update(
-        second=client.generate(PROMPT, SamplingConfig(max_tokens=120), cancel=stop_second)))  # fmt: skip
+    waiting = threading.Thread(
+        target=lambda: results.update(
+            second=client.generate(PROMPT, SamplingConfig(max_tokens=120), cancel=stop_second)
+        )
+    )
     waiting.start()
     time.sleep(0.3)  # the second request now waits for the engine
     stop_second.set()
@@ -234,8 +240,12 @@ def test_the_frozen_app_starts_its_engine_with_its_own_executable(monkeypatch):
     assert command == [sys.executable, process_module.ENGINE_FLAG]
     # ...and the frozen app's entry script, given that flag, serves instead of opening a window.
     launcher = os.path.join(os.path.dirname(__file__), "..", "..", "..", "packaging", "launch_specdeck.py")
-    child = subprocess.Popen([sys.executable, launcher, process_module.ENGINE_FLAG, "--port", "0"],
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, launcher, process_module.ENGINE_FLAG, "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = child.stdout.readline()
         assert line.startswith("SPECDECK_LISTENING 127.0.0.1:")

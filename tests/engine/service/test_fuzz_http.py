@@ -35,27 +35,42 @@ EXAMPLES = 25  # per route; ~300 requests in all, a few seconds on 2 cores
 names = st.text(alphabet="ABCXYZ0123456789_-./", min_size=1, max_size=12)
 numbers = st.one_of(st.integers(), st.integers(min_value=2**63, max_value=2**80), st.floats(), st.booleans())
 scalars = st.one_of(st.none(), numbers, st.text(max_size=20), names)
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                     st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                      max_leaves=12)  # fmt: skip
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)
 
 
 def fields(required: dict, optional: dict):
     """Bodies with `required`'s keys, some of `optional`'s, and now and then an unknown one."""
     extra = st.dictionaries(st.sampled_from(["bogus", "x", ""]), values, max_size=1)
-    return st.builds(lambda base, more, unknown: {**base, **more, **unknown},
-                     st.fixed_dictionaries(required), st.fixed_dictionaries({}, optional=optional), extra)  # fmt: skip
+    return st.builds(
+        lambda base, more, unknown: {**base, **more, **unknown},
+        st.fixed_dictionaries(required),
+        st.fixed_dictionaries({}, optional=optional),
+        extra,
+    )
 
 
 roles = st.one_of(st.sampled_from(["user", "assistant", "system", "tool"]), st.text(max_size=6))
-message = st.one_of(st.fixed_dictionaries({"role": roles, "content": st.one_of(st.text(max_size=40), values)}),
-                    values)  # fmt: skip
+message = st.one_of(st.fixed_dictionaries({"role": roles, "content": st.one_of(st.text(max_size=40), values)}), values)
 messages = st.one_of(st.lists(message, max_size=4), values)
-sampling = fields({}, {k: values | numbers for k in ("temperature", "top_k", "top_p", "min_p", "seed",
-                                                        "max_tokens", "stop")})  # fmt: skip
+sampling = fields(
+    {}, {k: values | numbers for k in ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "stop")}
+)
 config = fields({"target": names}, {k: values | names for k in ("draft", "drafter", "backend", "k", "heads")})
-OPENAI = {"max_tokens": numbers, "temperature": numbers, "seed": numbers, "stream": values, "stop": values,
-          "speculative.n_max": numbers, "speculative.p_min": numbers, "specdeck": values, "n": numbers}  # fmt: skip
+OPENAI = {
+    "max_tokens": numbers,
+    "temperature": numbers,
+    "seed": numbers,
+    "stream": values,
+    "stop": values,
+    "speculative.n_max": numbers,
+    "speculative.p_min": numbers,
+    "specdeck": values,
+    "n": numbers,
+}
 
 BODIES = {
     "/v1/chat/completions": fields({"messages": messages}, OPENAI),
@@ -66,10 +81,13 @@ BODIES = {
     "/specdeck/preflight": fields({"config": config}, {}),
     "/specdeck/cancel": fields({}, {"job": values}),
     "/specdeck/bench": fields({"config": config, "prompts": st.lists(values, max_size=2)}, {"settings": values}),
-    "/specdeck/autotune": fields({"config": config, "prompts": st.lists(values, max_size=2)},
-                                 {"settings": values, "candidates": values}),
-    "/specdeck/train": fields({"options": fields({"target_spec": names}, {"out_dir": values, "data": values,
-                                                                          "steps": values})}, {"command": values}),
+    "/specdeck/autotune": fields(
+        {"config": config, "prompts": st.lists(values, max_size=2)}, {"settings": values, "candidates": values}
+    ),
+    "/specdeck/train": fields(
+        {"options": fields({"target_spec": names}, {"out_dir": values, "data": values, "steps": values})},
+        {"command": values},
+    ),
     "/specdeck/checkpoint": fields({"out_dir": values}, {}),
 }
 
@@ -132,14 +150,22 @@ def test_any_body_gets_a_status_and_a_sentence_never_a_500(address, path):
     assert _send(address, "/specdeck/cancel", b"{}")[0] == 200  # and the server still answers
 
 
-NASTY = [b"[" * 100_000 + b"]" * 100_000, b'{"messages": [], "seed": ' + b"9" * 5000 + b"}", b"\xff\xfe{}", b"",
-         b'{"messages": [{"role": "user", "content": "Hi"}], "seed": 1180591620717411303424, "max_tokens": 2}',
-         b'{"messages": [{"role": "user", "content": "Hi"}], "sampling": {"seed": 1180591620717411303424}}']
+NASTY = [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"messages": [], "seed": ' + b"9" * 5000 + b"}",
+    b"\xff\xfe{}",
+    b"",
+    b'{"messages": [{"role": "user", "content": "Hi"}], "seed": 1180591620717411303424, "max_tokens": 2}',
+    b'{"messages": [{"role": "user", "content": "Hi"}], "sampling": {"seed": 1180591620717411303424}}',
+]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-@given(path=st.sampled_from(sorted(BODIES)), body=st.one_of(st.binary(max_size=64), st.sampled_from(NASTY)),
-       content_type=st.sampled_from(["application/json", "text/plain", None, "application/json; charset=latin-1"]))
+@given(
+    path=st.sampled_from(sorted(BODIES)),
+    body=st.one_of(st.binary(max_size=64), st.sampled_from(NASTY)),
+    content_type=st.sampled_from(["application/json", "text/plain", None, "application/json; charset=latin-1"]),
+)
 def test_bytes_that_are_not_json_and_wrong_content_types_are_4xx(address, path, body, content_type):
     status, data = _send(address, path, body, content_type)
     _check(status, data, (path, body, content_type))

@@ -52,9 +52,14 @@ def test_a_bench_of_the_loaded_pair_gives_the_local_report_and_keeps_the_pair(cl
     from engine.bench.runner import run_benchmark
 
     progress, unloaded = [], []
-    report = client.bench(CONFIG, PROMPTS, QUICK, prompts_source="my-prompts.jsonl",
-                          progress=lambda message, fraction: progress.append((message, fraction)),
-                          on_unloaded=unloaded.append)  # fmt: skip
+    report = client.bench(
+        CONFIG,
+        PROMPTS,
+        QUICK,
+        prompts_source="my-prompts.jsonl",
+        progress=lambda message, fraction: progress.append((message, fraction)),
+        on_unloaded=unloaded.append,
+    )
     local = run_benchmark(CONFIG, PROMPTS, QUICK, prompts_source="my-prompts.jsonl")
 
     assert runs_of(report) == runs_of(local)  # greedy: the same tokens, prompt by prompt and mode by mode
@@ -88,8 +93,13 @@ def test_cancel_ends_a_bench_with_benchmark_cancelled_and_frees_the_server(clien
 def test_autotune_on_the_server_ranks_its_candidates(client):
     progress = []
     candidates = (Candidate("ngram", 2), Candidate("ngram", 4))
-    result = client.autotune(CONFIG, PROMPTS[:1], AutotuneSettings(max_tokens=8, warmup=False), candidates=candidates,
-                             progress=lambda message, fraction: progress.append(message))  # fmt: skip
+    result = client.autotune(
+        CONFIG,
+        PROMPTS[:1],
+        AutotuneSettings(max_tokens=8, warmup=False),
+        candidates=candidates,
+        progress=lambda message, fraction: progress.append(message),
+    )
     assert {r.candidate for r in result.ranked} == {PLAIN, *candidates}
     assert result.prompts == 1 and result.max_tokens == 8 and result.best_config.target == "default"
     assert progress[-1] == "Done" and client.loaded().config == CONFIG
@@ -98,8 +108,13 @@ def test_autotune_on_the_server_ranks_its_candidates(client):
 def test_a_bench_of_another_config_frees_the_loaded_pair_first_and_says_so(client):
     other = dataclasses.replace(CONFIG, k=2)
     events = []
-    report = client.bench(other, PROMPTS[:1], QUICK, progress=lambda message, fraction: events.append(message),
-                          on_unloaded=lambda freed: events.append(freed))  # fmt: skip
+    report = client.bench(
+        other,
+        PROMPTS[:1],
+        QUICK,
+        progress=lambda message, fraction: events.append(message),
+        on_unloaded=lambda freed: events.append(freed),
+    )
     assert events[0] == CONFIG and CONFIG not in events[1:]  # before anything else, once
     assert report.settings["k"] == 2  # the job's own pair, loaded and closed by it
     assert client.loaded() is None  # nothing stays loaded: the app's engine leaves the reload to the app
@@ -112,8 +127,17 @@ def test_training_on_the_server_streams_progress_and_its_checkpoint_reads_back(c
     data = tmp_path / "fox.txt"
     data.write_text(TEXT, encoding="utf-8")
     out = tmp_path / "heads"
-    options = dict(target_spec=tiny, data=[str(data)], out_dir=str(out), steps=3, batch_size=2, seq_len=32, lr=3e-2,
-                   checkpoint_every=100, val_windows=2)  # fmt: skip
+    options = dict(
+        target_spec=tiny,
+        data=[str(data)],
+        out_dir=str(out),
+        steps=3,
+        batch_size=2,
+        seq_len=32,
+        lr=3e-2,
+        checkpoint_every=100,
+        val_windows=2,
+    )
 
     # A mistake is refused before anything happens: the loaded pair stays.
     with pytest.raises(SpecDeckError, match="stepz"):
@@ -123,8 +147,9 @@ def test_training_on_the_server_streams_progress_and_its_checkpoint_reads_back(c
     assert client.loaded().config == CONFIG
 
     events, unloaded = [], []
-    result = client.train(options, resume=False, command="SpecDeck: train heads", progress=events.append,
-                          on_unloaded=unloaded.append)  # fmt: skip
+    result = client.train(
+        options, resume=False, command="SpecDeck: train heads", progress=events.append, on_unloaded=unloaded.append
+    )
     steps = [e for e in events if e.phase == "train"]
     assert unloaded == [CONFIG] and client.loaded() is None  # training loads its own target
     assert [e.step for e in steps] == [1, 2, 3] and all(len(e.head_accuracy) == 4 for e in steps)
@@ -145,8 +170,21 @@ def test_cli_bench_on_a_server_prints_the_local_tables(client, tmp_path, capsys)
     prompts.write_text(json.dumps(PROMPTS[0].to_dict()) + "\n", encoding="utf-8")
     key = client._headers["Authorization"].removeprefix("Bearer ")  # the key EngineProcess gave its child
     out = tmp_path / "report.json"
-    args = ["bench", "--server", client.url, "--api-key", key, "--prompts", str(prompts), "-n", "8", "--repeat", "1",
-            "--warmup", "0"]  # fmt: skip
+    args = [
+        "bench",
+        "--server",
+        client.url,
+        "--api-key",
+        key,
+        "--prompts",
+        str(prompts),
+        "-n",
+        "8",
+        "--repeat",
+        "1",
+        "--warmup",
+        "0",
+    ]
     assert main([*args, "--json", str(out)]) == 0
     captured = capsys.readouterr()
     assert "benchmarking on " + client.url in captured.err

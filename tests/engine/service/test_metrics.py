@@ -23,8 +23,9 @@ P = "specdeck:"
 
 def _step(index: int, drafted: int, accepted: int, tokens: int, finish: str | None = None) -> StepEvent:
     token = TokenInfo(1, "a", Source.PLAIN, 0.5, None)
-    return StepEvent(index, (token,) * tokens, "a" * tokens, drafted, drafted, accepted, 0.0, 0.0, 0.0, RunStats(),
-                     finish)  # fmt: skip
+    return StepEvent(
+        index, (token,) * tokens, "a" * tokens, drafted, drafted, accepted, 0.0, 0.0, 0.0, RunStats(), finish
+    )
 
 
 def test_the_counters_follow_the_steps_and_read_as_prometheus_text():
@@ -53,8 +54,9 @@ def _deltas(before: dict, after: dict) -> dict:
 @pytest.mark.slow
 def test_an_openai_reply_adds_its_own_numbers(raw, openai_client):
     before = raw.metrics()
-    reply = openai_client.chat.completions.create(model="any", messages=MESSAGES, temperature=0, max_tokens=16,
-                                                  extra_body={"specdeck": {"events": True}})  # fmt: skip
+    reply = openai_client.chat.completions.create(
+        model="any", messages=MESSAGES, temperature=0, max_tokens=16, extra_body={"specdeck": {"events": True}}
+    )
     after = raw.metrics()
     steps = [wire.step_from_dict(item["step"]) for item in reply.model_extra["specdeck"]]
     timings, usage = reply.model_extra["timings"], reply.usage

@@ -28,12 +28,14 @@ def _message(error: openai.APIStatusError) -> str:
 
 def test_an_unknown_field_is_a_400_that_names_it(openai_client):
     with pytest.raises(openai.BadRequestError) as raised:
-        openai_client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=2,
-                                              extra_body={"frobnicate": True})  # fmt: skip
+        openai_client.chat.completions.create(
+            model="any", messages=MESSAGES, max_tokens=2, extra_body={"frobnicate": True}
+        )
     assert "unknown field 'frobnicate'" in _message(raised.value)
     with pytest.raises(openai.BadRequestError) as raised:
-        openai_client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=2,
-                                              extra_body={"specdeck": {"event": True}})  # fmt: skip
+        openai_client.chat.completions.create(
+            model="any", messages=MESSAGES, max_tokens=2, extra_body={"specdeck": {"event": True}}
+        )
     assert "specdeck.event" in _message(raised.value)
 
 
@@ -100,9 +102,23 @@ def test_a_missing_or_wrong_key_is_a_401_and_health_is_open(server, raw):
 def test_curl_streams_server_sent_events_ending_in_done(server):
     """As the README shows it: JSON said to be JSON (curl's -d alone says it is a form, which the server refuses)."""
     body = json.dumps({"messages": MESSAGES, "max_tokens": 6, "temperature": 0, "stream": True})
-    out = subprocess.run(["curl", "-sN", f"{server.url}/v1/chat/completions", "-H",
-                          f"Authorization: Bearer {server.key}", "-H", "Content-Type: application/json", "-d", body],
-                         capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [
+            "curl",
+            "-sN",
+            f"{server.url}/v1/chat/completions",
+            "-H",
+            f"Authorization: Bearer {server.key}",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     events = [line for line in out.splitlines() if line]
     assert all(line.startswith("data: ") for line in events) and events[-1] == "data: [DONE]"
     chunks = [json.loads(line[6:]) for line in events[:-1]]
@@ -111,8 +127,9 @@ def test_curl_streams_server_sent_events_ending_in_done(server):
 
 
 def test_raw_requests_get_json_in_openais_shape(raw):
-    status, headers, data = raw.request("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 3},
-                                        content_type="application/json; charset=utf-8")  # fmt: skip
+    status, headers, data = raw.request(
+        "POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 3}, content_type="application/json; charset=utf-8"
+    )
     reply = json.loads(data)
     assert status == 200 and headers["content-type"].startswith("application/json")
     assert reply["choices"][0]["text"] and reply["usage"]["completion_tokens"] <= 3

@@ -25,8 +25,12 @@ def _open_stream(server, max_tokens: int) -> tuple[http.client.HTTPConnection, h
     parts = urlsplit(server.url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     body = {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    connection.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                       headers={"Authorization": f"Bearer {server.key}", "Content-Type": "application/json"})
+    connection.request(
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps(body),
+        headers={"Authorization": f"Bearer {server.key}", "Content-Type": "application/json"},
+    )
     response = connection.getresponse()
     assert response.status == 200
     assert response.readline().startswith(b"data: {")
@@ -71,8 +75,9 @@ def test_two_requests_at_once_both_get_their_reply_in_turn(openai_client):
 
     def ask() -> None:
         try:
-            replies.append(openai_client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=12,
-                                                                 temperature=0))  # fmt: skip
+            replies.append(
+                openai_client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=12, temperature=0)
+            )
         except Exception as error:  # noqa: BLE001 - the assertion below shows it
             errors.append(error)
 

@@ -18,8 +18,12 @@ def served(tmp_path) -> ServerPaths:
         (tmp_path / name).mkdir()
     (tmp_path / "models" / "m.gguf").write_bytes(b"GGUF")
     (tmp_path / "data" / "fox.txt").write_text("the fox", encoding="utf-8")
-    return ServerPaths.served(EngineConfig(target=str(tmp_path / "started.gguf")), train_dir=tmp_path / "train",
-                              data_dir=tmp_path / "data", models_dirs=[tmp_path / "models"])  # fmt: skip
+    return ServerPaths.served(
+        EngineConfig(target=str(tmp_path / "started.gguf")),
+        train_dir=tmp_path / "train",
+        data_dir=tmp_path / "data",
+        models_dirs=[tmp_path / "models"],
+    )
 
 
 def refused(call, *args, match: str | None = None):
@@ -46,13 +50,27 @@ def test_the_operators_llama_server_is_checked_at_start_and_used_by_every_bench(
 
 
 def test_models_are_the_started_ones_names_and_files_under_the_model_folders(served, tmp_path):
-    for spec in ("default", str(tmp_path / "started.gguf"), "org/name", "org/name@main", "org/name:model.Q4_0.gguf",
-                 "ollama:llama3.2:1b", str(tmp_path / "models" / "m.gguf"), str(tmp_path / "train" / "run1")):
+    for spec in (
+        "default",
+        str(tmp_path / "started.gguf"),
+        "org/name",
+        "org/name@main",
+        "org/name:model.Q4_0.gguf",
+        "ollama:llama3.2:1b",
+        str(tmp_path / "models" / "m.gguf"),
+        str(tmp_path / "train" / "run1"),
+    ):
         served.check_config(EngineConfig(target=spec))
     secret = tmp_path / "secret.gguf"
     secret.write_bytes(b"GGUF")
-    outside = (str(secret), str(tmp_path / "models" / ".." / "secret.gguf"), "org/name:/etc/passwd",
-               "org/name:../../../secret.gguf", "~/secret.gguf", "ollama:../../x")  # fmt: skip
+    outside = (
+        str(secret),
+        str(tmp_path / "models" / ".." / "secret.gguf"),
+        "org/name:/etc/passwd",
+        "org/name:../../../secret.gguf",
+        "~/secret.gguf",
+        "ollama:../../x",
+    )
     for spec in outside:
         assert "--models-dir" in refused(served.check_config, EngineConfig(target=spec)), spec
     assert "draft model" in refused(served.check_config, EngineConfig().with_drafter("model", draft=str(secret)))

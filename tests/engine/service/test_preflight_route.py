@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 import threading
-from types import SimpleNamespace
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -28,8 +28,10 @@ PROMPT = [{"role": "user", "content": "Hi"}]
 
 def steady(result) -> list[tuple[str, str, str]]:
     """The findings, with the free memory left out: it changes from one moment to the next."""
-    return [(f.severity, f.title, re.sub(r"[\d.]+ [KMGT]?i?B (of [\d.]+ [KMGT]?i?B )?(is )?free", "free", f.detail))
-            for f in result.findings]  # fmt: skip
+    return [
+        (f.severity, f.title, re.sub(r"[\d.]+ [KMGT]?i?B (of [\d.]+ [KMGT]?i?B )?(is )?free", "free", f.detail))
+        for f in result.findings
+    ]
 
 
 class StalledEngine:
@@ -115,8 +117,9 @@ def test_a_check_answers_while_a_generation_holds_the_engine(served):
     client = EngineClient(url, api_key=KEY)
     replies: list = []
     body = {"messages": PROMPT, "sampling": {"max_tokens": 4}}
-    generation = threading.Thread(target=lambda: replies.append(list(client.stream("/specdeck/generate", body))),
-                                  daemon=True)  # fmt: skip
+    generation = threading.Thread(
+        target=lambda: replies.append(list(client.stream("/specdeck/generate", body))), daemon=True
+    )
     generation.start()
     try:
         assert engine.started.wait(30), "the generation did not start"

@@ -28,12 +28,19 @@ def _refused(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_serve_says_where_it_listens_and_serves_there(server, openai_client):
-    found = re.fullmatch(r"serving SmolLM2-135M-Instruct\.Q4_1 at http://127\.0\.0\.1:(\d+) \(API key required\): "
-                         r"OpenAI's API at \S+/v1, metrics at \S+/metrics; Ctrl\+C stops", server.banner)
+    found = re.fullmatch(
+        r"serving SmolLM2-135M-Instruct\.Q4_1 at http://127\.0\.0\.1:(\d+) \(API key required\): "
+        r"OpenAI's API at \S+/v1, metrics at \S+/metrics; Ctrl\+C stops",
+        server.banner,
+    )
     assert found, server.banner
     assert server.url.endswith(f":{found.group(1)}") and found.group(1) != "8000"  # --port 0: a free port
-    assert openai_client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}],
-                                                 max_tokens=2).choices[0].message.content is not None
+    assert (
+        openai_client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        .choices[0]
+        .message.content
+        is not None
+    )
     assert "loading SmolLM2-135M-Instruct.Q4_1 (llama.cpp)" in server.log.read_text()
 
 
@@ -55,8 +62,13 @@ def test_generate_on_a_server_prints_what_local_generate_prints(server, openai_c
     options = ["generate", "--server", server.url, "--api-key", server.key, "-p", PROMPT, "-n", "12"]
     assert main(options) == 0
     out, err = capsys.readouterr()
-    expected = openai_client.chat.completions.create(model="any", messages=[{"role": "user", "content": PROMPT}],
-                                                     temperature=0, max_tokens=12).choices[0].message.content
+    expected = (
+        openai_client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": PROMPT}], temperature=0, max_tokens=12
+        )
+        .choices[0]
+        .message.content
+    )
     assert out == expected + "\n"
     assert f"generating on {server.url}: SmolLM2-135M-Instruct.Q4_1 (llama.cpp), drafter ngram" in err
     assert re.search(r"\d+ tokens in [\d.]+ s \([\d.]+ tok/s\), \d+ steps \(target forwards\)", err)

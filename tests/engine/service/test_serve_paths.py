@@ -62,8 +62,17 @@ def message(items: list[dict]) -> str:
 
 
 def train(served: Served, out_dir: str, data=("builtin",), **more) -> tuple[int, list[dict]]:
-    options = {"target_spec": str(served.models / "tiny-llama"), "data": list(data), "out_dir": out_dir, "steps": 2,
-               "batch_size": 2, "seq_len": 32, "val_windows": 2, "max_builtin_chars": 4000, "checkpoint_every": 100}
+    options = {
+        "target_spec": str(served.models / "tiny-llama"),
+        "data": list(data),
+        "out_dir": out_dir,
+        "steps": 2,
+        "batch_size": 2,
+        "seq_len": 32,
+        "val_windows": 2,
+        "max_builtin_chars": 4000,
+        "checkpoint_every": 100,
+    }
     return post(served, "/specdeck/train", {"options": {**options, **more}, "resume": False, "command": COMMAND})
 
 
@@ -90,8 +99,14 @@ def test_a_bench_request_cannot_make_the_server_run_a_program(served, tmp_path):
     script = tmp_path / "evil.sh"
     script.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
     script.chmod(0o755)
-    settings = {"max_tokens": 4, "repeat": 1, "warmup": 0, "peers": True, "measure_bandwidth": False,
-                "llama_server": str(script)}  # fmt: skip
+    settings = {
+        "max_tokens": 4,
+        "repeat": 1,
+        "warmup": 0,
+        "peers": True,
+        "measure_bandwidth": False,
+        "llama_server": str(script),
+    }
 
     body = {"config": served.config, "prompts": [PROMPT], "settings": settings}
     status, items = post(served, "/specdeck/bench", body)
@@ -163,8 +178,11 @@ def test_a_model_outside_the_servers_folders_is_refused_and_the_loaded_pair_stay
     assert status == 200 and loaded(served) == served.config
     outside = {**served.config, "target": str(secret)}
 
-    for path, body in (("/specdeck/load", {"config": outside}), ("/specdeck/preflight", {"config": outside}),
-                       ("/specdeck/bench", {"config": outside, "prompts": [PROMPT], "settings": {"max_tokens": 2}})):
+    for path, body in (
+        ("/specdeck/load", {"config": outside}),
+        ("/specdeck/preflight", {"config": outside}),
+        ("/specdeck/bench", {"config": outside, "prompts": [PROMPT], "settings": {"max_tokens": 2}}),
+    ):
         status, items = post(served, path, body)
         assert status == 400 and "--models-dir" in message(items), (path, items[-1:])
     assert loaded(served) == served.config

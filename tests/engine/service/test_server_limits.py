@@ -35,8 +35,22 @@ def _file_limit() -> None:
 
 @pytest.fixture(scope="module")
 def keyless(tmp_path_factory):
-    args = ["-m", "default", "--backend", "llama.cpp", "--drafter", "ngram", "--k", "3", "-c", str(N_CTX),
-            "--queue", "2", "--header-timeout", str(HEADER_TIMEOUT_S)]  # fmt: skip
+    args = [
+        "-m",
+        "default",
+        "--backend",
+        "llama.cpp",
+        "--drafter",
+        "ngram",
+        "--k",
+        "3",
+        "-c",
+        str(N_CTX),
+        "--queue",
+        "2",
+        "--header-timeout",
+        str(HEADER_TIMEOUT_S),
+    ]
     server = start_server(args, tmp_path_factory.mktemp("keyless") / "stderr.log", preexec_fn=_file_limit)
     yield server
     stop_server(server)
@@ -101,8 +115,10 @@ def _stream_start(server, body: dict) -> socket.socket:
     """A streamed generation on a socket of its own, once its first event has come."""
     sock = socket.create_connection(_address(server), timeout=60)
     data = json.dumps(body).encode()
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))  # fmt: skip
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+    )
     received = b""
     while b"data: " not in received:
         received += sock.recv(65536)
@@ -115,13 +131,17 @@ def _stream_start(server, body: dict) -> socket.socket:
 def test_a_100_mb_body_is_refused_before_the_server_reads_it(keyless, raw):
     before = _memory_mb(keyless.process.pid)
     with socket.create_connection(_address(keyless), timeout=30) as sock:  # Content-Length says it: 413 at once
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % (100 * 2**20) + b"[" * 65536)  # fmt: skip
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (100 * 2**20) + b"[" * 65536
+        )
         answer = _answer(sock)
     assert answer.startswith("HTTP/1.1 413") and "over this server's limit of 8.0 MB" in answer
     with socket.create_connection(_address(keyless), timeout=30) as sock:  # chunked: cut off at the limit
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
         chunk = b"%x\r\n%s\r\n" % (2**20, b" " * 2**20)
         sent = 0
         try:
@@ -157,8 +177,10 @@ def test_a_request_whose_client_left_while_it_waited_never_runs(keyless, raw):
     first = _stream_start(keyless, {"messages": LONG_REPLY, "max_tokens": 600, "temperature": 0, "stream": True})
     body = json.dumps({"messages": SAY_HI, "max_tokens": 32, "temperature": 0}).encode()
     waiting = socket.create_connection(_address(keyless), timeout=30)
-    waiting.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+    waiting.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     deadline = time.monotonic() + 10
     while raw.json("GET", "/health")[1]["waiting"] < 1:  # the second request is in the queue
         assert time.monotonic() < deadline, "the second request never queued"
@@ -240,8 +262,11 @@ def test_a_web_pages_simple_post_is_refused_and_changes_nothing(raw):
 def test_a_foreign_host_is_refused_on_every_route_and_loopback_names_are_not(keyless, raw):
     port = _address(keyless)[1]
     for host in ("evil.example", f"evil.example:{port}", "192.168.1.20", "127.0.0.1.nip.io"):
-        for method, path, body in (("GET", "/health", None), ("GET", "/v1/models", None),
-                                   ("POST", "/v1/chat/completions", {"messages": SAY_HI, "max_tokens": 1})):
+        for method, path, body in (
+            ("GET", "/health", None),
+            ("GET", "/v1/models", None),
+            ("POST", "/v1/chat/completions", {"messages": SAY_HI, "max_tokens": 1}),
+        ):
             status, error = raw.json(method, path, body, headers={"Host": host})
             assert status == 400 and "is not this server" in error["error"]["message"], (host, path)
     for host in ("127.0.0.1", f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "LOCALHOST"):
@@ -279,8 +304,12 @@ def test_a_short_key_is_refused_before_the_model_loads(tmp_path):
 
     from tests.engine.service.conftest import cli_command
 
-    done = subprocess.run(cli_command("serve", "-m", "default", "--port", "0", "--api-key", "abc"),
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        cli_command("serve", "-m", "default", "--port", "0", "--api-key", "abc"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "at least 16" in done.stderr and "secrets.token_urlsafe" in done.stderr
 

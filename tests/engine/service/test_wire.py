@@ -12,15 +12,41 @@ from engine.service import wire
 
 
 def a_step(p: float = 0.1 + 0.2) -> StepEvent:
-    token = TokenInfo(id=9318, text=" stood\u00e9", source=Source.ACCEPTED, p=p, q=1 / 3, top_ids=(9318, 19529),
-                      top_logits=(15.909194946289062, 14.382877349853516))  # fmt: skip
-    stats = RunStats(steps=41, tokens=42, drafted=6, accepted=1, tested=4, wall_s=1.056468948000031,
-                     predicted_speedup=0.8889322115701908, depth_tested=(3, 1), depth_accepted=(1, 0),
-                     notes=("a note",))  # fmt: skip
-    return StepEvent(index=40, tokens=(token,), text=token.text, k=3, drafted=3, accepted=1,
-                     draft_s=1.03049999893301e-05, verify_s=0.03116016699999591, other_s=4.77e-4,
-                     stats=stats, finish_reason="stop_string",
-                     stop_tokens=(TokenInfo(id=2, text="END", source=Source.BONUS, p=0.5, q=None),))  # fmt: skip
+    token = TokenInfo(
+        id=9318,
+        text=" stood\u00e9",
+        source=Source.ACCEPTED,
+        p=p,
+        q=1 / 3,
+        top_ids=(9318, 19529),
+        top_logits=(15.909194946289062, 14.382877349853516),
+    )
+    stats = RunStats(
+        steps=41,
+        tokens=42,
+        drafted=6,
+        accepted=1,
+        tested=4,
+        wall_s=1.056468948000031,
+        predicted_speedup=0.8889322115701908,
+        depth_tested=(3, 1),
+        depth_accepted=(1, 0),
+        notes=("a note",),
+    )
+    return StepEvent(
+        index=40,
+        tokens=(token,),
+        text=token.text,
+        k=3,
+        drafted=3,
+        accepted=1,
+        draft_s=1.03049999893301e-05,
+        verify_s=0.03116016699999591,
+        other_s=4.77e-4,
+        stats=stats,
+        finish_reason="stop_string",
+        stop_tokens=(TokenInfo(id=2, text="END", source=Source.BONUS, p=0.5, q=None),),
+    )
 
 
 def test_a_step_reads_back_equal_here_and_in_any_json_reader():
@@ -38,7 +64,10 @@ def test_a_batch_is_the_event_its_items_make():
 
 def test_numpy_numbers_and_big_integers_are_written_too():
     assert wire.loads(wire.dumps({"a": np.float64(0.25), "b": np.int64(7), "c": np.float32(1.5)})) == {
-        "a": 0.25, "b": 7, "c": 1.5}  # fmt: skip
+        "a": 0.25,
+        "b": 7,
+        "c": 1.5,
+    }
     assert wire.loads(wire.dumps({"big": 2**70})) == {"big": 2**70}
 
 

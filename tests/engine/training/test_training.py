@@ -78,8 +78,9 @@ def test_resume_after_cancel_gives_the_uninterrupted_result(tiny, text_file, tmp
         if event.phase == "train" and event.step == 4:
             cancel.set()
 
-    cut = train_heads(tiny, text_file, tmp_path / "cut", steps=8, progress=stop_at_four, cancel=cancel,
-                       objective=objective, **FAST)  # fmt: skip
+    cut = train_heads(
+        tiny, text_file, tmp_path / "cut", steps=8, progress=stop_at_four, cancel=cancel, objective=objective, **FAST
+    )
     assert cut.cancelled and cut.step == 4
     assert events[-1].phase == "cancelled"
     info = checkpoint_info(tmp_path / "cut")  # cancelling saved a checkpoint
@@ -195,8 +196,24 @@ def test_cli_trains_and_refuses_to_overwrite_without_resume(tiny, text_file, tmp
     from engine.cli.main import main
 
     out = str(tmp_path / "heads")
-    args = ["train-heads", "--target", tiny, "--data", text_file, "--out", out, "--steps", "2", "--batch-size", "2",
-            "--seq-len", "32", "--log-every", "1", "--json"]  # fmt: skip
+    args = [
+        "train-heads",
+        "--target",
+        tiny,
+        "--data",
+        text_file,
+        "--out",
+        out,
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "32",
+        "--log-every",
+        "1",
+        "--json",
+    ]
     assert main(args) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)
@@ -226,8 +243,9 @@ def held_out(tiny, text_file, heads_dir=None, num_heads=4):
         heads = MedusaHeads(config, target.lm_head)
     else:
         heads = load_heads(str(heads_dir), target.hidden_size, target.vocab_size, target.lm_head)
-    kl, accuracy = zip(*[distill(heads, target, b, [1.0] * num_heads, train=False)
-                         for b in windows.validation_batches(8)])  # fmt: skip
+    kl, accuracy = zip(
+        *[distill(heads, target, b, [1.0] * num_heads, train=False) for b in windows.validation_batches(8)]
+    )
     return [sum(x) / len(x) for x in zip(*kl)], [sum(x) / len(x) for x in zip(*accuracy)]
 
 
@@ -270,8 +288,9 @@ def test_a_cache_cancelled_half_built_continues_and_gives_the_uninterrupted_resu
         if event.phase == "cache" and event.step == features.CHUNK_WINDOWS:
             cancel.set()
 
-    cut = train_heads(tiny, text_file, tmp_path / "cut", steps=3, progress=stop_after_first_chunk, cancel=cancel,
-                       **FAST)  # fmt: skip
+    cut = train_heads(
+        tiny, text_file, tmp_path / "cut", steps=3, progress=stop_after_first_chunk, cancel=cancel, **FAST
+    )
     assert cut.cancelled and cut.step == 0 and events[-1].phase == "cancelled"
     total = [e.steps for e in events if e.phase == "cache"][0]
     assert total > features.CHUNK_WINDOWS  # the corpus needs more than one chunk: the test means something

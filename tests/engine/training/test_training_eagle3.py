@@ -34,8 +34,15 @@ def trained(tiny, text_file, tmp_path_factory):
     """Eight steps, cancelled after four and resumed; and the same eight uninterrupted."""
     root = tmp_path_factory.mktemp("runs")
     steps = []
-    whole = train_heads(tiny, text_file, root / "whole", steps=8, progress=steps.append,
-                        command="specdeck-cli train-heads --kind eagle3 ...", **FAST)  # fmt: skip
+    whole = train_heads(
+        tiny,
+        text_file,
+        root / "whole",
+        steps=8,
+        progress=steps.append,
+        command="specdeck-cli train-heads --kind eagle3 ...",
+        **FAST,
+    )
     cancel = threading.Event()
 
     def stop_at_four(event):

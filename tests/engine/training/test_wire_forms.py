@@ -42,8 +42,9 @@ def run(tmp_path_factory):
         if event.phase == "train" and event.step == 2:
             cancel.set()
 
-    cut = train_heads(tiny, str(data), root / "cut", steps=6, num_heads=2, progress=stop_at_two, cancel=cancel,
-                      objective="kl", **FAST)  # fmt: skip
+    cut = train_heads(
+        tiny, str(data), root / "cut", steps=6, num_heads=2, progress=stop_at_two, cancel=cancel, objective="kl", **FAST
+    )
     return {"root": root, "result": result, "events": events, "cut": cut, "cut_events": cut_events}
 
 
@@ -78,9 +79,18 @@ def test_a_saved_runs_summary_comes_back_equal(run):
 
 
 def test_training_settings_come_back_equal(run):
-    for settings in (TrainSettings(target="default", data=("builtin",)),
-                     TrainSettings(target="default", data=("a.txt", "b/"), self_generate=3, kind="eagle",
-                                   val_windows=None, lr=3e-4, draft_vocab=0)):  # fmt: skip
+    for settings in (
+        TrainSettings(target="default", data=("builtin",)),
+        TrainSettings(
+            target="default",
+            data=("a.txt", "b/"),
+            self_generate=3,
+            kind="eagle",
+            val_windows=None,
+            lr=3e-4,
+            draft_vocab=0,
+        ),
+    ):
         back = TrainSettings.from_dict(through_json(settings.to_dict()))
         assert back == settings and isinstance(back.data, tuple)
     saved = checkpoint_info(run["root"] / "heads").settings  # what a run saves is a TrainSettings
@@ -88,16 +98,31 @@ def test_training_settings_come_back_equal(run):
 
 
 # Every name app/training imports from `engine` today that it keeps, and the records it will rebuild.
-APP_NAMES = ("ConfigError", "SpecDeckError", "list_models", "resolve", "CheckpointInfo", "TrainProgress",
-             "TrainResult", "TrainSettings")  # fmt: skip
+APP_NAMES = (
+    "ConfigError",
+    "SpecDeckError",
+    "list_models",
+    "resolve",
+    "CheckpointInfo",
+    "TrainProgress",
+    "TrainResult",
+    "TrainSettings",
+)
 
 
 def test_the_app_holds_training_records_without_loading_torch(run, tmp_path):
     """In a fresh interpreter (this one has torch loaded): import the names and rebuild the real run's records
     from their JSON; torch, llama.cpp and transformers stay out."""
     payload = tmp_path / "payload.json"
-    payload.write_text(json.dumps({"events": [e.to_dict() for e in run["events"]], "result": run["result"].to_dict(),
-                                   "saved": checkpoint_info(run["root"] / "heads").to_dict()}))  # fmt: skip
+    payload.write_text(
+        json.dumps(
+            {
+                "events": [e.to_dict() for e in run["events"]],
+                "result": run["result"].to_dict(),
+                "saved": checkpoint_info(run["root"] / "heads").to_dict(),
+            }
+        )
+    )
     script = textwrap.dedent(f"""
         import json, sys
         from engine import {", ".join(APP_NAMES)}

@@ -47,11 +47,21 @@ def make(target, options: RepeatOptions, load) -> RepeatDrafter:
 def preflight(ctx, options: RepeatOptions) -> list:
     from engine.models.doctor import Finding
 
-    return [Finding("ok", "The repeat drafter needs nothing",
-                    f"It proposes the last token {options.copies} times; the target keeps what it agrees with.")]
+    return [
+        Finding(
+            "ok",
+            "The repeat drafter needs nothing",
+            f"It proposes the last token {options.copies} times; the target keeps what it agrees with.",
+        )
+    ]
 
 
 DRAFTER = DrafterSpec(
-    name="repeat", label="Repeat the last token", summary="Proposes the last token again (a test drafter).",
-    options=RepeatOptions, make=make, preflight=preflight, stats=RepeatStats,
+    name="repeat",
+    label="Repeat the last token",
+    summary="Proposes the last token again (a test drafter).",
+    options=RepeatOptions,
+    make=make,
+    preflight=preflight,
+    stats=RepeatStats,
 )
