@@ -110,4 +110,5 @@ DRAFTER = DrafterSpec(
     make=make,
     preflight=preflight,
     loads_model=True,
+    draft_probabilities=True,
 )

@@ -180,6 +180,7 @@ class DrafterSpec:
     torch_reason: str = ""  # why the target must run on PyTorch, one sentence (a spec with `needs`)
     choice_label: str = ""  # how the pair dialog lists it, where that says more than `label` ("" = label)
     trees: bool = False  # drafts trees where the target verifies them (`node_budget`): k is then a node budget
+    draft_probabilities: bool = False  # its drafts carry the drafter's probabilities q (a request's p_min applies)
 
     @property
     def needs_torch(self) -> bool:
