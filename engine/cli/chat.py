@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from engine.cli import interrupt as cli_interrupt
+from engine.cli.common import decode_options, engine_config, load_engine, model_options, sampling_config, verdict_lines
 from engine.cli.terminal import isatty
 from engine.core.events import GenerationResult, Source, StepEvent
 from engine.errors import ContextOverflowError, SpecDeckError
@@ -62,14 +63,9 @@ HELP = """commands:
 
 
 def add_chat_parser(subparsers) -> argparse.ArgumentParser:
-    from engine.cli.main import (  # here: engine.cli.main imports this module while it loads
-        _decode_options,
-        _model_options,
-    )
-
     chat = subparsers.add_parser("chat", help="chat in the terminal, each token coloured by where it came from")
-    _model_options(chat)
-    _decode_options(chat, max_tokens=512)
+    model_options(chat)
+    decode_options(chat, max_tokens=512)
     chat.add_argument("-sys", "--system", default="", help="the system prompt (default: none)")
     chat.add_argument(
         "--color",
@@ -85,10 +81,8 @@ def add_chat_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from engine.cli.main import _engine_config, _load_engine, _sampling_config
-
-    sampling = _sampling_config(args)
-    engine = _load_engine(_engine_config(args))
+    sampling = sampling_config(args)
+    engine = load_engine(engine_config(args))
     try:
         Chat(engine, sampling, system=args.system, colour=use_colour(args.color, sys.stdout)).run()
     finally:
@@ -242,8 +236,6 @@ class Chat:
         print("\n".join(lines), file=self.out, flush=True)
 
     def compare(self) -> None:
-        from engine.cli.main import _verdict_lines
-
         if self.last_prompt is None:
             self._say("nothing to compare yet: send a message first")
             return
@@ -259,7 +251,7 @@ class Chat:
             self._say("[stopped]")
             return
         s = comparison.speculative.stats
-        lines = [f"speculative: {s.tokens} tokens at {s.tokens_per_s:.1f} tok/s", *_verdict_lines(comparison)]
+        lines = [f"speculative: {s.tokens} tokens at {s.tokens_per_s:.1f} tok/s", *verdict_lines(comparison)]
         print("\n".join(lines), file=self.out, flush=True)
 
     def _conversation(self) -> list[dict]:

@@ -2,7 +2,7 @@
 
     specdeck-cli generate --target default --drafter ngram --prompt "..." --compare
     echo "..." | specdeck-cli generate -m default -n 64      (llama.cpp's short forms; the prompt from stdin)
-    specdeck-cli chat -m default                             (cli_chat.py)
+    specdeck-cli chat -m default                             (cli/chat.py)
     specdeck-cli serve -m default [--port 8000]              (cli/serve.py: OpenAI's API over HTTP)
     specdeck-cli generate --server http://127.0.0.1:8000 -p "..."   (the server's model instead of a local one)
     specdeck-cli doctor --target M --draft M [--json]
@@ -26,26 +26,25 @@ import argparse  # noqa: E402 (after the handler)
 import json  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from engine.cli.bench import add_bench_parser  # noqa: E402
 from engine.cli.chat import add_chat_parser  # noqa: E402
-from engine.cli.llama_server import add_llama_server_parser  # noqa: E402
-from engine.cli.options import (  # noqa: E402
-    add_drafter_options,
-    add_gpu_layers_option,
-    add_load_options,
-    add_server_options,
-    drafter_choice,
-    refuse_pair_options,
-    server_key,
+from engine.cli.common import (  # noqa: E402
+    decode_options,
+    engine_config,
+    load_engine,
+    model_options,
+    sampling_config,
+    verdict_lines,
 )
+from engine.cli.llama_server import add_llama_server_parser  # noqa: E402
+from engine.cli.options import add_gpu_layers_option, add_server_options, refuse_pair_options, server_key  # noqa: E402
 from engine.cli.serve import add_serve_parser  # noqa: E402
 from engine.cli.terminal import isatty  # noqa: E402
 from engine.cli.train import add_train_parser  # noqa: E402
 from engine.errors import ConfigError, SpecDeckError  # noqa: E402
-from engine.figures import DECODE_SPEEDUP, details  # noqa: E402
+from engine.figures import details  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate a reply, speculatively")
-    _model_options(gen)
-    _decode_options(gen, max_tokens=256)
+    model_options(gen)
+    decode_options(gen, max_tokens=256)
     source = gen.add_mutually_exclusive_group()
     source.add_argument(
         "-p",
@@ -114,92 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _model_options(parser: argparse.ArgumentParser) -> None:
-    """The model and load options of generate and chat; the short forms are llama.cpp's (-m, -md, -ngl, ...).
-    The drafter and its options come from the drafter registry (cli/options.py)."""
-    parser.add_argument("-m", "--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
-    add_drafter_options(parser)
-    add_load_options(parser)
-
-
-def _decode_options(parser: argparse.ArgumentParser, max_tokens: int) -> None:
-    """Draft length and sampling, for generate and chat."""
-    _draft_length_options(parser)
-    parser.add_argument("--temperature", "--temp", type=float, default=None, help="0 = greedy (default)")
-    parser.add_argument("--top-k", type=int, default=None, help="0 = off (default)")
-    parser.add_argument("--top-p", type=float, default=None, help="1 = off (default)")
-    parser.add_argument(
-        "--min-p",
-        type=float,
-        default=None,
-        help="0 = off (default); keep tokens at least this fraction as likely as the best one",
-    )
-    parser.add_argument(
-        "--model-sampling",
-        action="store_true",
-        help="for the sampling options not given, use what the model's files recommend "
-        "(GGUF general.sampling.*, generation_config.json)",
-    )
-    parser.add_argument("-s", "--seed", type=int, default=0)
-    parser.add_argument("-n", "--max-tokens", type=int, default=max_tokens, help=f"default {max_tokens}")
-    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-
-
-def _draft_length_options(parser: argparse.ArgumentParser) -> None:
-    """Draft length, for generate, chat and serve."""
-    parser.add_argument(
-        "--k", "--draft-max", dest="k", default="auto", help="draft length: a number from 0 to 32, or auto (default)"
-    )
-    parser.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
-
-
-def _sampling_config(args: argparse.Namespace, say: bool = True):
-    """SamplingConfig from the options above; with --model-sampling, says on stderr what the model recommends."""
-    from engine.core.sampling import SamplingConfig
-
-    given = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p", "min_p")}
-    chosen = {name: value for name, value in given.items() if value is not None}
-    if args.model_sampling:
-        from engine.models.recommended import describe, recommended_sampling
-
-        recommended = recommended_sampling(args.target)
-        chosen = {**recommended, **chosen}
-        if say:
-            said = describe(recommended) if recommended else "nothing, so the defaults apply (greedy)"
-            print(f"the model recommends {said}", file=sys.stderr)
-    # Temperature, top-k, top-p, then min-p, on p and on q alike (engine/core/sampling.py).
-    return SamplingConfig(**chosen, seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop))
-
-
-def _engine_config(args: argparse.Namespace):
-    from engine.config import EngineConfig
-
-    drafter, options = drafter_choice(args)
-    return EngineConfig(
-        target=args.target,
-        drafter=drafter,
-        options=options,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        n_ctx=args.n_ctx,
-        threads=args.threads,
-        gpu_layers=args.gpu_layers,
-        k=args.k,
-        k_max=args.k_max,
-        compile=args.compile,
-    )
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     # Before torch even imports: a bad messages file or an empty pipe is said at once.
     messages = _read_messages(args.messages) if args.messages else None
     prompt_text = _read_prompt(args.prompt) if messages is None else None
     if args.server:
         return _generate_on_server(args, messages or [{"role": "user", "content": prompt_text}])
-    sampling = _sampling_config(args, say=not args.json)
-    config = _engine_config(args)
-    engine = _load_engine(config)
+    sampling = sampling_config(args, say=not args.json)
+    config = engine_config(args)
+    engine = load_engine(config)
     cancel = threading.Event()
     try:
         prompt = engine.prompt_ids(messages if messages is not None else prompt_text, chat=not args.raw)
@@ -228,7 +150,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(json.dumps(report, ensure_ascii=False), flush=True)
     else:
         _write("\n")
-        per_depth = bool(getattr(engine.drafter, "drafts_trees", False))
+        from engine.drafters.base import DraftsTrees, has
+
+        per_depth = has(engine.drafter, DraftsTrees)
         said = None if engine.drafter is None else _drafter_sentence(engine.drafter.stats())
         _print_summary(result, comparison, n_ctx, per_depth=per_depth, drafter=said)
     return 0
@@ -244,22 +168,22 @@ def _generate_on_server(args: argparse.Namespace, messages: list[dict]) -> int:
             "--raw feeds text without the chat template, which a server's generate does not offer: "
             "drop --raw, or run without --server."
         )
-    sampling = _sampling_config(args, say=False)
+    sampling = sampling_config(args, say=False)
     engine, n_ctx, described, per_depth = _server_engine(args)
     if not args.json:
         print(f"generating on {described}", file=sys.stderr, flush=True)
     cancel = threading.Event()
 
-    def on_step(label, step, drafter_stats, costs) -> None:
-        if not args.json and (label == "speculative" or not args.compare):
-            _write(step.text)  # as local generate: the reply streams; with --compare, the speculative run's
+    def on_steps(steps) -> None:
+        if not args.json:  # as local generate: the reply streams; with --compare, the speculative run's
+            _write("".join(step.text for step in steps if step.run == "speculative" or not args.compare))
 
     try:
         if args.compare:
-            comparison = engine.compare(messages, sampling, cancel=cancel, on_step=on_step)
+            comparison = engine.compare(messages, sampling, cancel=cancel, on_steps=on_steps)
             result = comparison.speculative
         else:
-            result, comparison = engine.generate(messages, sampling, cancel=cancel, on_step=on_step), None
+            result, comparison = engine.generate(messages, sampling, cancel=cancel, on_steps=on_steps), None
     except KeyboardInterrupt:
         cancel.set()
         raise
@@ -300,7 +224,7 @@ def _server_engine(args: argparse.Namespace):
     described = f"{client.url}: {pair.target.name} ({pair.target.backend}), drafter {pair.config.drafter}"
     from engine.drafters.registry import node_budget
 
-    # the summary adds the acceptance per depth for trees, as a local run's does (drafts_trees)
+    # the summary adds the acceptance per depth for trees, as a local run's does (DraftsTrees)
     return client, pair.n_ctx, described, node_budget(pair.config.drafter, pair.target.backend)
 
 
@@ -334,33 +258,6 @@ def _read_messages(path: Path) -> list[dict]:
     if isinstance(messages, dict) and "messages" in messages:
         messages = messages["messages"]
     return check_messages(messages, source=str(path))
-
-
-def _load_engine(config):
-    """Engine.load with one line on stderr, "loading NAME (BACKEND)… 0.8 s" (and the forward, where the
-    backend has several: ", native forward, eager"): stdout stays the reply's."""
-    from engine.api import Engine, load_summary
-
-    summary = load_summary(config)  # a missing model is said alone, before any loading line
-    started = time.perf_counter()
-    # On a terminal the line shows while loading, and an error or Ctrl+C replaces it; in a pipe or
-    # a log it is written once loaded, so an error (or "cancelled") stays the only line.
-    live = isatty(sys.stderr)
-    if live:
-        print(f"loading {summary}…", end="", file=sys.stderr, flush=True)
-    try:
-        engine = Engine.load(config)
-    except BaseException:
-        if live:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
-        raise
-    took = f"{time.perf_counter() - started:.1f} s"
-    if engine.target.info.forward:  # which forward runs (PyTorch: eager, or static shapes and CUDA graphs)
-        took += f", {engine.target.info.forward}"
-    print(f" {took}" if live else f"loading {summary}… {took}", file=sys.stderr, flush=True)
-    for line in engine.placement:  # what --gpu-layers auto chose
-        print(line, file=sys.stderr, flush=True)
-    return engine
 
 
 def _write(text: str) -> None:
@@ -457,24 +354,7 @@ def _summary_lines(result, comparison, n_ctx: int, per_depth: bool = False, draf
     lines.extend(f"note: {note}" for note in notes)
     if comparison is not None:
         lines.extend(f"note (vanilla): {note}" for note in _notes(comparison.vanilla, n_ctx) if note not in notes)
-        lines.extend(_verdict_lines(comparison))
-    return lines
-
-
-def _verdict_lines(comparison) -> list[str]:
-    """Vanilla's speed, the speedup, whether the outputs are identical, and where they first differ."""
-    v = comparison.vanilla.stats
-    lines = [
-        f"vanilla: {v.tokens} tokens at {v.tokens_per_s:.1f} tok/s -> {DECODE_SPEEDUP.name} {comparison.speedup:.2f}x; "
-        + ("outputs identical" if comparison.identical else "outputs differ")
-    ]
-    d = comparison.divergence
-    if d is not None:
-        verdict = "explained" if d.explained else "NOT explained (a bug: please report it)"
-        lines.append(
-            f"first difference at token {d.index}: speculative {d.speculative_token}, "
-            f"vanilla {d.vanilla_token}; {verdict}: {d.reason}"
-        )
+        lines.extend(verdict_lines(comparison))
     return lines
 
 

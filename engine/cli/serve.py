@@ -19,16 +19,15 @@ import argparse
 import os
 import sys
 
+from engine.cli.common import draft_length_options, engine_config, load_engine, model_options
 from engine.cli.options import ENV_KEY  # noqa: E402 (one name for the key everywhere)
 from engine.service.limits import Limits
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
-    from engine.cli.main import _draft_length_options, _model_options  # engine.cli.main imports this module
-
     serve = subparsers.add_parser("serve", help="serve the engine over HTTP (OpenAI's API, /metrics)")
-    _model_options(serve)
-    _draft_length_options(serve)
+    model_options(serve)
+    draft_length_options(serve)
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; anything else needs --api-key)"
     )
@@ -117,7 +116,6 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from engine.cli.main import _engine_config, _load_engine
     from engine.errors import ConfigError
     from engine.service import run
     from engine.service.host import EngineThread, Host
@@ -132,12 +130,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if api_key:
         check_key(api_key)
     limits = _limits(args)
-    config = _engine_config(args)
+    config = engine_config(args)
     paths = _server_paths(args, config)  # a missing folder or binary is said before the load too
     sock = run.bind(args.host, args.port)  # a port in use is said before the load too
     thread = EngineThread()  # loaded where it will decode: one OpenMP pool (EngineThread)
     try:
-        engine = thread.call(lambda: _load_engine(config))
+        engine = thread.call(lambda: load_engine(config))
     except BaseException:
         sock.close()
         raise
