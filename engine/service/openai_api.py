@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.core.events import StepEvent
 from engine.core.sampling_config import SamplingConfig
 from engine.core.text import check_messages
-from engine.service.server import BadRequest
+from engine.service.errors import BadRequest
 
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}

@@ -254,7 +254,7 @@ def model_specs(config) -> list[tuple[str, str]]:
 
 def _refused(message: str):
     """The server's 400 (imported here, not at the top: process.py reads CLIENT_PATHS_FLAG without FastAPI)."""
-    from engine.service.server import BadRequest
+    from engine.service.errors import BadRequest
 
     return BadRequest(message)
 

@@ -50,9 +50,10 @@ from engine.bench.prompts import BenchPrompt
 from engine.bench.results import BenchmarkCancelled, BenchSettings, plain, progress_to_dict
 from engine.config import EngineConfig
 from engine.errors import ConfigError, SpecDeckError
+from engine.service.errors import BadRequest
 from engine.service.host import Host
+from engine.service.http import event_stream
 from engine.service.paths import ServerPaths, paths_of
-from engine.service.server import BadRequest, event_stream
 from engine.training.records import TrainSettings
 
 router = APIRouter()
