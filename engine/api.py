@@ -22,7 +22,8 @@ from engine.core.text import check_messages
 from engine.drafters.base import Drafter
 from engine.drafters.registry import drafter_spec, make_drafter
 from engine.errors import ConfigError, SpecDeckError
-from engine.models.load_options import check_load_options, target_load_options
+from engine.models.load_checks import check_load_options
+from engine.models.load_options import target_load_options
 from engine.models.loading import load_backend
 from engine.models.locate import resolve
 from engine.models.memory_errors import model_out_of_memory, out_of_memory, unexplained_allocation_failure

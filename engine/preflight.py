@@ -261,7 +261,7 @@ def _settings_findings(spec, options) -> list[Finding]:
 def _load_option_findings(config, backend: str, so_far: list[Finding]) -> list[Finding]:
     """The load-option rules Engine.load applies (engine/models/load_options.py), when no finding
     above is an error already (one of them says the same of a dtype on llama.cpp)."""
-    from engine.models.load_options import check_load_options
+    from engine.models.load_checks import check_load_options
 
     if any(f.severity == "error" for f in so_far):
         return []
