@@ -18,7 +18,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QFontMetricsF
 
-from app.charts.panels import RUN_COLOURS, Panel
+from app.charts.panel import RUN_COLOURS, Panel
 from engine import SPECULATIVE, VANILLA, BenchReport
 from engine.figures import DECODE_SPEEDUP
 

@@ -28,9 +28,10 @@ The draft length panel shows a tree drafter's tree size and accepted length
 per step instead. Lookahead and early exit add the drafter panel (two plots:
 the n-gram pool and its hits, or the exit layer and each exit's acceptance)
 beside the last panel, or on a row of its own when only one column is left.
-`set_drafter` says which drafter is loaded; the worker's snapshots of its
-statistics and of the cost model come with each step (`add_step`'s
-`drafter_stats` and `costs`), so nothing here reads the engine while it decodes.
+`set_drafter` says which drafter is loaded; copies of its statistics and of the
+cost model, which the engine took right after each step, come with the step's
+record (`StepEvent.drafter_stats` and `costs`), so nothing here reads the engine
+while it decodes.
 A remote server (llama-server, vLLM, SGLang) sends neither, nor p and q: what the
 charts cannot show for it is said in sentences under the summary (`set_notes`).
 """
@@ -48,21 +49,19 @@ from PySide6.QtGui import QPainter, QPalette
 from PySide6.QtSvg import QSvgGenerator
 from PySide6.QtWidgets import QGridLayout, QLabel, QVBoxLayout, QWidget
 
-from app.charts.data import COLUMNS, DRAFTER_COLUMNS, DRAFTER_VIEWS, Run, chart_series, drafter_view, stats_text
-from app.charts.panels import (
-    RUN_COLOURS,
+from app.charts.data import COLUMNS, DRAFTER_COLUMNS, Run, chart_series, drafter_view, stats_text
+from app.charts.drafter_panels import DrafterPanel
+from app.charts.panel import RUN_COLOURS, Panel
+from app.charts.run_panels import (
     AcceptancePanel,
     DepthPanel,
-    DrafterPanel,
     DraftLengthPanel,
     HistogramPanel,
-    Panel,
     ThroughputPanel,
     TimeSplitPanel,
 )
 from app.charts.theory import TheoryPanel
-from app.runtime.costs import CostSnapshot
-from engine import CostModel, StepEvent, figures
+from engine import CostModel, CostSnapshot, StepEvent, figures
 
 REDRAW_MS = 40  # 25 Hz at most: smooth to the eye
 # More than two redraws a second while steps arrive, whatever drawing costs, on every machine: steps
@@ -128,8 +127,7 @@ class LiveCharts(QWidget):
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self._runs: dict[str, Run] = {}
-        self._costs: CostModel | None = None  # what the theory is drawn from; the charts' own
-        self._costs_taken: CostSnapshot | None = None  # the snapshot it was made from, if any
+        self._costs: CostSnapshot | CostModel | None = None  # what the theory is drawn from; the charts' own
         self._drafter: str | None = None  # EngineConfig.drafter of the loaded engine
         self._dirty = False
         self._running = False  # between begin_run and end_run
@@ -202,7 +200,7 @@ class LiveCharts(QWidget):
     # -- feeding -------------------------------------------------------------------
 
     def set_sharing_cores(self, sharing: bool) -> None:
-        """Whether the engine decodes on the cores this window runs on (steps.shares_cores): the
+        """Whether the engine decodes on the cores this window runs on (engine_controller.shares_cores): the
         redraws then keep to SHARED_CORES_BUDGET of a core instead of REDRAW_BUDGET, and still
         come at least every SLOWEST_REDRAW_MS."""
         self.pace.set_budget(SHARED_CORES_BUDGET if sharing else REDRAW_BUDGET, SLOWEST_REDRAW_MS)
@@ -231,15 +229,13 @@ class LiveCharts(QWidget):
         if not self._runs:
             self._show_summary()
 
-    def add_step(
-        self, label: str, event: StepEvent, drafter_stats: dict | None = None, costs: CostSnapshot | None = None
-    ) -> None:
-        """Record one step of the run `label` ("speculative" or "vanilla"). Cheap: draws nothing.
+    def add_step(self, label: str, event: StepEvent) -> None:
+        """Record one step of the run `label` ("speculative" or "vanilla": a record's own is
+        `event.run`). Cheap: draws nothing.
 
-        `drafter_stats` and `costs`: the drafter's stats() and the engine's cost model right
-        after this step, as snapshots taken on the thread that decodes (never read the drafter
-        or the engine's CostModel from here while a worker decodes); `costs` replaces the
-        cost model drawn from, when it changed."""
+        The drafter's statistics and the cost model the step carries are copies the engine took
+        right after it, on the thread that decodes (never read the drafter or the engine's
+        CostModel from here while a worker decodes); its cost snapshot replaces the one drawn from."""
         if label not in LABELS:
             raise ValueError(f"unknown run label {label!r}: use one of {', '.join(LABELS)}")
         run = self._runs.get(label)
@@ -247,16 +243,16 @@ class LiveCharts(QWidget):
             # Step 0 of a label that already has steps is a new run without a reset():
             # start that label over rather than join two runs into one curve.
             run = self._runs[label] = Run()
-        run.add(event, drafter_stats, self._drafter)
-        if costs is not None and costs != self._costs_taken:
-            self._costs_taken, self._costs = costs, costs.model()
+        run.add(event)
+        if event.costs is not None:
+            self._costs = event.costs
         # A run that is over has its last steps drawn now, not at the next pace.
         self._schedule(at_once=event.finish_reason is not None)
 
     def add_steps(self, steps) -> None:
-        """Record a batch of steps (`Step`s, as the engine controller hands them over)."""
+        """Record a batch of steps (the engine's records, as the engine controller hands them over)."""
         for step in steps:
-            self.add_step(step.label, step.event, step.stats, step.costs)
+            self.add_step(step.run, step)
 
     def set_drafter(self, kind: str | None) -> None:
         """The loaded drafter (EngineConfig.drafter: "eagle", "lookahead", "early-exit",
@@ -291,11 +287,11 @@ class LiveCharts(QWidget):
     def shown_notes(self) -> tuple[str, ...]:
         return self._notes
 
-    def set_cost_model(self, costs: CostModel | None) -> None:
+    def set_cost_model(self, costs: CostSnapshot | CostModel | None) -> None:
         """The cost model to draw the theory from until a step brings a newer snapshot. Each redraw
         reads it and nothing here changes it; hand over one that no other thread updates (the
-        window: a model made from the controller's snapshot, never the engine's own)."""
-        self._costs, self._costs_taken = costs, None
+        window: the loaded pair's CostSnapshot, never the engine's own model)."""
+        self._costs = costs
         self._schedule()
 
     # -- drawing -------------------------------------------------------------------
@@ -473,7 +469,7 @@ class LiveCharts(QWidget):
                 label: {
                     "stats": run.stats.as_dict(),
                     "finish_reason": run.finish_reason,
-                    "drafter_stats": run.drafter_stats,
+                    "drafter_stats": None if run.drafter_stats is None else run.drafter_stats.as_dict(),
                     "steps": run.rows(columns),
                 }
                 for label, run in self._runs.items()
@@ -481,7 +477,7 @@ class LiveCharts(QWidget):
             "cost_model": None
             if costs is None
             else {
-                "verify_s": {str(n): s for n, s in sorted(costs.verify_s.items())},
+                "verify_s": {str(n): s for n, s in costs.snapshot().verify_s},
                 "draft_s_per_token": costs.draft_s_per_token,
             },
             "depth_acceptance": {
@@ -544,7 +540,7 @@ def drafter_summary(drafter: dict | None) -> str:
             return f"Medusa: {s['heads']} heads, last tree {s['nodes']} nodes"
     except (KeyError, TypeError, ValueError):  # a drafter that reports other numbers: say nothing
         return ""
-    return "" if kind in DRAFTER_VIEWS else stats_text(kind, s)
+    return "" if kind in DrafterPanel.KINDS else stats_text(kind, s)  # a panel of its own: its titles say it
 
 
 def panel_svg(panel) -> bytes:

@@ -17,7 +17,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QFontMetrics
 
-from app.charts.panels import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, longest_fitting, set_label_anchor, shows
+from app.charts.panel import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, longest_fitting, set_label_anchor, shows
 
 # The legend (up to five rows, top left) needs more room than other panels' two.
 THEORY_HEADROOM = 2.2

@@ -17,7 +17,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtGui import QPalette
 
-from app.charts.panels import RUN_COLOURS
+from app.charts.panel import RUN_COLOURS
 from engine import RunStats
 from engine.figures import DECODE_SPEEDUP, TIME_TO_FIRST_TOKEN
 

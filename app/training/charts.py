@@ -15,7 +15,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QHBoxLayout, QWidget
 
-from app.charts.panels import Panel, set_curve
+from app.charts.panel import Panel, set_curve
 
 # Okabe-Ito, in the order heads are numbered (safe for colour-blind readers).
 HEAD_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999")

@@ -4,6 +4,7 @@ n-gram pool, early exit's layer. Synthetic steps and stats() snapshots, no model
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 
@@ -13,17 +14,17 @@ from PySide6.QtCore import QPointF
 from PySide6.QtGui import QColor
 
 from app.charts.data import COLUMNS, DRAFTER_COLUMNS, drafter_row
+from app.charts.drafter_panels import ExitAcceptancePanel, ExitLayerPanel, PoolHitsPanel, PoolPanel
 from app.charts.live import LiveCharts, grid_positions
-from app.charts.panels import (
-    RUN_COLOURS,
-    ExitAcceptancePanel,
-    ExitLayerPanel,
-    PoolHitsPanel,
-    PoolPanel,
-    label_sides,
-)
+from app.charts.panel import RUN_COLOURS, label_sides
 from engine.core.draft_length import CostModel, break_even_acceptance
 from engine.core.events import RunStats
+from engine.drafters.chain_spec import ChainStats
+from engine.drafters.eagle_spec import EagleStats
+from engine.drafters.early_exit_spec import EarlyExitStats, ExitCandidate
+from engine.drafters.lookahead_spec import LookaheadStats
+from engine.drafters.medusa_spec import MedusaStats
+from engine.drafters.ngram_spec import NgramStats
 from tests.app.charts.test_charts import drawn, make_run
 from tests.app.conftest import STRICT_QT_LOG
 
@@ -33,10 +34,10 @@ TREE_STEPS = [(16, 12, 3), (16, 11, 1), (16, 12, 0), (16, 9, 4), (16, 12, 2), (1
 EXITS = (8, 12, 16, 20, 24)
 
 
-def lookahead_stats(i: int) -> dict:
+def lookahead_stats(i: int) -> LookaheadStats:
     """What LookaheadDrafter.stats() says after step i (W 2, N 3, G 2)."""
     jacobi, text = 2 * i, 20 + 7 * i
-    return dict(
+    return LookaheadStats(
         window=2,
         ngram=3,
         max_candidates=2,
@@ -52,12 +53,12 @@ def lookahead_stats(i: int) -> dict:
     )
 
 
-def early_exit_stats(i: int) -> dict:
+def early_exit_stats(i: int) -> EarlyExitStats:
     """What EarlyExitDrafter.stats() says after step i: exploring the exits deepest first, then 12."""
     layer = EXITS[::-1][i // 3] if i < 15 else 12
     rates = {8: 0.31, 12: 0.52, 16: 0.64, 20: 0.71, 24: None}  # 24: never measured
-    candidates = [
-        dict(
+    candidates = tuple(
+        ExitCandidate(
             layer=L,
             acceptance=rates[L],
             tested=0.0 if rates[L] is None else 10.0,
@@ -67,24 +68,24 @@ def early_exit_stats(i: int) -> dict:
             predicted_speedup=1.2,
         )
         for L in EXITS
-    ]
-    return dict(exit_layer=layer, n_layers=30, layers="auto", candidates=candidates)
+    )
+    return EarlyExitStats(exit_layer=layer, n_layers=30, layers="auto", candidates=candidates)
 
 
-def eagle_stats(i: int) -> dict:
-    return dict(
+def eagle_stats(i: int) -> EagleStats:
+    return EagleStats(
         nodes=TREE_STEPS[i % len(TREE_STEPS)][1], depth=4, rounds=5, top_k=8, draft_vocab=32000, calibration=0.87
     )
 
 
-def medusa_stats(i: int) -> dict:
-    return dict(
+def medusa_stats(i: int) -> MedusaStats:
+    return MedusaStats(
         heads=4,
         candidates_per_head=3,
         nodes=12,
-        head_top1=[0.6, 0.4, 0.3, 0.2],
-        head_top_k=[0.8, 0.6, 0.5, 0.4],
-        scored=[i + 1] * 4,
+        head_top1=(0.6, 0.4, 0.3, 0.2),
+        head_top_k=(0.8, 0.6, 0.5, 0.4),
+        scored=(i + 1,) * 4,
     )
 
 
@@ -93,8 +94,13 @@ SNAPSHOTS = {
     "early-exit": early_exit_stats,
     "eagle": eagle_stats,
     "medusa": medusa_stats,
-    "ngram": lambda i: {"lookups": i + 1, "hits": i // 2},
+    "ngram": lambda i: NgramStats(lookups=i + 1, hits=i // 2),
 }
+
+
+def with_stats(event, stats):
+    """A step as the engine records it: with the drafter's statistics it copied right after it."""
+    return dataclasses.replace(event, drafter_stats=stats)
 
 
 def tree_run(steps=TREE_STEPS):
@@ -133,7 +139,7 @@ def feed(charts, kind, steps=TREE_STEPS, label="speculative", snapshots=True):
     charts.set_drafter(kind)
     events = tree_run(steps) if kind in ("eagle", "medusa", "lookahead") else make_run(steps)
     for i, event in enumerate(events):
-        charts.add_step(label, event, SNAPSHOTS[kind](i) if snapshots and label == "speculative" else None)
+        charts.add_step(label, with_stats(event, SNAPSHOTS[kind](i) if snapshots and label == "speculative" else None))
     charts.redraw()
     return events
 
@@ -241,19 +247,19 @@ def test_lookahead_pool_and_hits_follow_the_snapshots(charts):
     pool, hits = charts.drafter.plots
     x, total = drawn(pool.total)
     np.testing.assert_array_equal(x, np.arange(n))
-    np.testing.assert_array_equal(total, [s["pool_size"] for s in expected])
-    np.testing.assert_array_equal(drawn(pool.text)[1], [s["pool_text"] for s in expected])
-    np.testing.assert_array_equal(drawn(hits.hits)[1], [s["pool_hits"] for s in expected])
-    np.testing.assert_array_equal(drawn(hits.steps)[1], [s["steps"] for s in expected])
+    np.testing.assert_array_equal(total, [s.pool_size for s in expected])
+    np.testing.assert_array_equal(drawn(pool.text)[1], [s.pool_text for s in expected])
+    np.testing.assert_array_equal(drawn(hits.hits)[1], [s.pool_hits for s in expected])
+    np.testing.assert_array_equal(drawn(hits.steps)[1], [s.steps for s in expected])
     assert "W 2 · N 3 · G 2" in pool.plot.titleLabel.text
-    assert f"Pool hits: {expected[-1]['pool_hits']} of {n} steps" in hits.plot.titleLabel.text
+    assert f"Pool hits: {expected[-1].pool_hits} of {n} steps" in hits.plot.titleLabel.text
     assert [label.text for _, label in pool.legend.items] == ["from the window", "from the text"]
 
 
 def test_early_exit_shows_the_layer_in_use_and_each_exits_acceptance(charts):
     events = feed(charts, "early-exit", steps=[(4, 4, 2)] * 20)
     layer, bars = charts.drafter.plots
-    np.testing.assert_array_equal(drawn(layer.curve)[1], [early_exit_stats(i)["exit_layer"] for i in range(20)])
+    np.testing.assert_array_equal(drawn(layer.curve)[1], [early_exit_stats(i).exit_layer for i in range(20)])
     assert "Exit layer: 12 of 30 (auto)" in layer.plot.titleLabel.text
     assert bars.layers == list(EXITS)
     np.testing.assert_allclose(bars.bars.opts["height"], [0.31, 0.52, 0.64, 0.71, 0.0])
@@ -269,7 +275,7 @@ def test_steps_without_a_snapshot_leave_gaps_not_zeros(charts):
     charts.set_drafter("lookahead")
     events = tree_run()
     for i, event in enumerate(events):
-        charts.add_step("speculative", event, lookahead_stats(i) if i % 2 == 0 else None)
+        charts.add_step("speculative", with_stats(event, lookahead_stats(i) if i % 2 == 0 else None))
     charts.redraw()
     pool, _ = charts.drafter.plots
     x, total = drawn(pool.total)
@@ -283,7 +289,8 @@ def test_drafter_row_reads_only_numbers_it_knows():
     assert row["pool_size"] == 8 + 48 and row["pool_steps"] == 5 and math.isnan(row["exit_layer"])
     row = dict(zip(DRAFTER_COLUMNS, drafter_row(early_exit_stats(0))))
     assert row["exit_layer"] == 24 and math.isnan(row["pool_steps"])  # "steps" is not the window's here
-    assert math.isnan(drafter_row({"exit_layer": "auto"})[DRAFTER_COLUMNS.index("exit_layer")])
+    auto = dataclasses.replace(early_exit_stats(0), exit_layer="auto")  # not a number: no point
+    assert math.isnan(drafter_row(auto)[DRAFTER_COLUMNS.index("exit_layer")])
 
 
 def test_summary_names_the_eagle_tree(charts):
@@ -307,8 +314,8 @@ def test_exports_carry_the_lookahead_columns(charts, tmp_path):
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["run", *COLUMNS, "pool_size", "pool_jacobi", "pool_text", "pool_steps", "pool_hits"]
     spec_rows = [r for r in rows if r["run"] == "speculative"]
-    assert [int(r["pool_size"]) for r in spec_rows] == [lookahead_stats(i)["pool_size"] for i in range(len(spec))]
-    assert [int(r["pool_hits"]) for r in spec_rows] == [lookahead_stats(i)["pool_hits"] for i in range(len(spec))]
+    assert [int(r["pool_size"]) for r in spec_rows] == [lookahead_stats(i).pool_size for i in range(len(spec))]
+    assert [int(r["pool_hits"]) for r in spec_rows] == [lookahead_stats(i).pool_hits for i in range(len(spec))]
     assert all(r["pool_size"] == "" for r in rows if r["run"] == "vanilla")  # a plain run has no pool
 
     charts.export_json(tmp_path / "run.json")
@@ -316,8 +323,8 @@ def test_exports_carry_the_lookahead_columns(charts, tmp_path):
     assert document["drafter"] == "lookahead"
     assert document["columns"][-5:] == ["pool_size", "pool_jacobi", "pool_text", "pool_steps", "pool_hits"]
     run = document["runs"]["speculative"]
-    assert run["drafter_stats"] == lookahead_stats(len(spec) - 1)
-    assert run["steps"][3]["pool_text"] == lookahead_stats(3)["pool_text"]
+    assert run["drafter_stats"] == lookahead_stats(len(spec) - 1).as_dict()
+    assert run["steps"][3]["pool_text"] == lookahead_stats(3).pool_text
     assert document["runs"]["vanilla"]["drafter_stats"] is None
     assert document["runs"]["vanilla"]["steps"][0]["pool_size"] is None
     assert document["depth_acceptance"]["label"] == "depth"
@@ -332,7 +339,7 @@ def test_exports_carry_the_exit_layer_and_its_candidates(charts, tmp_path):
     with open(tmp_path / "steps.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0])[-1] == "exit_layer" and "pool_size" not in rows[0]
-    assert [int(r["exit_layer"]) for r in rows] == [early_exit_stats(i)["exit_layer"] for i in range(20)]
+    assert [int(r["exit_layer"]) for r in rows] == [early_exit_stats(i).exit_layer for i in range(20)]
     charts.export_json(tmp_path / "run.json")
     stats = json.loads((tmp_path / "run.json").read_text())["runs"]["speculative"]["drafter_stats"]
     assert [c["layer"] for c in stats["candidates"]] == list(EXITS)
@@ -411,7 +418,7 @@ def test_theory_break_even_label_stays_inside_a_narrow_plot(qtbot):
 
 
 def test_a_chain_shows_which_member_drafted_each_step_and_each_members_share(charts):
-    from app.charts.panels import ChainPanel
+    from app.charts.drafter_panels import ChainPanel
 
     charts.set_drafter("suffix+model")
     events = make_run([(4, 4, 3), (4, 2, 1), (4, 4, 4), (4, 3, 0)] * 3)
@@ -419,11 +426,8 @@ def test_a_chain_shows_which_member_drafted_each_step_and_each_members_share(cha
     for i, event in enumerate(events):
         by = 1 if i % 2 == 0 else 2
         steps = ((i + 2) // 2, (i + 1) // 2)
-        charts.add_step(
-            "speculative",
-            event,
-            {"drafted_by": by, "members": members, "steps": steps, "accepted": (3 * steps[0], steps[1])},
-        )
+        stats = ChainStats(drafted_by=by, members=members, steps=steps, accepted=(3 * steps[0], steps[1]))
+        charts.add_step("speculative", with_stats(event, stats))
     charts.redraw()
     (panel,) = [p for p in charts.drafter.plots if p.isVisibleTo(charts)]
     assert isinstance(panel, ChainPanel) and "Drafted by: suffix 6, model 6" in panel.plot.titleLabel.text
@@ -432,4 +436,5 @@ def test_a_chain_shows_which_member_drafted_each_step_and_each_members_share(cha
     np.testing.assert_array_equal(y, [1, 2] * 6)  # one row per member
     assert [label for _, label in panel.plot.getAxis("left")._tickLevels[0]] == ["none", "suffix", "model"]
     assert "Chained drafters: suffix drafted 6 steps (18 tokens accepted), model 6 (6)" in charts.summary.text()
-    assert charts.depth.plot.titleLabel.text.startswith("Acceptance per draft position")  # both members chain here
+    # Suffix decoding drafts trees on PyTorch (its spec's `trees`), so a chain holding it is charted as trees.
+    assert charts.depth.plot.titleLabel.text.startswith("Acceptance per tree depth")

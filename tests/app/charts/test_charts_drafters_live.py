@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from app.charts.panels import PoolHitsPanel, PoolPanel
+from app.charts.drafter_panels import PoolHitsPanel, PoolPanel
 from engine import EngineConfig, SamplingConfig
 from engine.service.routes_specdeck import drafter_stats as drafter_snapshot
 from tests.app.conftest import STRICT_QT_LOG, send_and_wait
