@@ -101,7 +101,30 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
 
 def cmd_train_heads(args: argparse.Namespace) -> int:
     _check_numbers(args)  # before the heavy imports and the target's load
-    from engine.training import checkpoint_info, train_heads
+    from engine.training import TrainSettings, checkpoint_info, train_heads
+
+    settings = TrainSettings.of(
+        args.target,
+        args.data,
+        num_heads=args.heads,
+        num_layers=args.layers,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        lr=args.lr,
+        dtype=args.dtype,
+        device=args.device,
+        self_generate=args.self_generate,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        gen_max_tokens=args.gen_max_tokens,
+        gen_temperature=args.gen_temperature,
+        objective=args.objective,
+        cache_tokens=args.cache_tokens,
+        kind=args.kind,
+        draft_vocab=args.draft_vocab,
+    )
+    settings.check()  # a wrong setting is said before a saved run is looked at
 
     saved = checkpoint_info(args.out)
     if saved is not None and not (args.resume or args.restart):
@@ -123,30 +146,12 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, on_interrupt)
     try:
         result = train_heads(
-            args.target,
-            args.data,
+            settings,
             args.out,
-            num_heads=args.heads,
-            num_layers=args.layers,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            lr=args.lr,
-            dtype=args.dtype,
-            device=args.device,
             resume=args.resume,
-            self_generate=args.self_generate,
-            seed=args.seed,
-            checkpoint_every=args.checkpoint_every,
-            gen_max_tokens=args.gen_max_tokens,
-            gen_temperature=args.gen_temperature,
+            command=command_line(args),
             progress=_printer(max(1, args.log_every)),
             cancel=cancel,
-            objective=args.objective,
-            cache_tokens=args.cache_tokens,
-            kind=args.kind,
-            draft_vocab=args.draft_vocab,
-            command=command_line(args),
         )
     finally:
         if in_main_thread:

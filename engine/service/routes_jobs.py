@@ -58,7 +58,7 @@ from engine.training.records import TrainSettings
 
 router = APIRouter()
 CANCELLED = {"cancelled": True}
-# train_heads' keyword options a client may send: TrainSettings' fields (its `target` is train_heads'
+# The training options a client may send: TrainSettings' fields (its `target` travels as
 # `target_spec`) and the folder; resume and command travel beside them, progress and cancel are the server's.
 TRAIN_OPTIONS = frozenset({f.name for f in fields(TrainSettings)} - {"target"} | {"target_spec", "out_dir"})
 
@@ -169,7 +169,7 @@ async def autotune(body: AutotuneRequest, request: Request):
 @router.post("/specdeck/train")
 async def train(body: TrainRequest, request: Request):
     paths = paths_of(request)
-    options, command = _train_options(body.options, paths), paths.command(body.command)
+    (settings, out_dir), command = _train_settings(body.options, paths), paths.command(body.command)
     host = _host(request)
 
     def job(cancel, emit) -> None:
@@ -177,7 +177,8 @@ async def train(body: TrainRequest, request: Request):
 
         with _memory_for(host, emit):  # training loads its own target
             result = train_heads(
-                **options,
+                settings,
+                out_dir,
                 resume=body.resume,
                 command=command,
                 cancel=cancel,
@@ -250,9 +251,10 @@ def _prompts(data: list[dict], who: str) -> tuple[BenchPrompt, ...]:
     return prompts
 
 
-def _train_options(options: dict[str, Any], paths: ServerPaths) -> dict[str, Any]:
-    """train_heads' options, with the server's folders (`paths`), checked as train_heads checks them
-    (settings, data paths) before the job starts: a mistake must not free the loaded pair first."""
+def _train_settings(options: dict[str, Any], paths: ServerPaths) -> tuple[TrainSettings, str]:
+    """The client's training options as train_heads' (settings, output folder), with the server's
+    folders (`paths`), checked as train_heads checks them (settings, data paths) before the job
+    starts: a mistake must not free the loaded pair first."""
     unknown = sorted(set(options) - TRAIN_OPTIONS)
     if unknown:
         raise BadRequest(
@@ -270,7 +272,7 @@ def _train_options(options: dict[str, Any], paths: ServerPaths) -> dict[str, Any
         TrainSettings.from_dict, {**values, "target": options["target_spec"], "data": sources}, "training options"
     )
     _record(lambda _: settings.check(), None, "training options")
-    return dict(options)
+    return settings, options["out_dir"]
 
 
 def _read_checkpoint(out_dir) -> dict:

@@ -1,7 +1,7 @@
 """Training small modules on a frozen target by self-distillation (Medusa heads).
 
-    from engine.training import train_heads
-    result = train_heads("default", "builtin", "heads/medusa-smollm2", steps=2000)
+    from engine.training import TrainSettings, train_heads
+    result = train_heads(TrainSettings.of("default", "builtin", steps=2000), "heads/medusa-smollm2")
 
 The target never changes; its own next-token distributions are the labels, so
 no labelled data set is needed: any text the target reads (files, a built-in

@@ -51,7 +51,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -63,7 +63,6 @@ from engine.training import checkpoint as ckpt
 from engine.training import eagle, eagle3
 from engine.training.data import (
     BUILTIN,
-    DEFAULT_BUILTIN_CHARS,
     Document,
     Windows,
     builtin_documents,
@@ -113,69 +112,23 @@ Progress = Callable[[TrainProgress], None]
 
 
 def train_heads(
-    target_spec: str,
-    data: str | Sequence[str] | None,
+    settings: TrainSettings,
     out_dir: str | os.PathLike,
     *,
-    num_heads: int = 4,
-    num_layers: int = 1,
-    steps: int = 2000,
-    batch_size: int = 8,
-    seq_len: int = 256,
-    lr: float = 1e-3,
-    dtype: str = "auto",
-    device: str = "auto",
     resume: bool = True,
-    self_generate: int = 0,
-    seed: int = 0,
-    checkpoint_every: int = 100,
-    gen_max_tokens: int = 256,
-    gen_temperature: float = 0.0,
-    val_windows: int | None = None,
-    max_builtin_chars: int = DEFAULT_BUILTIN_CHARS,
-    objective: str = "features",
-    cache_tokens: int = DEFAULT_CACHE_TOKENS,
-    kind: str = "medusa",
-    draft_vocab: int = eagle.DEFAULT_DRAFT_VOCAB,
     command: str | None = None,
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
 ) -> TrainResult:
-    """Train Medusa heads (or, with kind="eagle", an EAGLE head) for `target_spec` into `out_dir`
-    (see the module docstring).
+    """Train Medusa heads (or, with settings.kind "eagle" or "eagle3", an EAGLE head) for
+    `settings.target` into `out_dir` (see the module docstring and TrainSettings' fields).
 
-    `resume`: continue the run saved in `out_dir` when there is one (it must have
-    the same data and sizes); False starts over, replacing it. `objective`: "features"
-    (cache the target's hidden states, at most `cache_tokens` of them, then regress) or
-    "kl" (full-vocabulary distillation, running the target every step). `cancel` is checked
-    between steps; a cancelled run saves a checkpoint first. `progress` gets one TrainProgress
-    per report (the order above `Progress`). Raises ConfigError
-    for bad settings or data, ModelLoadError / ModelNotFoundError for the target.
+    `resume`: continue the run saved in `out_dir` when there is one (it must have the same data and
+    sizes); False starts over, replacing it. `command`: the command line recorded with the heads
+    (default: this process's). `cancel` is checked between steps; a cancelled run saves a
+    checkpoint first. `progress` gets one TrainProgress per report (the order above `Progress`).
+    Raises ConfigError for bad settings or data, ModelLoadError / ModelNotFoundError for the target.
     """
-    sources = (data,) if isinstance(data, str) else tuple(data or ())
-    settings = TrainSettings(
-        target=target_spec,
-        data=tuple(str(s) for s in sources),
-        self_generate=self_generate,
-        num_heads=num_heads,
-        num_layers=num_layers,
-        steps=steps,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        lr=lr,
-        dtype=dtype,
-        device=device,
-        seed=seed,
-        checkpoint_every=checkpoint_every,
-        gen_max_tokens=gen_max_tokens,
-        gen_temperature=gen_temperature,
-        val_windows=val_windows,
-        max_builtin_chars=max_builtin_chars,
-        objective=objective,
-        cache_tokens=cache_tokens,
-        kind=kind,
-        draft_vocab=draft_vocab,
-    )
     settings.check()
     run = _Run(settings, Path(out_dir), progress, cancel or threading.Event(), command or _command_line())
     return run.execute(resume)

@@ -8,6 +8,7 @@ as JSON. Each has `to_dict()`, its fields as JSON-ready data (tuples as lists), 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -95,6 +96,13 @@ class TrainSettings:
     cache_tokens: int = DEFAULT_CACHE_TOKENS  # "features": target hidden states to cache (0: the whole corpus)
     kind: str = "medusa"  # "medusa" | "eagle" | "eagle3"
     draft_vocab: int = DEFAULT_DRAFT_VOCAB  # eagle, eagle3: ids the head may propose (0 = the whole vocabulary)
+
+    @classmethod
+    def of(cls, target: str, data: str | Sequence[str] | None, **values) -> TrainSettings:
+        """Settings for `target` trained on `data` (one source, several, or None with self_generate),
+        the other fields as keywords: `TrainSettings.of("default", "builtin", steps=2000)`."""
+        sources = (data,) if isinstance(data, str) else tuple(data or ())
+        return cls(target=target, data=tuple(str(source) for source in sources), **values)
 
     def to_dict(self) -> dict:
         return _plain(asdict(self))

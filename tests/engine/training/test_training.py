@@ -10,7 +10,7 @@ import torch
 
 from engine.errors import ConfigError
 from engine.heads.medusa import load_heads, read_config
-from engine.training import checkpoint_info, train_heads
+from engine.training import TrainSettings, checkpoint_info, train_heads
 from engine.training.data import Windows, jsonl_document, read_documents, tokenize_documents
 from engine.training.loss import SoftCrossEntropy
 from tests.factories.hf_models import make_tiny_llama
@@ -33,10 +33,10 @@ def text_file(tmp_path_factory) -> str:
     return str(path)
 
 
-def train(tiny, data, out, **options):
+def train(tiny, data, out, command=None, resume=True, **options):
     events = []
-    settings = {**FAST, **options}
-    result = train_heads(tiny, data, out, progress=events.append, **settings)
+    settings = TrainSettings.of(tiny, data, **{**FAST, **options})
+    result = train_heads(settings, out, resume=resume, command=command, progress=events.append)
     return result, [e for e in events if e.phase == "train"]
 
 
@@ -79,7 +79,10 @@ def test_resume_after_cancel_gives_the_uninterrupted_result(tiny, text_file, tmp
             cancel.set()
 
     cut = train_heads(
-        tiny, text_file, tmp_path / "cut", steps=8, progress=stop_at_four, cancel=cancel, objective=objective, **FAST
+        TrainSettings.of(tiny, text_file, steps=8, objective=objective, **FAST),
+        tmp_path / "cut",
+        progress=stop_at_four,
+        cancel=cancel,
     )
     assert cut.cancelled and cut.step == 4
     assert events[-1].phase == "cancelled"
@@ -182,12 +185,12 @@ def test_cancel_while_the_target_writes_replies_keeps_them_for_the_next_start(ti
             cancel.set()
 
     options = dict(steps=1, self_generate=3, gen_max_tokens=16, seq_len=8, val_windows=1, batch_size=2)
-    cut = train_heads(tiny, None, out, progress=stop_after_first_reply, cancel=cancel, **options)
+    cut = train_heads(TrainSettings.of(tiny, None, **options), out, progress=stop_after_first_reply, cancel=cancel)
     assert cut.cancelled and cut.step == 0
     replies = out / "training" / "self_generated.jsonl"
     first = replies.read_text(encoding="utf-8").splitlines()
     assert len(first) == 1
-    done = train_heads(tiny, None, out, **options)
+    done = train_heads(TrainSettings.of(tiny, None, **options), out)
     lines = replies.read_text(encoding="utf-8").splitlines()
     assert not done.cancelled and len(lines) == 3 and lines[0] == first[0]
 
@@ -289,13 +292,18 @@ def test_a_cache_cancelled_half_built_continues_and_gives_the_uninterrupted_resu
             cancel.set()
 
     cut = train_heads(
-        tiny, text_file, tmp_path / "cut", steps=3, progress=stop_after_first_chunk, cancel=cancel, **FAST
+        TrainSettings.of(tiny, text_file, steps=3, **FAST),
+        tmp_path / "cut",
+        progress=stop_after_first_chunk,
+        cancel=cancel,
     )
     assert cut.cancelled and cut.step == 0 and events[-1].phase == "cancelled"
     total = [e.steps for e in events if e.phase == "cache"][0]
     assert total > features.CHUNK_WINDOWS  # the corpus needs more than one chunk: the test means something
     resumed_events = []
-    resumed = train_heads(tiny, text_file, tmp_path / "cut", steps=3, progress=resumed_events.append, **FAST)
+    resumed = train_heads(
+        TrainSettings.of(tiny, text_file, steps=3, **FAST), tmp_path / "cut", progress=resumed_events.append
+    )
     cached = [e.step for e in resumed_events if e.phase == "cache"]
     assert cached[0] == features.CHUNK_WINDOWS and cached[-1] == total  # continued, not started over
     a = load_heads(str(tmp_path / "whole"), 64, 49152).state_dict()

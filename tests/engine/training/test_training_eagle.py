@@ -9,7 +9,7 @@ import torch
 
 from engine.errors import ConfigError
 from engine.heads.eagle import EagleConfig, load_head, read_config
-from engine.training import train_heads
+from engine.training import TrainSettings, train_heads
 from engine.training.eagle import draft_vocabulary
 from tests.factories.hf_models import make_tiny_llama
 
@@ -30,9 +30,10 @@ def text_file(tmp_path_factory) -> str:
     return str(path)
 
 
-def train(tiny, data, out, **options):
+def train(tiny, data, out, command=None, **options):
     events = []
-    result = train_heads(tiny, data, out, progress=events.append, **{**FAST, **options})
+    settings = TrainSettings.of(tiny, data, **{**FAST, **options})
+    result = train_heads(settings, out, command=command, progress=events.append)
     return result, [e for e in events if e.phase == "train"]
 
 
@@ -67,7 +68,9 @@ def test_resume_after_cancel_gives_the_uninterrupted_result(tiny, text_file, tmp
         if event.phase == "train" and event.step == 4:
             cancel.set()
 
-    cut = train_heads(tiny, text_file, tmp_path / "cut", steps=8, progress=stop_at_four, cancel=cancel, **FAST)
+    cut = train_heads(
+        TrainSettings.of(tiny, text_file, steps=8, **FAST), tmp_path / "cut", progress=stop_at_four, cancel=cancel
+    )
     assert cut.cancelled and cut.step == 4
     resumed, _ = train(tiny, text_file, tmp_path / "cut", steps=8)
     assert resumed.step == 8

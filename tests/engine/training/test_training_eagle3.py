@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.errors import ConfigError
-from engine.training import train_heads
+from engine.training import TrainSettings, train_heads
 from tests.factories.hf_models import make_tiny_llama
 
 TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat. " * 60
@@ -35,13 +35,10 @@ def trained(tiny, text_file, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     steps = []
     whole = train_heads(
-        tiny,
-        text_file,
+        TrainSettings.of(tiny, text_file, steps=8, **FAST),
         root / "whole",
-        steps=8,
         progress=steps.append,
         command="specdeck-cli train-heads --kind eagle3 ...",
-        **FAST,
     )
     cancel = threading.Event()
 
@@ -49,8 +46,10 @@ def trained(tiny, text_file, tmp_path_factory):
         if event.phase == "train" and event.step == 4:
             cancel.set()
 
-    cut = train_heads(tiny, text_file, root / "cut", steps=8, progress=stop_at_four, cancel=cancel, **FAST)
-    resumed = train_heads(tiny, text_file, root / "cut", steps=8, **FAST)
+    cut = train_heads(
+        TrainSettings.of(tiny, text_file, steps=8, **FAST), root / "cut", progress=stop_at_four, cancel=cancel
+    )
+    resumed = train_heads(TrainSettings.of(tiny, text_file, steps=8, **FAST), root / "cut")
     return whole, cut, resumed, [e for e in steps if e.phase == "train"]
 
 
@@ -101,6 +100,6 @@ def test_the_saved_head_is_published_layout_and_decodes_as_vanilla(trained, tiny
 
 def test_eagle3_refuses_the_kl_objective_and_windows_shorter_than_its_depths(tiny, text_file, tmp_path):
     with pytest.raises(ConfigError, match="cached features"):
-        train_heads(tiny, text_file, tmp_path / "x", steps=2, **{**FAST, "objective": "kl"})
+        train_heads(TrainSettings.of(tiny, text_file, steps=2, **{**FAST, "objective": "kl"}), tmp_path / "x")
     with pytest.raises(ConfigError, match="at least 9"):
-        train_heads(tiny, text_file, tmp_path / "x", steps=2, **{**FAST, "seq_len": 8})
+        train_heads(TrainSettings.of(tiny, text_file, steps=2, **{**FAST, "seq_len": 8}), tmp_path / "x")

@@ -32,7 +32,9 @@ def run(tmp_path_factory):
     data = root / "fox.txt"
     data.write_text(TEXT, encoding="utf-8")
     events = []
-    result = train_heads(tiny, str(data), root / "heads", steps=4, num_heads=2, progress=events.append, **FAST)
+    result = train_heads(
+        TrainSettings.of(tiny, str(data), steps=4, num_heads=2, **FAST), root / "heads", progress=events.append
+    )
 
     cancel = threading.Event()
     cut_events = []
@@ -43,7 +45,10 @@ def run(tmp_path_factory):
             cancel.set()
 
     cut = train_heads(
-        tiny, str(data), root / "cut", steps=6, num_heads=2, progress=stop_at_two, cancel=cancel, objective="kl", **FAST
+        TrainSettings.of(tiny, str(data), steps=6, num_heads=2, objective="kl", **FAST),
+        root / "cut",
+        progress=stop_at_two,
+        cancel=cancel,
     )
     return {"root": root, "result": result, "events": events, "cut": cut, "cut_events": cut_events}
 
