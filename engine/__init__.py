@@ -86,9 +86,10 @@ _LAZY = {
     "StepEvent": ("core.events", None),
     "TokenInfo": ("core.events", None),
     "CostModel": ("core.draft_length", None),
+    "CostSnapshot": ("core.costs", None),
     "K_LIMIT": ("core.draft_length", None),
-    "break_even_acceptance": ("core.draft_length", None),
-    "expected_tokens": ("core.draft_length", None),
+    "break_even_acceptance": ("core.costs", None),
+    "expected_tokens": ("core.costs", None),
     # the engine as a service: its client, and the private engine process the app starts (light)
     "EngineClient": ("service.client", None),
     "EngineUnavailable": ("service.client", None),

@@ -8,6 +8,8 @@ draft length and cost model -> `Engine.generate` collects a result ->
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 from collections.abc import Callable, Iterator
 
@@ -29,6 +31,8 @@ from engine.models.locate import resolve
 from engine.models.memory_errors import model_out_of_memory, out_of_memory, unexplained_allocation_failure
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
+SPECULATIVE, VANILLA = "speculative", "vanilla"  # the runs of a reply and of a comparison (StepEvent.run)
+log = logging.getLogger(__name__)
 
 
 def _steady(report: Progress) -> Progress:
@@ -140,9 +144,13 @@ class Engine:
         cancel: threading.Event | None = None,
         drafter: Drafter | None = None,
         draft_length: DraftLength | None = None,
+        snapshots: bool = False,
     ) -> Iterator[StepEvent]:
         """The steps of one generation. `drafter` and `draft_length` replace the engine's own for
-        this generation only (a server request's own drafter and limits); they need `speculative`."""
+        this generation only (a server request's own drafter and limits); they need `speculative`.
+        `snapshots`: each step says its run and carries the drafter's statistics and the cost model
+        as they stood right after it, copied here between two steps, for a reader on another thread
+        or in another process (a server's client); without, the steps cost nothing more."""
         drafter = (drafter or self.drafter) if speculative else None
         if speculative and drafter is None:
             raise ConfigError("No drafter is loaded: choose n-gram lookup or a draft model to decode speculatively.")
@@ -157,6 +165,8 @@ class Engine:
             costs=self.costs,
             cancel=cancel,
         )
+        if snapshots:
+            steps = _recorded(steps, SPECULATIVE if speculative else VANILLA, drafter, self.costs)
         return _out_of_memory_said(steps, self.target)
 
     def generate(
@@ -167,9 +177,11 @@ class Engine:
         speculative: bool = True,
         cancel: threading.Event | None = None,
         on_event: Callable[[StepEvent], None] | None = None,
+        snapshots: bool = False,
     ) -> GenerationResult:
+        """One reply, its steps handed to `on_event` as they come (`snapshots`: as `stream`'s)."""
         events = []
-        for event in self.stream(prompt, sampling, speculative=speculative, cancel=cancel):
+        for event in self.stream(prompt, sampling, speculative=speculative, cancel=cancel, snapshots=snapshots):
             events.append(event)
             if on_event is not None:
                 on_event(event)
@@ -182,17 +194,21 @@ class Engine:
         *,
         cancel: threading.Event | None = None,
         on_event: Callable[[str, StepEvent], None] | None = None,
+        snapshots: bool = False,
     ) -> Comparison:
-        """Vanilla, then speculative decoding, with the same sampling settings and seed.
+        """Vanilla, then speculative decoding, with the same sampling settings and seed;
+        `on_event(run, step)` for each step (`snapshots`: as `stream`'s).
 
         Each run starts from empty caches and reads the prompt itself: the speculative run
         second would otherwise find the prompt in the cache the vanilla run filled, and show a
         prefill (and a time to first token) of nearly nothing, as if speculation removed it."""
         runs = {}
-        for label, speculative in (("vanilla", False), ("speculative", True)):
+        for label, speculative in ((VANILLA, False), (SPECULATIVE, True)):
             self.clear_prompt_caches()
             callback = (lambda event, label=label: on_event(label, event)) if on_event else None
-            runs[label] = self.generate(prompt, sampling, speculative=speculative, cancel=cancel, on_event=callback)
+            runs[label] = self.generate(
+                prompt, sampling, speculative=speculative, cancel=cancel, on_event=callback, snapshots=snapshots
+            )
         divergence = None
         if sampling.greedy and runs["vanilla"].tokens != runs["speculative"].tokens:
             divergence = first_divergence(runs["speculative"], runs["vanilla"], rounding_bound(self.target.info))
@@ -239,6 +255,31 @@ def _backends(target: Backend, drafter: Drafter | None) -> list[Backend]:
         if isinstance(backend, Backend) and all(backend is not seen for seen in found):
             found.append(backend)
     return found
+
+
+def _recorded(steps: Iterator[StepEvent], run: str, drafter: Drafter | None, costs: CostModel) -> Iterator[StepEvent]:
+    """`steps`, each with its run and copies of the drafter's statistics and the cost model as they
+    stand right after it (both change as decoding goes on; the copies never do)."""
+    for step in steps:
+        yield dataclasses.replace(step, run=run, drafter_stats=drafter_stats(drafter), costs=costs.snapshot())
+
+
+_failed_stats: set[type] = set()  # drafter classes whose stats() raised: logged once each
+
+
+def drafter_stats(drafter: Drafter | None):
+    """`drafter.stats()`, None without a drafter or when stats() fails (logged once: a statistics bug
+    must not end a reply; the charts then go without the drafter's numbers). Its record is frozen,
+    a copy nothing changes."""
+    if drafter is None:
+        return None
+    try:
+        return drafter.stats()
+    except Exception:  # noqa: BLE001
+        if type(drafter) not in _failed_stats:
+            _failed_stats.add(type(drafter))
+            log.exception("%s.stats() failed; its numbers are left out of the charts", type(drafter).__name__)
+        return None
 
 
 def _out_of_memory_said(steps: Iterator[StepEvent], target: Backend) -> Iterator[StepEvent]:

@@ -7,9 +7,9 @@ panels draw. Rates over a window come from the running totals in
 show are the engine's own (no second bookkeeping that could drift from it).
 
 Drafter statistics (the n-gram pool of lookahead decoding, the exit layer of
-early exit...) come as a snapshot of `Drafter.stats()` taken on the worker
-thread right after each step (app/runtime/engine_controller.py): the fields of
-the drafter's stats type as plain data. Which of them are numbers to chart per
+early exit...) come with each step's record (`StepEvent.drafter_stats`): a copy of
+`Drafter.stats()` the engine took right after the step, of the stats type its
+registry entry names, which says whose they are. Which of them are numbers to chart per
 step is the registry's word, not ours: every field its spec's stats type marks
 `stat(chart=True)` is a column of DRAFTER_COLUMNS (NaN where the drafter has no
 such number), so a new drafter's numbers reach the rows, the exports and the
@@ -25,6 +25,7 @@ import numpy as np
 
 from engine import (
     CostModel,
+    CostSnapshot,
     DrafterStats,
     RunStats,
     Stat,
@@ -65,6 +66,7 @@ class DrafterColumn:
     name: str  # the column's name in the rows and the exports
     drafter: str  # the registry name of the drafter that reports it
     stat: Stat  # its metadata (stat.name: the field of the drafter's stats)
+    stats: type = DrafterStats  # that drafter's stats type (DrafterSpec.stats)
 
 
 # The exports' names from before drafter statistics were typed, kept so that files stay comparable.
@@ -82,7 +84,7 @@ def _drafter_columns() -> tuple[DrafterColumn, ...]:
         if name in taken:
             name = f"{drafter.replace('-', '_')}_{s.name}"
         taken.add(name)
-        columns.append(DrafterColumn(name, drafter, s))
+        columns.append(DrafterColumn(name, drafter, s, stats_owner(drafter).stats))
     return tuple(columns)
 
 
@@ -137,45 +139,31 @@ def drafter_view(kind: str | None) -> DrafterView:
     return view
 
 
-def stats_kind(stats: DrafterStats | dict | None, kind: str | None = None) -> str | None:
-    """The drafter whose statistics these are: `kind` when it is a registered drafter, else the one
-    whose stats type `stats` is, or (a snapshot, plain data) whose stats type has all its fields."""
-    owner = stats_owner(kind)
-    if owner is not None or not stats:  # every step of a reply of a loaded drafter: kept cheap
-        return owner.name if owner is not None else None
-    specs = {spec.name: spec for spec in stats_specs()}
-    if isinstance(stats, DrafterStats):
-        return next((name for name, spec in specs.items() if type(stats) is spec.stats), None)
-    fields = set(stats)
-    fits = [
-        (len(stat_fields(spec.stats)), name)
-        for name, spec in specs.items()
-        if fields <= {s.name for s in stat_fields(spec.stats)}
-    ]
-    return min(fits)[1] if fits else None
-
-
-def drafter_row(stats: DrafterStats | dict | None, kind: str | None = None) -> tuple:
-    """The DRAFTER_COLUMNS of one step from a stats() snapshot of drafter `kind` (found from the
-    snapshot when not given; NaN for what it lacks and for other drafters' columns)."""
-    if not stats:
+def drafter_row(stats: DrafterStats | None) -> tuple:
+    """The DRAFTER_COLUMNS of one step from the drafter's statistics (`StepEvent.drafter_stats`): its
+    stats type's charted fields, NaN for what it lacks and for other drafters' columns."""
+    if stats is None:
         return _NO_DRAFTER_ROW
-    kind = stats_kind(stats, kind)
-    return tuple(_number(stats.get(c.stat.name)) if c.drafter == kind else np.nan for c in DRAFTER_STAT_COLUMNS)
+    kind = type(stats)
+    return tuple(
+        _number(getattr(stats, c.stat.name, None)) if c.stats is kind else np.nan for c in DRAFTER_STAT_COLUMNS
+    )
 
 
 def stats_text(kind: str | None, stats: DrafterStats | dict) -> str:
     """The statistics of drafter `kind` that are not charted, as "Label value unit" after the
-    drafter's label ("Toy echo: Longest echo 7 tokens"), for a drafter with no words of its own here."""
+    drafter's label ("Toy echo: Longest echo 7 tokens"), for a drafter with no words of its own here.
+    `stats`: the record, or its `as_dict()`."""
     spec = stats_owner(kind)
     if spec is None:
         return ""
-    said = spec.stats.describe(stats.as_dict() if isinstance(stats, DrafterStats) else dict(stats))
+    values = stats.as_dict() if isinstance(stats, DrafterStats) else dict(stats)
+    said = spec.stats.describe(values)
     if said:
         return f"{spec.label}: {said}"
     parts = []
     for s in stat_fields(spec.stats):
-        value = stats.get(s.name)
+        value = values.get(s.name)
         if s.chart or isinstance(value, (bool, dict, list, tuple)) or value is None:
             continue
         shown = f"{value:.2f}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
@@ -250,10 +238,10 @@ class Run:
     steps: StepBuffer = field(default_factory=StepBuffer)
     stats: RunStats = field(default_factory=RunStats)
     finish_reason: str | None = None
-    drafter_stats: dict | None = None  # the latest snapshot of Drafter.stats(), if any came
+    drafter_stats: DrafterStats | None = None  # the latest of the steps' StepEvent.drafter_stats, if any came
 
-    def add(self, event: StepEvent, drafter_stats: dict | None = None, kind: str | None = None) -> None:
-        """One step; `kind`: the drafter whose statistics `drafter_stats` are (registry name)."""
+    def add(self, event: StepEvent) -> None:
+        """One step, with the drafter's statistics it carries."""
         s = event.stats
         self.steps.append(
             (
@@ -272,13 +260,13 @@ class Run:
                 s.tokens_per_s,
                 s.acceptance_rate,
                 s.predicted_speedup,
-                *drafter_row(drafter_stats, kind),
+                *drafter_row(event.drafter_stats),
             )
         )
         self.stats = s
         self.finish_reason = event.finish_reason
-        if drafter_stats is not None:
-            self.drafter_stats = drafter_stats
+        if event.drafter_stats is not None:
+            self.drafter_stats = event.drafter_stats
 
     def drafter_columns(self) -> tuple[str, ...]:
         """The DRAFTER_COLUMNS this run has numbers for (the others are all NaN)."""
@@ -369,15 +357,10 @@ def depth_acceptance(run: Run) -> dict:
 _last_curves: list = [None, None]  # [what they were computed for, the curves]: one model holds for many redraws
 
 
-def _curves(costs: CostModel | None, k: int) -> dict:
+def _curves(costs: CostSnapshot | CostModel | None, k: int) -> dict:
     """theory_curves' part that depends on the cost model's numbers and k alone: 400 Python calls,
     ~2 ms a redraw, done again only when one of them changes."""
-    key = (
-        k,
-        None
-        if costs is None
-        else (tuple(sorted(costs.verify_s.items())), costs.draft_s_per_token, costs.draft_fixed_s, costs.window),
-    )
+    key = (k, None if costs is None else costs.snapshot())
     if _last_curves[0] == key:
         return _last_curves[1]
     a = np.linspace(0.0, 1.0, THEORY_POINTS)
@@ -399,7 +382,7 @@ def _curves(costs: CostModel | None, k: int) -> dict:
     return out
 
 
-def theory_curves(costs: CostModel | None, k: int, measured_a: float | None) -> dict:
+def theory_curves(costs: CostSnapshot | CostModel | None, k: int, measured_a: float | None) -> dict:
     """E[tokens/step] and the predicted speedup against acceptance, and the break-even a, for draft length k."""
     out = dict(_curves(costs, k))
     if costs is not None:
@@ -413,7 +396,7 @@ def drafter_series(run: Run | None, kind: str | None) -> dict:
     out = {"kind": kind, "stats": None, "step": np.zeros(0)}
     if run is None or not len(run.steps):
         return out
-    out["stats"] = run.drafter_stats
+    out["stats"] = None if run.drafter_stats is None else run.drafter_stats.as_dict()  # the panels read plain data
     out["step"] = run.steps.column("step")
     for name in DRAFTER_COLUMNS:
         out[name] = run.steps.column(name)
@@ -421,7 +404,7 @@ def drafter_series(run: Run | None, kind: str | None) -> dict:
 
 
 def chart_series(
-    runs: dict[str, Run], costs: CostModel | None, window: int = WINDOW, drafter: str | None = None
+    runs: dict[str, Run], costs: CostSnapshot | CostModel | None, window: int = WINDOW, drafter: str | None = None
 ) -> dict:
     """Everything the panels draw, keyed by panel then by run label; `drafter` is the
     loaded drafter's kind (EngineConfig.drafter), which decides what the drafter panel shows."""

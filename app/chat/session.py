@@ -30,8 +30,7 @@ from app.chat.conversation_panel import ConversationPanel
 from app.chat.conversations import Conversation, ConversationStore, StoreError
 from app.chat.view import ChatView
 from app.runtime.engine_controller import CHAT, EngineController
-from app.runtime.steps import Step
-from engine import GenerationResult, SamplingConfig
+from engine import GenerationResult, SamplingConfig, StepEvent
 
 NEW_CHAT_TITLE = "New chat"
 GREEDY_REGENERATE = (
@@ -189,10 +188,10 @@ class ChatSession(QObject):
             if self.replying_to is self.conversation:
                 self.view.begin_reply()
 
-    def _on_steps(self, steps: list[Step]) -> None:
+    def _on_steps(self, steps: list[StepEvent]) -> None:
         # Only chat runs have a conversation to reply to (comparisons leave it None).
         # One write and one insertion per batch: each has a cost of its own, whatever its size.
-        tokens = tuple(token for step in steps for token in step.event.tokens)
+        tokens = tuple(token for step in steps for token in step.tokens)
         if self.replying_to is not None and tokens:
             self._write("", self.store.add_reply_tokens, self.replying_to, tokens)
             if self.replying_to is self.conversation:

@@ -13,10 +13,13 @@ request at the server: a new request cancels the running one (the server stops
 it at its next step) and starts once the old thread has ended. The process
 starts with the first load, inside that job, so the GUI never waits for it.
 
-Each step comes with what the engine copied beside it, between two steps, on its
-own thread: the drafter's statistics (a dict, or None) and the cost model,
-frozen into a `CostSnapshot`, handed to the window in batches (`sig_steps`). What the window shows
-about the loaded pair is the server's `LoadedPair`.
+A reply and a comparison are one path (`_run`, by its kind). Each step is the
+engine's record (`StepEvent`), with what the engine copied beside it, between two
+steps, on its own thread: its run, the drafter's statistics and the cost model's
+`CostSnapshot`. The window gets them in the batches the server sent them in
+(`sig_steps`), four to ten a second: each hand-over wakes the GUI thread, which
+takes a core from the engine for a moment. What the window shows about the loaded
+pair is the server's `LoadedPair`.
 
 Every `SpecDeckError` becomes `sig_error` with the engine's own message; any
 other exception is a bug, reported the same way with its type so that the
@@ -58,7 +61,6 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal, Slot
 
 from app.runtime import remote
-from app.runtime.steps import StepBatches, hand_over_s, shares_cores
 from app.runtime.worker import GeneratorWorker, TaskRunner
 from app.shell.settings import LOCAL, EngineChoice
 from engine import (
@@ -69,11 +71,20 @@ from engine import (
     LoadedPair,
     SamplingConfig,
     SpecDeckError,
+    decodes_on_cpu,
 )
 
 LOAD, CHAT, COMPARE = "load", "chat", "compare"
 DEATH_WAIT_S = 3.0  # a dropped connection waits this long for the process to be seen gone
 log = logging.getLogger(__name__)
+
+
+def shares_cores(pair, own_engine: bool) -> bool:
+    """Whether `pair` decodes on the cores the window runs on: the window's own engine (`own_engine`),
+    on the CPU. There the engine takes every core, and its threads wait for each other at every
+    barrier: each moment the window takes stalls them all, so the engine loses about twice the
+    window's share. On a GPU, or on a server elsewhere, the window's moments cost the engine nothing."""
+    return own_engine and isinstance(pair, LoadedPair) and decodes_on_cpu(pair.target.device)
 
 
 class EngineStopped(EngineUnavailable):
@@ -104,9 +115,10 @@ class EngineController(QObject):
     """A chat reply ("chat") or a comparison ("compare") started decoding."""
 
     sig_steps = Signal(object)
-    """Decoding steps, in order, a batch at a time (about 10 a second; a list of `Step`s: each
-    one's run label, StepEvent, and what the engine copied just after it: the drafter's
-    statistics and the cost model). Listeners do their work once per batch."""
+    """Decoding steps, in order, a batch at a time, as the server sent them (ten a second, four where
+    the engine decodes on the CPU): a list of `StepEvent`s, each with its run, and what the engine
+    copied just after it: the drafter's statistics and the cost model. Listeners do their work once
+    per batch."""
 
     sig_run_finished = Signal(str, object)
     """A run ended: its kind and its result (GenerationResult / Comparison), None if it failed."""
@@ -201,45 +213,31 @@ class EngineController(QObject):
         self._start(LOAD, job, config)
 
     def chat(self, messages: list[dict], sampling: SamplingConfig) -> None:
-        self._restart_if_stopped()
-
-        interval = self._hand_over_s()  # read here, on the GUI thread that owns `loaded`
-
-        def job(cancel: threading.Event, report):
-            client = self._loaded_client()
-            with StepBatches(report, interval) as on_step:
-                return self._call(
-                    lambda: client.generate(messages, sampling, cancel=cancel, on_step=on_step),
-                    local=client is not self._server,
-                )
-
-        self._start(CHAT, job)
+        self._run(CHAT, messages, sampling)
 
     def compare(self, messages: list[dict], sampling: SamplingConfig) -> None:
         """Both runs of the side by side, always greedy (`SamplingConfig.as_greedy`): identical outputs are
         what it shows, whatever temperature the chat samples at."""
-        self._restart_if_stopped()
-        sampling = sampling.as_greedy()
+        self._run(COMPARE, messages, sampling.as_greedy())
 
-        interval = self._hand_over_s()  # read here, on the GUI thread that owns `loaded`
+    def _run(self, kind: str, messages: list[dict], sampling: SamplingConfig) -> None:
+        """A reply (CHAT) or a comparison (COMPARE) on the loaded pair; its batches of steps go to
+        `sig_steps` as they arrive."""
+        self._restart_if_stopped()
 
         def job(cancel: threading.Event, report):
             client = self._loaded_client()
-            with StepBatches(report, interval) as on_step:
-                return self._call(
-                    lambda: client.compare(messages, sampling, cancel=cancel, on_step=on_step),
-                    local=client is not self._server,
-                )
+            run = client.compare if kind == COMPARE else client.generate
+            return self._call(
+                lambda: run(messages, sampling, cancel=cancel, on_steps=report), local=client is not self._server
+            )
 
-        self._start(COMPARE, job)
-
-    def _hand_over_s(self) -> float:
-        return hand_over_s(self.loaded, own_engine=not self.choice.remote)
+        self._start(kind, job)
 
     @property
     def shares_cores(self) -> bool:
         """Whether the loaded pair decodes on the cores this window runs on (its own engine, on the
-        CPU): what the window does meanwhile is taken from the engine (steps.shares_cores)."""
+        CPU): what the window does meanwhile is taken from the engine (`shares_cores`)."""
         return shares_cores(self.loaded, own_engine=not self.choice.remote)
 
     def preflight(self, config: EngineConfig):
@@ -470,7 +468,7 @@ class EngineController(QObject):
         if worker.name == LOAD:
             self.sig_load_progress.emit(*value)
         else:
-            self.sig_steps.emit(value)  # a StepBatches batch
+            self.sig_steps.emit(value)  # a batch of steps
 
     @Slot(object)
     def _on_returned(self, result: Any) -> None:

@@ -49,10 +49,8 @@ from app.pair.dialog import PairDialog
 from app.pair.heads import engine_notes
 from app.pair.model_drop import ModelDrops
 from app.pair.pair_bar import PairBar
-from app.runtime.costs import CostSnapshot
 from app.runtime.engine_controller import CHAT, COMPARE, EngineController
 from app.runtime.remote import ServerPair
-from app.runtime.steps import Step
 from app.shell import settings as keys
 from app.shell.actions import create_actions
 from app.shell.banner import Banner
@@ -418,7 +416,7 @@ class MainWindow(QMainWindow):
             self._set_ready(True)
             return
         self.charts.set_notes(())
-        self.charts.set_cost_model(CostSnapshot.of(loaded.costs).model())  # the charts' own copy
+        self.charts.set_cost_model(loaded.costs)  # a CostSnapshot: nothing changes it
         # A draft model given by name makes the drafter "model", whatever config.drafter says.
         self.charts.set_drafter("model" if config.draft else config.drafter)
         notes = engine_notes(loaded)  # e.g. a Medusa tree cut to one branch on llama.cpp
@@ -533,11 +531,11 @@ class MainWindow(QMainWindow):
             self.compare_view.begin()
         self._run_kind = kind
 
-    def _on_steps(self, steps: list[Step]) -> None:
+    def _on_steps(self, steps: list) -> None:  # the engine's StepEvents, a batch as the server sent it
         self.charts.add_steps(steps)
         if self._run_kind == COMPARE:
             for step in steps:
-                self.compare_view.add_step(step.label, step.event)
+                self.compare_view.add_step(step.run, step)
 
     def _on_run_finished(self, kind: str, result) -> None:
         self._run_kind = None

@@ -46,6 +46,13 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from engine.core.costs import (  # noqa: F401 - expected_tokens and break_even_acceptance: re-exported
+    CostFormulas,
+    CostSnapshot,
+    break_even_acceptance,
+    expected_tokens,
+    on_curve,
+)
 from engine.errors import ConfigError
 
 K_LIMIT = 32  # longest draft anyone may ask for
@@ -55,16 +62,6 @@ K_LIMIT = 32  # longest draft anyone may ask for
 SPIKE_FACTOR = 1.25
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 33)
 DEPTH_PRIOR = 2.0  # tokens' worth of the run's acceptance that each draft position starts from
-
-
-def expected_tokens(a: float, k: int) -> float:
-    """E[tokens per step] = (1 - a^(k+1)) / (1 - a); k + 1 when a = 1."""
-    if k <= 0:
-        return 1.0
-    a = min(max(a, 0.0), 1.0)
-    if a >= 1.0 - 1e-12:
-        return float(k + 1)
-    return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
 def expected_tokens_tree(depth_rates: list[float] | tuple[float, ...], depth: int) -> float:
@@ -77,31 +74,8 @@ def expected_tokens_tree(depth_rates: list[float] | tuple[float, ...], depth: in
     return total
 
 
-def _on_curve(times: dict[int, float], sizes: list[int], n: int) -> float:
-    """T(n) from measured `times` (`sizes` = sorted keys): linear between two sizes, proportional
-    below the smallest; past the largest, the last segment's slope, or the curve's average slope
-    where that is steeper: two neighbouring timings a little noisy made the last segment flat, and
-    a long draft then looked as cheap to verify as a short one (predicted 59 ms for 8-17 rows,
-    timed 62-110 ms)."""
-    if n in times:
-        return times[n]
-    i = bisect.bisect_left(sizes, n)  # sizes[i - 1] < n < sizes[i]
-    if i == 0:
-        return times[sizes[0]] * n / sizes[0]
-    lower = sizes[i - 1]
-    if i == len(sizes):  # beyond the curve
-        if i == 1:
-            return times[lower] * n / lower
-        last = (times[lower] - times[sizes[i - 2]]) / (lower - sizes[i - 2])
-        average = (times[lower] - times[sizes[0]]) / (lower - sizes[0])
-        return times[lower] + max(last, average, 0.0) * (n - lower)
-    upper = sizes[i]
-    t = (n - lower) / (upper - lower)
-    return times[lower] * (1 - t) + times[upper] * t
-
-
 @dataclass
-class CostModel:
+class CostModel(CostFormulas):
     """Seconds per target forward of n tokens, and per drafted token.
 
     Starts from a curve measured when the model loads and follows the times
@@ -140,7 +114,7 @@ class CostModel:
         """T(n), interpolated linearly between measured sizes (and extrapolated past them)."""
         if not self.verify_s:
             return float(n)  # unmeasured: assume no parallelism at all (the pessimistic case)
-        return _on_curve(self.verify_s, self._sizes(), n)
+        return on_curve(self.verify_s, self._sizes(), n)
 
     def _sizes(self) -> list[int]:
         # Called for every candidate k on every step: keep the sorted sizes until a new one
@@ -168,7 +142,7 @@ class CostModel:
         if not seed or not timed:
             return
         seed_sizes = sorted(seed)
-        ratios = [self.verify_s[m] / _on_curve(seed, seed_sizes, m) for m in timed]
+        ratios = [self.verify_s[m] / on_curve(seed, seed_sizes, m) for m in timed]
         kept = {m: self.verify_s[m] for m in timed}  # the timed sizes, then each load-time one that passes
         for m in seed_sizes:
             if m in self._recent:
@@ -185,7 +159,7 @@ class CostModel:
             high = self.verify_s[timed[i]] if i < len(timed) else float("inf")
             value = min(max(seed[m] * ratio, low), max(high, low))
             if any(value > SPIKE_FACTOR * -(-m // j) * self.verify_s[j] for j in timed[:i]):
-                value = max(_on_curve(kept, sorted(kept), m), low)
+                value = max(on_curve(kept, sorted(kept), m), low)
             kept[m] = self.verify_s[m] = value
 
     def observe_draft(self, tokens: int, seconds: float) -> None:
@@ -210,11 +184,6 @@ class CostModel:
         self.draft_s_per_token = d
         self.draft_fixed_s = statistics.median_low([max(0.0, t - k * d) for k, t in self._draft_k.items()])
 
-    def draft_time(self, k: int) -> float:
-        """Seconds to draft k tokens: the draft's fixed cost per step (feeding it the step's
-        pending tokens, the drafter's own work) plus k times its cost per token."""
-        return self.draft_fixed_s + k * self.draft_s_per_token if k > 0 else 0.0
-
     def _median_with(self, key, known: float | None, value: float) -> float:
         """The low median of the last `window` values of `key` after adding `value`; the value
         known before the first one (the load-time curve, or its guess) starts the window."""
@@ -224,42 +193,11 @@ class CostModel:
         recent.append(value)
         return statistics.median_low(recent)
 
-    def draft_ratio(self) -> float:
-        """c_d = d / T(1)."""
-        return self.draft_s_per_token / self.verify_time(1)
-
-    def verify_ratio(self, n: int) -> float:
-        """T(n) / T(1)."""
-        return self.verify_time(n) / self.verify_time(1)
-
-    def speedup(self, a: float, k: int) -> float:
-        """S(a, k) = E(a, k) / ((D + k * d + T(k+1)) / T(1))."""
-        if k <= 0:
-            return 1.0
-        return self.speedup_for(expected_tokens(a, k), k)
-
-    def speedup_for(self, expected: float, k: int) -> float:
-        """expected tokens per step / ((draft_time(k) + T(k+1)) / T(1)): any drafter, chain or tree.
-        draft_time(k) is k * d plus the draft's fixed cost per step: charged per token, that
-        cost (7 ms of a 20 ms one-token draft here, against 13 ms per token of a long one) made
-        short drafts look no dearer per token than long ones and held automatic k at 1."""
-        if k <= 0:
-            return 1.0
-        return expected / ((self.draft_time(k) + self.verify_time(k + 1)) / self.verify_time(1))
-
-
-def break_even_acceptance(costs: CostModel, k: int) -> float | None:
-    """Smallest a at which drafting k tokens beats plain decoding; None if no a <= 1 does."""
-    if k <= 0 or costs.speedup(1.0, k) <= 1.0:
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        if costs.speedup(mid, k) > 1.0:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    def snapshot(self) -> CostSnapshot:
+        """The numbers now, frozen, with the same formulas; call it on the thread that updates this model."""
+        return CostSnapshot(
+            tuple(sorted(self.verify_s.items())), self.draft_s_per_token, self.draft_fixed_s, self.window
+        )
 
 
 def measure_verify_curve(

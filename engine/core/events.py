@@ -3,13 +3,22 @@
 A UI draws these as they arrive: each token says where it came from and with what
 probabilities; each step carries its timings and a snapshot of the running
 statistics, including the speedup the article's formula predicts from them.
+
+A step read on another thread or in another process (the desktop app, a server's
+client) also says which run it belongs to and carries copies of what keeps changing
+as decoding goes on, taken on the engine's thread right after the step: the
+drafter's statistics and the cost model (`Engine.stream(snapshots=True)`). That one
+record is what the server sends and its client rebuilds (engine/service/wire.py),
+and what the chat, the charts and the side by side read.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
+from engine.core.costs import CostSnapshot
 from engine.errors import SpecDeckError
 
 
@@ -160,6 +169,13 @@ class StepEvent:
     finish_reason: str | None = None  # "stop" | "length" | "context" | "stop_string" | "cancelled"
     end_token: TokenInfo | None = None  # the end-of-generation token that finished the run, not shown
     stop_tokens: tuple[TokenInfo, ...] = ()  # the stop string's tokens that finished the run, not shown
+    # Set where the step is recorded for a reader elsewhere (Engine.stream(snapshots=True), a
+    # remote server's steps); the decoding loop leaves them unset.
+    run: str | None = None  # "speculative" or "vanilla": the run of a reply or a comparison it belongs to
+    # The drafter's stats() right after this step: a frozen DrafterStats of the type its registry
+    # entry names (engine/drafters/registry.py); None in a plain run, or where not recorded.
+    drafter_stats: Any = None
+    costs: CostSnapshot | None = None  # the engine's cost model right after this step
 
     @property
     def ended_with(self) -> int:

@@ -2,7 +2,7 @@
 
     remote = open_remote("auto", "http://127.0.0.1:8080")     # or "llama-server", "vllm", "sglang"
     pair = remote.connect()
-    remote.generate(messages, sampling, on_step=...)            # StepEvents, as a local run's
+    remote.generate(messages, sampling, on_steps=...)          # StepEvents, as a local run's
     remote.compare(messages, sampling)                          # vanilla (a second URL, or n_max 0) vs speculative
 
 A SpecDeck server is not among them: `EngineClient` (engine/service/client.py)

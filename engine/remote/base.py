@@ -3,7 +3,7 @@
     remote = open_remote("llama-server", "http://127.0.0.1:8080")   # engine/remote/__init__.py
     pair = remote.connect()            # RemotePair: the server's model and how it speculates
     result = remote.generate([{"role": "user", "content": "Hi"}], SamplingConfig(max_tokens=64),
-                             on_step=lambda label, step, drafter_stats, costs: print(step.text, end=""))
+                             on_steps=lambda steps: print("".join(step.text for step in steps), end=""))
 
 Every adapter speaks OpenAI's streamed `/v1/chat/completions`; what differs is
 what each server says about its drafts, which the adapter hands to `StepBuilder`
@@ -11,6 +11,9 @@ what each server says about its drafts, which the adapter hands to `StepBuilder`
 and SGLang's /metrics). The steps, results and comparisons are the engine's own
 records, so the chat, the charts and the side-by-side draw them as they draw a
 local run; `RemotePair.notes` say in words what a server's numbers cannot show.
+A server streams a chunk at a time: the steps go to `on_steps` in batches, at most
+every BATCH_S, as a SpecDeck server sends its own (engine/service/batches.py), so
+that a window hands them to its GUI thread at the same pace whichever server runs.
 
 The side by side needs a run without speculation from the same model: a second
 server (`vanilla_url`), or the same one told per request not to draft where it
@@ -29,8 +32,9 @@ from engine.core.sampling_config import SamplingConfig
 from engine.errors import SpecDeckError
 from engine.remote.http import JsonServer
 from engine.remote.steps import StepBuilder
+from engine.service.batches import BATCH_S, Batches
 
-StepCallback = Callable[[str, StepEvent, "dict | None", Any], None]  # (run label, step, drafter stats, costs)
+StepsCallback = Callable[[list[StepEvent]], None]  # a batch of steps, in order
 FINISH_REASONS = {"stop": "stop", "length": "length", "eos": "stop", "limit": "length"}
 
 
@@ -87,7 +91,7 @@ class RemoteEngine:
         *,
         speculative: bool | None = None,
         cancel: threading.Event | None = None,
-        on_step: StepCallback | None = None,
+        on_steps: StepsCallback | None = None,
     ) -> GenerationResult:
         """One reply. `speculative` False: the vanilla run (on `vanilla_url`, or the server told not
         to draft); None or True: as the server decodes."""
@@ -96,38 +100,38 @@ class RemoteEngine:
         label = "vanilla" if vanilla else "speculative"
         server = self._server(vanilla)
         body = self._body(messages, sampling, vanilla)
-        builder = StepBuilder(notes=pair.notes, **self._builder_options(vanilla))
+        builder = StepBuilder(notes=pair.notes, run=label, **self._builder_options(vanilla))
         before = self._before(server)
         reason, timings, held = "length", {}, []
+        # Whatever is held when the block ends, by an error too, is handed on then: nothing is lost.
+        with Batches(on_steps or _ignore, BATCH_S) as send:
 
-        def add(text: str, chunk: dict) -> None:
-            for step in builder.add(text, **self._counters(chunk, builder)):
-                # Each step goes out once the next one has come: the last goes out below, with the
-                # run's final numbers and its finish reason, and no step is told twice.
-                if held and on_step is not None:
-                    on_step(label, held.pop(), None, None)
-                held[:] = [step]
+            def add(text: str, chunk: dict) -> None:
+                for step in builder.add(text, **self._counters(chunk, builder)):
+                    # Each step goes out once the next one has come: the last goes out below, with the
+                    # run's final numbers and its finish reason, and no step is told twice.
+                    if held:
+                        send(held.pop())
+                    held[:] = [step]
 
-        try:
-            for chunk in server.events("/v1/chat/completions", body, cancel=cancel):
-                self._observe(chunk)
-                timings = chunk.get("timings") or timings
-                for choice in chunk.get("choices") or ():
-                    add((choice.get("delta") or {}).get("content") or "", chunk)
-                    if choice.get("finish_reason"):
-                        reason = FINISH_REASONS.get(choice["finish_reason"], choice["finish_reason"])
-                if not chunk.get("choices") and chunk.get("usage"):  # vLLM's and SGLang's last chunk
-                    add("", chunk)
-        except SpecDeckError:
-            if on_step is not None:  # what arrived before the server went away is kept
-                for step in [*held, *builder.flush()]:
-                    on_step(label, step, None, None)
-            raise
-        if cancel is not None and cancel.is_set():
-            reason = "cancelled"
-        result = builder.finish(reason, **self._after(server, before, timings))
-        if on_step is not None:
-            on_step(label, result.events[-1], None, None)
+            try:
+                for chunk in server.events("/v1/chat/completions", body, cancel=cancel):
+                    self._observe(chunk)
+                    timings = chunk.get("timings") or timings
+                    for choice in chunk.get("choices") or ():
+                        add((choice.get("delta") or {}).get("content") or "", chunk)
+                        if choice.get("finish_reason"):
+                            reason = FINISH_REASONS.get(choice["finish_reason"], choice["finish_reason"])
+                    if not chunk.get("choices") and chunk.get("usage"):  # vLLM's and SGLang's last chunk
+                        add("", chunk)
+            except SpecDeckError:
+                for step in [*held, *builder.flush()]:  # what arrived before the server went away is kept
+                    send(step)
+                raise
+            if cancel is not None and cancel.is_set():
+                reason = "cancelled"
+            result = builder.finish(reason, **self._after(server, before, timings))
+            send(result.events[-1], last=True)
         if vanilla:
             self._check_vanilla(result)
         return result
@@ -138,7 +142,7 @@ class RemoteEngine:
         sampling: SamplingConfig,
         *,
         cancel: threading.Event | None = None,
-        on_step: StepCallback | None = None,
+        on_steps: StepsCallback | None = None,
     ) -> Comparison:
         """Vanilla, then speculative decoding of the same input, as `Engine.compare`."""
         pair = self.pair or self.connect()
@@ -150,10 +154,10 @@ class RemoteEngine:
         self.ensure_vanilla()
         self.cold_prompts = True
         try:
-            vanilla = self.generate(messages, sampling, speculative=False, cancel=cancel, on_step=on_step)
+            vanilla = self.generate(messages, sampling, speculative=False, cancel=cancel, on_steps=on_steps)
             if cancel is not None and cancel.is_set():
                 return Comparison(vanilla, vanilla, None)
-            speculative = self.generate(messages, sampling, speculative=True, cancel=cancel, on_step=on_step)
+            speculative = self.generate(messages, sampling, speculative=True, cancel=cancel, on_steps=on_steps)
         finally:
             self.cold_prompts = False
         return Comparison(vanilla, speculative, None)
@@ -285,3 +289,7 @@ class StepPerChunkEngine(RemoteEngine):
         if vanilla and self.vanilla is None:
             raise SpecDeckError(self.no_vanilla)
         return super()._server(vanilla)
+
+
+def _ignore(steps: list[StepEvent]) -> None:
+    """The batches of a run nobody watches."""

@@ -56,6 +56,7 @@ class StepBuilder:
     """Collects one run's chunks; `add` returns the StepEvents they complete, `finish` the result."""
 
     notes: tuple[str, ...] = ()
+    run: str | None = None  # "speculative" or "vanilla": the run the steps belong to (StepEvent.run)
     step_per_chunk: bool = False
     draft_length: int = 0  # the server's k, where known: names a step's last token bonus or resampled
     clock: object = time.perf_counter
@@ -140,7 +141,7 @@ class StepBuilder:
             changes["depth_tested"], changes["depth_accepted"] = tuple(depth_tested), tuple(depth_accepted)
         stats = replace(stats, **changes)
         if not self.steps:
-            self.steps.append(StepEvent(0, (), "", 0, 0, 0, 0.0, 0.0, 0.0, stats, finish_reason=reason))
+            self.steps.append(StepEvent(0, (), "", 0, 0, 0, 0.0, 0.0, 0.0, stats, finish_reason=reason, run=self.run))
         else:
             self.steps[-1] = replace(self.steps[-1], stats=stats, finish_reason=reason)
         return collect(self.steps)
@@ -172,7 +173,7 @@ class StepBuilder:
             time_to_first_token_s=stats.time_to_first_token_s or self._first_token_s,
             wall_s=max(0.0, now - self._first_token_s),
         )
-        event = StepEvent(len(self.steps), infos, "".join(step.texts), d, d, a, 0.0, 0.0, 0.0, stats)
+        event = StepEvent(len(self.steps), infos, "".join(step.texts), d, d, a, 0.0, 0.0, 0.0, stats, run=self.run)
         self.steps.append(event)
         return event
 

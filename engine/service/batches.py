@@ -14,16 +14,18 @@ a batch goes every CPU_BATCH_S instead: a client sees the reply grow four times 
 second, and the server's event loop and the client's reader wake 4 times a second,
 not 10 (each wake-up ~0.3 ms of the server's loop and as much of the reader's).
 
-On the wire a batch is `{"steps": [item, ...]}`, each item what a single step's event
-was; `unbatched` turns a stream of events back into items, single ones included.
-The desktop window hands steps from its reader thread to its GUI thread with the
-same `Batches` (app/runtime/steps.py).
+On the wire a batch is `{"steps": [step, ...]}`, each step the engine's record
+(`wire.step_to_dict`). The client hands each batch on as it arrived
+(`EngineClient.generate`'s `on_steps`): the desktop window gets its steps from its
+reader thread on its GUI thread at the server's pace, with no second batching. Only
+a foreign server (llama-server, vLLM, SGLang) that streams a chunk at a time is
+batched again, with `Batches`, by its adapter (engine/remote/base.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 BATCH_S = 0.1
@@ -68,12 +70,3 @@ class Batches:
             batch, self._held = self._held, []
             self._emit(batch)
         self._sent = self._clock()
-
-
-def unbatched(events: Iterable[dict]) -> Iterator[dict]:
-    """The items of a stream of events: a batch's items in order, any other event as it is."""
-    for event in events:
-        if "steps" in event:
-            yield from event["steps"]
-        else:
-            yield event

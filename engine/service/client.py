@@ -3,10 +3,13 @@
     client = EngineClient("http://127.0.0.1:8000", api_key=None)
     pair = client.load(EngineConfig(target="default"), progress=print)
     result = client.generate([{"role": "user", "content": "Hi"}], SamplingConfig(max_tokens=64),
-                             on_step=lambda label, step, drafter_stats, costs: print(step.text, end=""))
+                             on_steps=lambda steps: print("".join(step.text for step in steps), end=""))
 
-Steps arrive as the engine makes them and come back as the same `StepEvent`s
-(`wire`); the reply is collected from them as `Engine.generate` collects it.
+Steps arrive as the engine records them and come back as the same `StepEvent`s
+(`wire`: the run each belongs to, the drafter's statistics and the cost model
+included), handed on in the batches the server sent them in (ten a second, four
+where the engine decodes on the CPU: engine/service/batches.py); the reply is
+collected from them as `Engine.generate` collects it.
 Errors are the engine's own: a server's error names its class (`type`), and the
 client raises that `SpecDeckError` subclass with the server's message. A server
 that cannot be reached, or that goes away mid-reply, is `EngineUnavailable`.
@@ -31,16 +34,15 @@ from typing import Any
 from engine import errors
 from engine.backends.info import ModelInfo
 from engine.config import EngineConfig
-from engine.core.draft_length import CostModel
+from engine.core.costs import CostSnapshot
 from engine.core.events import Comparison, GenerationResult, StepEvent
 from engine.core.sampling_config import SamplingConfig
 from engine.errors import SpecDeckError
 from engine.remote.http import CONNECT_TIMEOUT_S, open_connection, parse_address, sse_payloads
 from engine.service import wire
-from engine.service.batches import unbatched
 from engine.service.host import JOB_HEADER
 
-StepCallback = Callable[[str, StepEvent, "dict | None", CostModel], None]  # (run label, step, drafter stats, costs)
+StepsCallback = Callable[[list[StepEvent]], None]  # a batch of steps, in order, as the server sent it
 CANCEL_RETRY_S = 0.05  # asking the server to cancel a job it has not begun yet, again
 DONE_CHECK_S = 1.0  # how long a cancel watcher outlives its stream, at most
 PREFLIGHT_TIMEOUT_S = 120.0  # the first check imports torch and llama.cpp in the server
@@ -59,7 +61,7 @@ class LoadedPair:
     n_ctx: int
     speculative: bool  # there is a drafter
     notes: tuple[str, ...]  # Engine.notes: e.g. a tree drafter cut to one branch on llama.cpp
-    costs: CostModel  # the cost model as measured at load
+    costs: CostSnapshot  # the cost model as measured at load
 
     @classmethod
     def from_dict(cls, data: dict) -> LoadedPair:
@@ -113,16 +115,11 @@ class EngineClient:
         *,
         speculative: bool | None = None,
         cancel: threading.Event | None = None,
-        on_step: StepCallback | None = None,
+        on_steps: StepsCallback | None = None,
     ) -> GenerationResult:
         """One reply, as `Engine.generate`; `speculative` None: as the loaded pair decodes."""
         body = {"messages": messages, "sampling": wire.sampling_to_dict(sampling), "speculative": speculative}
-        steps: list[StepEvent] = []
-        for item in unbatched(self.stream("/specdeck/generate", body, cancel=cancel)):
-            step = wire.step_from_dict(item["step"])
-            steps.append(step)
-            if on_step is not None:
-                on_step(item["run"], step, item["drafter_stats"], wire.costs_from_dict(item["costs"]))
+        steps, _ = self._run("/specdeck/generate", body, cancel, on_steps)
         return wire.result_from_steps(steps)
 
     def compare(
@@ -131,19 +128,32 @@ class EngineClient:
         sampling: SamplingConfig,
         *,
         cancel: threading.Event | None = None,
-        on_step: StepCallback | None = None,
+        on_steps: StepsCallback | None = None,
     ) -> Comparison:
         """Vanilla, then speculative decoding of the same input, as `Engine.compare`."""
         body = {"messages": messages, "sampling": wire.sampling_to_dict(sampling)}
+        steps, end = self._run("/specdeck/compare", body, cancel, on_steps)
+        if end is None:
+            raise EngineUnavailable(f"The server at {self.url} ended the comparison before its result.")
         runs: dict[str, list[StepEvent]] = {"vanilla": [], "speculative": []}
-        for item in unbatched(self.stream("/specdeck/compare", body, cancel=cancel)):
+        for step in steps:
+            runs[step.run].append(step)
+        return wire.comparison_from_runs(runs["vanilla"], runs["speculative"], end["divergence"])
+
+    def _run(
+        self, path: str, body: dict, cancel: threading.Event | None, on_steps: StepsCallback | None
+    ) -> tuple[list[StepEvent], dict | None]:
+        """A reply's or a comparison's steps, each batch handed to `on_steps` as it arrived, and the
+        comparison's last item ({"divergence"}; None for a reply)."""
+        steps: list[StepEvent] = []
+        for item in self.stream(path, body, cancel=cancel):
             if "divergence" in item:
-                return wire.comparison_from_runs(runs["vanilla"], runs["speculative"], item["divergence"])
-            step = wire.step_from_dict(item["step"])
-            runs[item["run"]].append(step)
-            if on_step is not None:
-                on_step(item["run"], step, item["drafter_stats"], wire.costs_from_dict(item["costs"]))
-        raise EngineUnavailable(f"The server at {self.url} ended the comparison before its result.")
+                return steps, item
+            batch = [wire.step_from_dict(step) for step in item["steps"]]
+            steps.extend(batch)
+            if on_steps is not None:
+                on_steps(batch)
+        return steps, None
 
     def preflight(self, config: EngineConfig, timeout: float = PREFLIGHT_TIMEOUT_S):
         """`engine.preflight(config)` in the server's process (its files, its devices) -> Preflight.

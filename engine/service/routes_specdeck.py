@@ -5,8 +5,8 @@
     POST /specdeck/load       {"config": EngineConfig.to_dict(), "reload"?} -> stream of {"progress": {...}},
                               then {"loaded": ...}; at once when that config is already loaded
     POST /specdeck/unload     frees the models
-    POST /specdeck/generate   {"messages", "sampling", "speculative"?} -> stream of {"steps": [{"run", "step",
-                              "drafter_stats", "costs"}, ...]} batches (batches.py: ten a second, four on a CPU)
+    POST /specdeck/generate   {"messages", "sampling", "speculative"?} -> stream of {"steps": [step, ...]}
+                              batches (batches.py: ten a second, four on a CPU), each step `wire.step_to_dict`
     POST /specdeck/compare    {"messages", "sampling"} -> the same batches for both runs, then {"divergence": ...}
     POST /specdeck/preflight  {"config": EngineConfig.to_dict()} -> `preflight(config).to_dict()`: can this config
                               load and draft, from metadata only (the pair dialog's check)
@@ -14,12 +14,12 @@
                               running one) stops at its next step, or at once if still waiting; its stream
                               ends as usual
 
-Each step is `wire.step_to_dict`; beside it travel copies made on the engine's
-thread between two steps, of what keeps changing as decoding goes on: the
-drafter's statistics (`drafter_stats`, a dict or None) and the cost model
-(`costs`). The step and its copies are encoded there too, before the next step
-begins, so the event loop only joins a batch's bytes and writes them. The client
-rebuilds the reply from the steps (`wire.result_from_steps`).
+A reply and a comparison are one path (`_run`, by its kind). Each step is the
+engine's record (`Engine.stream(snapshots=True)`): its run, and copies made on the
+engine's thread between two steps of what keeps changing as decoding goes on, the
+drafter's statistics and the cost model. It is encoded there too, before the next
+step begins, so the event loop only joins a batch's bytes and writes them. The
+client rebuilds the same records and the reply from them (`wire.result_from_steps`).
 
 A preflight is not a job: it reads headers and tokenizer files, never the loaded
 models, so it runs on a thread of its own beside whatever job holds the engine
@@ -61,15 +61,16 @@ class LoadRequest(_Strict):
     reload: bool = False  # load again even when this config is the loaded one
 
 
-class GenerateRequest(_Strict):
-    messages: list[dict[str, Any]]
-    sampling: dict[str, Any] = {}
-    speculative: bool | None = None  # None: speculative when a drafter is loaded
+GENERATE, COMPARE = "generate", "compare"  # the runs a client asks for: a reply, or both runs side by side
 
 
 class CompareRequest(_Strict):
     messages: list[dict[str, Any]]
     sampling: dict[str, Any] = {}
+
+
+class GenerateRequest(CompareRequest):
+    speculative: bool | None = None  # None: speculative when a drafter is loaded
 
 
 class PreflightRequest(_Strict):
@@ -132,26 +133,17 @@ async def unload(request: Request) -> dict:
 
 @router.post("/specdeck/generate")
 async def generate(body: GenerateRequest, request: Request):
-    host = _host(request)
-    sampling = _sampling(body.sampling)
-    check_message_count(body.messages, limits_of(request))
-    metrics = metrics_of(request.app)
-
-    def job(cancel, emit) -> None:
-        engine = require_engine(host)
-        speculative = engine.drafter is not None if body.speculative is None else body.speculative
-        prompt = engine.prompt_ids(body.messages)
-        with Batches(lambda steps: emit(wire.batch(steps)), batch_interval(engine.target.info.device)) as send:
-            for step in engine.stream(prompt, sampling, speculative=speculative, cancel=cancel):
-                metrics.observe(step, len(prompt))
-                send(wire.dumps(step_item(engine, step, speculative)), last=step.finish_reason is not None)
-
-    timeout = limits_of(request).generation_timeout_s
-    return await event_stream(host.run("generate", job, request, time_limit_s=timeout))
+    return await _run(GENERATE, body, request)
 
 
 @router.post("/specdeck/compare")
 async def compare(body: CompareRequest, request: Request):
+    return await _run(COMPARE, body, request)
+
+
+async def _run(kind: str, body: CompareRequest, request: Request):
+    """A reply (GENERATE) or both runs of a comparison (COMPARE, then its divergence), their steps
+    sent in batches as the engine records them."""
     host = _host(request)
     sampling = _sampling(body.sampling)
     check_message_count(body.messages, limits_of(request))
@@ -162,15 +154,22 @@ async def compare(body: CompareRequest, request: Request):
         prompt = engine.prompt_ids(body.messages)
         with Batches(lambda steps: emit(wire.batch(steps)), batch_interval(engine.target.info.device)) as send:
 
-            def on_event(label: str, step) -> None:
+            def on_step(step) -> None:
                 metrics.observe(step, len(prompt))
-                send(wire.dumps(step_item(engine, step, label == "speculative")), last=step.finish_reason is not None)
+                send(wire.dumps(wire.step_to_dict(step)), last=step.finish_reason is not None)
 
-            comparison = engine.compare(prompt, sampling, cancel=cancel, on_event=on_event)
-        emit({"divergence": wire.divergence_to_dict(comparison.divergence)})
+            if kind == COMPARE:
+                on_event = lambda run, step: on_step(step)  # noqa: E731 - the step says its run
+                comparison = engine.compare(prompt, sampling, cancel=cancel, on_event=on_event, snapshots=True)
+            else:
+                speculative = engine.drafter is not None if body.speculative is None else body.speculative
+                for step in engine.stream(prompt, sampling, speculative=speculative, cancel=cancel, snapshots=True):
+                    on_step(step)
+        if kind == COMPARE:
+            emit({"divergence": wire.divergence_to_dict(comparison.divergence)})
 
     timeout = limits_of(request).generation_timeout_s
-    return await event_stream(host.run("compare", job, request, time_limit_s=timeout))
+    return await event_stream(host.run(kind, job, request, time_limit_s=timeout))
 
 
 @router.post("/specdeck/preflight")
@@ -205,38 +204,33 @@ def loaded_info(engine) -> dict:
         "n_ctx": engine.target.n_ctx,
         "speculative": engine.drafter is not None,
         "notes": [str(note) for note in engine.notes if note],
-        "costs": wire.costs_to_dict(engine.costs),
+        "costs": wire.costs_to_dict(engine.costs.snapshot()),
     }
 
 
 def step_item(engine, step, speculative: bool) -> dict:
-    """A step and the copies made beside it, on the engine's thread, between two steps."""
+    """The OpenAI routes' `specdeck` event of a step (routes_openai.py): the step, its run, the
+    drafter's statistics as plain data and the cost model, copied on the engine's thread between two
+    steps. The SpecDeck routes send the engine's record itself (`_run`)."""
     drafter = engine.drafter if speculative else None
     return {
         "run": "speculative" if speculative else "vanilla",
         "step": wire.step_to_dict(step),
         "drafter_stats": drafter_stats(drafter),
-        "costs": wire.costs_to_dict(engine.costs),
+        "costs": wire.costs_to_dict(engine.costs.snapshot()),
     }
 
 
-_failed_stats: set[type] = set()  # drafter classes whose stats() raised: logged once each
-
-
 def drafter_stats(drafter) -> dict | None:
-    """`drafter.stats()` as plain data, None without a drafter or when stats() fails (logged once:
-    a statistics bug must not end a reply; the charts then go without the drafter's numbers)."""
-    if drafter is None:
+    """`drafter.stats()` as plain data (the OpenAI routes' events), None without a drafter or when
+    stats() fails (logged once, by `engine.api.drafter_stats`)."""
+    from engine.api import drafter_stats as stats_of  # loaded already: an engine runs
+
+    stats = stats_of(drafter)
+    if stats is None:
         return None
-    try:
-        stats = drafter.stats()
-        # as_dict() is a fresh copy; a plain dict may share its values with the drafter's own.
-        return stats.as_dict() if isinstance(stats, DrafterStats) else copy.deepcopy(dict(stats))
-    except Exception:  # noqa: BLE001
-        if type(drafter) not in _failed_stats:
-            _failed_stats.add(type(drafter))
-            log.exception("%s.stats() failed; its numbers are left out of the charts", type(drafter).__name__)
-        return None
+    # as_dict() is a fresh copy; a plain dict (a drafter of before the typed statistics) may share its values.
+    return stats.as_dict() if isinstance(stats, DrafterStats) else copy.deepcopy(dict(stats))
 
 
 def _config(data: dict, request: Request) -> EngineConfig:

@@ -1,10 +1,12 @@
 """What the engine reports, as JSON and back: the engine server's wire format.
 
 Every record the desktop app draws from travels through here: a step
-(`StepEvent` with its tokens and running `RunStats`), a finished reply
+(`StepEvent` with its tokens, its running `RunStats`, and the copies the engine
+took beside it: the drafter's statistics, tagged with the drafter they belong
+to and rebuilt as its registry entry's stats type, and the `CostSnapshot`), a finished reply
 (`GenerationResult`, rebuilt on the client from its steps, as `collect` builds
 it in process), a comparison and its divergence, the loaded model (`ModelInfo`),
-the cost model, sampling settings. Decoding a record gives one equal to what the
+its cost snapshot, sampling settings. Decoding a record gives one equal to what the
 engine made: floats go through JSON's shortest repr, which Python reads back
 exactly, so the token colours (source, p, q) and every chart drawn from a stream
 equal those of an in-process run.
@@ -18,16 +20,19 @@ Light: no torch, no llama.cpp, no Qt.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from dataclasses import MISSING, asdict, fields
 from typing import Any
 
 import orjson
 
 from engine.backends.info import ModelInfo
-from engine.core.draft_length import CostModel
+from engine.core.costs import CostSnapshot
 from engine.core.events import Comparison, Divergence, GenerationResult, RunStats, Source, StepEvent, TokenInfo, collect
 from engine.core.sampling_config import SamplingConfig
+from engine.drafters.registry import stats_owner, stats_specs
 
 # A client refuses a server that speaks another version: fields may mean other things.
 WIRE_VERSION = 1
@@ -45,7 +50,14 @@ def dumps(value: Any) -> bytes:
     try:
         return orjson.dumps(value, option=_ORJSON_OPTIONS)
     except TypeError:
-        return json.dumps(value, separators=(",", ":")).encode()
+        return json.dumps(value, separators=(",", ":"), default=_plain).encode()
+
+
+def _plain(value: Any) -> Any:
+    """What orjson writes of a record inside a drafter's statistics, for the standard library."""
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 def loads(data: bytes | str) -> Any:
@@ -127,6 +139,9 @@ def step_to_dict(step: StepEvent) -> dict:
         "finish_reason": step.finish_reason,
         "end_token": None if step.end_token is None else token_to_dict(step.end_token),
         "stop_tokens": [token_to_dict(t) for t in step.stop_tokens],
+        "run": step.run,
+        "drafter_stats": drafter_stats_to_dict(step.drafter_stats),
+        "costs": None if step.costs is None else costs_to_dict(step.costs),
     }
 
 
@@ -146,7 +161,73 @@ def step_from_dict(data: dict) -> StepEvent:
         finish_reason=data.get("finish_reason"),
         end_token=None if end is None else token_from_dict(end),
         stop_tokens=tuple(token_from_dict(t) for t in data.get("stop_tokens", ())),  # absent from older servers
+        run=data.get("run"),
+        drafter_stats=drafter_stats_from_dict(data.get("drafter_stats")),
+        costs=None if data.get("costs") is None else costs_from_dict(data["costs"]),
     )
+
+
+# -- a drafter's statistics -----------------------------------------------------------------
+# On the wire {"drafter": the registry name whose stats type it is, field: value, ...}, each field as
+# the record holds it (a nested record as an object, orjson writes dataclasses itself); read back as
+# that entry's stats type (`stats_owner(name).stats`), nested records and tuples rebuilt.
+
+_stats_names: dict[type, str] = {}  # stats type -> the first registry entry that reports it
+_readers: dict[type, tuple] = {}  # stats type -> ((field, how to rebuild its value), ...)
+
+
+def stats_name(stats: Any) -> str | None:
+    """The registry entry whose stats type `stats` is (a chain's: "chain"); None for another type."""
+    kind = type(stats)
+    name = _stats_names.get(kind)
+    if name is None:  # a drafter registered since the last look (a test's toy drafter)
+        for spec in stats_specs():
+            _stats_names.setdefault(spec.stats, spec.name)
+        name = _stats_names.get(kind)
+    return name
+
+
+def drafter_stats_to_dict(stats: Any) -> dict | None:
+    """None for none, or for statistics of no registered drafter's type (they cannot be read back)."""
+    if stats is None:
+        return None
+    name = stats_name(stats)
+    if name is None:
+        return None
+    data = {"drafter": name}
+    for f in fields(stats):
+        data[f.name] = getattr(stats, f.name)
+    return data
+
+
+def drafter_stats_from_dict(data: dict | None):
+    """The DrafterStats `drafter_stats_to_dict` wrote, or None (no statistics, or an unknown drafter's)."""
+    if not data:
+        return None
+    spec = stats_owner(data.get("drafter"))
+    if spec is None:
+        return None
+    kind = spec.stats
+    readers = _readers.get(kind) or _readers.setdefault(kind, _stats_readers(kind))
+    return kind(**{name: read(data[name]) for name, read in readers if name in data})
+
+
+def _stats_readers(kind: type) -> tuple:
+    """How to rebuild each field of stats type `kind` from JSON: tuples as tuples, nested records as records."""
+    hints = typing.get_type_hints(kind)
+    return tuple((f.name, _reader(hints.get(f.name))) for f in fields(kind))
+
+
+def _reader(hint):
+    if dataclasses.is_dataclass(hint):
+        return lambda value: value if value is None else hint(**value)
+    if hint is tuple or typing.get_origin(hint) is tuple:
+        args = typing.get_args(hint)
+        inner = args[0] if args and dataclasses.is_dataclass(args[0]) else None
+        if inner is not None:
+            return lambda value: value if value is None else tuple(inner(**v) for v in value)
+        return lambda value: value if value is None else tuple(value)
+    return lambda value: value
 
 
 # -- results --------------------------------------------------------------------------------
@@ -181,19 +262,21 @@ def model_info_from_dict(data: dict) -> ModelInfo:
     return ModelInfo(**{f.name: data[f.name] for f in fields(ModelInfo) if f.name in data or f.default is MISSING})
 
 
-def costs_to_dict(costs: CostModel) -> dict:
-    """The cost model as it stands now; call it on the thread that updates `costs`."""
+def costs_to_dict(costs: CostSnapshot) -> dict:
+    """A cost snapshot (`CostModel.snapshot()`); orjson writes its (n, seconds) pairs as arrays."""
     return {
-        "verify_s": [[n, s] for n, s in sorted(costs.verify_s.items())],
+        "verify_s": costs.verify_s,
         "draft_s_per_token": costs.draft_s_per_token,
+        "draft_fixed_s": costs.draft_fixed_s,
         "window": costs.window,
     }
 
 
-def costs_from_dict(data: dict) -> CostModel:
-    return CostModel(
-        verify_s={int(n): float(s) for n, s in data["verify_s"]},
+def costs_from_dict(data: dict) -> CostSnapshot:
+    return CostSnapshot(
+        verify_s=tuple(sorted((int(n), float(s)) for n, s in data["verify_s"])),
         draft_s_per_token=float(data["draft_s_per_token"]),
+        draft_fixed_s=float(data.get("draft_fixed_s", 0.0)),
         window=int(data["window"]),
     )
 

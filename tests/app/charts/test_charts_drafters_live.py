@@ -29,14 +29,16 @@ def test_lookahead_pool_reaches_the_charts_from_the_engine_process(qtbot, make_w
     )
     window = make_window(config, sampling=SamplingConfig(max_tokens=24))
     snapshots = []
-    window.controller.sig_steps.connect(lambda steps: snapshots.extend((step.label, step.stats) for step in steps))
+    window.controller.sig_steps.connect(
+        lambda steps: snapshots.extend((step.run, step.drafter_stats) for step in steps)
+    )
 
     result = send_and_wait(qtbot, window, PROMPT)
     assert result is not None and result.stats.steps > 0
 
     # Read once per step, by the engine process, and sent with the step.
     assert [label for label, _ in snapshots] == ["speculative"] * result.stats.steps
-    assert all(isinstance(s, dict) for _, s in snapshots)
+    assert all(type(s).__name__ == "LookaheadStats" for _, s in snapshots)  # rebuilt as the drafter's own type
     assert len({id(s) for _, s in snapshots}) == len(snapshots)  # a fresh copy per step
 
     charts = window.charts
@@ -48,7 +50,7 @@ def test_lookahead_pool_reaches_the_charts_from_the_engine_process(qtbot, make_w
     pool, hits = charts.drafter.plots
     _, drawn_pool = pool.total.xData, pool.total.yData
     assert len(drawn_pool) == result.stats.steps
-    expected = [s["pool_size"] for _, s in snapshots]
+    expected = [s.pool_size for _, s in snapshots]
     np.testing.assert_array_equal(drawn_pool, expected)
     assert drawn_pool[-1] > 0, "the pool never grew"
     assert "W 2 · N 3 · G 2" in pool.plot.titleLabel.text

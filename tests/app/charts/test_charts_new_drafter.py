@@ -42,7 +42,7 @@ DRAFTER = DrafterSpec(name="toy", label="Toy echo", summary="Proposes the last t
 '''
 
 CHILD = """
-import json, sys
+import dataclasses, json, sys
 import engine.drafters as package
 package.__path__.append(sys.argv[1])
 from PySide6.QtWidgets import QApplication
@@ -55,8 +55,10 @@ from tests.app.charts.test_charts import make_run
 charts = LiveCharts()
 charts.resize(1000, 700)
 charts.set_drafter("toy")
+toy = sys.modules["engine.drafters.toy_spec"].ToyStats
 for i, event in enumerate(make_run([(4, 4, 2)] * 6)):
-    charts.add_step("speculative", event, {"echoes": 2 * i, "pool_size": 10 + i, "longest": 7})
+    stats = toy(echoes=2 * i, pool_size=10 + i, longest=7)
+    charts.add_step("speculative", dataclasses.replace(event, drafter_stats=stats))
 charts.redraw()
 charts.export_csv(sys.argv[2])
 plots = charts.drafter.plots

@@ -21,7 +21,7 @@ def test_a_reply_streams_into_the_chat_the_store_and_the_charts(qtbot, make_wind
 
     def on_steps(steps):
         # Sampled on every batch of steps, after the window handled it (it was connected first).
-        chart_points.append(len(window.charts.series()["throughput"].get(steps[0].label, ((),))[0]))
+        chart_points.append(len(window.charts.series()["throughput"].get(steps[0].run, ((),))[0]))
         shown_lengths.append(len(window.chat_view.transcript.toPlainText()))
 
     window.controller.sig_steps.connect(on_steps)

@@ -29,7 +29,7 @@ def test_greedy_float32_runs_are_reported_identical(qtbot, make_window, tiny_lla
     window = make_window(config, sampling=SamplingConfig(max_tokens=40))
     window.tabs.setCurrentWidget(window.compare_view)
     labels = []
-    window.controller.sig_steps.connect(lambda steps: labels.extend(step.label for step in steps))
+    window.controller.sig_steps.connect(lambda steps: labels.extend(step.run for step in steps))
 
     with qtbot.waitSignal(window.controller.sig_run_finished, timeout=REPLY_TIMEOUT_MS) as finished:
         window.compare_view.prompt.setPlainText("one two three one two three one two")

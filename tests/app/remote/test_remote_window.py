@@ -90,7 +90,7 @@ def test_a_server_killed_mid_reply_keeps_what_was_shown_and_the_next_send_connec
     server = start_specdeck_server()
     window = open_window(EngineChoice("specdeck", server.url, server.key), sampling=LONG)
     shown = []
-    window.controller.sig_steps.connect(lambda steps: shown.extend(step.event.text for step in steps))
+    window.controller.sig_steps.connect(lambda steps: shown.extend(step.text for step in steps))
     errors = []
     window.controller.sig_error.connect(errors.append)
     with qtbot.waitSignal(window.controller.sig_steps, timeout=REPLY_TIMEOUT_MS):

@@ -4,11 +4,8 @@ texts that differ says it cannot name the first different token."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from app.charts.live import LiveCharts
 from app.chat.compare_view import verdict_html
-from app.runtime.steps import StepBatches
 from engine import Comparison, GenerationResult, RunStats, StepEvent
 from tests.app.conftest import STRICT_QT_LOG
 
@@ -16,11 +13,16 @@ pytestmark = STRICT_QT_LOG
 NOTES = ("This server sends no probabilities: p and q are not shown.", "It reports no cost model.")
 
 
-def test_a_servers_steps_travel_without_drafter_statistics_or_costs():
-    batches = []
-    with StepBatches(batches.append) as on_step:
-        on_step("speculative", SimpleNamespace(index=0, finish_reason="stop"), None, None)
-    assert batches == [[("speculative", SimpleNamespace(index=0, finish_reason="stop"), None, None)]]
+def test_a_servers_steps_travel_without_drafter_statistics_or_costs(qtbot):
+    from engine.remote.steps import StepBuilder
+
+    (step,) = StepBuilder(run="speculative").add("Hi")
+    assert (step.run, step.drafter_stats, step.costs) == ("speculative", None, None)
+    charts = LiveCharts()
+    qtbot.addWidget(charts)
+    charts.add_steps([step])
+    assert len(charts.series()["throughput"]["speculative"][0]) == 1
+    assert charts.series()["theory"]["speedup"] is None  # no cost model: the theory draws the formula alone
 
 
 def test_the_charts_say_the_servers_notes_once_under_the_summary(qtbot):

@@ -149,7 +149,7 @@ def test_a_check_that_starts_a_new_engine_after_a_kill_still_leaves_the_next_run
 def test_the_window_survives_its_engine_killed_mid_reply_and_keeps_the_reply(qtbot, make_window, data_dir):
     window = make_window(sampling=LONG, own_engine=True)
     shown = []
-    window.controller.sig_steps.connect(lambda steps: shown.extend(step.event.text for step in steps))
+    window.controller.sig_steps.connect(lambda steps: shown.extend(step.text for step in steps))
     with qtbot.waitSignal(window.controller.sig_steps, timeout=REPLY_TIMEOUT_MS):
         window.send_message("Write a long poem about rivers.")
     qtbot.waitUntil(lambda: len("".join(shown).strip()) > 0, timeout=REPLY_TIMEOUT_MS)

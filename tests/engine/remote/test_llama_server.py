@@ -69,7 +69,7 @@ def test_the_kind_is_detected_and_the_pair_described(speculative_server):
 def test_a_streamed_reply_has_steps_rebuilt_from_the_draft_counters(speculative_server):
     remote = open_remote("llama-server", speculative_server.url)
     seen = []
-    result = remote.generate(COPY, SamplingConfig(max_tokens=24), on_step=lambda label, step, *_: seen.append(step))
+    result = remote.generate(COPY, SamplingConfig(max_tokens=24), on_steps=seen.extend)
     stats = result.stats
     assert "apple, banana" in result.text
     assert [step.index for step in seen] == list(range(len(result.events)))  # each step told once, in order
@@ -130,13 +130,13 @@ def test_a_server_killed_mid_reply_is_said_and_what_arrived_is_kept(llama_server
         remote = open_remote("llama-server", server.url)
         received: list[str] = []
 
-        def on_step(label, step, *_):
-            received.append(step.text)
-            if len(received) == 3:
+        def on_steps(batch):
+            received.extend(step.text for step in batch)
+            if len(received) >= 3:
                 server.kill()
 
         with pytest.raises(ServerUnavailable, match="broke off|stopped"):
-            remote.generate(COPY, SamplingConfig(max_tokens=400), on_step=on_step)
+            remote.generate(COPY, SamplingConfig(max_tokens=400), on_steps=on_steps)
         assert len(received) >= 2 and "".join(received)
     finally:
         server.stop()
@@ -158,9 +158,7 @@ def test_a_wrong_key_and_a_dead_address_say_what_to_do(llama_server_binary, defa
 def test_a_cancelled_reply_ends_cancelled_with_its_text(speculative_server):
     cancel = threading.Event()
     remote = open_remote("llama-server", speculative_server.url)
-    result = remote.generate(
-        COPY, SamplingConfig(max_tokens=400), cancel=cancel, on_step=lambda label, step, *_: cancel.set()
-    )
+    result = remote.generate(COPY, SamplingConfig(max_tokens=400), cancel=cancel, on_steps=lambda batch: cancel.set())
     assert result.finish_reason == "cancelled" and result.text and result.stats.tokens < 400
 
 

@@ -223,7 +223,7 @@ def test_a_stream_that_breaks_off_raises_and_keeps_the_text_that_arrived():
     told = []
     with sglang_server(break_after=4) as server:  # the role chunk and three steps, then the connection resets
         with pytest.raises(ServerUnavailable, match="broke off in the middle of the answer"):
-            SglangEngine(server.url).generate(ASK, SAMPLING, on_step=lambda label, step, *_: told.append(step.text))
+            SglangEngine(server.url).generate(ASK, SAMPLING, on_steps=lambda batch: told.extend(s.text for s in batch))
     assert "".join(told) == "The quick brown fox jumps over"
 
 

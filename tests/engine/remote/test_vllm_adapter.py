@@ -239,7 +239,9 @@ def test_without_a_config_endpoint_speculation_is_inferred_from_the_counters():
 def test_a_reply_gives_its_text_steps_sources_and_the_metrics_totals():
     seen = []
     with vllm_server() as server:
-        result = VllmEngine(server.url).generate(ASK, SAMPLING, on_step=lambda label, step, *_: seen.append(label))
+        result = VllmEngine(server.url).generate(
+            ASK, SAMPLING, on_steps=lambda batch: seen.extend(s.run for s in batch)
+        )
         body = next(b for m, p, b in server.requests if p == "/v1/chat/completions")
     assert body["stream"] and body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert result.text == "The quick brown fox jumps over the lazy dog" and result.finish_reason == "stop"
@@ -311,7 +313,7 @@ def test_a_stream_that_breaks_off_raises_and_keeps_the_text_that_arrived():
     told = []
     with vllm_server(break_after=4) as server:  # the role chunk and three steps, then the connection resets
         with pytest.raises(ServerUnavailable, match="broke off in the middle of the answer"):
-            VllmEngine(server.url).generate(ASK, SAMPLING, on_step=lambda label, step, *_: told.append(step.text))
+            VllmEngine(server.url).generate(ASK, SAMPLING, on_steps=lambda batch: told.extend(s.text for s in batch))
     assert "".join(told) == "The quick brown fox jumps over"
 
 

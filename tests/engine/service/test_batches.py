@@ -8,7 +8,7 @@ import math
 import pytest
 
 from engine.service import wire
-from engine.service.batches import BATCH_S, CPU_BATCH_S, Batches, batch_interval, unbatched
+from engine.service.batches import BATCH_S, CPU_BATCH_S, Batches, batch_interval
 
 from .conftest import Raw
 
@@ -50,11 +50,6 @@ def test_steps_held_when_the_run_fails_are_sent_before_the_error():
     assert sent == [["a"], ["b"]]
 
 
-def test_unbatched_gives_every_item_in_order_and_other_events_as_they_are():
-    events = [{"steps": [1, 2]}, {"steps": [3]}, {"divergence": None}, {"single": 4}]
-    assert list(unbatched(events)) == [1, 2, 3, {"divergence": None}, {"single": 4}]
-
-
 def sse_events(body: bytes) -> list[dict]:
     data = [line[len(b"data: ") :] for line in body.split(b"\n") if line.startswith(b"data: ")]
     assert data[-1] == b"[DONE]"
@@ -74,7 +69,7 @@ def test_a_streamed_reply_comes_in_batches_that_hold_every_step_in_order(server)
     events = sse_events(body)
     assert all(set(event) == {"steps"} for event in events)
     assert len(events[0]["steps"]) == 1  # the first step at once: the time to the first token is not held
-    steps = [wire.step_from_dict(item["step"]) for item in unbatched(events)]
+    steps = [wire.step_from_dict(item) for event in events for item in event["steps"]]
     assert [step.index for step in steps] == list(range(len(steps)))
     assert steps[-1].finish_reason is not None
     # Every token counted, the unshown ones that ended the reply too (an end token, a stop string's).
@@ -97,7 +92,7 @@ def test_a_reply_decoded_on_the_cpu_goes_out_four_times_a_second(server):
         },
     )
     events = sse_events(body)
-    steps = [wire.step_from_dict(item["step"]) for item in unbatched(events)]
+    steps = [wire.step_from_dict(item) for event in events for item in event["steps"]]
     assert sum(len(step.tokens) + step.ended_with for step in steps) == steps[-1].stats.tokens  # all, in fewer events
     assert len(events) <= 2 + math.ceil(steps[-1].stats.wall_s / CPU_BATCH_S)  # at 10 a second: 2 + 2.5x that
 

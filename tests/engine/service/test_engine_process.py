@@ -44,9 +44,9 @@ def engine_process():
 def test_a_streamed_reply_equals_the_in_process_reply_token_for_token(engine_process):
     from engine import Engine
 
-    steps = []
+    steps, batches = [], []
     remote = engine_process.client.generate(
-        PROMPT, SAMPLED, on_step=lambda label, step, stats, costs: steps.append(step)
+        PROMPT, SAMPLED, on_steps=lambda batch: (batches.append(len(batch)), steps.extend(batch))
     )
     engine = Engine.load(CONFIG)
     try:
@@ -61,7 +61,11 @@ def test_a_streamed_reply_equals_the_in_process_reply_token_for_token(engine_pro
     assert colours(remote) == colours(local)
     assert [s.drafted for s in remote.events] == [s.drafted for s in local.events]
     assert remote.stats.accepted == local.stats.accepted and remote.stats.steps == local.stats.steps
-    assert steps == list(remote.events)  # what on_step saw is what the result was made of
+    assert steps == list(remote.events)  # what on_steps saw is what the result was made of
+    assert batches[0] == 1  # the server's batches as they came: the first step at once
+    # Each step carries what the charts draw beside it: its run, the n-gram drafter's statistics, the costs.
+    assert all(s.run == "speculative" and type(s.drafter_stats).__name__ == "NgramStats" for s in steps)
+    assert all(s.costs is not None and s.costs.verify_time(1) > 0 for s in steps)
 
 
 def test_the_loaded_pair_is_described_and_loading_it_again_is_immediate(engine_process):
@@ -76,9 +80,11 @@ def test_the_loaded_pair_is_described_and_loading_it_again_is_immediate(engine_p
 def test_a_comparison_runs_vanilla_then_speculative(engine_process):
     labels = []
     comparison = engine_process.client.compare(
-        PROMPT, SamplingConfig(max_tokens=16), on_step=lambda label, step, stats, costs: labels.append(label)
+        PROMPT, SamplingConfig(max_tokens=16), on_steps=lambda batch: labels.extend(step.run for step in batch)
     )
     assert labels[0] == "vanilla" and labels[-1] == "speculative"
+    assert [step.run for step in comparison.vanilla.events] == ["vanilla"] * len(comparison.vanilla.events)
+    assert all(step.drafter_stats is None for step in comparison.vanilla.events)  # no drafter in a plain run
     assert comparison.vanilla.stats.drafted == 0
     assert comparison.identical or comparison.divergence.explained
 
@@ -87,12 +93,12 @@ def test_cancelling_ends_the_reply_with_what_was_made(engine_process):
     cancel = threading.Event()
     seen = []
 
-    def on_step(label, step, stats, costs):
-        seen.append(step)
-        if len(seen) == 3:
+    def on_steps(batch):
+        seen.extend(batch)
+        if len(seen) >= 3:
             cancel.set()
 
-    result = engine_process.client.generate(PROMPT, SamplingConfig(max_tokens=400), cancel=cancel, on_step=on_step)
+    result = engine_process.client.generate(PROMPT, SamplingConfig(max_tokens=400), cancel=cancel, on_steps=on_steps)
     assert result.finish_reason == "cancelled"
     assert 3 <= result.stats.steps < 100
     # The engine is free at once for the next request.
@@ -159,13 +165,13 @@ def test_an_engine_killed_mid_reply_is_an_error_that_says_how_it_died():
     client.load(CONFIG)
     steps = []
 
-    def on_step(label, step, stats, costs):
-        steps.append(step)
-        if len(steps) == 2:
+    def on_steps(batch):
+        steps.extend(batch)
+        if len(steps) >= 2:
             os.kill(process.pid, signal.SIGKILL)
 
     with pytest.raises(EngineUnavailable):
-        client.generate(PROMPT, SamplingConfig(max_tokens=400), on_step=on_step)
+        client.generate(PROMPT, SamplingConfig(max_tokens=400), on_steps=on_steps)
     process._child.wait(10)
     assert "signal 9 (SIGKILL)" in process.death_message()
     process.stop()
@@ -212,7 +218,7 @@ def test_a_clients_stop_stops_its_own_request_and_no_one_elses(engine_process):
     results = {}
 
     def first() -> None:
-        results["first"] = client.generate(PROMPT, SamplingConfig(max_tokens=120), on_step=lambda *_: first_step.set())
+        results["first"] = client.generate(PROMPT, SamplingConfig(max_tokens=120), on_steps=lambda _: first_step.set())
 
     running = threading.Thread(target=first)
     running.start()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import numpy as np
 
+from engine.core.costs import CostSnapshot, break_even_acceptance
 from engine.core.events import RunStats, Source, StepEvent, TokenInfo
 from engine.service import wire
 
@@ -75,3 +77,44 @@ def test_a_token_whose_probability_is_not_a_number_arrives_as_not_a_number():
     data = wire.loads(wire.dumps(wire.step_to_dict(a_step(p=float("nan")))))
     assert data["tokens"][0]["p"] is None  # JSON has no NaN
     assert math.isnan(wire.step_from_dict(data).tokens[0].p)
+
+
+def a_record() -> StepEvent:
+    """A step as the engine records it for a reader elsewhere: its run, the drafter's statistics, the costs."""
+    from engine.core.draft_length import CostModel
+    from engine.drafters.early_exit_spec import EarlyExitStats, ExitCandidate
+
+    costs = CostModel(verify_s={1: 0.0101, 2: 0.0123, 4: 0.0152, 8: 0.0211}, draft_s_per_token=0.0031)
+    costs.draft_fixed_s = 0.0007
+    candidates = (ExitCandidate(6, 0.71, 12.5, 30, 2.25, 0.19, 1.62), ExitCandidate(9, None, 0.0, 0, None, 0.3, 1.0))
+    stats = EarlyExitStats(exit_layer=6, n_layers=30, layers="auto", candidates=candidates)
+    return dataclasses.replace(a_step(), run="speculative", drafter_stats=stats, costs=costs.snapshot())
+
+
+def test_a_record_crosses_the_wire_as_itself_its_statistics_tagged_with_their_drafter():
+    record = a_record()
+    data = wire.loads(wire.dumps(wire.step_to_dict(record)))
+    assert data["run"] == "speculative"
+    assert data["drafter_stats"]["drafter"] == "early-exit"  # whose they are, not guessed from the field names
+    assert data["drafter_stats"]["candidates"][0]["layer"] == 6
+    back = wire.step_from_dict(data)
+    assert back == record  # the same record: the statistics' type and nested records, the cost snapshot
+    assert type(back.drafter_stats) is type(record.drafter_stats)
+    assert type(back.drafter_stats.candidates[0]) is type(record.drafter_stats.candidates[0])
+    assert isinstance(back.costs, CostSnapshot)
+    # The charts' formulas give what the engine's own model gave, the draft's fixed cost included.
+    assert back.costs.speedup(0.8, 4) == record.costs.speedup(0.8, 4)
+    assert back.costs.verify_time(3) == record.costs.verify_time(3)
+    assert break_even_acceptance(back.costs, 4) == break_even_acceptance(record.costs, 4)
+
+
+def test_a_chain_s_and_a_plain_run_s_steps_read_back_as_they_were():
+    from engine.drafters.chain_spec import ChainStats
+
+    stats = ChainStats(drafted_by=2, members=("suffix", "model"), steps=(40, 12), accepted=(312, 30))
+    chain = dataclasses.replace(a_step(), run="speculative", drafter_stats=stats)
+    data = wire.loads(wire.dumps(wire.step_to_dict(chain)))
+    assert data["drafter_stats"]["drafter"] == "chain"
+    assert wire.step_from_dict(data) == chain
+    plain = dataclasses.replace(a_step(), run="vanilla")
+    assert wire.step_from_dict(wire.loads(wire.dumps(wire.step_to_dict(plain)))) == plain
