@@ -18,12 +18,12 @@ drafter panel without a change here. The run keeps the latest snapshot whole.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from engine import (
+    ConfigError,
     CostModel,
     CostSnapshot,
     DrafterStats,
@@ -31,6 +31,7 @@ from engine import (
     Stat,
     StepEvent,
     break_even_acceptance,
+    drafter_spec,
     expected_tokens,
     stat_fields,
     stats_owner,
@@ -112,31 +113,20 @@ class DrafterView:
     panel: str | None  # the drafter panel's content: the drafter's name, or None (no panel)
 
 
-DRAFTER_VIEWS = {
-    "medusa": DrafterView("head", True, None),
-    "eagle": DrafterView("depth", True, None),
-    "eagle3": DrafterView("depth", True, None),
-    "lookahead": DrafterView("depth", True, "lookahead"),
-    "early-exit": DrafterView("position", False, "early-exit"),
-    "ngram": DrafterView("position", False, None),
-    "model": DrafterView("position", False, None),
-    "none": DrafterView("position", False, None),
-}
-
-
-def drafter_view(kind: str | None) -> DrafterView:
-    """The presentation of drafter `kind`. One the charts were not written for is drawn as a chain
-    drafter; any drafter whose spec charts statistics gets the drafter panel (lookahead and early
-    exit: their own plots; others: their charted statistics over the steps)."""
-    owner = stats_owner(kind)
-    if owner is not None and owner.name != kind:  # a chain ("suffix+model"): trees if a member drafts them
-        members = [drafter_view(name) for name in kind.split("+")]
-        tree = any(view.tree for view in members)
-        return DrafterView("depth" if tree else "position", tree, owner.name)
-    view = DRAFTER_VIEWS.get(kind or "none") or DrafterView("position", False, None)
-    if view.panel is None and drafter_columns_of(kind):
-        view = dataclasses.replace(view, panel=kind)
-    return view
+def drafter_view(kind: str | None, backend: str | None = None) -> DrafterView:
+    """The presentation of drafter `kind`, from its registry spec (a chain's from its members'):
+    the depth bars named by `DrafterSpec.depth_unit`, trees drawn as trees where it drafts them
+    (on `backend` when given: llama.cpp verifies a tree's best branch only, a chain), and the
+    drafter panel where its spec charts statistics (lookahead and early exit: their own plots;
+    others: their charted statistics over the steps). An unknown drafter is drawn as a chain."""
+    try:
+        spec = drafter_spec(kind or "none")
+    except ConfigError:
+        return DrafterView("position", False, None)
+    tree = spec.trees if backend is None else spec.trees_on(backend)
+    depth = spec.depth_unit if tree or not spec.trees else "position"
+    columns = drafter_columns_of(kind)
+    return DrafterView(depth, tree, columns[0].drafter if columns else None)
 
 
 def drafter_row(stats: DrafterStats | None) -> tuple:

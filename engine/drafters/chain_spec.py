@@ -10,8 +10,9 @@ its own:
   with its own setting (flag, label, default), so the CLI's flags and the pair
   dialog's fields of a chain are its members', and `--draft` sets up the chain's
   draft model as it does the model drafter's;
-- it needs what any member needs, loads a model if a member does, and its
-  preflight is its members' findings in order;
+- it needs what any member needs, loads a model if a member does, drafts trees
+  if a member does, can be served where every member can, and its preflight is
+  its members' findings in order;
 - its statistics are `ChainStats`, for every chain: who drafted each step, and
   each member's share. They are charted under the name "chain" (`CHAIN_STATS`).
 
@@ -147,10 +148,14 @@ def _make_spec(name: str, members: tuple[DrafterSpec, ...]) -> DrafterSpec:
                 findings += member.preflight(ctx, member_options)
         return findings
 
+    def ready(target, chain_options) -> bool:
+        return all(m.can_serve(target, o) for m, o in zip(members, split_options(members, chain_options)))
+
     labels = [member.label.split(" (")[0] for member in members]
     spec = DrafterSpec(
         name=name,
         label=", then ".join(labels),
+        short_name=", then ".join(member.short for member in members),
         summary=(
             f"Each step, whichever of {', '.join(labels)} is expected to gain most drafts: the members "
             "that cost nothing are asked first and kept when their draft pays best."
@@ -162,6 +167,8 @@ def _make_spec(name: str, members: tuple[DrafterSpec, ...]) -> DrafterSpec:
         stats=ChainStats,
         loads_model=any(member.loads_model for member in members),
         trees=any(member.trees for member in members),
+        draft_probabilities=any(member.draft_probabilities for member in members),
+        ready=ready,
         torch_reason=next((member.torch_reason for member in members if member.needs), ""),
     )
     return spec

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from engine.backends.capabilities import LayerFeatures, ModelParts, TreeForward
 from engine.drafters.eagle_spec import TREE_DEPTH_HELP, EagleStats, HeadKind, head_findings, tree_depth
 from engine.drafters.medusa_spec import HEADS_HELP
-from engine.drafters.registry import AUTO, DrafterSpec, setting
+from engine.drafters.registry import AUTO, DrafterSpec, heads_ready, setting
 
 TRAIN_HINT = "Models ▸ Train heads…, Kind EAGLE-3"
 
@@ -81,4 +81,7 @@ DRAFTER = DrafterSpec(
         "candidates; llama.cpp exposes neither."
     ),
     trees=True,
+    order=60,
+    short_name="EAGLE-3 head",
+    ready=heads_ready("eagle3"),
 )

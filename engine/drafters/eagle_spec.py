@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from engine.backends.capabilities import HiddenFeatures, ModelParts, TreeForward
 from engine.drafters.medusa_spec import HEADS_HELP
-from engine.drafters.registry import AUTO, DrafterSpec, DrafterStats, auto_or_int, setting, stat
+from engine.drafters.registry import AUTO, DrafterSpec, DrafterStats, auto_or_int, heads_ready, setting, stat
 
 MAX_DEPTH = 8  # the tree's deepest level when tree_depth is "auto" (eagle.py's MAX_DEPTH)
 TREE_DEPTH_HELP = "eagle, eagle3: deepest level of the draft tree (default auto: 8)"
@@ -161,4 +161,7 @@ DRAFTER = DrafterSpec(
         "An EAGLE head reads the target's hidden states and drafts a tree of candidates; llama.cpp exposes neither."
     ),
     trees=True,
+    order=50,
+    short_name="EAGLE head",
+    ready=heads_ready("eagle"),
 )

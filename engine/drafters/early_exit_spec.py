@@ -139,4 +139,6 @@ DRAFTER = DrafterSpec(
     preflight=preflight,
     stats=EarlyExitStats,
     torch_reason="Early exit stops the target's forward after its first layers, which llama.cpp cannot do.",
+    order=90,
+    short_name="early exit",
 )

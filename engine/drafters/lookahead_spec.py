@@ -119,4 +119,6 @@ DRAFTER = DrafterSpec(
         "attention mask, which llama.cpp does not offer here."
     ),
     trees=True,
+    order=80,
+    short_name="lookahead decoding",
 )

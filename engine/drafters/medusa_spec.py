@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.backends.capabilities import HiddenFeatures, ModelParts
-from engine.drafters.registry import DrafterSpec, DrafterStats, setting, stat
+from engine.drafters.registry import DrafterSpec, DrafterStats, heads_ready, setting, stat
 
 HEADS_HELP = (
     "Medusa heads or EAGLE / EAGLE-3 head folder (implies --drafter medusa unless --drafter eagle "
@@ -95,4 +95,8 @@ DRAFTER = DrafterSpec(
     stats=MedusaStats,
     torch_reason="Medusa heads read the target's hidden states, which llama.cpp does not expose.",
     trees=True,
+    order=40,
+    short_name="Medusa heads",
+    depth_label="head",
+    ready=heads_ready("medusa"),
 )

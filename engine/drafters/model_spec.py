@@ -111,4 +111,7 @@ DRAFTER = DrafterSpec(
     preflight=preflight,
     loads_model=True,
     draft_probabilities=True,
+    order=30,
+    short_name="draft model",
+    ready=lambda target, options: bool(options.draft),  # auto-tune never loads a second model
 )

@@ -46,6 +46,19 @@ def _folder(path: str) -> str:
     return path
 
 
+def ready(target, options: MtpOptions) -> bool:
+    """Whether the loaded target's folder holds MTP layers of a known layout."""
+    from engine.errors import SpecDeckError
+    from engine.heads.mtp import find_mtp, read_model_config
+
+    try:
+        folder = _folder(target.info.path)
+        find_mtp(folder, read_model_config(folder))
+    except SpecDeckError:
+        return False
+    return True
+
+
 def preflight(ctx, options: MtpOptions) -> list:
     """The target must be a folder whose config and safetensors hold MTP layers of a known layout."""
     from engine.errors import SpecDeckError
@@ -79,4 +92,7 @@ DRAFTER = DrafterSpec(
     preflight=preflight,
     stats=MtpStats,
     torch_reason="An MTP layer reads the target's hidden states, which llama.cpp does not expose.",
+    order=70,
+    short_name="MTP layers",
+    ready=ready,
 )

@@ -53,4 +53,7 @@ DRAFTER = DrafterSpec(
     make=make,
     preflight=preflight,
     stats=NgramStats,
+    order=10,
+    short_name="n-gram drafter",
+    default_on=("llama.cpp",),  # ahead of suffix decoding on llama.cpp's open prompts (docs/benchmarks.md)
 )

@@ -36,4 +36,6 @@ DRAFTER = DrafterSpec(
     options=NoOptions,
     make=make,
     preflight=preflight,
+    order=0,
+    short_name="no drafter",
 )

@@ -8,8 +8,11 @@ path (`engine/drafters/<name>_spec.py`) defines a module-level
                           stats=EagleStats)
 
 and the registry finds it by scanning the package (pkgutil over `engine.drafters.__path__`):
-a new `*_spec.py` module placed there registers itself, and the CLI's flags, the pair
-dialog's fields, the preflight text and the charts' drafter panel follow from it.
+a new `*_spec.py` module placed there registers itself, and the CLI's flags and --drafter
+choices, the pair dialog's entry and fields, the preflight text, the charts (depth bars,
+trees drawn as trees, the drafter panel), auto-tune's candidates, the status line's name,
+where it is listed and whether it is a backend's default drafter follow from its spec
+(tests/app/pair/test_every_drafter_everywhere.py walks every drafter, and a new one, through them).
 Spec modules are light (no torch at import: the CLI's `models` and `doctor` start fast,
 and the app reads the registry on its GUI thread); the algorithm lives beside the spec
 (eagle_spec.py beside eagle.py) and is imported inside `make`.
@@ -38,10 +41,9 @@ if TYPE_CHECKING:
     from engine.models.doctor import Finding
     from engine.preflight import PreflightContext
 
-# Today's order of the built-in drafters; a drafter from another module comes after them.
-BUILTIN_ORDER = ("none", "ngram", "suffix", "model", "medusa", "eagle", "eagle3", "mtp", "lookahead", "early-exit")
 SPEC_SUFFIX = "_spec"  # engine/drafters/<name>_spec.py: a module that defines DRAFTER
 AUTO = "auto"
+FALLBACK_DRAFTER = "ngram"  # the default drafter on a backend no spec names in `default_on`
 
 
 # -- options and statistics: field metadata ------------------------------------------------------
@@ -181,19 +183,58 @@ class DrafterSpec:
     choice_label: str = ""  # how the pair dialog lists it, where that says more than `label` ("" = label)
     trees: bool = False  # drafts trees where the target verifies them (`node_budget`): k is then a node budget
     draft_probabilities: bool = False  # its drafts carry the drafter's probabilities q (a request's p_min applies)
+    order: int = 1000  # where lists put it (lower first; equal orders by name): a new drafter comes last
+    short_name: str = ""  # what the status bar calls it once loaded ("n-gram drafter"; "" = label)
+    depth_label: str = ""  # what the charts' per-depth acceptance bars count: "head", "depth" or "position"
+    #                        ("" = "depth" for a drafter of trees, else "position")
+    # Whether a loaded target can serve it with these options and nothing more (heads on disk, the
+    # model's own MTP layers, a loaded draft model), besides `needs`: auto-tune's candidates. None: always.
+    ready: Callable[[Backend, Any], bool] | None = None
+    default_on: tuple[str, ...] = ()  # the backends where it is the default drafter (measured fastest there)
 
     @property
     def needs_torch(self) -> bool:
         """Whether the target must run on the PyTorch backend (only it has any capability)."""
         return bool(self.needs)
 
+    def trees_on(self, backend: str) -> bool:
+        """Whether it drafts trees on a target of `backend` (see `node_budget`)."""
+        return self.trees and backend == "torch"
+
+    @property
+    def short(self) -> str:
+        """Its name in a sentence about what is loaded: `short_name`, else `label`."""
+        return self.short_name or self.label
+
+    @property
+    def depth_unit(self) -> str:
+        """What one bar of the per-depth acceptance counts: "head", "depth" or "position"."""
+        return self.depth_label or ("depth" if self.trees else "position")
+
+    def can_serve(self, target: Backend, options: Any = None) -> bool:
+        """Whether the loaded `target` has every capability it needs and, with `options` (None: its
+        defaults), whatever else `ready` asks: what auto-tune tries."""
+        from engine.backends.capabilities import has
+
+        if not all(has(target, need) for need in self.needs):
+            return False
+        return self.ready is None or bool(self.ready(target, self.options() if options is None else options))
+
 
 _registry: dict[str, DrafterSpec] | None = None
 
 
 def all_drafters() -> tuple[DrafterSpec, ...]:
-    """Every registered drafter: the built-ins in BUILTIN_ORDER, then others by name."""
+    """Every registered drafter, by its spec's `order`, then by name."""
     return tuple(_specs().values())
+
+
+def default_drafter(backend: str) -> str:
+    """The drafter of a user who chooses none, for a target running on `backend` ("torch",
+    "llama.cpp"): the one whose spec names that backend in `default_on`, measured fastest there
+    (docs/benchmarks.md: suffix decoding on PyTorch, n-gram lookup on llama.cpp); n-gram lookup
+    where no spec names the backend."""
+    return next((spec.name for spec in all_drafters() if backend in spec.default_on), FALLBACK_DRAFTER)
 
 
 def drafter_names() -> tuple[str, ...]:
@@ -218,7 +259,7 @@ def node_budget(name: str, backend: str) -> bool:
     """Whether drafter `name` on a target of `backend` takes k as a tree's node budget: a drafter of
     trees (`DrafterSpec.trees`) on PyTorch, the backend that verifies trees (TreeForward); on
     llama.cpp its trees are cut to their best branch, and k is a draft length."""
-    return drafter_spec(name).trees and backend == "torch"
+    return drafter_spec(name).trees_on(backend)
 
 
 def is_drafter(name) -> bool:
@@ -295,8 +336,7 @@ def _specs() -> dict[str, DrafterSpec]:
                 if spec.name in found:
                     raise ConfigError(f"Two drafter modules register the name {spec.name!r}.")
                 found[spec.name] = spec
-        order = {name: i for i, name in enumerate(BUILTIN_ORDER)}
-        _registry = dict(sorted(found.items(), key=lambda item: (order.get(item[0], len(order)), item[0])))
+        _registry = dict(sorted(found.items(), key=lambda item: (item[1].order, item[0])))
     return _registry
 
 
@@ -332,3 +372,15 @@ def auto_or_int(value, label: str, minimum: int, maximum: int | None, advice: st
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
         raise ConfigError(f"{label} must be a whole number {span} or 'auto', got {value!r}. {advice}")
     return value
+
+
+def heads_ready(kind: str) -> Callable[[Backend, Any], bool]:
+    """A spec's `ready` for a drafter of trained heads: a heads folder given (its `heads` option), or
+    heads of `kind` shipped for the loaded target."""
+
+    def ready(target, options) -> bool:
+        from engine.models.shipped import default_heads_dir
+
+        return bool(getattr(options, "heads", None) or default_heads_dir(kind, target.info))
+
+    return ready

@@ -91,4 +91,7 @@ DRAFTER = DrafterSpec(
     preflight=preflight,
     stats=SuffixStats,
     trees=True,
+    order=20,
+    short_name="suffix decoding",
+    default_on=("torch",),  # ahead of n-gram lookup on PyTorch on every prompt kind (docs/benchmarks.md)
 )

@@ -12,9 +12,10 @@ import pytest
 
 from engine.config import CONFIG_VERSION, EngineConfig, from_legacy
 from engine.drafters.registry import (
-    BUILTIN_ORDER,
     DrafterStats,
     all_drafters,
+    default_drafter,
+    drafter_names,
     drafter_spec,
     option_settings,
     stat_fields,
@@ -31,8 +32,12 @@ def tiny(tmp_path_factory) -> str:
     return make_tiny_llama(tmp_path_factory.mktemp("registry") / "tiny", seed=0, n_layers=2)
 
 
+BUILT_IN = ("none", "ngram", "suffix", "model", "medusa", "eagle", "eagle3", "mtp", "lookahead", "early-exit")
+
+
 def test_the_built_in_drafters_come_in_their_order_and_load_no_torch():
-    assert tuple(spec.name for spec in all_drafters()) == BUILTIN_ORDER
+    # The order is each spec's own (`order`): the CLI's choices, the pair dialog and auto-tune list them so.
+    assert tuple(spec.name for spec in all_drafters()) == BUILT_IN
     code = (
         "import sys, engine; engine.all_drafters(); engine.option_settings('eagle'); engine.EngineConfig(); "
         "import engine.preflight; print('torch' in sys.modules)"
@@ -49,6 +54,13 @@ def test_every_drafter_describes_its_options_and_statistics():
         assert issubclass(spec.stats, DrafterStats)
         assert all(f.label for f in stat_fields(spec.stats)), spec.name
         assert bool(spec.needs) == (spec.name in ("medusa", "eagle", "eagle3", "mtp", "lookahead", "early-exit"))
+
+
+def test_the_default_drafter_is_the_one_measured_fastest_on_the_backend_that_runs():
+    # docs/benchmarks.md: suffix decoding leads n-gram lookup on PyTorch on every prompt kind; n-gram
+    # lookup stays ahead on llama.cpp's open prompts.
+    assert (default_drafter("torch"), default_drafter("llama.cpp")) == ("suffix", "ngram")
+    assert default_drafter("some-new-backend") == "ngram"
 
 
 def test_an_unknown_drafter_names_the_known_ones():
@@ -129,7 +141,7 @@ def test_a_new_module_drafts_through_the_engine_and_the_cli(tiny, capsys):
 # -- one configuration -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", BUILTIN_ORDER)
+@pytest.mark.parametrize("name", drafter_names())
 def test_every_drafters_config_goes_to_plain_data_and_back(name):
     config = EngineConfig(target="t.gguf", n_ctx=2048, k=5).with_drafter(name)
     data = json.loads(json.dumps(config.to_dict()))
