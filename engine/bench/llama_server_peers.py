@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.bench.peers import PeerOutput, PeerSpec
+from engine.bench.peer import PeerOutput, PeerSpec
 from engine.bench.prompts import BenchPrompt
 from engine.bench.results import SPECULATIVE, VANILLA
 from engine.core.sampling_config import SamplingConfig

@@ -21,40 +21,13 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
+from engine.bench.peer import Peer, PeerOutput, PeerSpec  # noqa: F401 (the peers' records, imported from here too)
 from engine.bench.prompts import BenchPrompt
 from engine.bench.results import SPECULATIVE, VANILLA, BenchmarkCancelled, PeerPromptResult, PeerResult
 
 LOOKUP_TOKENS = 10  # prompt lookup's draft length, as both libraries document it
 PEER_WARMUP_TOKENS = 8
-
-
-@dataclass(frozen=True)
-class PeerOutput:
-    text: str
-    tokens: int  # generated token ids, the end-of-turn token not counted
-    decode_s: float  # from the first generated token to the last
-    decode_tokens: int  # tokens generated in decode_s
-    token_ids: tuple[int, ...] | None = None  # when the peer exposes them
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
-
-
-class Peer(Protocol):
-    def generate(self, prompt: BenchPrompt, prompt_ids: list[int], max_tokens: int) -> PeerOutput: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class PeerSpec:
-    name: str
-    mode: str  # VANILLA or SPECULATIVE: which of our runs it stands beside
-    make: Callable[[], Peer]  # loads it; called when its turn comes, so a failed load is its own failure
 
 
 # -- running -----------------------------------------------------------------------------

@@ -23,10 +23,11 @@ import json
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from engine.errors import ModelLoadError, ModelNotFoundError
+from engine.models.metadata import quantization
+from engine.models.model_ref import ModelRef
 from engine.models.ollama import find_ollama_model, ollama_models, ollama_roots
 
 DEFAULT_SPEC = "default"
@@ -47,25 +48,6 @@ _SHARD = re.compile(r"-(\d{5})-of-\d{5}\.gguf$", re.IGNORECASE)
 # Architectures in config.json that generate text; other repos in the cache
 # (embedders, classifiers, vision encoders) are left out of the model list.
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    spec: str  # what resolves back to this model ("default", a path, a repo id)
-    name: str  # what a user would call it: file stem, folder name or repo id
-    kind: str  # "gguf" | "hf"
-    path: str  # the GGUF file, or the HF folder (the snapshot folder for a cached repo)
-    source: str  # "embedded" | "file" | "folder" | "hf-cache" | "ollama" | "llama.cpp-cache"
-    size_bytes: int  # bytes on disk of the weights (the .gguf, or the folder's weight files)
-    quant: str = ""  # a GGUF's quantization as llama.cpp names it ("Q4_K_M"); "" for a HF folder
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ModelRef:
-        """The ModelRef `to_dict` wrote; fields a newer engine added are left out."""
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 # -- the embedded default ---------------------------------------------------------
@@ -160,8 +142,6 @@ def _gguf_ref(path: Path, *, spec: str, source: str, name: str | None = None) ->
             f"{path} is not a GGUF model file (it does not start with 'GGUF'). Pass a .gguf "
             "file, or a Hugging Face model folder (one with config.json)."
         )
-    from engine.models.metadata import quantization  # here: metadata imports ModelRef from this module
-
     return ModelRef(spec, name or path.stem, "gguf", str(path.absolute()), source, size, quantization(str(path)))
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from engine.errors import ModelLoadError, ModelNotFoundError
-from engine.models.locate import ModelRef
+from engine.models.model_ref import ModelRef
 
 
 @dataclass(frozen=True)
