@@ -56,7 +56,15 @@ from app.shell.actions import create_actions
 from app.shell.banner import Banner
 from app.shell.file_dialogs import Exports
 from app.training.dialog import TrainDialog
-from engine import EngineConfig, EngineProcess, LoadedPair, RunStats, SamplingConfig, all_drafters
+from engine import (
+    EngineConfig,
+    EngineProcess,
+    LoadedPair,
+    RunStats,
+    SamplingConfig,
+    drafter_spec,
+    is_drafter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +75,8 @@ def describe_engine(loaded: LoadedPair | ServerPair, choice: keys.EngineChoice =
         return loaded.describe()
     where = f" · on the SpecDeck server at {choice.url}" if choice.remote else ""
     config, info = loaded.config, loaded.target
-    names = {
-        "ngram": "n-gram drafter",
-        "none": "no drafter",
-        "model": "draft model",
-        "medusa": "Medusa heads",
-        "eagle": "EAGLE head",
-        "eagle3": "EAGLE-3 head",
-        "lookahead": "lookahead decoding",
-        "early-exit": "early exit",
-    }
-    # A drafter with no short name here goes by its registry label.
-    drafter = names.get(config.drafter) or next(
-        (s.label for s in all_drafters() if s.name == config.drafter), config.drafter
-    )
+    # By its registry spec's short name: "n-gram drafter", "suffix decoding, then draft model".
+    drafter = drafter_spec(config.drafter).short if is_drafter(config.drafter) else config.drafter
     if loaded.speculative and config.drafter == "model" and config.draft:
         drafter = f"draft {config.draft}"
     placement = f", {info.placement}" if info.placement else ""  # llama.cpp: what GPU layers auto chose
