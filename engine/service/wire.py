@@ -173,7 +173,7 @@ def step_from_dict(data: dict) -> StepEvent:
 # that entry's stats type (`stats_owner(name).stats`), nested records and tuples rebuilt.
 
 _stats_names: dict[type, str] = {}  # stats type -> the first registry entry that reports it
-_readers: dict[type, tuple] = {}  # stats type -> ((field, how to rebuild its value), ...)
+_readers: dict[str, tuple] = {}  # registry name -> (its stats type, fields read as they are, (field, rebuild)...)
 
 
 def stats_name(stats: Any) -> str | None:
@@ -201,33 +201,51 @@ def drafter_stats_to_dict(stats: Any) -> dict | None:
 
 
 def drafter_stats_from_dict(data: dict | None):
-    """The DrafterStats `drafter_stats_to_dict` wrote, or None (no statistics, or an unknown drafter's)."""
+    """The DrafterStats `drafter_stats_to_dict` wrote, or None (no statistics, or an unknown drafter's).
+    Every step of a reply pays this on the client: what to do with each field is worked out once
+    per drafter."""
     if not data:
         return None
-    spec = stats_owner(data.get("drafter"))
-    if spec is None:
-        return None
-    kind = spec.stats
-    readers = _readers.get(kind) or _readers.setdefault(kind, _stats_readers(kind))
-    return kind(**{name: read(data[name]) for name, read in readers if name in data})
+    name = data.get("drafter")
+    reader = _readers.get(name)
+    if reader is None:
+        spec = stats_owner(name)
+        if spec is None:
+            return None
+        reader = _readers[name] = _stats_reader(spec.stats)
+    kind, plain, rebuilt = reader
+    values = {f: data[f] for f in plain if f in data}
+    for f, read in rebuilt:
+        if f in data:
+            value = data[f]
+            values[f] = value if value is None else read(value)
+    return kind(**values)
 
 
-def _stats_readers(kind: type) -> tuple:
-    """How to rebuild each field of stats type `kind` from JSON: tuples as tuples, nested records as records."""
+def _stats_reader(kind: type) -> tuple:
+    """(kind, the fields JSON gives as they are, (field, how to rebuild it) for tuples and nested records)."""
     hints = typing.get_type_hints(kind)
-    return tuple((f.name, _reader(hints.get(f.name))) for f in fields(kind))
+    plain, rebuilt = [], []
+    for f in fields(kind):
+        read = _reader(hints.get(f.name))
+        if read is None:
+            plain.append(f.name)
+        else:
+            rebuilt.append((f.name, read))
+    return kind, tuple(plain), tuple(rebuilt)
 
 
 def _reader(hint):
+    """How to rebuild a value of type `hint` from JSON; None: as it is."""
     if dataclasses.is_dataclass(hint):
-        return lambda value: value if value is None else hint(**value)
+        return lambda value: hint(**value)
     if hint is tuple or typing.get_origin(hint) is tuple:
         args = typing.get_args(hint)
         inner = args[0] if args and dataclasses.is_dataclass(args[0]) else None
         if inner is not None:
-            return lambda value: value if value is None else tuple(inner(**v) for v in value)
-        return lambda value: value if value is None else tuple(value)
-    return lambda value: value
+            return lambda value: tuple(inner(**v) for v in value)
+        return tuple
+    return None
 
 
 # -- results --------------------------------------------------------------------------------
@@ -272,13 +290,23 @@ def costs_to_dict(costs: CostSnapshot) -> dict:
     }
 
 
+_last_costs: tuple = (None, None)  # (the last cost dict read, its snapshot): many steps leave the costs as they were
+
+
 def costs_from_dict(data: dict) -> CostSnapshot:
-    return CostSnapshot(
+    """The CostSnapshot `costs_to_dict` wrote; the one read before when nothing changed since."""
+    global _last_costs
+    last, snapshot = _last_costs
+    if data == last:
+        return snapshot
+    snapshot = CostSnapshot(
         verify_s=tuple(sorted((int(n), float(s)) for n, s in data["verify_s"])),
         draft_s_per_token=float(data["draft_s_per_token"]),
         draft_fixed_s=float(data.get("draft_fixed_s", 0.0)),
         window=int(data["window"]),
     )
+    _last_costs = (data, snapshot)
+    return snapshot
 
 
 def sampling_to_dict(sampling: SamplingConfig) -> dict:

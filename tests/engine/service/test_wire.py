@@ -118,3 +118,16 @@ def test_a_chain_s_and_a_plain_run_s_steps_read_back_as_they_were():
     assert wire.step_from_dict(data) == chain
     plain = dataclasses.replace(a_step(), run="vanilla")
     assert wire.step_from_dict(wire.loads(wire.dumps(wire.step_to_dict(plain)))) == plain
+
+
+def test_each_step_reads_back_the_costs_it_carried_when_they_change_from_step_to_step():
+    from engine.core.draft_length import CostModel
+
+    model = CostModel(verify_s={1: 0.010, 2: 0.012})
+    records = []
+    for seconds in (0.011, 0.011, 0.030):  # a low median: the third timing leaves the costs as they were
+        model.observe_verify(1, seconds)
+        records.append(dataclasses.replace(a_step(), costs=model.snapshot()))
+    back = [wire.step_from_dict(wire.loads(wire.dumps(wire.step_to_dict(r)))) for r in records]
+    assert [b.costs for b in back] == [r.costs for r in records]
+    assert back[0].costs.verify_time(1) == 0.010 and back[2].costs.verify_time(1) == 0.011  # the low median
