@@ -1,5 +1,8 @@
 """`EngineConfig`: one choice of target, drafter and settings, as the engine, the CLI and the app hold it.
 
+A config without a drafter (`EngineConfig()`, `EngineConfig(target=...)`: nothing chosen) gets the
+one measured fastest on the backend that runs (`default_drafter_for`); a drafter given is kept.
+
 The chosen drafter's settings are one frozen options object (`options`, the type its
 registry spec names; None = its defaults), so a new drafter adds no field here. The draft
 model is the "model" drafter's option: what used to be `EngineConfig(draft=M)` is
@@ -35,7 +38,9 @@ COMPILES = ("auto", "off", "on")
 @dataclass(frozen=True)
 class EngineConfig:
     target: str = "default"
-    drafter: str = "ngram"  # a registry name (engine.drafters.registry.all_drafters()), or a chain: "suffix+model"
+    # A registry name (engine.drafters.registry.all_drafters()), or a chain: "suffix+model". None (nothing
+    # chosen): the drafter measured fastest on the backend that runs (`default_drafter_for`), set at construction.
+    drafter: str | None = None
     options: Any = None  # the drafter's options (its spec's `options` type); None = its defaults
     backend: str = "auto"
     device: str = "auto"
@@ -53,6 +58,8 @@ class EngineConfig:
         # another drafter's untouched defaults (`replace(config, drafter=...)` switches drafters).
         from engine.drafters.registry import drafter_spec, is_drafter, option_settings
 
+        if self.drafter is None:
+            object.__setattr__(self, "drafter", default_drafter_for(self.target, self.backend))
         if not is_drafter(self.drafter):
             return  # an unknown drafter (or a chain that cannot be made): the load and preflight say so
         spec = drafter_spec(self.drafter)
@@ -151,7 +158,9 @@ class EngineConfig:
                 f"The saved engine configuration has an unknown field {unknown[0]!r}: "
                 "remove it, or choose the pair again."
             )
-        drafter = data.get("drafter", cls.drafter)
+        drafter = data.get("drafter") or default_drafter_for(
+            data.get("target", cls.target), data.get("backend", "auto")
+        )
         if not is_drafter(drafter):
             raise ConfigError(
                 f"The saved drafter {drafter!r} is not one this SpecDeck knows ({', '.join(drafter_names())}, "
@@ -243,6 +252,24 @@ def _owner(options_type: type):
     return options_owner(options_type)
 
 
+def default_drafter_for(target: str, backend: str = "auto") -> str:
+    """The drafter of a user who chooses none, for `target` on `backend`: the one measured fastest on the
+    backend that runs (the registry's `default_drafter`: suffix decoding on PyTorch, n-gram lookup on
+    llama.cpp, docs/benchmarks.md). Backend "auto" runs a GGUF file on llama.cpp and a model folder on
+    PyTorch; a target that cannot be found (the load says why) gets the llama.cpp one, as the default model."""
+    from engine.drafters.registry import default_drafter
+
+    if backend == "auto":
+        from engine.errors import SpecDeckError
+        from engine.models.locate import resolve
+
+        try:
+            backend = "llama.cpp" if resolve(str(target)).kind == "gguf" else "torch"
+        except (SpecDeckError, OSError, ValueError):
+            backend = "llama.cpp"
+    return default_drafter(backend)
+
+
 def target_backend(config: EngineConfig) -> str:
     """The backend for the target: as asked, except that "auto" means PyTorch for drafters
     that need what only it has (hidden states, tree masks, the target's own layers: the
@@ -279,7 +306,10 @@ def from_legacy(data: dict) -> EngineConfig:
     and preflight say what is wrong)."""
     from engine.drafters.registry import drafter_spec, is_drafter
 
-    drafter = "model" if data.get("draft") else data.get("drafter", EngineConfig.drafter)
+    drafter = "model" if data.get("draft") else data.get("drafter")
+    drafter = drafter or default_drafter_for(
+        str(data.get("target", EngineConfig.target)), str(data.get("backend", "auto"))
+    )
     top = {f.name for f in dataclasses.fields(EngineConfig)} - {"drafter", "options"}
     values = {name: data[name] for name in top if name in data}
     if not is_drafter(drafter):  # kept as it was: the load or preflight says it is unknown

@@ -127,7 +127,9 @@ class PairDialog(QDialog):
         layout.addWidget(self.buttons)
 
         resets: list[str] = []
-        self.form.set_config(keys.engine_config(self.settings, resets), keys.sampling_config(self.settings, resets))
+        config = keys.engine_config(self.settings, resets)
+        saved = bool(keys.read(self.settings, keys.ENGINE_CONFIG, ""))  # else the default pair of a first run
+        self.form.set_config(config, keys.sampling_config(self.settings, resets), drafter_chosen=saved)
         self.engine_row.set_choice(keys.engine_choice(self.settings, resets))
         self._show_notice(keys.describe_resets(resets) if resets else "")
         self.form.set_browse_dir(keys.read(self.settings, f"{PREFIX}/browse_dir", ""))

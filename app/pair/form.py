@@ -220,10 +220,15 @@ class PairForm(QWidget):
         self.n_ctx.valueChanged.connect(self.sig_key_changed)
         self.target.sig_browsed.connect(self.set_browse_dir)
         self.drafter.currentIndexChanged.connect(self._enable)
+        # Until a drafter is chosen (a first run: no saved pair), it follows the backend that runs.
+        self.drafter.currentIndexChanged.connect(self._drafter_changed)
+        self.backend.currentIndexChanged.connect(self._follow_default_drafter)
+        self.target.sig_chosen.connect(self._follow_default_drafter)
         self.target.sig_chosen.connect(self._update_recommended)
         self.target.sig_edited.connect(self._update_recommended)
         self.k_auto.toggled.connect(self._enable)
         self._config, self._sampling = EngineConfig(), SamplingConfig()
+        self._drafter_chosen, self._showing = True, False
         self.set_config(self._config, self._sampling)
 
     def _add_fields(self, spec) -> None:
@@ -280,8 +285,41 @@ class PairForm(QWidget):
             max_tokens=self.max_tokens.value(),
         )
 
-    def set_config(self, config: EngineConfig, sampling: SamplingConfig | None = None) -> None:
-        """Show `config` (and `sampling`, when given). The other drafters' fields show their defaults."""
+    def set_config(
+        self, config: EngineConfig, sampling: SamplingConfig | None = None, drafter_chosen: bool = True
+    ) -> None:
+        """Show `config` (and `sampling`, when given). The other drafters' fields show their defaults.
+        `drafter_chosen` False (a first run: the default pair): until the user picks a drafter, the
+        drafter follows the backend the target runs on (the one measured fastest there)."""
+        self._showing = True
+        try:
+            self._show_config(config, sampling)
+        finally:
+            self._showing = False
+        self._drafter_chosen = drafter_chosen
+        self._follow_default_drafter()
+        # Typed-in specs emit nothing when set in code; say that the selection moved.
+        self.sig_key_changed.emit()
+
+    def _drafter_changed(self) -> None:
+        if not self._showing:
+            self._drafter_chosen = True  # the user's choice: kept whatever the backend
+
+    def _follow_default_drafter(self) -> None:
+        """While no drafter is chosen: the default for the target and backend shown (EngineConfig's own,
+        engine/config.py default_drafter_for: suffix decoding on PyTorch, n-gram lookup on llama.cpp)."""
+        if self._drafter_chosen or self._showing:
+            return
+        default = EngineConfig(target=self.target.spec() or "default", backend=self.backend.currentData()).drafter
+        index = self.drafter.findData(default)
+        if index >= 0 and index != self.drafter.currentIndex():
+            self._showing = True
+            try:
+                self.drafter.setCurrentIndex(index)
+            finally:
+                self._showing = False
+
+    def _show_config(self, config: EngineConfig, sampling: SamplingConfig | None) -> None:
         self._config = config
         self.target.set_spec(config.target)
         self._list_drafter(config.drafter)
@@ -317,8 +355,6 @@ class PairForm(QWidget):
             spin.setValue(value)
         self._enable()
         self._update_recommended()
-        # Typed-in specs emit nothing when set in code; say that the selection moved.
-        self.sig_key_changed.emit()
 
     def set_pair_enabled(self, enabled: bool) -> None:
         """Whether the models, the draft length and the hardware can be edited: not while a server

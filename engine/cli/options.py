@@ -4,8 +4,9 @@
 (its `setting`'s `cli` flags, else --<name-with-dashes>) with its default and help, so
 a new drafter module adds its flags here without an edit. A flag several drafters share
 (--heads: Medusa's heads, EAGLE's head) is one argument. Two rules stay as users know them:
---draft (-md) implies --drafter model, and --heads implies --drafter medusa over the default
-n-gram drafter.
+--draft (-md) implies --drafter model, and --heads implies --drafter medusa when no drafter is
+named. With neither, the drafter is the one measured fastest on the backend the target runs on
+(engine/config.py default_drafter_for: suffix decoding on PyTorch, n-gram lookup on llama.cpp).
 """
 
 from __future__ import annotations
@@ -14,23 +15,22 @@ import argparse
 import os
 import typing
 
-from engine.config import COMPILES
+from engine.config import COMPILES, default_drafter_for
 from engine.drafters.chain_spec import member_names
 from engine.drafters.registry import AUTO, Setting, all_drafters, option_settings
 from engine.errors import ConfigError
 
-DEFAULT_DRAFTER = "ngram"
-
 
 def add_drafter_options(parser: argparse.ArgumentParser) -> None:
     names = [spec.name for spec in all_drafters()]
+    defaults = " and ".join(f"{spec.name} on {backend}" for spec in all_drafters() for backend in spec.default_on)
     parser.add_argument(
         "--drafter",
         type=_drafter_arg,
         default=None,
         metavar="NAME",
-        help=f"the drafter: {', '.join(names)}, or a chain of them asked in order, "
-        f"such as suffix+model (default {DEFAULT_DRAFTER}; --draft implies model, "
+        help=f"the drafter: {', '.join(names)}, or a chain of them asked in order, such as suffix+model "
+        f"(default: the one measured fastest on the backend that runs, {defaults}; --draft implies model, "
         "--heads medusa)",
     )
     seen: set[str] = set()
@@ -103,9 +103,10 @@ def _drafter_name(args: argparse.Namespace) -> str:
                 f"--draft gives a draft model, but --drafter {asked} drafts without one: drop one of them."
             )
         return "model"
-    if getattr(args, "heads", None) and asked in (None, DEFAULT_DRAFTER):
+    if getattr(args, "heads", None) and asked is None:
         return "medusa"
-    return asked or DEFAULT_DRAFTER
+    # Nothing chosen: the drafter measured fastest on the backend the target will run on.
+    return asked or default_drafter_for(getattr(args, "target", "default"), getattr(args, "backend", "auto"))
 
 
 def _drafter_arg(text: str) -> str:
