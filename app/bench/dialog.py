@@ -133,7 +133,8 @@ class BenchDialog(QDialog):
         self.run_button.setDefault(True)
         self.autotune_button = QPushButton("Find the best settings", clicked=self.autotune)
         self.autotune_button.setToolTip(
-            "Try every drafter this pair allows (suffix decoding and chains too) with "
+            "Try every drafter this pair's target can serve (heads on disk, its own MTP layers, "
+            "the loaded draft model, and the suggested chains) with "
             "a few draft lengths, on these prompts (replies of up to "
             f"{AUTOTUNE_MAX_TOKENS} tokens), and rank them by {DECODE_SPEEDUP.name} "
             "(geometric mean over the prompts, as the benchmark's)"
