@@ -62,17 +62,14 @@ def test_the_app_knows_which_drafters_need_pytorch_as_the_engine_does(dialog):
 
 
 def test_only_the_chosen_drafters_settings_are_shown(dialog):
+    from engine import option_settings
+
     form = dialog.form
-    names = {
-        "model": ("draft", "backend", "device", "dtype", "threads", "gpu_layers"),
-        "ngram": ("max_ngram",),
-        "medusa": ("heads",),
-        "eagle": ("heads", "tree_depth"),
-        "none": (),
-        "lookahead": ("window", "ngram", "candidates"),
-        "early-exit": ("exit_layer",),
-    }
-    own = {drafter: {form.field(drafter, name) for name in options} for drafter, options in names.items()}
+    listed = [form.drafter.itemData(i) for i in range(form.drafter.count())]
+    # Every listed drafter's own settings, from the registry (suffix, EAGLE-3, MTP, the chains: none left out).
+    own = {drafter: {form.field(drafter, s.name) for s in option_settings(form.specs[drafter])} for drafter in listed}
+    assert {"suffix", "eagle3", "mtp", "suffix+model"} <= set(own)
+    assert own["eagle"] == {form.field("eagle", "heads"), form.field("eagle", "tree_depth")}
     every = set().union(*own.values())
     for drafter, widgets in own.items():
         choose(form, drafter)
