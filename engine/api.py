@@ -21,7 +21,7 @@ from engine.core.draft_length import CostModel, DraftLength, measure_verify_curv
 from engine.core.events import Comparison, Divergence, GenerationResult, StepEvent, collect  # noqa: F401 - re-exported
 from engine.core.sampling import SamplingConfig
 from engine.core.text import check_messages
-from engine.drafters.base import Drafter
+from engine.drafters.base import Drafter, measured_token_cost, share_costs
 from engine.drafters.registry import drafter_spec, make_drafter
 from engine.errors import ConfigError, SpecDeckError
 from engine.models.load_checks import check_load_options
@@ -63,8 +63,7 @@ class Engine:
         self.drafter = drafter
         self.config = config
         self.costs = costs
-        if drafter is not None:
-            drafter.costs = costs  # the one cost model: drafters that size themselves read it (Drafter.costs)
+        share_costs(drafter, costs)  # the one cost model: drafters that size themselves read it (ReadsCosts)
         DraftLength(config.k, config.k_max)  # validate k early, before any generation
 
     @classmethod
@@ -103,7 +102,7 @@ class Engine:
                 report("Measuring the target's verify costs", 0.8)
                 costs.verify_s.update(measure_verify_curve(target))
                 if drafter is not None:
-                    costs.draft_s_per_token = drafter.measure_token_cost() or 0.0
+                    costs.draft_s_per_token = measured_token_cost(drafter) or 0.0
         except BaseException as error:
             target.close()
             if unexplained_allocation_failure(error):

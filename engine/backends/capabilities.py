@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # annotations only: the drafter registry imports this module 
     import torch
 
     from engine.backends.base import Backend
+    from engine.drafters.base import Drafter
 
 
 @runtime_checkable
@@ -143,9 +144,10 @@ WHY = {
 }
 
 
-def has(backend: Backend, capability: type) -> bool:
-    """Whether `backend` implements `capability` (as its class declares, not by attribute sniffing)."""
-    return capability in getattr(backend, "capabilities", frozenset())
+def has(obj: Backend | Drafter | None, capability: type) -> bool:
+    """Whether `obj` implements `capability` (as its class declares, not by attribute sniffing): a backend
+    one of the protocols here, a drafter one of engine/drafters/base.py's."""
+    return capability in getattr(obj, "capabilities", frozenset())
 
 
 def require(backend: Backend, capability: type, who: str) -> None:

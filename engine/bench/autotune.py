@@ -47,6 +47,7 @@ from engine.bench.results import BenchmarkCancelled, geometric_mean
 from engine.bench.runner import check_context_room, encode_prompt, engine_for
 from engine.core.draft_length import CostModel
 from engine.core.sampling import SamplingConfig
+from engine.drafters.base import forget_replies, measured_token_cost, share_costs
 from engine.drafters.chain_spec import SUGGESTED, is_chain, member_names
 from engine.drafters.registry import drafter_spec, make_drafter, node_budget
 from engine.errors import ConfigError
@@ -174,7 +175,7 @@ def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> Auto
         try:
             costs = CostModel(verify_s=dict(engine.costs.verify_s))
             if engine.config.measure_costs and drafter is not None:
-                costs.draft_s_per_token = drafter.measure_token_cost() or 0.0
+                costs.draft_s_per_token = measured_token_cost(drafter) or 0.0
             for candidate in group:
                 tuned = Engine(
                     engine.target, drafter, config_for(engine.config, candidate, engine.target.info.backend), costs
@@ -186,7 +187,7 @@ def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> Auto
                 for turn, turn_ids, starts in asked:
                     step(f"{candidate.label}: {turn.id}")
                     if starts and drafter is not None:
-                        drafter.forget()  # each conversation meets the drafter afresh, as in the benchmark
+                        forget_replies(drafter)  # each conversation meets the drafter afresh, as in the benchmark
                     # Every run reads its prompt from empty caches: a prefix the last run left (its
                     # reply's keys and values, computed one token or one draft at a time) changes the
                     # rounding, and 11 of 24 greedy replies differed from plain decoding's for it.
@@ -199,7 +200,7 @@ def _tune(engine: Engine, prompts, settings, candidates, report, cancel) -> Auto
             for each in made:
                 each.close()
             if engine.drafter is not None and hasattr(engine.drafter, "costs"):
-                engine.drafter.costs = engine.costs  # the engine's own drafter: back on the engine's cost model
+                share_costs(engine.drafter, engine.costs)  # the engine's own drafter: back on the engine's cost model
     report("Done", 1.0)
     baseline = CandidateResult(
         PLAIN, 1.0, statistics.median(r.stats.tokens_per_s for r in vanilla), 0.0, 1.0, len(vanilla), len(vanilla)

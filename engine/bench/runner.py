@@ -45,6 +45,7 @@ from engine.bench.results import (
 )
 from engine.core.divergence import first_divergence, rounding_bound
 from engine.core.sampling import SamplingConfig
+from engine.drafters.base import forget_replies
 from engine.errors import ConfigError, SpecDeckError
 
 # progress(message, fraction): what is being done, in words ("Loading the models", "Warming up",
@@ -146,7 +147,7 @@ def _measure(engine, prompts, settings, peer_specs, report, cancel, prompts_sour
                     )
                     system.reset_peak_rss()
                     if mode == SPECULATIVE and index == 0:
-                        engine.drafter.forget()  # each conversation meets the drafter afresh
+                        forget_replies(engine.drafter)  # each conversation meets the drafter afresh
                     result = engine.generate(ids[asked.id], greedy, speculative=mode == SPECULATIVE, cancel=cancel)
                     peak = system.peak_rss_bytes()
                     _check(cancel)

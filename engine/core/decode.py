@@ -21,7 +21,7 @@ for x_m in front); row i + 1 is p after node i. The verdict is a root-to-node
 path (engine/core/verify_tree.py) and `keep_nodes` keeps x_m and that path. A backend
 without tree attention (llama.cpp) gets the draft's best branch as a chain, and
 the run says so in `RunStats.notes`. Drafters that read the target's hidden
-states get the rows of what the step kept (x_m, then the accepted drafts).
+states (ReadsFeatures) get the rows of what the step kept (x_m, then the accepted drafts).
 
 Extra rows (lookahead decoding's Jacobi window): a draft may add e rows that ride
 along unverified. The feed becomes [x_m, node_1..node_n, extra_1..extra_e] in one
@@ -30,7 +30,7 @@ the offset the drafter gave; the mask is the tree's (each node sees x_m and its
 ancestors) plus the drafter's block among the extra rows, which also see x_m
 and the cache, while nodes and extras never see each other. So rows 0..n are
 exactly what `forward_tree` would have returned and the verdict is unchanged;
-rows n+1.. go to `Drafter.observe_extra`, and `keep_rows` keeps x_m and the
+rows n+1.. go to `observe_extra` (a ReadsExtraRows drafter), and `keep_rows` keeps x_m and the
 accepted path (dropping the extras). The step costs n + 1 + e rows, and that is
 what the cost model is told (`CostModel.observe_verify`) and what the predicted
 speedup charges. Extras that would not fit in the context are dropped, and so
@@ -42,7 +42,15 @@ left (`LayerExit.forward_from_exit`), so only d_n runs the first layers, and the
 rows are the ones a full forward gives.
 
 Each of these is one feed object (engine/core/feeds.py) that knows its forward,
-its rule and its commit; the step below is the same for all of them.
+its rule and its commit; the step below is the same for all of them. A generation's
+draft bounds (n_min, n_max, p_min: engine/core/draft_bounds.py) come with its
+DraftLength and are applied where k is chosen and where the draft is fitted to k.
+
+This module is the step only. The reply's text, held back where it might begin a
+stop string, is engine/core/reply.py; the run's predicted speedup is
+engine/core/prediction.py. The drafter's opt-in calls (hidden states, extra rows,
+the prompt, the tree estimate: engine/drafters/base.py) are looked up once per
+generation, not per step.
 """
 
 from __future__ import annotations
@@ -54,12 +62,20 @@ from dataclasses import dataclass, replace
 
 from engine.backends.base import Backend
 from engine.backends.capabilities import HiddenFeatures, TreeForward, has
-from engine.core.draft_length import CostModel, DraftLength, expected_tokens, expected_tokens_tree
+from engine.core.draft_length import CostModel, DraftLength
 from engine.core.events import RunStats, Source, StepEvent, TokenInfo
 from engine.core.feeds import feed_for
+from engine.core.prediction import SpeedupPrediction
+from engine.core.reply import ReplyText
 from engine.core.sampling import SamplingConfig, make_generator
-from engine.core.text import IncrementalText, find_stop, held_back
-from engine.drafters.base import EMPTY_DRAFT, Drafter
+from engine.drafters.base import (
+    EMPTY_DRAFT,
+    Drafter,
+    DraftsTrees,
+    ReadsExtraRows,
+    ReadsFeatures,
+    RemembersReplies,
+)
 from engine.errors import ConfigError, ContextOverflowError
 
 
@@ -81,7 +97,8 @@ def decode_steps(
             f"The prompt is {len(prompt)} tokens long but the context window holds {target.n_ctx}: "
             "shorten the prompt (or start a new chat), or load the model with a larger context."
         )
-    wants_features = drafter is not None and drafter.uses_features
+    wants_features = has(drafter, ReadsFeatures)
+    wants_extra = has(drafter, ReadsExtraRows)
     if wants_features and not has(target, HiddenFeatures):
         raise ConfigError(
             f"The {drafter.name} drafter reads the target's hidden states, which the {target.name} "
@@ -97,15 +114,16 @@ def decode_steps(
     eos = target.eos_ids
     if drafter is not None:
         drafter.reset()
-        drafter.begin(list(prompt))
-        if drafter.drafts_trees and has(target, TreeForward):  # else trees are verified as their best branch
+        if has(drafter, RemembersReplies):
+            drafter.begin(list(prompt))
+        if has(drafter, DraftsTrees) and has(target, TreeForward):  # else trees go as their best branch
             draft_length.use_tree_estimate(drafter.tree_expected_tokens)  # k = node budget
 
     start = time.perf_counter()
     target.prefill(prompt[:-1])  # the cache holds all but the pending token x_m
     prefill_s = time.perf_counter() - start
     context = list(prompt)
-    reply = _Reply(target.detokenize, sampling.stop)
+    reply = ReplyText(target.detokenize, sampling.stop)  # engine/core/reply.py: the stop strings' holdback
     run = _Run(prefill_s, run_notes(target, drafter), costs)
 
     for index in range(sampling.max_tokens):  # each step emits at least one token
@@ -122,14 +140,14 @@ def decode_steps(
         #    cut to what this target verifies: one feed per kind (chain, tree, early exit, extra rows).
         t0 = time.perf_counter()
         draft = drafter.propose(context, k, sampling, generator) if k > 0 else EMPTY_DRAFT
-        feed = feed_for(draft, k, target, room)
+        feed = feed_for(draft, k, target, room, draft_length.bounds)  # n_min and p_min cut chains here
         drafted = feed.tokens
         t1 = time.perf_counter()
 
         # 2. One target forward over [x_m, d_1, ..., d_n]: rows l_0..l_n, l_{i-1} = p's row for d_i and
         #    l_n the bonus row; lookahead's extra rows ride along in the same forward, unverified.
         logits = feed.forward(target, context[-1])  # (n+1, V)
-        if feed.extra:
+        if feed.extra and wants_extra:
             drafter.observe_extra(feed.extra_logits)  # (e, V)
         t2 = time.perf_counter()
 
@@ -171,15 +189,15 @@ def decode_steps(
         # drafts accepted and tested, so tokens = steps + accepted holds for every step.
         counted, counted_tested = (kept, tested) if i >= kept else (i, i)
         step = _Step(
-            k,
-            len(drafted),
-            counted,
-            counted_tested,
-            t1 - t0,
-            t2 - t1,
-            time.perf_counter() - t2,
-            feed.tree_depth,
-            feed.extra,
+            k=k,
+            drafted=len(drafted),
+            kept=counted,
+            tested=counted_tested,
+            draft_s=t1 - t0,
+            verify_s=t2 - t1,
+            other_s=time.perf_counter() - t2,
+            tree_depth=feed.tree_depth,
+            extra=feed.extra,
         )
         run.add(counted + 1, step)
         yield run.event(index, step, infos, step_text, finish, end, stop_infos)
@@ -192,7 +210,7 @@ def run_notes(target: Backend, drafter: Drafter | None) -> tuple[str, ...]:
     loading the models found (a damaged GGUF: engine/models/gguf_check.py)."""
     draft_model = getattr(drafter, "backend", None)  # the model drafter's draft model
     notes = [*target.load_notes, *(draft_model.load_notes if isinstance(draft_model, Backend) else ())]
-    if drafter is not None and drafter.drafts_trees and not has(target, TreeForward):
+    if has(drafter, DraftsTrees) and not has(target, TreeForward):
         notes.append(
             f"The {target.name} backend verifies chains only, so each {drafter.name} draft tree is cut "
             "to its most likely branch: fewer tokens are accepted per step than with the PyTorch "
@@ -211,62 +229,6 @@ def _token_info(token: int, i: int, path: list[int], verdict, q_token: tuple[flo
     top_ids = verdict.top_ids[i] if verdict.top_ids else ()
     top_logits = verdict.top_logits[i] if verdict.top_logits else ()
     return TokenInfo(token, "", source, p, q, top_ids, top_logits)
-
-
-class _Reply:
-    """The reply's tokens and text; holds back what might be the start of a stop string.
-
-    A token's text is the span of decoded text from its start to the next token's
-    start. Tokens are released (to the UI) once their text cannot become part of a
-    stop string; at a stop string the reply is cut where it begins.
-    """
-
-    def __init__(self, detokenize, stops: tuple[str, ...]) -> None:
-        self.text = IncrementalText(detokenize)
-        self.stops = stops
-        self.pending: list[tuple[TokenInfo, int]] = []  # (token, offset of its text)
-        self.count = 0  # tokens in the reply so far (released or pending)
-        self.cut: int | None = None
-
-    def add(self, info: TokenInfo) -> bool:
-        """Append a token; True when it completes a stop string."""
-        start = len(self.text.text)
-        piece = self.text.push(info.id)
-        self.pending.append((info, start))
-        self.count += 1
-        if self.stops and piece:
-            at = find_stop(self.text.text, self.stops, start)
-            if at != -1:
-                self.cut = at
-                return True
-        return False
-
-    def release(self, final: bool) -> tuple[tuple[TokenInfo, ...], str, tuple[TokenInfo, ...]]:
-        """(the tokens now safe to show, their text, the stop string's tokens once the reply ends at one)."""
-        if final and self.cut is None:
-            self.text.flush()
-        full = self.text.text
-        if self.cut is not None:
-            safe = self.cut
-        else:
-            safe = len(full) if final else len(full) - held_back(full, self.stops)
-        out: list[TokenInfo] = []
-        stop: tuple[TokenInfo, ...] = ()
-        while self.pending:
-            info, start = self.pending[0]
-            end = self.pending[1][1] if len(self.pending) > 1 else len(full)
-            if final and self.cut is not None and start >= self.cut:
-                stop = tuple(replace(token, text="") for token, _ in self.pending)  # the stop string's own
-                self.count -= len(self.pending)
-                self.pending.clear()
-                break
-            if not final and end > safe:
-                break
-            out.append(replace(info, text=full[start : min(end, safe)]))
-            self.pending.pop(0)
-        if final and self.cut is not None:
-            self.text.text = full[: self.cut]
-        return tuple(out), "".join(info.text for info in out), stop
 
 
 @dataclass(frozen=True)
@@ -294,22 +256,14 @@ class _Run:
         self.stats = RunStats(prefill_s=prefill_s, notes=notes)
         self.costs = costs
         self.tokens = 0
-        # For the predicted speedup: chain steps by (drafts, extra rows), tree steps by
-        # (nodes, depth, extra rows); extra rows (lookahead) add to a step's verify cost only.
-        self.drafted_lengths: dict[tuple[int, int], int] = {}
-        self.tree_shapes: dict[tuple[int, int, int], int] = {}
+        self.prediction = SpeedupPrediction()  # engine/core/prediction.py
         self.loop_start = time.perf_counter()
 
     def add(self, tokens: int, step: _Step) -> None:
         """Count a step that gave `tokens` tokens: its accepted drafts plus its own one."""
         s = self.stats
         self.tokens += tokens
-        if step.tree_depth is None:
-            shape = (step.drafted, step.extra)
-            self.drafted_lengths[shape] = self.drafted_lengths.get(shape, 0) + 1
-        else:
-            shape = (step.drafted, step.tree_depth, step.extra)
-            self.tree_shapes[shape] = self.tree_shapes.get(shape, 0) + 1
+        self.prediction.add(step.drafted, step.tree_depth, step.extra)
         self.stats = replace(
             s,
             steps=s.steps + 1,
@@ -339,25 +293,6 @@ class _Run:
         stop_tokens: tuple[TokenInfo, ...] = (),
     ) -> StepEvent:
         s, costs = self.stats, self.costs
-        a = s.acceptance_rate
-        # The formula applied to the drafts this run actually made, against the sum of their
-        # costs in units of one plain forward: chains E(a, n); trees 1 + sum over depths of
-        # the product of the measured per-depth acceptance (draft_length.expected_tokens_tree),
-        # against T(n+1+e) / T(1) per step for its n nodes and e extra rows, plus the time the run
-        # spent drafting, as timed, over T(1). The cost model's draft time (D + n d) is what automatic
-        # k plans with; the prediction takes what drafting cost: a chain's members cost differently
-        # (a model's n d beside free lookups), and catching a draft model's cache up (the prompt at
-        # its first draft, the tokens of steps it sat out) is paid too.
-        rates = s.depth_acceptance
-        gain = sum(c * expected_tokens(a, n) for (n, _), c in self.drafted_lengths.items())
-        gain += sum(c * expected_tokens_tree(rates, depth) for (_, depth, _), c in self.tree_shapes.items())
-        shapes = [*self.drafted_lengths.items(), *(((n, e), c) for (n, _, e), c in self.tree_shapes.items())]
-        cost = sum(c * costs.verify_ratio(n + 1 + e) for (n, e), c in shapes)
-        cost += (
-            s.draft_s / costs.verify_time(1)
-            if costs.verify_s
-            else sum(c * n * costs.draft_ratio() for (n, _), c in shapes)
-        )
         mean_drafted = s.drafted / s.steps if s.steps else 0.0
         wall_s = time.perf_counter() - self.loop_start
         self.stats = replace(
@@ -366,22 +301,22 @@ class _Run:
             time_to_first_token_s=s.time_to_first_token_s or (s.prefill_s + wall_s if infos else 0.0),
             draft_cost_ratio=costs.draft_ratio() if costs.verify_s else 0.0,
             verify_cost_ratio=costs.verify_ratio(round(mean_drafted) + 1) if costs.verify_s else 1.0,
-            predicted_speedup=gain / cost if cost > 0 else 1.0,
+            predicted_speedup=self.prediction.speedup(s, costs),
         )
         return StepEvent(
-            index,
-            infos,
-            text,
-            step.k,
-            step.drafted,
-            step.kept,
-            step.draft_s,
-            step.verify_s,
-            step.other_s,
-            self.stats,
-            finish,
-            end,
-            stop_tokens,
+            index=index,
+            tokens=infos,
+            text=text,
+            k=step.k,
+            drafted=step.drafted,
+            accepted=step.kept,
+            draft_s=step.draft_s,
+            verify_s=step.verify_s,
+            other_s=step.other_s,
+            stats=self.stats,
+            finish_reason=finish,
+            end_token=end,
+            stop_tokens=stop_tokens,
         )
 
 

@@ -33,7 +33,7 @@ tokens are no longer E(a, k): a step emits 1 + (accepted depth), and
 where alpha_j is the acceptance at depth j given depth j - 1 was accepted (the
 per-depth counts RunStats keeps: depth_accepted / depth_tested). Acceptance at
 each depth grows with the nodes spent there, which only the drafter can model,
-so automatic k asks the drafter for E(k) (`Drafter.tree_expected_tokens`; for
+so automatic k asks the drafter for E(k) (`DraftsTrees.tree_expected_tokens`; for
 Medusa, 1 + the sum of its k best nodes' estimated path probabilities, which is
 the same per-depth sum: the depth-d term is the mass of its depth-d nodes).
 """
@@ -53,9 +53,9 @@ from engine.core.costs import (  # noqa: F401 - expected_tokens and break_even_a
     expected_tokens,
     on_curve,
 )
+from engine.core.draft_bounds import K_LIMIT, NO_BOUNDS, DraftBounds
 from engine.errors import ConfigError
 
-K_LIMIT = 32  # longest draft anyone may ask for
 # How far past the cost of splitting a forward into timed smaller ones a load-time number must be
 # to count as a spike (CostModel._relevel): a quarter more, since at a tile boundary T(2m) = 2 T(m)
 # exactly and a timing's noise must not flag a real cost. Twice let T(3) = 3.6 x T(2) through.
@@ -277,9 +277,13 @@ def _filler_tokens(backend, n: int) -> list[int]:
 
 
 class DraftLength:
-    """Fixed k, or automatic k from the running acceptance estimate and the cost model."""
+    """Fixed k, or automatic k from the running acceptance estimate and the cost model; held to a
+    generation's `bounds` (engine/core/draft_bounds.py): k at most n_max, and at least n_min when
+    it drafts at all. The bounds travel with it to where the step fits its draft to k."""
 
-    def __init__(self, k: int | str = "auto", k_max: int = 16, probe_every: int = 16) -> None:
+    def __init__(
+        self, k: int | str = "auto", k_max: int = 16, probe_every: int = 16, bounds: DraftBounds = NO_BOUNDS
+    ) -> None:
         if k == "auto":
             self.fixed: int | None = None
         else:
@@ -292,6 +296,11 @@ class DraftLength:
             self.fixed = k
         if not 1 <= k_max <= K_LIMIT:
             raise ConfigError(f"the largest automatic draft length must be between 1 and {K_LIMIT}, got {k_max}.")
+        self.bounds = bounds
+        if bounds.n_max is not None:  # k and k_max checked above as given, then capped
+            self.fixed = None if self.fixed is None else min(self.fixed, bounds.n_max)
+            k_max = max(1, min(k_max, bounds.n_max))
+        self._bounded = bounds != NO_BOUNDS
         self.k_max = k_max
         self.probe_every = probe_every
         # Decayed counts of accepted and tested draft tokens; the prior (a ~ 0.67 from 3
@@ -338,6 +347,10 @@ class DraftLength:
         return totals
 
     def choose(self, costs: CostModel) -> int:
+        k = self._choose(costs)
+        return self.bounds.length(k) if self._bounded else k
+
+    def _choose(self, costs: CostModel) -> int:
         if self.fixed is not None:
             return self.fixed
         self._costs = costs

@@ -1,14 +1,17 @@
 """One feed per kind of draft: what the target runs for it, the rule that judges it, what the cache keeps.
 
-A drafter's `Draft` is cut to what this step verifies (`fit_draft`) and becomes one of:
+A drafter's draft (a ChainDraft or a TreeDraft, engine/drafters/base.py) is cut to what this
+step verifies (`fit_draft`) and, matched by its type here and nowhere else, becomes one of:
 
     feed          target forward over [x_m, drafts...]      rule                         commit
-    ChainFeed     forward: d_i after d_1..d_{i-1}           chain (q, or a point mass)   rollback
-    ExitFeed      forward_from_exit: the draft already ran  chain                        rollback
-                  layers 0..L-1, the target starts at L
-    TreeFeed      forward_tree: node i sees its ancestors   tree (point masses)          keep_nodes
-    ExtraRowsFeed forward_masked: a chain or tree feed and  the wrapped feed's           keep_rows
-                  e unverified rows (lookahead's window)
+    draft                 feed          target forward over [x_m, drafts...]      rule                   commit
+    ChainDraft            ChainFeed     forward: d_i after d_1..d_{i-1}           chain (q, or a point   rollback
+                                                                                  mass)
+    ChainDraft + ExitStart ExitFeed     forward_from_exit: the draft already ran  chain                  rollback
+                                        layers 0..L-1, the target starts at L
+    TreeDraft             TreeFeed      forward_tree: node i sees its ancestors   tree (point masses)    keep_nodes
+    either + ExtraRows    ExtraRowsFeed forward_masked: a chain or tree feed and  the wrapped feed's     keep_rows
+                                        e unverified rows (lookahead's window)
 
 Every feed's forward returns p's rows l_0..l_n for its n drafts (l_{i-1} is p's row for
 d_i, l_n the row after d_n), `verify` returns the verdict with the accepted nodes (`path`)
@@ -26,11 +29,12 @@ import torch
 
 from engine.backends.base import Backend
 from engine.backends.capabilities import HiddenFeatures, LayerExit, TreeForward, has
+from engine.core.draft_bounds import DraftBounds
 from engine.core.sampling import SamplingConfig, probabilities
 from engine.core.tree import ancestor_mask, depths
 from engine.core.verify import Verdict, verify_greedy, verify_sampled
 from engine.core.verify_tree import dedupe_siblings, verify_tree_greedy, verify_tree_sampled
-from engine.drafters.base import Draft
+from engine.drafters.base import ChainDraft, Draft, ExtraRows, TreeDraft
 
 
 class ChainFeed:
@@ -40,7 +44,7 @@ class ChainFeed:
     extra_logits: torch.Tensor | None = None
     tree_depth: int | None = None  # None: the run counts this step by its length, as a chain
 
-    def __init__(self, draft: Draft) -> None:
+    def __init__(self, draft: ChainDraft) -> None:
         self.tokens = list(draft.tokens)
         self.q = draft.q[: len(self.tokens)] if draft.q is not None else None  # (n, V) or a point mass
         self.q_token = draft.q_token  # q(d_i), for display
@@ -80,10 +84,10 @@ class ExitFeed(ChainFeed):
     """A chain whose first L layers the early-exit drafter already ran over x_m, d_1..d_{n-1}:
     the verifying forward starts from their residual stream, and only d_n runs from layer 0."""
 
-    def __init__(self, draft: Draft) -> None:
+    def __init__(self, draft: ChainDraft) -> None:
         super().__init__(draft)
-        self.hidden = draft.exit_hidden[: len(self.tokens) + 1]  # (n or n+1, hidden): layer L's input
-        self.exit_layer = draft.exit_layer
+        self.hidden = draft.exit.hidden[: len(self.tokens) + 1]  # (n or n+1, hidden): layer L's input
+        self.exit_layer = draft.exit.layer
 
     def forward(self, target: LayerExit, pending: int) -> torch.Tensor:
         return target.forward_from_exit([pending, *self.tokens], self.hidden, self.exit_layer)  # (n+1, V)
@@ -96,7 +100,7 @@ class TreeFeed:
     extra_logits: torch.Tensor | None = None
     q_token = None
 
-    def __init__(self, draft: Draft) -> None:
+    def __init__(self, draft: TreeDraft) -> None:
         self.tokens = list(draft.tokens)
         self.parents = draft.parents
 
@@ -142,7 +146,7 @@ class ExtraRowsFeed:
         self.draft = draft
         self.tokens = inner.tokens
         self.q_token = inner.q_token
-        self.extra = len(draft.extra_tokens)
+        self.extra = len(draft.extra)
         self.extra_logits: torch.Tensor | None = None
 
     @property
@@ -174,55 +178,58 @@ class ExtraRowsFeed:
 Feed = ChainFeed | TreeFeed | ExtraRowsFeed
 
 
-def feed_for(draft: Draft, k: int, target: Backend, room: int | None = None) -> Feed:
-    """The feed that verifies `draft` on `target`: cut to k tokens (nodes) and to what the target
-    can run (`fit_draft`), then one feed for its kind. A draft that ran the first layers goes
-    from there where the target can (LayerExit); elsewhere it is a chain like any other."""
-    fitted = fit_draft(draft, k, has(target, TreeForward), room)
-    if fitted.is_tree:
+def feed_for(draft: Draft, k: int, target: Backend, room: int | None = None, bounds: DraftBounds | None = None) -> Feed:
+    """The feed that verifies `draft` on `target`: cut to k tokens (nodes), to a request's bounds and
+    to what the target can run (`fit_draft`), then one feed for its type. A chain that ran the first
+    layers goes from there where the target can (LayerExit); elsewhere it is a chain like any other."""
+    fitted = fit_draft(draft, k, has(target, TreeForward), room, bounds)
+    if isinstance(fitted, TreeDraft):
         feed = TreeFeed(fitted)
-    elif fitted.exit_hidden is not None and fitted.tokens and has(target, LayerExit):
+    elif fitted.exit is not None and fitted.tokens and has(target, LayerExit):
         feed = ExitFeed(fitted)
     else:
         feed = ChainFeed(fitted)
-    return ExtraRowsFeed(feed, fitted) if fitted.extra_tokens else feed
+    return ExtraRowsFeed(feed, fitted) if fitted.extra else feed  # no ExtraRows, or none
 
 
-def fit_draft(draft: Draft, k: int, trees: bool, room: int | None = None) -> Draft:
+def fit_draft(draft: Draft, k: int, trees: bool, room: int | None = None, bounds: DraftBounds | None = None) -> Draft:
     """The draft as it will be verified: at most k tokens (nodes, for a tree).
 
-    Tree nodes are point masses (q dropped), siblings carry distinct tokens (a repeated
-    sibling goes, with its subtree), and where the backend verifies chains only the
-    tree becomes its best branch. Extra rows are not counted in k; they stay when the
-    backend runs masked forwards (`trees`) and they fit behind the pending token with
-    the nodes (`room`: free positions after it), and are dropped otherwise.
+    Tree nodes are point masses, siblings carry distinct tokens (a repeated sibling goes,
+    with its subtree), and where the backend verifies chains only the tree becomes its best
+    branch, a ChainDraft; so does a tree without branches. A plain chain (no extra-row part)
+    is held to `bounds` first: cut at its first token below p_min, dropped when shorter than
+    n_min (engine/core/draft_bounds.py). Extra rows are not counted in k; they stay when the
+    backend runs masked forwards (`trees`) and they fit behind the pending token with the
+    nodes (`room`: free positions after it), and are dropped otherwise.
     """
-    if not draft.extra_tokens:
+    if isinstance(draft, ChainDraft) and not draft.extra and draft.exit is None:
+        return _fit_chain(bounds.apply(draft) if bounds is not None and bounds.cuts else draft, k)
+    if not draft.extra:
         return _fit_nodes(draft, k, trees)
-    nodes = _fit_nodes(replace(draft, extra_tokens=(), extra_offsets=(), extra_mask=None), k, trees)
-    e = len(draft.extra_tokens)
-    fits = room is None or (len(nodes) + e <= room and max(draft.extra_offsets, default=0) <= room)
+    nodes = _fit_nodes(replace(draft, extra=None), k, trees)
+    extra = draft.extra
+    fits = room is None or (len(nodes) + len(extra) <= room and max(extra.offsets, default=0) <= room)
     if not trees or not fits:
         return nodes
-    return replace(
-        nodes, extra_tokens=draft.extra_tokens, extra_offsets=draft.extra_offsets, extra_mask=draft.extra_mask
-    )
+    return replace(nodes, extra=extra)
 
 
 def masked_block(pending: int, draft: Draft) -> tuple[list[int], list[int], torch.Tensor]:
     """tokens, offsets and mask of one `forward_masked` call over the pending token, the
-    draft's nodes (a chain when parents is None) and its extra rows, in that order.
+    draft's nodes (a ChainDraft's as the chain they are) and its extra rows, in that order.
 
     Offsets: the pending token 0, node i its depth, extra row j `extra_offsets[j]`. Mask
     (bool, n + 1 + e square): every row sees the pending token; node i sees its ancestors
     and itself; extra rows see each other as `extra_mask` says (a causal chain when it is
     None); nodes and extra rows never see each other.
     """
-    n, e = len(draft.tokens), len(draft.extra_tokens)
-    parents = draft.parents if draft.parents is not None else tuple(range(-1, n - 1))
-    if len(parents) != n or len(draft.extra_offsets) != e:
+    extra = draft.extra if draft.extra is not None else ExtraRows((), ())
+    n, e = len(draft.tokens), len(extra)
+    parents = draft.parents if isinstance(draft, TreeDraft) else tuple(range(-1, n - 1))
+    if len(parents) != n or len(extra.offsets) != e:
         raise ValueError(f"a draft of {n} nodes and {e} extra rows needs as many parents and offsets")
-    extra_mask = draft.extra_mask if draft.extra_mask is not None else torch.ones(e, e, dtype=torch.bool).tril()
+    extra_mask = extra.mask if extra.mask is not None else torch.ones(e, e, dtype=torch.bool).tril()
     if tuple(extra_mask.shape) != (e, e):
         raise ValueError(f"extra_mask must be ({e}, {e}), got {tuple(extra_mask.shape)}")
     mask = torch.zeros(1 + n + e, 1 + n + e, dtype=torch.bool)
@@ -231,24 +238,28 @@ def masked_block(pending: int, draft: Draft) -> tuple[list[int], list[int], torc
         mask[1 : n + 1, 1 : n + 1] = ancestor_mask(parents)
     if e:
         mask[n + 1 :, n + 1 :] = extra_mask.to(dtype=torch.bool, device="cpu")
-    offsets = [0, *depths(parents), *(int(o) for o in draft.extra_offsets)]
-    return [pending, *draft.tokens, *draft.extra_tokens], offsets, mask
+    offsets = [0, *depths(parents), *(int(o) for o in extra.offsets)]
+    return [pending, *draft.tokens, *extra.tokens], offsets, mask
+
+
+def _fit_chain(draft: ChainDraft, k: int) -> ChainDraft:
+    """A chain cut to k tokens, with its q and its early-exit rows."""
+    if len(draft) <= k:
+        return draft
+    return ChainDraft(
+        draft.tokens[:k],
+        draft.q[:k] if draft.q is not None else None,
+        draft.q_token[:k] if draft.q_token is not None else None,
+        exit=replace(draft.exit, hidden=draft.exit.hidden[: k + 1]) if draft.exit is not None else None,
+    )
 
 
 def _fit_nodes(draft: Draft, k: int, trees: bool) -> Draft:
     """fit_draft for a draft without extra rows."""
-    if not draft.is_tree:  # a chain: keep q, if any
-        if len(draft) <= k and draft.parents is None:
-            return draft
-        q_token = draft.q_token[:k] if draft.q_token is not None else None
-        exit_hidden = draft.exit_hidden[: k + 1] if draft.exit_hidden is not None and draft.parents is None else None
-        return Draft(
-            draft.tokens[:k],
-            draft.q[:k] if draft.q is not None else None,
-            q_token,
-            exit_hidden=exit_hidden,
-            exit_layer=draft.exit_layer,
-        )
+    if isinstance(draft, ChainDraft):
+        return _fit_chain(draft, k)
+    if not draft.branches:  # a tree without branches is verified as the chain it is
+        return ChainDraft(draft.tokens[:k])
     tokens, parents = list(draft.tokens[:k]), list(draft.parents[:k])
     keep = dedupe_siblings(tokens, parents)
     if len(keep) < len(tokens):
@@ -259,9 +270,9 @@ def _fit_nodes(draft: Draft, k: int, trees: bool) -> Draft:
     else:
         best = list(draft.best_path or ())
     if trees:
-        return Draft(tokens, parents=tuple(parents))
+        return TreeDraft(tokens, parents=tuple(parents))
     branch = _branch(parents, best)
-    return Draft([tokens[i] for i in branch], parents=tuple(range(-1, len(branch) - 1)))
+    return ChainDraft([tokens[i] for i in branch])
 
 
 def _branch(parents: list[int], best: list[int]) -> list[int]:

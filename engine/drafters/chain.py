@@ -12,9 +12,9 @@ own acceptance per draft position (a `DraftLength` per member, fed only by the
 steps that member drafted), or its own tree estimate for a tree drafter; D_i and
 d_i are its own drafting costs, timed here (catching a draft model's cache up
 excluded, as the decode loop does); T(n) is the target's verify-cost curve, the
-engine's (`Drafter.costs`), shared by all.
+engine's (`ReadsCosts.costs`), shared by all.
 
-Members that cost nothing to ask (`Drafter.free`: n-gram lookup, suffix decoding)
+Members that cost nothing to ask (`FreeToAsk`: n-gram lookup, suffix decoding)
 are asked every step, in order, and their draft is scored at its length (cut to
 the length that scores best); a draft left unused changes nothing in them, and
 is checked against the tokens committed after it, so their acceptance is
@@ -31,6 +31,10 @@ most k tokens (a chain with a tree drafter in it takes k as a node budget, and
 its chain members draft their own best length within it); only a chain of free
 members that all found nothing makes the step plain. The verdict is the loop's,
 whoever drafted: a chain is as lossless as its members.
+
+The chain declares the opt-in protocols (engine/drafters/base.py) that some member has,
+and forwards each call to the members that have it: a chain without a tree drafter
+drafts no trees, one without a hidden-state reader is handed no hidden states.
 """
 
 from __future__ import annotations
@@ -39,7 +43,22 @@ import time
 from dataclasses import dataclass
 
 from engine.core.draft_length import K_LIMIT, CostModel, DraftLength, expected_tokens
-from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.base import (
+    EMPTY_DRAFT,
+    ChainDraft,
+    Draft,
+    Drafter,
+    DraftsTrees,
+    FreeToAsk,
+    MeasuresCost,
+    ReadsCosts,
+    ReadsExtraRows,
+    ReadsFeatures,
+    RemembersReplies,
+    TreeDraft,
+    has,
+    share_costs,
+)
 from engine.drafters.chain_spec import CHAIN_MARK, ChainStats
 
 PROBE_ACCEPTANCE = 0.9  # a member not yet measured is scored as if drafts landed (as automatic k probes)
@@ -47,6 +66,7 @@ CALIBRATION_PRIOR = 2.0  # tokens' worth of trust in a drafter's own estimate (D
 DECAY = 0.85  # as DraftLength's: the last few dozen drafts count
 CATCH_UP_FREE = 2  # tokens a draft model feeds with its draft anyway (model.py STEP_LEFTOVER)
 PREFILL_SHARE = 0.4  # a prefill's cost per token over a decode's, until measured (llama.cpp here: 2.5x cheaper)
+FORWARDED = (ReadsFeatures, DraftsTrees, ReadsExtraRows, MeasuresCost, RemembersReplies)  # declared if a member has it
 
 
 @dataclass
@@ -62,6 +82,7 @@ class MemberCosts(CostModel):
 class _Member:
     def __init__(self, name: str, drafter: Drafter) -> None:
         self.name, self.drafter = name, drafter
+        self.trees, self.free = has(drafter, DraftsTrees), has(drafter, FreeToAsk)
         self.costs = MemberCosts()
         self.catch_up_per_token: float | None = None  # seconds per token of feeding it what it missed
         self.steps = self.accepted = 0
@@ -82,7 +103,7 @@ class _Member:
         """Expected tokens per step of an n-token draft of this member, or of an n-node tree (its
         own estimate, else the chain formula at the depth of its verified branch; `totals`: the
         chain formula's values, when the caller has them already)."""
-        tree = self.drafter.tree_expected_tokens(n) if self.drafter.drafts_trees else None
+        tree = self.drafter.tree_expected_tokens(n) if self.trees else None
         if tree is not None:
             return tree
         n = depth or n
@@ -116,7 +137,7 @@ class _Member:
         drafts were worth: a long match with every vote behind it is not a one-token guess), else
         from this member's acceptance per position."""
         if draft.expected is None:
-            return self.speedup(len(draft), len(_branch(draft)) if draft.is_tree else None)
+            return self.speedup(len(draft), len(_branch(draft)) if _branches(draft) else None)
         return self.costs.speedup_for(1.0 + draft.expected * self.matched / self.promised, len(draft))
 
     def best(self, k: int, catch_up_s: float = 0.0) -> tuple[int, float]:
@@ -162,14 +183,15 @@ class ChainDrafter(Drafter):
     def __init__(self, members: list[tuple[str, Drafter]]) -> None:
         self.members = [_Member(name, drafter) for name, drafter in members]
         self.name = CHAIN_MARK.join(m.name for m in self.members)
-        self.uses_features = any(m.drafter.uses_features for m in self.members)
-        self.drafts_trees = any(m.drafter.drafts_trees for m in self.members)
+        self.capabilities = frozenset(
+            {ReadsCosts, *(p for p in FORWARDED if any(has(m.drafter, p) for m in self.members))}
+        )
         self._last: _Member | None = None  # the member that drafted the last proposal
         self._last_depth = 0  # the depth of that draft's verified branch (what the verdict can test)
         self._last_expected: float | None = None  # that draft's own estimate of its accepted tokens
         self._costs: CostModel | None = None
 
-    # The engine hands every drafter its one cost model (Drafter.costs): the members get it too
+    # The engine hands the chain its one cost model (ReadsCosts): the members that read one get it too
     # (lookahead and early exit size themselves from it), and each member's costs read its curve.
     @property
     def costs(self) -> CostModel | None:
@@ -179,7 +201,7 @@ class ChainDrafter(Drafter):
     def costs(self, costs: CostModel | None) -> None:
         self._costs = costs
         for m in self.members:
-            m.drafter.costs = costs
+            share_costs(m.drafter, costs)
             m.costs.shared = costs
 
     def propose(self, context, k, sampling, generator) -> Draft:
@@ -188,7 +210,7 @@ class ChainDrafter(Drafter):
         best: tuple[float, _Member, Draft | None, int] | None = None  # (S, member, its draft or None, n)
         found: dict[int, Draft] = {}
         for i, m in enumerate(self.members):
-            if m.drafter.free:
+            if m.free:
                 m.check_shadow(context)
                 draft, seconds = self._timed(m, context, k, sampling, generator)
                 if not len(draft):
@@ -249,24 +271,22 @@ class ChainDrafter(Drafter):
 
     def observe_features(self, features) -> None:
         for m in self.members:
-            if m.drafter.uses_features:
+            if has(m.drafter, ReadsFeatures):
                 m.drafter.observe_features(features)
 
     def observe_extra(self, logits) -> None:
-        if self._last is not None:
+        if self._last is not None and has(self._last.drafter, ReadsExtraRows):
             self._last.drafter.observe_extra(logits)
 
     def tree_expected_tokens(self, nodes: int) -> float | None:
         """The best member's expected tokens at this budget (automatic k sizes the chain by it)."""
-        if not self.drafts_trees:
-            return None
         return max(m.expected(nodes) for m in self.members)
 
     def measure_token_cost(self) -> float | None:
         """Each member's load-time cost per token seeds its own; the chain's is its dearest member's."""
         costs = []
         for m in self.members:
-            cost = m.drafter.measure_token_cost()
+            cost = m.drafter.measure_token_cost() if has(m.drafter, MeasuresCost) else None
             if cost:
                 m.costs.draft_s_per_token = cost
                 costs.append(cost)
@@ -280,11 +300,13 @@ class ChainDrafter(Drafter):
 
     def begin(self, prompt: list[int]) -> None:
         for m in self.members:
-            m.drafter.begin(prompt)
+            if has(m.drafter, RemembersReplies):
+                m.drafter.begin(prompt)
 
     def forget(self) -> None:
         for m in self.members:
-            m.drafter.forget()
+            if has(m.drafter, RemembersReplies):
+                m.drafter.forget()
 
     def stats(self) -> ChainStats:
         drafted_by = 0 if self._last is None else self.members.index(self._last) + 1
@@ -300,9 +322,13 @@ class ChainDrafter(Drafter):
             m.drafter.close()
 
 
+def _branches(draft: Draft) -> bool:
+    return isinstance(draft, TreeDraft) and draft.branches
+
+
 def _branch(draft: Draft) -> list[int]:
     """The tokens of the branch a chain-only target would verify (the whole draft for a chain)."""
-    if draft.is_tree:
+    if _branches(draft):
         path = draft.best_path if draft.best_path is not None else ()
         return [draft.tokens[i] for i in path]
     return list(draft.tokens)
@@ -311,7 +337,9 @@ def _branch(draft: Draft) -> list[int]:
 def _cut(draft: Draft, m: _Member) -> Draft:
     """A free member's point-mass chain, cut to the length it is expected to gain most with (one
     that sized itself by its own estimate, Draft.expected, is left as it is)."""
-    if draft.is_tree or draft.q is not None or draft.expected is not None or len(draft) <= 1:
+    if _branches(draft) or (isinstance(draft, ChainDraft) and draft.q is not None):
+        return draft
+    if draft.expected is not None or len(draft) <= 1:
         return draft
     n, _ = m.best(len(draft))
-    return Draft(tokens=list(draft.tokens[: max(n, 1)])) if n < len(draft) else draft
+    return ChainDraft(tokens=list(draft.tokens[: max(n, 1)])) if n < len(draft) else draft

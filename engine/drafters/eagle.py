@@ -57,7 +57,7 @@ from engine.backends.kv_cache import KVCache
 from engine.core.draft_length import K_LIMIT
 from engine.core.sampling import SamplingConfig
 from engine.core.tree import depths, path_to
-from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter, DraftsTrees, TreeDraft
 from engine.drafters.eagle_spec import MAX_DEPTH, EagleStats
 from engine.errors import ConfigError
 from engine.heads.eagle import EagleHead
@@ -70,8 +70,9 @@ class EagleDrafter(Drafter):
     name = "eagle"
     label = "EAGLE"  # for messages
     reads = HiddenFeatures  # what the committed pairs need from the target
-    uses_features = True
-    drafts_trees = True
+    # It reads the target's hidden states of the cached tokens itself (cached_features), so it
+    # needs no observe_features: the constructor checks the target has them.
+    capabilities = frozenset({DraftsTrees})
 
     def __init__(self, head: EagleHead, target_backend, top_k: int = TOP_K, max_depth: int = MAX_DEPTH) -> None:
         if not has(target_backend, self.reads):
@@ -120,7 +121,7 @@ class EagleDrafter(Drafter):
         best = max(range(len(tokens)), key=reach.__getitem__)
         self.nodes = len(tokens)
         self.depth = max(depths(parents))
-        return Draft(tokens, parents=tuple(parents), best_path=tuple(path_to(parents, best)))
+        return TreeDraft(tokens, parents=tuple(parents), best_path=tuple(path_to(parents, best)))
 
     def observe(self, drafted: int, accepted: int, decay: float = 0.9) -> None:
         # How far the draft's own path probabilities over- or under-estimate acceptance.

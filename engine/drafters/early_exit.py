@@ -18,8 +18,8 @@ reads the scratch. So there is no second cache and no recomputation of
 committed tokens for the draft.
 
 The reuse goes the other way too, as in LayerSkip. The draft keeps the residual
-stream after layer L of every token it ran (x_m, d_1, ..., d_{k-1}; `Draft.
-exit_hidden`), and the verification forward over [x_m, d_1, ..., d_k] starts
+stream after layer L of every token it ran (x_m, d_1, ..., d_{k-1}; `ChainDraft.
+exit`), and the verification forward over [x_m, d_1, ..., d_k] starts
 there (`TorchBackend.forward_from_exit`): only d_k goes through layers 0..L-1,
 as one row reading the draft's scratch keys and values, and then all k + 1 rows
 run layers L..n-1, whose keys and values are written as usual. The first L
@@ -89,7 +89,7 @@ import torch
 from engine.backends.capabilities import LayerExit, has
 from engine.core.draft_length import CostModel, expected_tokens
 from engine.core.sampling import SamplingConfig, probabilities, sample, token_probability
-from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.base import EMPTY_DRAFT, ChainDraft, Draft, Drafter, ExitStart, ReadsCosts
 from engine.drafters.early_exit_spec import EarlyExitStats, ExitCandidate
 from engine.errors import ConfigError
 
@@ -221,6 +221,7 @@ class EarlyExitDrafter(Drafter):
     """Drafts a chain with the target's first L layers, its final norm and its LM head."""
 
     name = "early exit"
+    capabilities = frozenset({ReadsCosts})
 
     def __init__(self, target_backend, layers: int | str = "auto", *, costs: CostModel | None = None) -> None:
         """`layers`: "auto" (chosen by measured acceptance and cost) or a fixed exit 1..n_layers-1.
@@ -308,12 +309,11 @@ class EarlyExitDrafter(Drafter):
         self._timed_once = True
         self.chooser.count_step(layer)
         self._layer, self._last_k = layer, k
-        return Draft(
+        return ChainDraft(
             tokens=tokens,
             q=torch.stack(q_rows) if q_rows else None,
             q_token=tuple(q_token),
-            exit_hidden=torch.cat(hidden),
-            exit_layer=layer,
+            exit=ExitStart(torch.cat(hidden), layer),
         )
 
     def observe(self, drafted: int, accepted: int) -> None:

@@ -53,7 +53,7 @@ so the decode loop's tree verification accepts the longest verified candidate:
 greedy follows the argmax down the trie, and sampling uses the recursive
 rejection rule with point masses (engine/core/verify_tree.py), which is lossless
 whatever the candidates were. The window rides along as the draft's extra rows
-(`Draft.extra_tokens`); nodes and window never see each other, so the window
+(`TreeDraft.extra`, an `ExtraRows`); nodes and window never see each other, so the window
 cannot change the verdict, and its cache entries are dropped after the step.
 
 Costs and defaults. A step runs 1 + n + (N - 1) W rows for n trie nodes (n <=
@@ -83,7 +83,16 @@ import torch
 from engine.backends.capabilities import TreeForward, has
 from engine.core.draft_length import K_LIMIT, CostModel
 from engine.core.sampling import SamplingConfig
-from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.base import (
+    EMPTY_DRAFT,
+    Draft,
+    Drafter,
+    DraftsTrees,
+    ExtraRows,
+    ReadsCosts,
+    ReadsExtraRows,
+    TreeDraft,
+)
 from engine.drafters.lookahead_spec import LIMITS, LookaheadStats, check_parameters  # noqa: F401 (LIMITS: tests)
 from engine.errors import ConfigError
 
@@ -142,7 +151,7 @@ def window_layout(window: int, ngram: int) -> tuple[tuple[int, ...], torch.Tenso
 
 class LookaheadDrafter(Drafter):
     name = "lookahead"
-    drafts_trees = True
+    capabilities = frozenset({DraftsTrees, ReadsExtraRows, ReadsCosts})
 
     def __init__(
         self,
@@ -220,14 +229,8 @@ class LookaheadDrafter(Drafter):
         self._w_offered = self._w_offered * DECAY + offered
         self._running = True
         best = tuple(node for node in paths[0] if node < len(tokens)) if paths else ()
-        return Draft(
-            tokens,
-            parents=tuple(parents),
-            best_path=best,
-            extra_tokens=tuple(t for level in self._levels for t in level),
-            extra_offsets=self._offsets,
-            extra_mask=self._mask,
-        )
+        window = ExtraRows(tuple(t for level in self._levels for t in level), self._offsets, self._mask)
+        return TreeDraft(tokens, parents=tuple(parents), best_path=best, extra=window)
 
     def observe_extra(self, logits: torch.Tensor) -> None:
         """The window's rows ran: the top level's argmax is the next level; every column's

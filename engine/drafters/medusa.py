@@ -26,7 +26,7 @@ a step is expected to emit 1 + that sum; `tree_expected_tokens` gives it to the
 automatic draft length, which weighs it against the cost of verifying k + 1 rows.
 
 Where the target cannot verify trees (llama.cpp has no features anyway, but a
-chain-only features backend might) `Draft.best_path` is the branch with the most
+chain-only features backend might) `TreeDraft.best_path` is the branch with the most
 expected accepted tokens.
 """
 
@@ -39,7 +39,7 @@ import torch
 from engine.core.draft_length import K_LIMIT
 from engine.core.sampling import SamplingConfig
 from engine.core.tree import path_to
-from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter, DraftsTrees, ReadsFeatures, TreeDraft
 from engine.drafters.medusa_spec import MedusaStats
 from engine.heads.medusa import MedusaHeads
 
@@ -52,8 +52,7 @@ PRIOR_WEIGHT = 4.0  # the prior counts as this many scored guesses
 
 class MedusaDrafter(Drafter):
     name = "medusa"
-    uses_features = True
-    drafts_trees = True
+    capabilities = frozenset({ReadsFeatures, DraftsTrees})
 
     def __init__(self, heads: MedusaHeads, target_backend, top_k: int = TOP_K) -> None:
         self.heads = heads
@@ -95,7 +94,7 @@ class MedusaDrafter(Drafter):
             reach.append((reach[parent] if parent >= 0 else 0.0) + prob)
         best = max(range(len(plan)), key=reach.__getitem__) if plan else -1
         self.nodes = len(tokens)
-        return Draft(tokens, parents=tuple(parents), best_path=tuple(path_to(parents, best)))
+        return TreeDraft(tokens, parents=tuple(parents), best_path=tuple(path_to(parents, best)))
 
     def tree_expected_tokens(self, nodes: int) -> float:
         return 1.0 + sum(prob for _, _, _, prob in self.plan()[:nodes])

@@ -6,7 +6,7 @@ drops the drafts the target rejected and keeps the accepted ones), feeds what is
 missing, then decodes k tokens one at a time. After a drafting step at most two
 tokens are missing (the last draft when all were kept, and the target's token);
 more means plain steps went by (automatic k chose 0) or a new prompt came, and
-those go in first as one prefill, timed apart as `Draft.catch_up_s`: a prefill of
+those go in first as one prefill, timed apart as `ChainDraft.catch_up_s`: a prefill of
 n tokens costs far less than n decodes, and charging it per drafted token made a
 probe after plain steps look like drafting cost ten times what it does. q for each token is the draft's
 distribution after the same processing as the target's (temperature, top-k,
@@ -22,7 +22,7 @@ import torch
 from engine.backends.base import Backend, common_prefix_length
 from engine.core.draft_length import measure_draft_cost
 from engine.core.sampling import SamplingConfig, draw
-from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.base import EMPTY_DRAFT, ChainDraft, Draft, Drafter, MeasuresCost
 from engine.errors import IncompatiblePairError
 
 STEP_LEFTOVER = 2  # tokens a drafting step leaves for the next one to feed (see the docstring)
@@ -30,6 +30,7 @@ STEP_LEFTOVER = 2  # tokens a drafting step leaves for the next one to feed (see
 
 class ModelDrafter(Drafter):
     name = "draft model"
+    capabilities = frozenset({MeasuresCost})
 
     def __init__(self, backend: Backend, target_vocab_size: int) -> None:
         self.backend = backend
@@ -84,7 +85,7 @@ class ModelDrafter(Drafter):
             if i + 1 < k:
                 logits = self.backend.forward([token])[-1]
         q = torch.stack(q_rows) if q_rows else None
-        return Draft(tokens=tokens, q=q, q_token=tuple(q_token), catch_up_s=catch_up_s)
+        return ChainDraft(tokens=tokens, q=q, q_token=tuple(q_token), catch_up_s=catch_up_s)
 
     def measure_token_cost(self) -> float:
         return measure_draft_cost(self.backend)

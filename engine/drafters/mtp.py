@@ -29,7 +29,7 @@ import torch
 
 from engine.backends.capabilities import HiddenFeatures, ModelParts, require
 from engine.core.sampling import SamplingConfig, draw
-from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.base import EMPTY_DRAFT, ChainDraft, Draft, Drafter
 from engine.drafters.mtp_spec import MtpStats
 from engine.heads.mtp import MtpHead
 
@@ -77,7 +77,7 @@ class MtpDrafter(Drafter):
             finally:
                 self._truncate(self.rows)  # the drafted rows were scratch
         q = torch.stack(q_rows) if q_rows else None
-        return Draft(tokens=tokens, q=q, q_token=tuple(q_token))
+        return ChainDraft(tokens=tokens, q=q, q_token=tuple(q_token))
 
     def observe(self, drafted: int, accepted: int) -> None:
         self.drafted += drafted

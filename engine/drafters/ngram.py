@@ -16,14 +16,14 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from engine.core.sampling import SamplingConfig
-from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.base import EMPTY_DRAFT, ChainDraft, Draft, Drafter, FreeToAsk
 from engine.drafters.ngram_spec import NgramStats
 from engine.errors import ConfigError
 
 
 class NgramDrafter(Drafter):
     name = "ngram"
-    free = True  # a lookup in the text: a chain may ask every step
+    capabilities = frozenset({FreeToAsk})  # a lookup in the text: a chain may ask every step
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram <= 16:
@@ -45,7 +45,7 @@ class NgramDrafter(Drafter):
             if matches.size:
                 start = int(matches[-1]) + n
                 self.hits += 1
-                return Draft(tokens=ids[start : start + k].tolist())
+                return ChainDraft(tokens=ids[start : start + k].tolist())
         return EMPTY_DRAFT
 
     def reset(self) -> None:

@@ -36,7 +36,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.base import (
+    EMPTY_DRAFT,
+    ChainDraft,
+    Draft,
+    Drafter,
+    DraftsTrees,
+    FreeToAsk,
+    RemembersReplies,
+    TreeDraft,
+)
 from engine.drafters.suffix_spec import SuffixStats
 
 if TYPE_CHECKING:
@@ -223,7 +232,6 @@ def build_tree(continuations: list[list[int]], budget: int, min_share: float, ch
 
 class SuffixDrafter(Drafter):
     name = "suffix"
-    free = True  # a lookup in its indexes (it follows the context whether or not its draft is used)
 
     def __init__(
         self,
@@ -238,7 +246,9 @@ class SuffixDrafter(Drafter):
         """Defaults from `specdeck-cli bench` on the shipped prompts (docs/benchmarks.md): the paper's
         factor 1 and share 0.1 drafted 2.18 tokens per forward on PyTorch's input-reusing prompts,
         8 and 0.2 drafted 3.24 (2.95x vanilla, n-gram lookup 2.26-2.50x)."""
-        self.drafts_trees = trees  # chains where the target verifies chains only (llama.cpp)
+        self.trees = trees  # chains where the target verifies chains only (llama.cpp)
+        # free: a lookup in its indexes (it follows the context whether or not its draft is used)
+        self.capabilities = frozenset({FreeToAsk, RemembersReplies, *((DraftsTrees,) if trees else ())})
         self.max_depth, self.max_match = max_depth, max_match
         self.spec_factor, self.min_prob = spec_factor, min_prob
         self.history = SuffixHistory(history_tokens)
@@ -271,7 +281,7 @@ class SuffixDrafter(Drafter):
                 continue
             budget = min(k, max(1, math.floor(self.spec_factor * match)))
             continuations = index.continuations(ends[-MAX_VOTES:], min(self.max_depth, budget))
-            tree = build_tree(continuations, budget, self.min_prob, not self.drafts_trees, match)
+            tree = build_tree(continuations, budget, self.min_prob, not self.trees, match)
             if tree.tokens and (best is None or tree.expected > best[1].expected):
                 best = (source, tree)
         if best is None:
@@ -282,11 +292,15 @@ class SuffixDrafter(Drafter):
         counts.hits += 1
         counts.from_history += source == "history"
         counts.last_match, counts.last_nodes = tree.match, len(tree.tokens)
-        if not self.drafts_trees:
-            return Draft(tokens=tree.tokens, expected=tree.expected)
-        return Draft(
+        if not self.trees:
+            return ChainDraft(tokens=tree.tokens, expected=tree.expected)
+        return TreeDraft(
             tokens=tree.tokens, parents=tuple(tree.parents), best_path=tree.best_path(), expected=tree.expected
         )
+
+    def tree_expected_tokens(self, nodes: int) -> None:
+        """No estimate per budget (each draft carries its own, `expected`): automatic k uses the chain formula."""
+        return None
 
     def _follow(self, context: list[int]) -> None:
         """Index what the context gained since the last proposal (the reply's new tokens)."""

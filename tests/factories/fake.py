@@ -12,7 +12,7 @@ import torch
 from engine.backends.base import Backend, ModelInfo
 from engine.backends.capabilities import HiddenFeatures, TreeForward
 from engine.core.sampling import SamplingConfig, probabilities, sample
-from engine.drafters.base import Draft, Drafter
+from engine.drafters.base import ChainDraft, Draft, Drafter, DraftsTrees, TreeDraft
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -82,7 +82,7 @@ class MarkovDrafter(Drafter):
             last = int(q.argmax()) if sampling.greedy else sample(q, generator)
             tokens.append(last)
             rows.append(q)
-        return Draft(tokens, torch.stack(rows), tuple(float(r[t]) for r, t in zip(rows, tokens)))
+        return ChainDraft(tokens, torch.stack(rows), tuple(float(r[t]) for r, t in zip(rows, tokens)))
 
 
 def cycle_transition(vocab: int, noise: float = 0.02) -> torch.Tensor:
@@ -160,7 +160,7 @@ class MarkovTreeDrafter(Drafter):
     most likely next tokens, best first, until k nodes; the best branch follows first children."""
 
     name = "markov tree"
-    drafts_trees = True
+    capabilities = frozenset({DraftsTrees})
 
     def __init__(self, transition: torch.Tensor, width: int = 2, depth: int = 4) -> None:
         self.transition = transition
@@ -182,7 +182,10 @@ class MarkovTreeDrafter(Drafter):
                 tokens.append(child)
                 parents.append(node)
                 frontier.append((len(tokens) - 1, child, depth + 1))
-        return Draft(tokens, parents=tuple(parents))
+        return TreeDraft(tokens, parents=tuple(parents))
 
     def observe(self, drafted: int, accepted: int) -> None:
         self.observed.append((drafted, accepted))
+
+    def tree_expected_tokens(self, nodes: int) -> None:
+        return None  # no estimate of its own: automatic k uses the chain formula

@@ -7,7 +7,7 @@ import torch
 from engine.backends.capabilities import LayerExit
 from engine.core.feeds import ChainFeed, ExitFeed, ExtraRowsFeed, TreeFeed, feed_for
 from engine.core.sampling import SamplingConfig, make_generator
-from engine.drafters.base import Draft
+from engine.drafters.base import ChainDraft, ExitStart, ExtraRows, TreeDraft
 from tests.factories.fake import MarkovBackend, MarkovTreeBackend
 
 GREEDY = SamplingConfig(max_tokens=8)
@@ -62,12 +62,12 @@ def step(feed, backend, pending: int, committed: int):
 
 
 def test_each_kind_of_draft_gets_its_feed_and_the_target_decides_what_it_can_run():
-    tree = Draft([1, 2, 3], parents=(-1, -1, 0), best_path=(1,))
-    extras = Draft([1, 2], parents=(-1, 0), extra_tokens=(5, 6), extra_offsets=(1, 2))
-    exit_chain = Draft([1, 2], exit_hidden=torch.zeros(2, 4), exit_layer=1)
+    tree = TreeDraft([1, 2, 3], parents=(-1, -1, 0), best_path=(1,))
+    extras = TreeDraft([1, 2], parents=(-1, 0), extra=ExtraRows((5, 6), (1, 2)))
+    exit_chain = ChainDraft([1, 2], exit=ExitStart(torch.zeros(2, 4), 1))
     trees, chains = MaskedBackend(cycle()), MarkovTreeBackend(cycle(), tree=False)
 
-    assert type(feed_for(Draft([1, 2]), 4, chains)) is ChainFeed
+    assert type(feed_for(ChainDraft([1, 2]), 4, chains)) is ChainFeed
     assert type(feed_for(tree, 4, trees)) is TreeFeed
     on_chains = feed_for(tree, 4, chains)  # llama.cpp-like: the branch the drafter marks, as a chain
     assert type(on_chains) is ChainFeed and on_chains.tokens == [2]
@@ -82,7 +82,7 @@ def test_each_kind_of_draft_gets_its_feed_and_the_target_decides_what_it_can_run
 def test_a_chain_feed_keeps_the_accepted_prefix_and_rolls_the_rest_back():
     backend = MarkovBackend(cycle())
     backend.prefill([0, 1])  # committed 0 1 2; 2 is pending
-    feed = feed_for(Draft([3, 4, 7, 0]), 4, backend)
+    feed = feed_for(ChainDraft([3, 4, 7, 0]), 4, backend)
     logits, verdict, path, tested = step(feed, backend, 2, committed=3)
     assert logits.shape[0] == 5 and feed.rows == 5
     assert path == [0, 1] and tested == 3 and verdict.token == 5  # 7 rejected, 5 follows 4
@@ -92,7 +92,7 @@ def test_a_chain_feed_keeps_the_accepted_prefix_and_rolls_the_rest_back():
 def test_a_tree_feed_keeps_the_accepted_path_only():
     backend = MarkovTreeBackend(cycle())
     backend.prefill([0])  # committed 0 1; 1 is pending
-    feed = feed_for(Draft([5, 2, 3, 6], parents=(-1, -1, 1, 2)), 4, backend)
+    feed = feed_for(TreeDraft([5, 2, 3, 6], parents=(-1, -1, 1, 2)), 4, backend)
     _, verdict, path, tested = step(feed, backend, 1, committed=2)
     assert path == [1, 2] and tested == 3 and verdict.token == 4  # 2 -> 3 accepted, 6 under 3 rejected
     assert backend.kept_paths == [[0, 2, 3]] and backend.tokens == [0, 1, 2, 3]
@@ -102,7 +102,7 @@ def test_a_tree_feed_keeps_the_accepted_path_only():
 def test_an_exit_feed_starts_the_verifying_forward_from_the_exit_rows():
     backend = ExitMarkovBackend(cycle())
     backend.prefill([0])
-    feed = feed_for(Draft([2, 3, 5], exit_hidden=torch.zeros(3, 4), exit_layer=2), 2, backend)  # cut to k = 2
+    feed = feed_for(ChainDraft([2, 3, 5], exit=ExitStart(torch.zeros(3, 4), 2)), 2, backend)  # cut to k = 2
     _, _, path, _ = step(feed, backend, 1, committed=2)
     assert backend.exit_calls == [([1, 2, 3], (3, 4), 2)]  # x_m, d_1, d_2 and their layer-2 rows
     assert path == [0, 1] and backend.tokens == [0, 1, 2, 3]
@@ -111,7 +111,7 @@ def test_an_exit_feed_starts_the_verifying_forward_from_the_exit_rows():
 def test_extra_rows_ride_along_unverified_and_leave_the_cache():
     backend = MaskedBackend(cycle())
     backend.prefill([0])
-    draft = Draft([2, 3, 7], parents=(-1, 0, 0), extra_tokens=(4, 5), extra_offsets=(1, 2))
+    draft = TreeDraft([2, 3, 7], parents=(-1, 0, 0), extra=ExtraRows((4, 5), (1, 2)))
     feed = feed_for(draft, 3, backend)
     logits, verdict, path, tested = step(feed, backend, 1, committed=2)
     assert logits.shape[0] == 4 and feed.extra_logits.shape[0] == 2  # p's rows, then the window's

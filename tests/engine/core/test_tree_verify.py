@@ -15,7 +15,7 @@ from engine.core.draft_length import DraftLength, expected_tokens_tree
 from engine.core.events import Source
 from engine.core.sampling import SamplingConfig, make_generator, probabilities
 from engine.core.verify_tree import dedupe_siblings, verify_tree_greedy, verify_tree_sampled
-from engine.drafters.base import Draft, Drafter
+from engine.drafters.base import ChainDraft, Drafter, DraftsTrees, ReadsFeatures, TreeDraft
 from tests.factories.fake import (
     MarkovBackend,
     MarkovTreeBackend,
@@ -239,10 +239,13 @@ class BranchDrafter(Drafter):
     """Always the same two-branch tree, with a best branch that is not the first child."""
 
     name = "branches"
-    drafts_trees = True
+    capabilities = frozenset({DraftsTrees})
 
     def propose(self, context, k, sampling, generator):
-        return Draft([5, 6, 7], parents=(-1, -1, 1), best_path=(1, 2))
+        return TreeDraft([5, 6, 7], parents=(-1, -1, 1), best_path=(1, 2))
+
+    def tree_expected_tokens(self, nodes):
+        return None
 
 
 def test_the_best_branch_is_the_one_the_drafter_marks():
@@ -258,8 +261,7 @@ class FeatureProbe(Drafter):
     """Records the features it is given; drafts a two-node tree once it has any."""
 
     name = "probe"
-    uses_features = True
-    drafts_trees = True
+    capabilities = frozenset({ReadsFeatures, DraftsTrees})
 
     def __init__(self):
         self.seen: list[torch.Tensor] = []
@@ -273,8 +275,11 @@ class FeatureProbe(Drafter):
 
     def propose(self, context, k, sampling, generator):
         if not self.seen:
-            return Draft([])
-        return Draft([1, 2], parents=(-1, -1))
+            return ChainDraft([])
+        return TreeDraft([1, 2], parents=(-1, -1))
+
+    def tree_expected_tokens(self, nodes):
+        return None
 
 
 @pytest.mark.parametrize("tree", [True, False])

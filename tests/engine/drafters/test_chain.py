@@ -14,7 +14,7 @@ from engine.cli.options import drafter_choice
 from engine.core.decode import decode_steps
 from engine.core.draft_length import DraftLength
 from engine.core.sampling import SamplingConfig
-from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.base import EMPTY_DRAFT, ChainDraft, Draft, Drafter, FreeToAsk
 from engine.drafters.chain import ChainDrafter
 from engine.drafters.chain_spec import ChainStats
 from engine.drafters.ngram import NgramDrafter
@@ -29,7 +29,7 @@ class Guesser(Drafter):
     """A free drafter that always drafts the token `step` ahead of the cycle (1: right, 2: wrong)."""
 
     name = "guesser"
-    free = True
+    capabilities = frozenset({FreeToAsk})
 
     def __init__(self, vocab: int, step: int) -> None:
         self.vocab, self.step = vocab, step
@@ -38,7 +38,7 @@ class Guesser(Drafter):
         if k <= 0:
             return EMPTY_DRAFT
         last = context[-1]
-        return Draft(tokens=[(last + self.step * (i + 1)) % self.vocab for i in range(k)])
+        return ChainDraft(tokens=[(last + self.step * (i + 1)) % self.vocab for i in range(k)])
 
 
 def run(backend, prompt, sampling, drafter, k=4):
@@ -182,3 +182,32 @@ def test_the_cli_says_which_member_drafted(capsys):
     line = next(line for line in err.splitlines() if line.startswith("drafters: "))
     steps = [int(n) for n in re.findall(r"(?:suffix drafted|model) (\d+)", line)]
     assert line.startswith("drafters: suffix drafted") and len(steps) == 2 and sum(steps) > 0
+
+
+def test_a_chain_declares_and_forwards_only_what_its_members_have():
+    from engine.drafters.base import DraftsTrees, MeasuresCost, ReadsCosts, ReadsFeatures, RemembersReplies, has
+    from engine.drafters.suffix import SuffixDrafter
+
+    plain = ChainDrafter([("a", Guesser(8, 1)), ("b", Guesser(8, 2))])
+    assert has(plain, ReadsCosts)  # the chain scores its members on the engine's curve
+    assert not any(has(plain, p) for p in (DraftsTrees, ReadsFeatures, MeasuresCost, RemembersReplies))
+
+    class Remembering(Guesser):
+        capabilities = frozenset({FreeToAsk, RemembersReplies})
+
+        def __init__(self, vocab, step):
+            super().__init__(vocab, step)
+            self.told = []
+
+        def begin(self, prompt):
+            self.told.append(("begin", list(prompt)))
+
+        def forget(self):
+            self.told.append(("forget",))
+
+    remembering = Remembering(8, 1)
+    mixed = ChainDrafter([("suffix", SuffixDrafter(trees=True)), ("r", remembering), ("g", Guesser(8, 2))])
+    assert has(mixed, DraftsTrees) and has(mixed, RemembersReplies) and not has(mixed, ReadsFeatures)
+    mixed.begin([1, 2, 3])
+    mixed.forget()  # the plain guesser, which has neither, is not asked
+    assert remembering.told == [("begin", [1, 2, 3]), ("forget",)]

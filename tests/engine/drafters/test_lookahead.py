@@ -12,7 +12,7 @@ from engine.core.decode import decode_steps
 from engine.core.draft_length import CostModel, DraftLength
 from engine.core.feeds import fit_draft, masked_block
 from engine.core.sampling import SamplingConfig, make_generator
-from engine.drafters.base import Draft
+from engine.drafters.base import ChainDraft, ExtraRows, TreeDraft
 from engine.drafters.lookahead import (
     LookaheadDrafter,
     auto_parameters,
@@ -84,9 +84,7 @@ def test_the_window_layout_matches_the_reference_pattern():
 
 def test_the_step_block_puts_tree_and_window_side_by_side():
     offsets, window_mask = window_layout(2, 3)
-    draft = Draft(
-        [5, 6, 7], parents=(-1, 0, 0), extra_tokens=(10, 11, 12, 13), extra_offsets=offsets, extra_mask=window_mask
-    )
+    draft = TreeDraft([5, 6, 7], parents=(-1, 0, 0), extra=ExtraRows((10, 11, 12, 13), offsets, window_mask))
     tokens, offsets, mask = masked_block(9, draft)
     assert tokens == [9, 5, 6, 7, 10, 11, 12, 13]
     assert offsets == [0, 1, 2, 2, 1, 2, 2, 3]
@@ -100,21 +98,19 @@ def test_the_step_block_puts_tree_and_window_side_by_side():
         [1, 0, 0, 0, 1, 0, 1, 0],  # level 1, column 1
         [1, 0, 0, 0, 1, 1, 0, 1],  # level 1, column 2
     ]
-    chain = Draft([5, 6], extra_tokens=(10,), extra_offsets=(1,), extra_mask=torch.ones(1, 1, dtype=torch.bool))
+    chain = ChainDraft([5, 6], extra=ExtraRows((10,), (1,), torch.ones(1, 1, dtype=torch.bool)))
     assert masked_block(9, chain)[1] == [0, 1, 2, 1]
 
 
 def test_fit_draft_keeps_the_window_only_where_it_can_run_and_fits():
     offsets, window_mask = window_layout(2, 3)
-    draft = Draft(
-        [5, 6, 7], parents=(-1, 0, 0), extra_tokens=(10, 11, 12, 13), extra_offsets=offsets, extra_mask=window_mask
-    )
+    draft = TreeDraft([5, 6, 7], parents=(-1, 0, 0), extra=ExtraRows((10, 11, 12, 13), offsets, window_mask))
     kept = fit_draft(draft, 2, True, room=100)
-    assert kept.tokens == [5, 6] and kept.extra_tokens == (10, 11, 12, 13)  # k counts nodes only
-    assert fit_draft(draft, 3, True, room=7).extra_tokens == (10, 11, 12, 13)  # 3 nodes + 4 rows = 7
-    assert fit_draft(draft, 3, True, room=6).extra_tokens == ()  # one row short: the window goes
+    assert kept.tokens == [5, 6] and kept.extra.tokens == (10, 11, 12, 13)  # k counts nodes only
+    assert fit_draft(draft, 3, True, room=7).extra.tokens == (10, 11, 12, 13)  # 3 nodes + 4 rows = 7
+    assert fit_draft(draft, 3, True, room=6).extra is None  # one row short: the window goes
     chain = fit_draft(draft, 3, False, room=100)  # a chain-only backend: the best branch, no window
-    assert chain.tokens == [5, 6] and chain.extra_tokens == () and chain.extra_mask is None
+    assert isinstance(chain, ChainDraft) and chain.tokens == [5, 6] and chain.extra is None
 
 
 def test_a_proposal_is_the_pool_as_a_trie_plus_the_window():
@@ -124,8 +120,8 @@ def test_a_proposal_is_the_pool_as_a_trie_plus_the_window():
     assert draft.tokens == [5, 7, 6] and draft.parents == (-1, 0, 0)  # newest first, shared prefix merged
     assert draft.best_path == (0, 1)
     offsets, window_mask = window_layout(2, 3)
-    assert draft.extra_offsets == offsets and torch.equal(draft.extra_mask, window_mask)
-    assert len(draft.extra_tokens) == 4 and set(draft.extra_tokens) <= set(context[1:])  # drawn from the prompt
+    assert draft.extra.offsets == offsets and torch.equal(draft.extra.mask, window_mask)
+    assert len(draft.extra) == 4 and set(draft.extra.tokens) <= set(context[1:])  # drawn from the prompt
     assert drafter.stats()["candidates"] == 2 and drafter.stats()["pool_text"] == 8  # 8 complete 3-grams
     assert drafter.propose(context, 2, GREEDY, make_generator(0)).tokens == [5, 7]  # the node budget
     assert drafter.propose(context, 0, GREEDY, make_generator(0)).tokens == []
@@ -143,7 +139,7 @@ def test_the_window_turns_into_n_grams_and_moves_up():
     drafter = LookaheadDrafter(MaskedMarkovBackend(cycle(vocab)), window=2, ngram=3, candidates=4)
     context = [3, 4, 5, 6]
     draft = drafter.propose(context, 4, GREEDY, make_generator(1))
-    level0, level1 = list(draft.extra_tokens[:2]), list(draft.extra_tokens[2:])
+    level0, level1 = list(draft.extra.tokens[:2]), list(draft.extra.tokens[2:])
     logits = torch.zeros(4, vocab)
     logits[2, 20] = logits[3, 21] = 1.0  # the top level's argmax: 20 after column 1, 21 after column 2
     logits[0, 30] = logits[1, 30] = 5.0  # lower levels' rows are not read
@@ -153,12 +149,12 @@ def test_the_window_turns_into_n_grams_and_moves_up():
     assert drafter.stats()["pool_jacobi"] == len({(level0[c], level1[c], 20 + c) for c in range(2)})
     # One token emitted: the window moved up a level and sits behind the new pending token.
     moved = drafter.propose([*context, 7], 4, GREEDY, make_generator(1))
-    assert list(moved.extra_tokens) == [*level1, 20, 21]
+    assert list(moved.extra.tokens) == [*level1, 20, 21]
     # Then two tokens at once: besides moving up, the columns shift left by one; a fresh
     # column enters on the right.
     drafter.observe_extra(torch.zeros(4, vocab))  # top level: token 0 in both columns
     shifted = drafter.propose([*context, 7, 8, 9], 4, GREEDY, make_generator(1))
-    assert shifted.extra_tokens[0] == 21 and shifted.extra_tokens[2] == 0
+    assert shifted.extra.tokens[0] == 21 and shifted.extra.tokens[2] == 0
 
 
 # -- parameters and errors ------------------------------------------------------------------
@@ -317,12 +313,8 @@ def test_the_window_does_not_change_the_tree_rows(tiny_models):
         prompt = backend.tokenize(REPEAT)
         backend.prefill(prompt)
         offsets, window_mask = window_layout(3, 3)
-        draft = Draft(
-            [11, 12, 13, 14],
-            parents=(-1, 0, 0, 2),
-            extra_tokens=tuple(range(100, 106)),
-            extra_offsets=offsets,
-            extra_mask=window_mask,
+        draft = TreeDraft(
+            [11, 12, 13, 14], parents=(-1, 0, 0, 2), extra=ExtraRows(tuple(range(100, 106)), offsets, window_mask)
         )
         pending = 42
         tree = backend.forward_tree([pending, *draft.tokens], [-1, 0, 1, 1, 3])

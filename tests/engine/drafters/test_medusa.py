@@ -79,7 +79,7 @@ def test_the_tree_spends_its_budget_on_the_likeliest_paths():
     drafter = MedusaDrafter(markov_heads(t, 3), MarkovTreeBackend(t), top_k=4)
     drafter.observe_features(torch.nn.functional.one_hot(torch.tensor([2]), 7).float())
     draft = drafter.propose([0, 1, 2, 3], 10, GREEDY, make_generator(0))
-    assert len(draft.tokens) == 10 and draft.is_tree
+    assert len(draft.tokens) == 10 and draft.branches
     assert draft.tokens[0] == 4  # node 0: head 1's best guess, two places after token 2
     assert [draft.tokens[i] for i in draft.best_path] == [4, 5, 6]  # every head's best
     probs = [prob for *_, prob in drafter.plan()]

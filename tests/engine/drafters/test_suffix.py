@@ -8,6 +8,7 @@ from engine.api import Engine, EngineConfig, collect
 from engine.core.decode import decode_steps
 from engine.core.draft_length import CostModel, DraftLength
 from engine.core.sampling import SamplingConfig
+from engine.drafters.base import DraftsTrees, has
 from engine.drafters.suffix import SuffixDrafter, SuffixHistory
 from tests.engine.drafters.build import make_drafter
 from tests.factories.fake import MarkovBackend, MarkovTreeBackend, random_transition
@@ -141,7 +142,7 @@ def test_float32_greedy_suffix_equals_vanilla_on_the_embedded_model_as_a_tree(em
     backend = TorchBackend(embedded_hf_dir, dtype="float32")
     try:
         engine = Engine(backend, make_drafter("suffix", backend), EngineConfig(drafter="suffix", k=12), CostModel())
-        assert engine.drafter.drafts_trees  # the PyTorch backend verifies trees
+        assert has(engine.drafter, DraftsTrees)  # the PyTorch backend verifies trees
         comparison = engine.compare(engine.prompt_ids(EDIT), SamplingConfig(temperature=0.0, max_tokens=40))
         assert comparison.identical, comparison.divergence
         s = comparison.speculative.stats
@@ -152,7 +153,7 @@ def test_float32_greedy_suffix_equals_vanilla_on_the_embedded_model_as_a_tree(em
 
 def test_on_llama_cpp_it_drafts_chains_and_the_reply_repeats_faster(default_llama):
     drafter = make_drafter("suffix", default_llama)
-    assert not drafter.drafts_trees  # llama.cpp verifies chains: no tree is built to be cut
+    assert not has(drafter, DraftsTrees)  # llama.cpp verifies chains: no tree is built to be cut
     engine = Engine(default_llama, drafter, EngineConfig(drafter="suffix", k=12), CostModel())
     result = engine.generate(engine.prompt_ids(EDIT), SamplingConfig(temperature=0.0, max_tokens=40))
     s = result.stats

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.drafters.base import EMPTY_DRAFT, Draft, Drafter
+from engine.drafters.base import EMPTY_DRAFT, ChainDraft, Draft, Drafter
 from engine.drafters.registry import DrafterSpec, DrafterStats, setting, stat
 
 
@@ -34,7 +34,7 @@ class RepeatDrafter(Drafter):
         if k <= 0 or not context:
             return EMPTY_DRAFT
         self.proposals += 1
-        return Draft(tokens=[context[-1]] * min(k, self.copies))
+        return ChainDraft(tokens=[context[-1]] * min(k, self.copies))
 
     def stats(self) -> RepeatStats:
         return RepeatStats(proposals=self.proposals)
