@@ -21,8 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from engine.drafters.base import EMPTY_DRAFT
-
 if TYPE_CHECKING:
     from engine.drafters.base import ChainDraft
 
@@ -58,7 +56,7 @@ class DraftBounds:
         if self.p_min > 0 and draft.q_token is not None:
             n = next((i for i, q in enumerate(draft.q_token) if q < self.p_min), n)
         if n < max(self.n_min, 1):
-            return EMPTY_DRAFT
+            return replace(draft, tokens=[], q=None, q_token=None)  # no draft: the step decodes plainly
         if n == len(draft):
             return draft
         q = draft.q[:n] if draft.q is not None else None
