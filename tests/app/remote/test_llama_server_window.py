@@ -74,8 +74,8 @@ def test_a_reply_on_llama_server_comes_step_by_step_without_costs_or_drafter_sta
 
     result = finished.args[1]
     assert result is not None and "apple, banana" in result.text
-    assert [event for _, event, _, _ in steps] == list(result.events)
-    assert {(label, stats, costs) for label, _, stats, costs in steps} == {("speculative", None, None)}
+    assert steps == list(result.events)
+    assert {(step.run, step.drafter_stats, step.costs) for step in steps} == {("speculative", None, None)}
     assert result.stats.drafted > 0 and Source.ACCEPTED in {info.source for info in result.token_infos}
 
 
