@@ -172,18 +172,19 @@ def step_from_dict(data: dict) -> StepEvent:
 # the record holds it (a nested record as an object, orjson writes dataclasses itself); read back as
 # that entry's stats type (`stats_owner(name).stats`), nested records and tuples rebuilt.
 
-_stats_names: dict[type, str] = {}  # stats type -> the first registry entry that reports it
+_stats_names: dict[type, str | None] = {}  # stats type -> the first registry entry that reports it
+_UNSEEN = object()
 _readers: dict[str, tuple] = {}  # registry name -> (its stats type, fields read as they are, (field, rebuild)...)
 
 
 def stats_name(stats: Any) -> str | None:
     """The registry entry whose stats type `stats` is (a chain's: "chain"); None for another type."""
     kind = type(stats)
-    name = _stats_names.get(kind)
-    if name is None:  # a drafter registered since the last look (a test's toy drafter)
+    name = _stats_names.get(kind, _UNSEEN)
+    if name is _UNSEEN:  # a drafter registered since the last look (a test's toy drafter)
         for spec in stats_specs():
             _stats_names.setdefault(spec.stats, spec.name)
-        name = _stats_names.get(kind)
+        name = _stats_names.setdefault(kind, None)  # None: no drafter's, said once, not looked for every step
     return name
 
 

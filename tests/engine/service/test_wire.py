@@ -131,3 +131,10 @@ def test_each_step_reads_back_the_costs_it_carried_when_they_change_from_step_to
     back = [wire.step_from_dict(wire.loads(wire.dumps(wire.step_to_dict(r)))) for r in records]
     assert [b.costs for b in back] == [r.costs for r in records]
     assert back[0].costs.verify_time(1) == 0.010 and back[2].costs.verify_time(1) == 0.011  # the low median
+
+
+def test_statistics_of_no_registered_drafter_are_left_out_rather_than_guessed():
+    odd = dataclasses.replace(a_step(), drafter_stats={"hits": 3})  # a plain dict: whose is it?
+    assert wire.step_to_dict(odd)["drafter_stats"] is None
+    assert wire.step_to_dict(odd)["drafter_stats"] is None  # the second time from what the first found
+    assert wire.drafter_stats_from_dict({"drafter": "no-such-drafter", "hits": 3}) is None
