@@ -24,6 +24,7 @@ from engine.bench import (
 from engine.bench.prompts import BenchPrompt
 from engine.bench.results import SPECULATIVE, VANILLA
 from engine.core.draft_length import CostModel
+from engine.drafters.base import FreeToAsk, RemembersReplies
 from engine.drafters.ngram import NgramDrafter
 
 FIRST = {"role": "user", "content": "Write a haiku about tea."}
@@ -105,7 +106,10 @@ def conversations():
 def test_the_benchmark_runs_each_conversation_turn_by_turn(llama, conversations, monkeypatch):
     engine = Engine(llama, NgramDrafter(), EngineConfig(k=4, measure_costs=False, threads=1), CostModel())
     forgotten = []
-    monkeypatch.setattr(engine.drafter, "forget", lambda: forgotten.append(True))
+    monkeypatch.setattr(engine.drafter, "forget", lambda: forgotten.append(True), raising=False)
+    monkeypatch.setattr(engine.drafter, "begin", lambda prompt: None, raising=False)
+    # a drafter that keeps earlier replies (RemembersReplies, as suffix decoding) is told to forget them
+    monkeypatch.setattr(engine.drafter, "capabilities", frozenset({FreeToAsk, RemembersReplies}))
     report = run_benchmark(
         engine.config,
         conversations,
