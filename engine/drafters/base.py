@@ -42,7 +42,8 @@ the target, on the instance), checked with `has(drafter, Protocol)`, the functio
 engine/backends/capabilities.py checks backends with (re-exported here):
 
     ReadsFeatures     observe_features(features): after every step, the target's final hidden
-                      states of the tokens that step committed to the cache (Medusa, EAGLE)
+                      states of the tokens that step committed to the cache (Medusa; EAGLE reads
+                      the cached tokens' states from the target itself, HiddenFeatures)
     DraftsTrees       propose returns trees and k is a node budget; tree_expected_tokens(nodes)
                       sizes automatic k (None: the chain formula)
     ReadsExtraRows    observe_extra(logits): the logits of its draft's ExtraRows (lookahead)
