@@ -1,14 +1,16 @@
 """Auto-tune: which drafter and draft length are fastest for this target on these prompts.
 
 Every drafter the loaded target allows is tried with a few draft lengths k
-(for tree drafters k is the node budget), greedy, on short replies: n-gram
-lookup and suffix decoding always, the loaded draft model, the PyTorch-only
-drafters, and the suggested chains (suffix+model, suffix+eagle, suffix+medusa)
-whose members are all allowed. Plain decoding (k = 0) is measured once per
-prompt and is the baseline of every candidate. A candidate's score is its
-decoding speedup as the benchmark reports it for all prompts: the geometric mean
-over prompts of speculative tokens/s over vanilla tokens/s on that prompt. The
-target loads once: each candidate's drafter is made on that same target
+(for tree drafters k is the node budget), greedy, on short replies: every
+registered drafter whose spec's needs the target has and whose `ready` holds
+(n-gram lookup and suffix decoding always; the loaded draft model; heads given
+or shipped for the target; the model's own MTP layers; lookahead and early exit
+where the target has their capabilities), and the suggested chains
+(suffix+model, suffix+eagle, suffix+medusa) whose members are all allowed.
+Plain decoding (k = 0) is measured once per prompt and is the baseline of
+every candidate. A candidate's score is its decoding speedup as the benchmark
+reports it for all prompts: the geometric mean over prompts of speculative
+tokens/s over vanilla tokens/s on that prompt. The target loads once: each candidate's drafter is made on that same target
 (engine/drafters/registry.py make_drafter) and closed after, so a second copy of
 the target is never loaded; a chain's member that is the engine's own drafter
 (its draft model) is that drafter, not a second copy.
@@ -49,9 +51,8 @@ from engine.core.draft_length import CostModel
 from engine.core.sampling import SamplingConfig
 from engine.drafters.base import forget_replies, measured_token_cost, share_costs
 from engine.drafters.chain_spec import SUGGESTED, is_chain, member_names
-from engine.drafters.registry import drafter_spec, make_drafter, node_budget
+from engine.drafters.registry import all_drafters, drafter_spec, make_drafter, node_budget
 from engine.errors import ConfigError
-from engine.models.shipped import default_heads_dir
 
 # progress(message, fraction), as run_benchmark's: what is being done ("Plain decoding: fix-typos",
 # "Preparing the ngram drafter", "ngram, k 4: fix-typos", "Done") and the share done, rising from 0.0
@@ -61,20 +62,24 @@ WARMUP_TOKENS = 8
 
 
 def allowed_drafters(config: EngineConfig, target) -> tuple[str, ...]:
-    """The drafters `target` (a loaded Backend) can serve with what `config` has: n-gram and suffix
-    decoding always, the draft model if one is loaded; on PyTorch also lookahead and early exit, and
-    Medusa, EAGLE and EAGLE-3 where there are heads (given, or shipped for this target); then each
-    suggested chain whose members are all among these."""
-    drafters = ["ngram", "suffix"]
-    if config.draft:
-        drafters.append("model")
-    if target.info.backend == "torch":
-        drafters += ["lookahead", "early-exit"]
-        for kind in ("medusa", "eagle", "eagle3"):
-            given = getattr(config.drafter_options(), "heads", None) if config.drafter == kind else None
-            if given or default_heads_dir(kind, target.info):
-                drafters.append(kind)
+    """The drafters `target` (a loaded Backend) can serve with what `config` has, in the registry's
+    order: each registered drafter whose spec's needs the target has and whose `ready` holds (with
+    `config`'s options for the loaded drafter, else its defaults: heads given or shipped for this
+    target, the model's own MTP layers, the loaded draft model, never a second one); then each
+    suggested chain whose members are all among these, and the loaded drafter when it is another chain."""
+
+    def options(name: str):
+        return config.drafter_options() if name == config.drafter else None
+
+    drafters = [
+        spec.name
+        for spec in all_drafters()
+        if spec.name != PLAIN.drafter and spec.can_serve(target, options(spec.name))
+    ]
     drafters += [chain for chain in SUGGESTED if all(member in drafters for member in member_names(chain))]
+    if is_chain(config.drafter) and config.drafter not in drafters:
+        if drafter_spec(config.drafter).can_serve(target, config.drafter_options()):
+            drafters.append(config.drafter)
     return tuple(drafters)
 
 
@@ -243,8 +248,8 @@ def _drafter(engine: Engine, kind: str):
 
 
 def _made_drafter(engine: Engine, kind: str):
-    if kind == "model":
-        raise ConfigError("The draft model is not loaded: choose it in the model pair to tune it.")
+    if drafter_spec(kind).loads_model:  # never a second model beside the loaded pair
+        raise ConfigError(f"The {kind} drafter's model is not loaded: choose it in the model pair to tune it.")
     return make_drafter(engine.target, engine.config.with_drafter(kind))
 
 

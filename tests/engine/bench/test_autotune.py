@@ -11,6 +11,7 @@ import pytest
 
 from engine import EngineConfig, SamplingConfig
 from engine.api import Engine
+from engine.backends.capabilities import HiddenFeatures, LayerExit, LayerFeatures, ModelParts, TreeForward
 from engine.bench import AutotuneSettings, BenchmarkCancelled, Candidate, format_autotune, run_autotune
 from engine.bench.autotune import PLAIN, allowed_drafters, candidates_for, config_for
 from engine.bench.prompts import BenchPrompt
@@ -50,11 +51,15 @@ COPY_PROMPTS = (
 NGRAM = (Candidate("ngram", 2), Candidate("ngram", 8))
 
 
-def target(backend: str, name: str = "SmolLM2-135M-Instruct"):
+def target(backend: str, name: str = "SmolLM2-135M-Instruct", capabilities=None):
+    """A loaded target as auto-tune reads it: its info and capabilities (PyTorch's native path: all)."""
     info = SimpleNamespace(
         name=name, path=f"/models/{name}", backend=backend, architecture="llama", vocab_size=49152, n_layers=30
     )
-    return SimpleNamespace(info=info)
+    every = frozenset({TreeForward, HiddenFeatures, LayerFeatures, LayerExit, ModelParts})
+    return SimpleNamespace(
+        info=info, capabilities=every if capabilities is None and backend == "torch" else (capabilities or frozenset())
+    )
 
 
 def test_a_llama_cpp_target_allows_ngram_suffix_decoding_and_a_loaded_draft_model_and_their_chain():
@@ -62,6 +67,9 @@ def test_a_llama_cpp_target_allows_ngram_suffix_decoding_and_a_loaded_draft_mode
     with_draft = CONFIG.with_drafter("model", draft="draft.gguf")
     # Suffix decoding needs nothing; the chain of it and the draft model is tried too (README: every drafter).
     assert allowed_drafters(with_draft, target("llama.cpp")) == ("ngram", "suffix", "model", "suffix+model")
+    # A loaded chain is tried as it is; its draft model alone is not (auto-tune never loads a second model).
+    chain = CONFIG.with_drafter("ngram+model", draft="draft.gguf")
+    assert allowed_drafters(chain, target("llama.cpp")) == ("ngram", "suffix", "ngram+model")
 
 
 def test_a_torch_target_also_allows_its_own_drafters_and_heads_where_they_exist():
@@ -69,17 +77,34 @@ def test_a_torch_target_also_allows_its_own_drafters_and_heads_where_they_exist(
     assert allowed_drafters(CONFIG, target("torch")) == (
         "ngram",
         "suffix",
-        "lookahead",
-        "early-exit",
         "medusa",
         "eagle",
+        "lookahead",
+        "early-exit",
         "suffix+eagle",
         "suffix+medusa",
     )
-    other = SimpleNamespace(info=SimpleNamespace(**{**vars(target("torch", "Qwen2-0.5B").info), "n_layers": 24}))
+    other = target("torch", "Qwen2-0.5B")
+    other.info.n_layers = 24  # another model: no heads ship for it
     assert allowed_drafters(CONFIG, other) == ("ngram", "suffix", "lookahead", "early-exit")
     given = CONFIG.with_drafter("medusa", heads="/my/heads")
-    assert allowed_drafters(given, other) == ("ngram", "suffix", "lookahead", "early-exit", "medusa", "suffix+medusa")
+    assert allowed_drafters(given, other) == ("ngram", "suffix", "medusa", "lookahead", "early-exit", "suffix+medusa")
+    # transformers' own forward (no native path) reads hidden states but verifies no trees and cannot exit early.
+    plain_hf = target("torch", capabilities=frozenset({HiddenFeatures, ModelParts}))
+    assert allowed_drafters(CONFIG, plain_hf) == ("ngram", "suffix", "medusa", "suffix+medusa")
+
+
+def test_a_model_with_its_own_mtp_layers_has_them_tuned(tmp_path, monkeypatch):
+    import engine.heads.mtp as mtp
+
+    folder = tmp_path / "DeepSeek-V3-tiny"
+    folder.mkdir()
+    monkeypatch.setattr(mtp, "read_model_config", lambda path: {})
+    monkeypatch.setattr(mtp, "find_mtp", lambda path, config: SimpleNamespace(n_layers=1))
+    with_mtp = target("torch", "DeepSeek-V3-tiny")
+    with_mtp.info.path = str(folder)
+    assert "mtp" in allowed_drafters(CONFIG, with_mtp)
+    assert "mtp" not in allowed_drafters(CONFIG, target("torch", "Qwen2-0.5B"))  # no folder, no MTP layers
 
 
 def test_tree_drafters_are_tried_with_node_budgets_and_chains_with_draft_lengths():
