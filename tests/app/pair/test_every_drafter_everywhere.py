@@ -23,6 +23,7 @@ from PySide6.QtCore import QSettings
 
 from engine import EngineConfig, drafter_names, drafter_spec, option_settings, preflight, stat_fields
 from engine.drafters import registry
+from engine.drafters.base import TreeDraft
 from tests.app.conftest import STRICT_QT_LOG
 
 pytestmark = STRICT_QT_LOG
@@ -91,9 +92,7 @@ class ForksDrafter(base.Drafter):
         if not tokens:
             return base.EMPTY_DRAFT
         self.trees, self.widest = self.trees + 1, max(self.widest, len(tokens))
-        parents = tuple(-1 for _ in tokens)  # siblings: each follows the pending token
-        tree = getattr(base, "TreeDraft", None)
-        return tree(tokens=tokens, parents=parents) if tree else base.Draft(tokens=tokens, parents=list(parents))
+        return base.TreeDraft(tokens=tokens, parents=tuple(-1 for _ in tokens))  # siblings after the pending token
 
     def stats(self):
         from engine.drafters.forks_spec import ForksStats
@@ -125,8 +124,27 @@ NAMES = (*drafter_names(), TOY)
 def test_the_toy_drafts_trees():
     drafter = registry.make_drafter(None, EngineConfig(target="default").with_drafter(TOY, width=3))
     draft = drafter.propose([5, 7, 9, 7], 8, None, None)
-    assert draft.tokens == [7, 9, 5] and tuple(draft.parents) == (-1, -1, -1)  # three siblings: a tree
+    assert isinstance(draft, TreeDraft) and draft.branches  # three siblings: a tree
+    assert draft.tokens == [7, 9, 5] and draft.parents == (-1, -1, -1)
     assert drafter.stats().widest == 3
+
+
+def test_the_engine_verifies_the_toys_trees_as_trees_on_pytorch(tmp_path):
+    from engine.api import Engine
+    from engine.core.sampling import SamplingConfig
+    from tests.factories.hf_models import make_tiny_llama
+
+    tiny = make_tiny_llama(tmp_path / "tiny", seed=0, n_layers=2)
+    config = EngineConfig(target=tiny, dtype="float32", k=3, measure_costs=False).with_drafter(TOY, width=3)
+    engine = Engine.load(config)
+    try:
+        prompt = engine.prompt_ids([{"role": "user", "content": "la la la la la la la la la la"}])
+        comparison = engine.compare(prompt, SamplingConfig(max_tokens=12))
+        assert comparison.identical  # greedy: the same tokens as plain decoding
+        assert comparison.speculative.stats.drafted > 0 and engine.drafter.stats().widest > 1
+        assert registry.node_budget(TOY, engine.target.info.backend) and not engine.notes  # no tree cut to a branch
+    finally:
+        engine.close()
 
 
 @pytest.mark.parametrize("name", NAMES)
