@@ -35,7 +35,9 @@ from engine.core.sampling_config import SamplingConfig
 from engine.drafters.registry import stats_owner, stats_specs
 
 # A client refuses a server that speaks another version: fields may mean other things.
-WIRE_VERSION = 1
+# 2: a batch holds the steps themselves (each with its run, tagged drafter statistics and cost
+# snapshot), where 1 held {"run", "step", "drafter_stats", "costs"} items.
+WIRE_VERSION = 2
 
 
 # -- JSON -------------------------------------------------------------------------------------

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import json
 import math
+import threading
 
 import numpy as np
+import pytest
 
 from engine.core.costs import CostSnapshot, break_even_acceptance
 from engine.core.events import RunStats, Source, StepEvent, TokenInfo
 from engine.service import wire
+from engine.service.client import EngineClient, EngineUnavailable
 
 
 def a_step(p: float = 0.1 + 0.2) -> StepEvent:
@@ -138,3 +142,28 @@ def test_statistics_of_no_registered_drafter_are_left_out_rather_than_guessed():
     assert wire.step_to_dict(odd)["drafter_stats"] is None
     assert wire.step_to_dict(odd)["drafter_stats"] is None  # the second time from what the first found
     assert wire.drafter_stats_from_dict({"drafter": "no-such-drafter", "hits": 3}) is None
+
+
+def test_a_client_refuses_a_server_that_sends_steps_in_the_old_shape():
+    """Version 1 sent {"run", "step", "drafter_stats", "costs"} items: read as steps, nothing would fit."""
+
+    class OldServer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the standard library's name
+            body = json.dumps({"wire_version": 1, "status": "idle", "loaded": None}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), OldServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(EngineUnavailable, match="speaks wire version 1, this SpecDeck 2"):
+            EngineClient(f"http://127.0.0.1:{server.server_address[1]}").loaded()
+    finally:
+        server.shutdown()
+        server.server_close()
