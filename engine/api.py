@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 from engine.backends.base import Backend
 from engine.config import EngineConfig, target_backend
@@ -256,11 +256,17 @@ def _backends(target: Backend, drafter: Drafter | None) -> list[Backend]:
     return found
 
 
-def _recorded(steps: Iterator[StepEvent], run: str, drafter: Drafter | None, costs: CostModel) -> Iterator[StepEvent]:
+def _recorded(
+    steps: Generator[StepEvent, None, None], run: str, drafter: Drafter | None, costs: CostModel
+) -> Iterator[StepEvent]:
     """`steps`, each with its run and copies of the drafter's statistics and the cost model as they
-    stand right after it (both change as decoding goes on; the copies never do)."""
-    for step in steps:
-        yield dataclasses.replace(step, run=run, drafter_stats=drafter_stats(drafter), costs=costs.snapshot())
+    stand right after it (both change as decoding goes on; the copies never do). Closing it closes
+    `steps` at once, whose own end rolls the caches back."""
+    try:
+        for step in steps:
+            yield dataclasses.replace(step, run=run, drafter_stats=drafter_stats(drafter), costs=costs.snapshot())
+    finally:
+        steps.close()
 
 
 _failed_stats: set[type] = set()  # drafter classes whose stats() raised: logged once each
