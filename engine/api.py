@@ -74,7 +74,7 @@ class Engine:
         check_load_options(config, target_backend(config))
         options = target_load_options(config)
         report("Loading the target model", 0.0)
-        target_share = 0.5 if config.drafter != "ngram" else 0.8  # the n-gram drafter is instant
+        target_share = 0.5 if spec.loads_model else 0.8  # a drafter without a model of its own loads in moments
         try:
             target = load_backend(
                 config.target,
