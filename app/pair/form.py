@@ -109,6 +109,10 @@ class PairForm(QWidget):
         self.drafter = QComboBox(self)
         for spec in self.specs.values():
             add_drafter(self.drafter, spec)
+        defaults = ", ".join(f"{s.label.split(' (')[0]} on {b}" for s in all_drafters() for b in s.default_on)
+        self.drafter.setToolTip(
+            f"Until you choose one, the drafter measured fastest on the backend the target runs on: {defaults}"
+        )
         models_box = self.models_box = QGroupBox("Models", self)
         form = self._models_form = QFormLayout(models_box)
         form.addRow("&Backend:", self.backend)

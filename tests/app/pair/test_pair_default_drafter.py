@@ -19,6 +19,9 @@ def choose(combo, value: str) -> None:
 def test_on_a_first_run_the_drafter_follows_the_backend_until_one_is_chosen(dialog):
     form = dialog.form
     assert form.drafter.currentData() == "ngram"  # the embedded GGUF model runs on llama.cpp
+    assert form.drafter.toolTip().endswith(
+        "measured fastest on the backend the target runs on: N-gram lookup on llama.cpp, Suffix decoding on torch"
+    )
     choose(form.backend, "torch")
     assert form.drafter.currentData() == "suffix" and dialog.engine_config().drafter == "suffix"
     choose(form.backend, "auto")
