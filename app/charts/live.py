@@ -254,12 +254,13 @@ class LiveCharts(QWidget):
         for step in steps:
             self.add_step(step.run, step)
 
-    def set_drafter(self, kind: str | None) -> None:
+    def set_drafter(self, kind: str | None, backend: str | None = None) -> None:
         """The loaded drafter (EngineConfig.drafter: "eagle", "lookahead", "early-exit",
-        "medusa", "ngram", "model", "none"): names the depth bars, draws trees as trees,
-        and shows the drafter panel where the drafter has one."""
+        "medusa", "ngram", "model", "none") and the target's backend: names the depth bars,
+        draws trees as trees where the backend verifies them (llama.cpp verifies a tree's best
+        branch: a chain), and shows the drafter panel where the drafter has one."""
         self._drafter = kind
-        view = drafter_view(kind)
+        view = drafter_view(kind, backend)
         self.depth.set_label(view.depth_label)
         self.draft_length.set_tree(view.tree)
         self.drafter.set_kind(view.panel)

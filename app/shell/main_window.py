@@ -414,7 +414,7 @@ class MainWindow(QMainWindow):
         self.charts.set_notes(())
         self.charts.set_cost_model(loaded.costs)  # a CostSnapshot: nothing changes it
         # A draft model given by name makes the drafter "model", whatever config.drafter says.
-        self.charts.set_drafter("model" if config.draft else config.drafter)
+        self.charts.set_drafter("model" if config.draft else config.drafter, loaded.target.backend)
         notes = engine_notes(loaded)  # e.g. a Medusa tree cut to one branch on llama.cpp
         if notes:
             self.banner.show_message(" ".join(notes), "info")

@@ -212,6 +212,19 @@ def test_the_charts_draw_its_trees_as_trees_on_pytorch(name):
         assert (view.tree, view.depth_label) == (True, "depth")
 
 
+def test_the_live_charts_draw_suffix_trees_as_trees_on_pytorch_only(qtbot):
+    from app.charts.live import LiveCharts
+
+    charts = LiveCharts()
+    qtbot.addWidget(charts)
+    charts.set_drafter("suffix", "torch")
+    assert "Acceptance per tree depth" in charts.depth.plot.titleLabel.text
+    assert "Tree size and accepted length" in charts.draft_length.plot.titleLabel.text
+    charts.set_drafter("suffix", "llama.cpp")  # its trees cut to their best branch: a chain
+    assert "Acceptance per draft position" in charts.depth.plot.titleLabel.text
+    assert "Draft length k" in charts.draft_length.plot.titleLabel.text
+
+
 def every_capability_target(backend: str = "torch"):
     from engine.backends.capabilities import WHY
 
