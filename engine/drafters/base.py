@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from engine.backends.capabilities import has
-from engine.drafters.registry import DrafterStats, NoStats
+from engine.drafters.options import DrafterStats, NoStats
 
 if TYPE_CHECKING:  # annotations only: a light drafter module (a spec with its drafter) loads no torch
     import torch

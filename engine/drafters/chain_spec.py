@@ -26,7 +26,8 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 
-from engine.drafters.registry import DrafterSpec, DrafterStats, Load, stat
+from engine.drafters.options import DrafterStats, stat
+from engine.drafters.spec import DrafterSpec, Load
 from engine.errors import ConfigError
 
 CHAIN_MARK = "+"
