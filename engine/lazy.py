@@ -1,6 +1,8 @@
 """Packages whose names are imported on first use: `engine.bench` and `engine.training` export records
 that load no torch beside functions that do, so `from engine.bench import BenchReport` must not
-import the runner; `engine` itself imports none of its modules until a name is used."""
+import the runner; `engine` itself imports none of its modules until a name is used. And `named`:
+what a module names above its own layer, imported when used (docs/architecture.md, "The layers of
+the engine")."""
 
 from __future__ import annotations
 
@@ -46,3 +48,14 @@ def function_over_module(package: str, name: str) -> None:
 
     cls = type(module)
     module.__class__ = type(cls.__name__, (cls,), {name: property(get, set_, delete)})
+
+
+def named(path: str):
+    """What `path`, "package.module:name", names, imported now (once imported, Python's cache).
+
+    For a module that names code above its own layer, which imports it: a drafter's spec names the
+    algorithm that makes its drafter (`make`), and the algorithm imports its spec for its statistics
+    and limits. An import there would be a cycle; tests/engine/test_layering.py checks that every
+    name given to `named` in engine/ is defined where it says."""
+    module, _, name = path.partition(":")
+    return getattr(import_module(module), name)

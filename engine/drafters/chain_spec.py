@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from engine.drafters.options import DrafterStats, stat
 from engine.drafters.spec import DrafterSpec, Load
 from engine.errors import ConfigError
+from engine.lazy import named
 
 CHAIN_MARK = "+"
 STATS_NAME = "chain"  # the name every chain's statistics are charted under
@@ -125,7 +126,8 @@ def _make_spec(name: str, members: tuple[DrafterSpec, ...]) -> DrafterSpec:
 
     def make(target, chain_options, load: Load):
         from engine.backends.capabilities import require
-        from engine.drafters.chain import ChainDrafter
+
+        ChainDrafter = named("engine.drafters.chain:ChainDrafter")  # chain.py imports this module
 
         made = []
         try:

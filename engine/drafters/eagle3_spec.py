@@ -9,6 +9,7 @@ from engine.backends.capabilities import LayerFeatures, ModelParts, TreeForward
 from engine.drafters.eagle_spec import TREE_DEPTH_HELP, EagleStats, HeadKind, head_findings, tree_depth
 from engine.drafters.medusa_spec import HEADS_HELP
 from engine.drafters.registry import AUTO, DrafterSpec, heads_ready, setting
+from engine.lazy import named
 
 TRAIN_HINT = "Models ▸ Train heads…, Kind EAGLE-3"
 
@@ -25,8 +26,9 @@ def make(target, options: Eagle3Options, load):
 
     depth = tree_depth(options.tree_depth)
     folder = heads_folder("eagle3", "EAGLE-3 head", target, options.heads)
-    from engine.drafters.eagle3 import Eagle3Drafter
     from engine.heads.eagle3 import load_head
+
+    Eagle3Drafter = named("engine.drafters.eagle3:Eagle3Drafter")  # eagle3.py imports this module
 
     with heads_memory("the EAGLE-3 head", folder, target):
         head = load_head(folder, target.text_config)

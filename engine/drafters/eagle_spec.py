@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from engine.backends.capabilities import HiddenFeatures, ModelParts, TreeForward
 from engine.drafters.medusa_spec import HEADS_HELP
 from engine.drafters.registry import AUTO, DrafterSpec, DrafterStats, auto_or_int, heads_ready, setting, stat
+from engine.lazy import named
 
 MAX_DEPTH = 8  # the tree's deepest level when tree_depth is "auto" (eagle.py's MAX_DEPTH)
 TREE_DEPTH_HELP = "eagle, eagle3: deepest level of the draft tree (default auto: 8)"
@@ -47,8 +48,9 @@ def make(target, options: EagleOptions, load):
 
     depth = tree_depth(options.tree_depth)
     folder = heads_folder("eagle", "EAGLE head", target, options.heads)
-    from engine.drafters.eagle import EagleDrafter
     from engine.heads.eagle import EagleConfig, load_head
+
+    EagleDrafter = named("engine.drafters.eagle:EagleDrafter")  # eagle.py imports this module
 
     with heads_memory("the EAGLE head", folder, target):
         head = load_head(folder, EagleConfig.for_target(target.text_config))

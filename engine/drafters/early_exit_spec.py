@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from engine.backends.capabilities import LayerExit
 from engine.drafters.registry import AUTO, DrafterSpec, DrafterStats, setting, stat
+from engine.lazy import named
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class EarlyExitStats(DrafterStats):
 
 
 def make(target, options: EarlyExitOptions, load):
-    from engine.drafters.early_exit import EarlyExitDrafter
+    EarlyExitDrafter = named("engine.drafters.early_exit:EarlyExitDrafter")  # early_exit.py imports this module
 
     return EarlyExitDrafter(target, layers=options.exit_layer)
 

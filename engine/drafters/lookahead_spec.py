@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from engine.backends.capabilities import TreeForward
 from engine.drafters.registry import AUTO, DrafterSpec, DrafterStats, auto_or_int, setting, stat
+from engine.lazy import named
 
 LIMITS = {"window": 64, "ngram": 16, "candidates": 64}
 MINIMUMS = {"window": 1, "ngram": 2, "candidates": 1}
@@ -77,7 +78,7 @@ def _parameter(value, what: str) -> int | None:
 
 
 def make(target, options: LookaheadOptions, load):
-    from engine.drafters.lookahead import LookaheadDrafter
+    LookaheadDrafter = named("engine.drafters.lookahead:LookaheadDrafter")  # lookahead.py imports this module
 
     return LookaheadDrafter(target, window=options.window, ngram=options.ngram, candidates=options.candidates)
 

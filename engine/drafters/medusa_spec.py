@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from engine.backends.capabilities import HiddenFeatures, ModelParts
 from engine.drafters.registry import DrafterSpec, DrafterStats, heads_ready, setting, stat
+from engine.lazy import named
 
 HEADS_HELP = (
     "Medusa heads or EAGLE / EAGLE-3 head folder (implies --drafter medusa unless --drafter eagle "
@@ -34,8 +35,9 @@ def make(target, options: MedusaOptions, load):
     from engine.drafters.heads_loading import heads_folder, heads_memory, placement
 
     folder = heads_folder("medusa", "Medusa heads", target, options.heads)
-    from engine.drafters.medusa import MedusaDrafter
     from engine.heads.medusa import load_heads
+
+    MedusaDrafter = named("engine.drafters.medusa:MedusaDrafter")  # medusa.py imports this module
 
     lm_head = target.lm_head
     with heads_memory("the Medusa heads", folder, target):

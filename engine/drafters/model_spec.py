@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.drafters.registry import DrafterSpec, setting
+from engine.lazy import named
 
 BACKENDS = ("auto", "torch", "llama.cpp")
 
@@ -65,11 +66,13 @@ def make(target, options: ModelOptions, load):
     """Refuse a draft whose token ids mean other words (the pair doctor), then load it."""
     from engine.errors import ConfigError
     from engine.models.load_options import draft_load_options
-    from engine.models.loading import load_backend, refuse_incompatible_pair
+
+    load_backend = named("engine.models.loading:load_backend")  # loading is above the configuration
+    refuse_incompatible_pair = named("engine.models.loading:refuse_incompatible_pair")
 
     if not options.draft:
         raise ConfigError("The model drafter needs a draft model: give one with --draft.")
-    from engine.drafters.model import ModelDrafter
+    ModelDrafter = named("engine.drafters.model:ModelDrafter")  # model.py imports this module
 
     refuse_incompatible_pair(target, options.draft)
     progress = {"progress": load.progress} if load.progress else {}

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from engine.backends.capabilities import HiddenFeatures, ModelParts
 from engine.drafters.registry import DrafterSpec, DrafterStats, stat
+from engine.lazy import named
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,9 @@ class MtpStats(DrafterStats):
 def make(target, options: MtpOptions, load):
     """The target's first MTP layer, read from its folder's safetensors, in its device and dtype."""
     from engine.drafters.heads_loading import placement
-    from engine.drafters.mtp import MtpDrafter
     from engine.heads.mtp import find_mtp, load_mtp, read_model_config
+
+    MtpDrafter = named("engine.drafters.mtp:MtpDrafter")  # mtp.py imports this module
 
     folder = _folder(target.info.path)
     files = find_mtp(folder, read_model_config(folder))

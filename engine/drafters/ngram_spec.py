@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.drafters.registry import DrafterSpec, DrafterStats, setting, stat
+from engine.lazy import named
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class NgramStats(DrafterStats):
 
 
 def make(target, options: NgramOptions, load):
-    from engine.drafters.ngram import NgramDrafter
+    NgramDrafter = named("engine.drafters.ngram:NgramDrafter")  # ngram.py imports this module
 
     return NgramDrafter(max_ngram=options.max_ngram)
 

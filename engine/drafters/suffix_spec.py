@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.drafters.registry import DrafterSpec, DrafterStats, setting, stat
+from engine.lazy import named
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ class SuffixStats(DrafterStats):
 
 def make(target, options: SuffixOptions, load):
     from engine.backends.capabilities import TreeForward, has
-    from engine.drafters.suffix import SuffixDrafter
+
+    SuffixDrafter = named("engine.drafters.suffix:SuffixDrafter")  # suffix.py imports this module
 
     return SuffixDrafter(
         trees=has(target, TreeForward),
