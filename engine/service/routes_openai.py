@@ -48,11 +48,12 @@ from engine.core.events import StepEvent
 from engine.drafters.base import Drafter
 from engine.drafters.per_request import NoDraftProbabilities, NotPerRequest, RequestDrafting, request_drafting
 from engine.service import openai_api
+from engine.service.errors import BadRequest, error_response
+from engine.service.http import event_stream, parse_json, require_engine
 from engine.service.limits import check_message_count, limits_of
 from engine.service.metrics import metrics_of
 from engine.service.openai_api import ChatRequest, CompletionRequest, Reply
 from engine.service.routes_specdeck import drafter_stats, step_item
-from engine.service.server import BadRequest, error_response, event_stream, parse_json, require_engine
 
 router = APIRouter()
 

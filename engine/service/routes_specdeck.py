@@ -43,10 +43,11 @@ from engine.drafters.registry import DrafterStats
 from engine.errors import SpecDeckError
 from engine.service import wire
 from engine.service.batches import Batches, batch_interval
+from engine.service.errors import BadRequest, error_response
 from engine.service.host import Host
+from engine.service.http import event_stream, require_engine
 from engine.service.limits import check_message_count, limits_of
 from engine.service.metrics import metrics_of
-from engine.service.server import BadRequest, error_response, event_stream, require_engine
 
 router = APIRouter()
 log = logging.getLogger(__name__)
