@@ -6,7 +6,7 @@ bad model, path or setting: every problem is an "error" Finding whose detail is 
 engine's own message, which says what to do.
 
 The rules: the target (and a draft model) can be found; the pair doctor on them, or the
-doctor on the target alone; the load options (engine/models/load_options.py); llama.cpp
+doctor on the target alone; the load options (engine/models/load_checks.py); llama.cpp
 loads GGUF files only and in their own precision; a drafter that needs capabilities only
 the PyTorch backend has gets the target there (Backend auto) or is refused (llama.cpp);
 then the drafter's own rules (its registry spec's `preflight`: heads that fit the target,
@@ -259,7 +259,7 @@ def _settings_findings(spec, options) -> list[Finding]:
 
 
 def _load_option_findings(config, backend: str, so_far: list[Finding]) -> list[Finding]:
-    """The load-option rules Engine.load applies (engine/models/load_options.py), when no finding
+    """The load-option rules Engine.load applies (engine/models/load_checks.py), when no finding
     above is an error already (one of them says the same of a dtype on llama.cpp)."""
     from engine.models.load_checks import check_load_options
 
