@@ -349,7 +349,7 @@ _last_curves: list = [None, None]  # [what they were computed for, the curves]: 
 
 def _curves(costs: CostSnapshot | CostModel | None, k: int) -> dict:
     """theory_curves' part that depends on the cost model's numbers and k alone: 400 Python calls,
-    ~2 ms a redraw, done again only when one of them changes."""
+    done again only when one of them changes."""
     key = (k, None if costs is None else costs.snapshot())
     if _last_curves[0] == key:
         return _last_curves[1]

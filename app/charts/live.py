@@ -15,8 +15,8 @@ about two), so the interval between redraws follows what the last ones cost
 affordable on two cores is what a redraw does: `setData` on the items each panel made
 once, nothing re-added, ranges that move in steps (`Panel.fit`) so most redraws repaint
 no axis (cached), unchanged data not handed to pyqtgraph again (`set_curve`), and the
-summary line's rich text laid out again at most every SUMMARY_MS (~4 ms a time on a
-small CPU, and it invalidates the panels' layout). Between `begin_run` and a run's first
+summary line's rich text laid out again at most every SUMMARY_MS (a relayout, which also
+invalidates the panels' layout). Between `begin_run` and a run's first
 step the summary says a run is starting, never "No run yet". Call everything from the
 GUI thread: the main window gets steps from its worker through a queued signal.
 
@@ -73,7 +73,7 @@ REDRAW_BUDGET = 0.015  # of one core: what the charts' redraws may take while a 
 # The budget while the window's own engine decodes on the cores the window runs on, where each
 # millisecond of drawing costs the reply about two: redraws faster than SLOWEST_REDRAW_MS only when cheap.
 SHARED_CORES_BUDGET = 0.005
-SUMMARY_MS = 1000  # the summary line's numbers, at most this often (each costs a relayout: ~4 ms)
+SUMMARY_MS = 1000  # the summary line's numbers, at most this often (each costs a relayout)
 
 
 class RedrawPace:
@@ -89,9 +89,9 @@ class RedrawPace:
     Only the charts' own cost is paced: the reply's text and the steps' bookkeeping cost the
     same at any pace. While a reply streams, the engine decodes on every core it found free,
     so each millisecond the window takes is one the engine loses (llama.cpp's threads wait
-    for each other at every operation: more than one). A redraw costs 5-15 ms on a quiet
-    machine and 15-30 ms on a 2-core one whose cores both decode: there the cap, slowest_ms,
-    decides the pace, and the redraw's own cost is what is left to make small.
+    for each other at every operation: more than one). A redraw costs several times more on a
+    2-core machine whose cores both decode than on a quiet one (docs/benchmarks.md, "Measurements behind the code"): there the cap,
+    slowest_ms, decides the pace, and the redraw's own cost is what is left to make small.
     """
 
     def __init__(self, budget: float = REDRAW_BUDGET, slowest_ms: int = SLOWEST_REDRAW_MS) -> None:

@@ -189,7 +189,7 @@ class DraftLengthPanel(Panel):
         self.tree = False
         self.asked = self.plot.plot([], [], pen=pg.mkPen(RUN_COLOURS["speculative"], width=2), stepMode="left")
         # What the drafter actually proposed (an n-gram drafter often finds fewer than k),
-        # as a filled area under the line: symbols would cost 100 ms a frame on a long run.
+        # as a filled area under the line: a symbol per step would make a long run's frames slow.
         fill = QColor(RUN_COLOURS["speculative"])
         fill.setAlpha(70)
         self.drafted = self.plot.plot([], [], pen=None, stepMode="left", fillLevel=0, fillBrush=fill)

@@ -172,7 +172,7 @@ class TheoryPanel(Panel):
         view = box.sceneBoundingRect()
         legend = self._legend_rows()
         points = self._drawn_points()
-        # The search moves the label up to 60 times (~10 ms, a third of a redraw): it is done
+        # The search moves the label up to 60 times (a third of a redraw): it is done
         # again when the view or the legend changes, or when the line (the cost model is measured
         # again at every step) or what the label avoids (the measured points move at every redraw)
         # has moved and the label, where it was, now covers something; a label still clear stays.
@@ -286,7 +286,7 @@ class TheoryPanel(Panel):
     def _drawn_points(self) -> np.ndarray:
         """What the label must not cover, as scene points (n, 2): the curves (densely), the line
         at 1 and the measured points (with their symbols' size). Mapped to the scene as arrays
-        (the view box maps linearly): one Qt call per point cost ~10 ms per redraw of a reply."""
+        (the view box maps linearly): one Qt call per point cost a third of a redraw."""
         box = self.plot.getViewBox()
         (x0, x1), _ = box.viewRange()
         xs, ys = [np.linspace(x0, x1, 150)], [np.ones(150)]

@@ -349,12 +349,12 @@ class LlamaCppBackend(Backend):
     def prepare_threads(self) -> None:
         """Unless the user fixed the count: set llama.cpp's threads to the cores free now. Its
         workers spin at each barrier, so one thread whose core another process takes stalls the
-        rest (2 threads with one of 2 cores busy: 27 tok/s; 1 thread: 63).
+        rest (engine/backends/threads.py).
 
         torch's threads follow the same count, fixed or not: each step's logits go through torch
         (softmax, sampling), and a torch OpenMP worker left at its default count spins after
-        every such op. With one of two cores busy elsewhere it took a third of the core that
-        llama.cpp's one thread decoded on: 34 tok/s, against 52 with it gone."""
+        every such op: with one of two cores busy elsewhere it took a third of the core that
+        llama.cpp's one thread decoded on (docs/benchmarks.md, "Measurements behind the code")."""
         if self._llm is None:
             return
         if self._fixed_threads is None:

@@ -2,9 +2,8 @@
 
 llama.cpp's worker threads spin while they wait for each other at every barrier, so
 when another process takes one of their cores, every thread waits for the one that
-lost its core. On a 2-core machine with one core kept busy elsewhere, 2 threads
-decode at 27 tok/s and 1 thread at 63 (quiet: 103 and 73). torch's OpenMP threads
-stall the same way. So before each generation the backends ask `decode_threads`,
+lost its core: on a 2-core machine with one core kept busy elsewhere, 2 threads decode at
+less than half the speed of 1 (docs/benchmarks.md, "Measurements behind the code"). torch's OpenMP threads stall the same way. So before each generation the backends ask `decode_threads`,
 which looks at how busy the allowed cores were over a short window and leaves out
 those another process keeps busy. The engine's own CPU time (its threads) is
 subtracted, and so is that of its companions (`add_companion`): the desktop window

@@ -32,8 +32,7 @@ def on_curve(times: dict[int, float], sizes: list[int], n: int) -> float:
     """T(n) from measured `times` (`sizes` = sorted keys): linear between two sizes, proportional
     below the smallest; past the largest, the last segment's slope, or the curve's average slope
     where that is steeper: two neighbouring timings a little noisy made the last segment flat, and
-    a long draft then looked as cheap to verify as a short one (predicted 59 ms for 8-17 rows,
-    timed 62-110 ms)."""
+    a long draft then looked as cheap to verify as a short one (docs/benchmarks.md, "Measurements behind the code")."""
     if n in times:
         return times[n]
     i = bisect.bisect_left(sizes, n)  # sizes[i - 1] < n < sizes[i]
@@ -83,8 +82,8 @@ class CostFormulas:
     def speedup_for(self, expected: float, k: int) -> float:
         """expected tokens per step / ((draft_time(k) + T(k+1)) / T(1)): any drafter, chain or tree.
         draft_time(k) is k * d plus the draft's fixed cost per step: charged per token, that
-        cost (7 ms of a 20 ms one-token draft here, against 13 ms per token of a long one) made
-        short drafts look no dearer per token than long ones and held automatic k at 1."""
+        cost made short drafts look no dearer per token than long ones and held automatic k at 1
+        (docs/benchmarks.md, "Measurements behind the code")."""
         if k <= 0:
             return 1.0
         return expected / ((self.draft_time(k) + self.verify_time(k + 1)) / self.verify_time(1))

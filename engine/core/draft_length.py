@@ -135,8 +135,8 @@ class CostModel(CostFormulas):
         timed / load-time at the nearest timed sizes (interpolated between two, the nearest one's
         beyond them), kept between the costs of those sizes. A value far dearer than running the
         same rows as forwards of a timed smaller size (T(n) > SPIKE_FACTOR * ceil(n/m) * T(m))
-        is no cost of this backend but a spike during the load (T(3) at 845 ms beside T(2) at
-        32 ms here), so that size follows the curve of the others instead, and gets tried."""
+        is no cost of this backend but a spike during the load (docs/benchmarks.md, "Measurements behind the code"), so that size follows
+        the curve of the others instead, and gets tried."""
         seed = self._seed
         timed = sorted(key for key in self._recent if isinstance(key, int))
         if not seed or not timed:
@@ -177,8 +177,8 @@ class CostModel(CostFormulas):
         the cost per token is the lowest per-token time of any length (the longest drafts spread
         the fixed part thinnest) or the load-time decode if that is lower, and the fixed part the
         median of what each length's time leaves beyond its tokens. A straight-line fit through a
-        few noisy lengths said 6 ms per token where drafts timed 13-14 ms, with a fixed part big
-        enough that automatic k decoded plainly until its first probe."""
+        few noisy lengths halved the cost per token, with a fixed part big enough that automatic k
+        decoded plainly until its first probe (docs/benchmarks.md, "Measurements behind the code")."""
         per_token = min(t / k for k, t in self._draft_k.items())
         d = min(self._draft_seed, per_token) if self._draft_seed else per_token
         self.draft_s_per_token = d

@@ -17,9 +17,8 @@ What is checked, precisely:
   every (matrix bytes / 4096) so that at most 64 MiB are read: a zeroed stretch longer than
   a stride and a window is always found, 272 KiB in files up to 1 GiB, about 4 MiB at 16 GiB.
 
-Measured on the default model (98 MB, SmolLM2-135M Q4_1, 68 MB of matrices, sampled) on a busy
-2-core machine: ~36 ms of CPU, 44-48 ms of wall time (the header walk 33 of them), once per file
-and modification time; cached, 0.06 ms.
+The check runs once per file and modification time and is cached; what it costs on the default
+model is in docs/benchmarks.md, "Measurements behind the code".
 """
 
 from __future__ import annotations
@@ -147,7 +146,7 @@ class Layout:
 
 def gguf_layout(path: str) -> Layout:
     """Where a GGUF's tensors are. Like metadata's parse, but strings are skipped, not decoded:
-    ~33 ms instead of ~100 on the default model's 98k vocabulary and merge strings."""
+    a third of the time on a vocabulary and merges of 100k strings."""
     from engine.models.metadata import _GGUFParser, _read_preamble
 
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:

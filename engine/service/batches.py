@@ -4,15 +4,15 @@ Each event sent wakes the server's event loop (serialising, writing the socket) 
 the client's reader (reading, parsing), and on a machine whose cores all decode,
 each wake-up takes a core from the engine's threads for a moment. llama.cpp's
 threads wait for each other at every barrier, so that moment stalls all of them:
-on 2 cores, a reply streamed step by step to a client that only read it decoded at
-0.88x the speed of the same reply in process. A batch goes out as soon as BATCH_S
+on 2 cores, a reply streamed step by step to a client that only read it decoded clearly
+slower than the same reply in process (docs/benchmarks.md, "Measurements behind the code"). A batch goes out as soon as BATCH_S
 has passed since the last one, so a client still sees the reply grow about ten
 times a second; the first step goes at once (the time to the first token is not
 held back) and the last with the step that ends the run. Where the engine decodes
 on the CPU (`batch_interval`), every batch is taken from the cores that decode, so
 a batch goes every CPU_BATCH_S instead: a client sees the reply grow four times a
 second, and the server's event loop and the client's reader wake 4 times a second,
-not 10 (each wake-up ~0.3 ms of the server's loop and as much of the reader's).
+not 10.
 
 On the wire a batch is `{"steps": [step, ...]}`, each step the engine's record
 (`wire.step_to_dict`). The client hands each batch on as it arrived

@@ -159,9 +159,8 @@ TICK_S = 1.0  # how often the server's loop does its housekeeping when nothing e
 
 def _server_class(uvicorn):
     """uvicorn's Server, with its housekeeping (the Date header, the exit check) once a second
-    instead of ten times: each tick woke the event loop for ~0.25 ms, 0.25% of a core for an idle
-    engine and half of what the loop took while a reply streamed, on the cores the engine decodes
-    on. A signal to stop (Ctrl+C, SIGTERM) still stops it at once: it wakes the loop."""
+    instead of ten times: while a reply streamed the ticks were half of what the loop took, on the
+    cores the engine decodes on (docs/benchmarks.md, "Measurements behind the code"). A signal to stop (Ctrl+C, SIGTERM) still stops it at once: it wakes the loop."""
 
     class Server(uvicorn.Server):
         _wake: tuple | None = None  # (the loop, the event that ends a tick's wait early)

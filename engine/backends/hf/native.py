@@ -25,8 +25,8 @@ with the default 1/sqrt(head_dim) scale, no mask for a single query row and a
 boolean mask for several. Grouped-query attention folds the query heads that
 share a KV head into extra query rows instead of passing enable_gqa: the same
 arithmetic per row, no copy of K/V, and on CPU it keeps SDPA on its fused
-kernel (a 4-D GQA call in bfloat16 or a 3-D call take the slow math path,
-3-6x slower per layer). In float32 the logits match transformers to ~1e-6; in
+kernel (a 4-D GQA call in bfloat16 or a 3-D call take the slow math path:
+docs/benchmarks.md, "Measurements behind the code"). In float32 the logits match transformers to ~1e-6; in
 bfloat16 they differ by rounding only (F.rms_norm, addcmul in RoPE and the
 residual adds folded into addmm round once where transformers rounds twice).
 

@@ -9,7 +9,7 @@ half of bfloat16, which is what bounds a decode step on a CPU.
 The matmul is `torch._weight_int8pack_mm(x, Q, s)` on a CPU where this torch
 has it, for inputs of up to KERNEL_MAX_ROWS rows (decode and verify steps).
 Its vectorised kernel (AVX512 / AVX2 / NEON) takes bfloat16 activations and
-scales (float32 activations fall to a scalar loop, ~30x slower), steps over
+scales (float32 activations fall to a scalar loop, an order of magnitude slower), steps over
 the input dimension 16 at a time without a tail and uses aligned loads, so it
 is only used when the input width is a multiple of 16, with bfloat16
 activations in an aligned contiguous buffer (float32 activations are rounded
@@ -25,9 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# The CPU kernel is a GEMV at heart: its time grows in proportion to the rows of x,
-# much faster than a dequantize-then-matmul's (SmolLM2's 3072 x 576 MLP matrix, one
-# thread: 0.1 vs 0.7 ms for 1 row, 0.4 vs 0.8 for 8, 1.5 vs 0.9 for 32, 25 vs 9 for 512).
+# The CPU kernel is a GEMV at heart: its time grows in proportion to the rows of x, much
+# faster than a dequantize-then-matmul's, which it beats up to about 16 rows (docs/benchmarks.md, "Measurements behind the code").
 KERNEL_MAX_ROWS = 16
 # Rows quantized at once: bounds the float32 temporaries for huge matrices.
 _ROWS_PER_CHUNK = 4096
