@@ -509,4 +509,4 @@ def test_a_benchmarks_repeats_do_not_draft_from_each_others_replies(one_thread_l
     assert (second.drafted, second.accepted) == (first.drafted, first.accepted)  # drafted as if for the first time
     # Outside the benchmark it does remember: the same prompt again drafts its whole earlier reply.
     again = engine.generate(engine.prompt_ids(list(two_prompts[1].messages)), SamplingConfig(max_tokens=24))
-    assert again.stats.accepted > second.accepted and drafter.stats()["from_history"] > 0
+    assert again.stats.accepted > second.accepted and drafter.stats().from_history > 0

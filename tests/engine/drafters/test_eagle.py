@@ -98,7 +98,7 @@ def test_a_head_that_knows_the_target_is_accepted_deep_and_changes_nothing(mirro
         assert len(s.depth_accepted) >= 3 and s.depth_accepted[2] > 0
         assert sum(s.depth_tested) == s.tested
     stats = engine.drafter.stats()
-    assert stats["nodes"] >= 1 and stats["depth"] >= 2 and 0 < stats["calibration"]
+    assert stats.nodes >= 1 and stats.depth >= 2 and 0 < stats.calibration
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -68,7 +68,7 @@ def test_a_head_that_knows_the_target_drafts_deep_accepted_trees_and_changes_not
         assert s.tokens_per_step > 3  # several tokens per target forward
         assert len(s.depth_accepted) >= 3 and s.depth_accepted[2] > 0
     stats = drafter.stats()
-    assert stats["draft_vocab"] == head.config.draft_vocab_size and stats["depth"] >= 2
+    assert stats.draft_vocab == head.config.draft_vocab_size and stats.depth >= 2
     # Every proposal is a draft-vocabulary id mapped through d2t.
     prompt = engine.prompt_ids(PROMPTS[0])
     backend.prefill(prompt[:-1])

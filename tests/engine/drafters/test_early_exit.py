@@ -235,7 +235,7 @@ def test_greedy_early_exit_equals_vanilla_on_the_embedded_model(embedded_hf_dir)
     backend = TorchBackend(embedded_hf_dir, dtype="float32")
     try:
         drafter = EarlyExitDrafter(backend, "auto")
-        assert drafter.stats()["n_layers"] == 30
+        assert drafter.stats().n_layers == 30
         for text in PROMPTS:  # one the reply copies, one open
             prompt = ids(backend, text)
             vanilla = run(backend, prompt, SamplingConfig(max_tokens=40))
@@ -243,8 +243,8 @@ def test_greedy_early_exit_equals_vanilla_on_the_embedded_model(embedded_hf_dir)
             assert result.tokens == vanilla.tokens, (result.text, vanilla.text)
             assert result.stats.drafted > 0
         stats = drafter.stats()
-        assert [c["layer"] for c in stats["candidates"]] == [8, 11, 15, 19, 22]
-        assert all(c["steps"] >= 2 and c["acceptance"] is not None for c in stats["candidates"])  # all explored
+        assert [c.layer for c in stats.candidates] == [8, 11, 15, 19, 22]
+        assert all(c.steps >= 2 and c.acceptance is not None for c in stats.candidates)  # all explored
     finally:
         backend.close()
 
@@ -346,11 +346,11 @@ def test_automatic_exit_settles_where_drafts_are_accepted(tmp_path):
         result = run(backend, prompt, SamplingConfig(max_tokens=120), drafter, k=6)
         assert result.tokens == vanilla.tokens
         stats = drafter.stats()
-        by_layer = {c["layer"]: c for c in stats["candidates"]}
-        assert set(by_layer) == {2, 3, 4, 5, 6} and all(c["steps"] >= 2 for c in by_layer.values())
-        assert all(by_layer[layer]["acceptance"] > 0.9 for layer in (4, 5, 6))  # exact exits
-        assert by_layer[2]["acceptance"] < 0.6
-        assert stats["exit_layer"] in (4, 5, 6) and stats["layers"] == "auto" and stats["n_layers"] == 8
+        by_layer = {c.layer: c for c in stats.candidates}
+        assert set(by_layer) == {2, 3, 4, 5, 6} and all(c.steps >= 2 for c in by_layer.values())
+        assert all(by_layer[layer].acceptance > 0.9 for layer in (4, 5, 6))  # exact exits
+        assert by_layer[2].acceptance < 0.6
+        assert stats.exit_layer in (4, 5, 6) and stats.layers == "auto" and stats.n_layers == 8
         assert result.stats.tokens_per_step > 3
     finally:
         backend.close()
@@ -366,7 +366,7 @@ def test_an_exit_outside_the_model_is_refused(llama, layers):
 
 
 def test_a_fixed_exit_as_text_is_accepted(llama):
-    assert EarlyExitDrafter(llama, "2").stats()["exit_layer"] == 2
+    assert EarlyExitDrafter(llama, "2").stats().exit_layer == 2
 
 
 def test_early_exit_needs_the_native_torch_implementation(models):

@@ -122,7 +122,7 @@ def test_a_proposal_is_the_pool_as_a_trie_plus_the_window():
     offsets, window_mask = window_layout(2, 3)
     assert draft.extra.offsets == offsets and torch.equal(draft.extra.mask, window_mask)
     assert len(draft.extra) == 4 and set(draft.extra.tokens) <= set(context[1:])  # drawn from the prompt
-    assert drafter.stats()["candidates"] == 2 and drafter.stats()["pool_text"] == 8  # 8 complete 3-grams
+    assert drafter.stats().candidates == 2 and drafter.stats().pool_text == 8  # 8 complete 3-grams
     assert drafter.propose(context, 2, GREEDY, make_generator(0)).tokens == [5, 7]  # the node budget
     assert drafter.propose(context, 0, GREEDY, make_generator(0)).tokens == []
 
@@ -146,7 +146,7 @@ def test_the_window_turns_into_n_grams_and_moves_up():
     drafter.observe_extra(logits)
     assert (level1[0], 20) in drafter._jacobi[level0[0]]  # column 1: (L0, L1, new)
     assert (level1[1], 21) in drafter._jacobi[level0[1]]
-    assert drafter.stats()["pool_jacobi"] == len({(level0[c], level1[c], 20 + c) for c in range(2)})
+    assert drafter.stats().pool_jacobi == len({(level0[c], level1[c], 20 + c) for c in range(2)})
     # One token emitted: the window moved up a level and sits behind the new pending token.
     moved = drafter.propose([*context, 7], 4, GREEDY, make_generator(1))
     assert list(moved.extra.tokens) == [*level1, 20, 21]
@@ -198,7 +198,7 @@ def test_automatic_parameters_fit_the_cheap_part_of_the_cost_curve():
     drafter = LookaheadDrafter(MaskedMarkovBackend(cycle(8)), ngram=2, costs=cpu)
     assert drafter.parameters == (4, 2, 5)
     stats = drafter.stats()
-    assert (stats["window"], stats["ngram"], stats["max_candidates"]) == (4, 2, 5)
+    assert (stats.window, stats.ngram, stats.max_candidates) == (4, 2, 5)
 
 
 # -- the decode loop on a Markov chain --------------------------------------------------------
@@ -213,7 +213,7 @@ def test_greedy_equals_vanilla_and_the_pool_gets_hits_on_a_repetitive_chain():
     result = run(backend, prompt, GREEDY, drafter, k=9)
     assert result.tokens == vanilla.tokens
     stats = drafter.stats()
-    assert stats["pool_hits"] > 0 and stats["pool_size"] > 0 and stats["pool_jacobi"] > 0
+    assert stats.pool_hits > 0 and stats.pool_size > 0 and stats.pool_jacobi > 0
     assert result.stats.steps <= 14  # up to 3 drafts + 1 per forward
     assert backend.masked_calls and all(len(tokens) > 9 for tokens, _, _ in backend.masked_calls)
     assert backend.tokens == [*prompt, *result.tokens][:-1]  # the cache holds what was committed
@@ -229,8 +229,8 @@ def test_the_window_alone_finds_n_grams_that_get_accepted():
     result = run(backend, [0, 1], GREEDY, drafter, k=8)
     assert result.tokens == run(MarkovBackend(t), [0, 1], GREEDY).tokens
     stats = drafter.stats()
-    assert stats["pool_text"] == 0 and stats["pool_jacobi"] > 0
-    assert stats["pool_hits"] > 0 and result.stats.accepted > 0
+    assert stats.pool_text == 0 and stats.pool_jacobi > 0
+    assert stats.pool_hits > 0 and result.stats.accepted > 0
 
 
 def test_sampled_lookahead_is_lossless():
@@ -301,7 +301,7 @@ def test_float32_greedy_lookahead_equals_vanilla_on_tiny_models(tiny_models, arc
         drafter = LookaheadDrafter(backend, window=3, ngram=3, candidates=3)
         result = run(backend, prompt, sampling, drafter, k=6)
         assert result.tokens == vanilla.tokens
-        assert result.stats.drafted > 0 and drafter.stats()["pool_jacobi"] > 0
+        assert result.stats.drafted > 0 and drafter.stats().pool_jacobi > 0
         assert backend.tokens == [*prompt, *result.tokens][:-1]
     finally:
         backend.close()
@@ -346,8 +346,8 @@ def test_float32_greedy_lookahead_equals_vanilla_on_the_embedded_model(embedded_
             drafter = LookaheadDrafter(backend, window=3, ngram=4, candidates=3)
             result = run(backend, prompt, sampling, drafter, k=9)
             assert result.tokens == vanilla.tokens, text
-            hits[text] = drafter.stats()["pool_hits"]
-            assert drafter.stats()["pool_jacobi"] > 0
+            hits[text] = drafter.stats().pool_hits
+            assert drafter.stats().pool_jacobi > 0
         assert hits[REPEAT] > 0  # the reply repeats the prompt: the text's n-grams are accepted
     finally:
         backend.close()

@@ -44,7 +44,7 @@ def test_every_occurrence_of_the_longest_match_votes_for_what_follows():
     context2 = [7, 8, 9, 1, 2, 0, 7, 8, 9, 1, 2, 0, 7, 8, 9, 1, 2, 0, 7, 8, 9, 5, 3, 7, 8, 9]
     drafter.begin(context2)
     assert propose(drafter, context2).tokens[:2] == [1, 2]  # ...and here the most recent is 5: votes win
-    assert drafter.stats()["match_length"] == 3
+    assert drafter.stats().match_length == 3
 
 
 def test_a_draft_is_as_long_as_its_match_supports_and_stops_where_the_votes_split():
@@ -86,8 +86,8 @@ def test_earlier_replies_are_searched_in_later_generations_and_the_history_stays
     second = [600, 601, 602, *reply[:6]]
     drafter.begin(second)
     draft = propose(drafter, second)
-    assert draft.tokens == reply[6:12] and drafter.stats()["from_history"] == 1
-    assert drafter.stats()["history_tokens"] == len(reply)
+    assert draft.tokens == reply[6:12] and drafter.stats().from_history == 1
+    assert drafter.stats().history_tokens == len(reply)
 
     history = SuffixHistory(capacity=100)
     for start in range(0, 400, 40):
@@ -100,7 +100,7 @@ def test_without_history_only_the_text_is_searched():
     drafter.begin([1, 2])
     propose(drafter, [1, 2, *range(100, 130)])
     drafter.begin([7, 100, 101, 102])
-    assert propose(drafter, [7, 100, 101, 102]).tokens == [] and drafter.stats()["history_tokens"] == 0
+    assert propose(drafter, [7, 100, 101, 102]).tokens == [] and drafter.stats().history_tokens == 0
 
 
 # -- lossless -----------------------------------------------------------------------------------
@@ -158,4 +158,4 @@ def test_on_llama_cpp_it_drafts_chains_and_the_reply_repeats_faster(default_llam
     result = engine.generate(engine.prompt_ids(EDIT), SamplingConfig(temperature=0.0, max_tokens=40))
     s = result.stats
     assert s.accepted > 10 and s.tokens_per_step > 1.3
-    assert drafter.stats()["hits"] > 0 and drafter.stats()["match_length"] >= 1
+    assert drafter.stats().hits > 0 and drafter.stats().match_length >= 1
