@@ -5,7 +5,7 @@ second by tests/factories/hf_models.py), on both implementations (native and
 transformers' own forward); one module-scoped fixture loads the embedded
 SmolLM2-135M GGUF through transformers to check a real model end to end.
 The native implementation's own properties (trees, features, int8, other
-architectures) are tested in test_native_llama.py.
+architectures) are tested in test_hf_native.py.
 """
 
 from __future__ import annotations
