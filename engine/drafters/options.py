@@ -76,30 +76,18 @@ def stat(*, label: str, unit: str | None = None, chart: bool = True, default=dat
 
 @dataclass(frozen=True)
 class DrafterStats:
-    """Base of every drafter's statistics. `as_dict()` is plain JSON-able data; `keys()` and
-    `[name]` read it as the dict `Drafter.stats()` used to return (`dict(stats)` works)."""
+    """Base of every drafter's statistics: a frozen record whose fields are made with `stat(...)`;
+    `as_dict()` is plain JSON-able data (what the charts' panels and the exports read)."""
 
     def as_dict(self) -> dict:
         """Plain data (tuples as lists, nested records as dicts): what stats() returned as a dict."""
         return _plain(dataclasses.asdict(self))
-
-    def keys(self):
-        return [f.name for f in dataclasses.fields(self)]
-
-    def __getitem__(self, name: str):
-        return self.as_dict()[name]
-
-    def get(self, name: str, default=None):
-        return self.as_dict().get(name, default)
 
     @classmethod
     def describe(cls, values: dict) -> str | None:
         """A sentence for the statistics a chart cannot draw (`values`: as_dict()'s), or None:
         each uncharted number as "Label value unit" (app/charts/data.py stats_text)."""
         return None
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.keys()
 
 
 def _plain(value):
