@@ -174,8 +174,7 @@ def test_cli_bench_on_a_server_prints_the_local_tables(client, tmp_path, capsys)
         "bench",
         "--server",
         client.url,
-        "--api-key",
-        key,
+        f"--api-key={key}",  # the random key may start with '-', which argparse reads as a flag
         "--prompts",
         str(prompts),
         "-n",

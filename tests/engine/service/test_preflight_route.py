@@ -47,7 +47,7 @@ class StalledEngine:
     def prompt_ids(self, messages) -> list[int]:
         return [1]
 
-    def stream(self, prompt, sampling, speculative=False, cancel=None):
+    def stream(self, prompt, sampling, speculative=False, cancel=None, snapshots=False):
         self.started.set()
         self.release.wait(60)
         return iter(())
