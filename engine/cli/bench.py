@@ -25,11 +25,11 @@ import threading
 from pathlib import Path
 
 from engine.cli import interrupt as cli_interrupt
+from engine.cli.common import engine_config
 from engine.cli.options import (
     add_drafter_options,
     add_load_options,
     add_server_options,
-    drafter_choice,
     refuse_pair_options,
     server_key,
 )
@@ -88,7 +88,6 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from engine.bench import run_benchmark
-    from engine.config import EngineConfig
     from engine.errors import ConfigError
 
     if args.server:
@@ -99,21 +98,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "(--drafter ngram or --draft MODEL) and a draft length from 1 up, or --k auto."
         )
     path, prompts, settings = _prompts_and_settings(args)
-    drafter, options = drafter_choice(args)
-    config = EngineConfig(
-        target=args.target,
-        drafter=drafter,
-        options=options,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        n_ctx=args.n_ctx,
-        threads=args.threads,
-        gpu_layers=args.gpu_layers,
-        k=args.k,
-        k_max=args.k_max,
-        compile=args.compile,
-    )
+    config = engine_config(args)
     if args.autotune:
         return _autotune(config, prompts, args.max_tokens)
     cancel = threading.Event()
