@@ -414,13 +414,14 @@ def timed(engine, ids, run: Run, *, speculative: bool, draft_length=None, repeat
     """The median-speed generation of `repeats` (default run.repeats), after one warm-up generation
     when `warm` (the first of an engine: CUDA's start, a compile): its GenerationResult."""
     from engine import SamplingConfig, collect
+    from engine.drafters.base import forget_replies
 
     greedy = SamplingConfig(max_tokens=run.max_tokens)
     results = []
     for i in range((repeats or run.repeats) + int(warm)):
         check_time()
         if speculative:
-            engine.drafter.forget()  # each run meets its prompt afresh
+            forget_replies(engine.drafter)  # each run meets its prompt afresh (a drafter that keeps replies)
         if draft_length is not None:
             result = collect(list(engine.stream(ids, greedy, speculative=True, draft_length=draft_length)))
         else:
