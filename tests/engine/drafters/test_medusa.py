@@ -70,7 +70,7 @@ def test_heads_that_know_the_chain_are_accepted_at_every_depth():
     assert s.depth_tested[:3] == s.depth_accepted[:3] and len(s.depth_tested) == 3
     assert s.steps <= 12  # first step plain, then 4 tokens per forward (3 heads + bonus)
     stats = drafter.stats()
-    assert stats.heads == 3 and stats.head_top1 == [1.0, 1.0, 1.0]
+    assert stats.heads == 3 and stats.head_top1 == (1.0, 1.0, 1.0)
     assert backend.tree_calls and max(len(p) for p in backend.tree_calls) == 9  # pending + 8 nodes
 
 
