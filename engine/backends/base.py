@@ -42,6 +42,9 @@ class Backend(abc.ABC):
 
     name: str = "base"
     load_notes: tuple[str, ...] = ()  # what loading found that a user should hear (Engine.notes)
+    # True for a recurrent or hybrid model: a rollback restores a saved state and runs the model
+    # over the kept tokens again (engine/backends/checkpoints.py), a cost the decoding loop measures.
+    replays_on_rollback: bool = False
 
     def __init__(self) -> None:
         self.tokens: list[int] = []  # ids whose KV entries are in the cache, in order
