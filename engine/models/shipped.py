@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from engine.backends.base import ModelInfo
+if TYPE_CHECKING:  # a type only: discovery (engine/models/discovery.py) asks here without loading torch
+    from engine.backends.base import ModelInfo
 
 # The embedded SmolLM2-135M, recognized by name or, once converted or renamed, by shape.
 _SMOLLM2_135M = "smollm2-135m"
