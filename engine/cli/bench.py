@@ -49,7 +49,12 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         help="only these kinds of prompt, comma-separated: the shipped set has reuse, open and "
         "multi-turn (conversations, run turn by turn)",
     )
-    bench.add_argument("-m", "--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
+    bench.add_argument(
+        "-m",
+        "--target",
+        default="default",
+        help="'default', 'gemma3-270m' (once installed), a GGUF file, a model folder or a repo id",
+    )
     add_drafter_options(bench)
     add_load_options(bench, threads="CPU threads (llama.cpp and its peers)")
     bench.add_argument(

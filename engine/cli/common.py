@@ -21,7 +21,12 @@ from engine.figures import DECODE_SPEEDUP
 def model_options(parser: argparse.ArgumentParser) -> None:
     """The model and load options of generate, chat and serve; the short forms are llama.cpp's (-m, -md,
     -ngl, ...). The drafter and its options come from the drafter registry (cli/options.py)."""
-    parser.add_argument("-m", "--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
+    parser.add_argument(
+        "-m",
+        "--target",
+        default="default",
+        help="'default', 'gemma3-270m' (once installed), a GGUF file, a model folder or a repo id",
+    )
     add_drafter_options(parser)
     add_load_options(parser)
 

@@ -44,7 +44,11 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         "train-heads", help="train Medusa, EAGLE or EAGLE-3 heads for a target (self-distillation)"
     )
     train.add_argument("--kind", choices=KINDS, default="medusa", help="medusa (default), eagle or eagle3")
-    train.add_argument("--target", default="default", help="'default', a GGUF file, a model folder or a repo id")
+    train.add_argument(
+        "--target",
+        default="default",
+        help="'default', 'gemma3-270m' (once installed), a GGUF file, a model folder or a repo id",
+    )
     train.add_argument(
         "--data",
         action="append",

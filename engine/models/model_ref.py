@@ -16,7 +16,7 @@ class ModelRef:
     name: str  # what a user would call it: file stem, folder name or repo id
     kind: str  # "gguf" | "hf"
     path: str  # the GGUF file, or the HF folder (the snapshot folder for a cached repo)
-    source: str  # "embedded" | "file" | "folder" | "hf-cache" | "ollama" | "llama.cpp-cache"
+    source: str  # "embedded" | "pypi" | "file" | "folder" | "hf-cache" | "ollama" | "llama.cpp-cache"
     size_bytes: int  # bytes on disk of the weights (the .gguf, or the folder's weight files)
     quant: str = ""  # a GGUF's quantization as llama.cpp names it ("Q4_K_M"); "" for a HF folder
 
