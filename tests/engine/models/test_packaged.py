@@ -34,7 +34,7 @@ def chunked(tmp_path, monkeypatch):
         "    return sorted(Path(__file__).parent.glob('toy.gguf.part*'))\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    monkeypatch.setitem(PACKAGED, "toy", PackagedModel("toy", "toy_chunks", "pip install toy-chunks", "a toy"))
+    monkeypatch.setitem(PACKAGED, "toy", PackagedModel("toy", "toy_chunks", "pip install toy-chunks"))
     monkeypatch.setenv("SPECDECK_CACHE", str(tmp_path / "cache"))
     yield package, whole
     sys.modules.pop("toy_chunks", None)
@@ -70,7 +70,7 @@ def test_a_cache_that_cannot_be_written_says_where_and_what_to_do(chunked, tmp_p
 
 
 def test_a_package_that_is_not_installed_names_the_install_command(monkeypatch):
-    monkeypatch.setitem(PACKAGED, "absent", PackagedModel("absent", "no_such_pkg_x", "pip install absent-x", ""))
+    monkeypatch.setitem(PACKAGED, "absent", PackagedModel("absent", "no_such_pkg_x", "pip install absent-x"))
     with pytest.raises(ModelNotFoundError, match=r"pip install absent-x"):
         resolve("absent")
     assert "absent" not in [r.spec for r in list_models()]
