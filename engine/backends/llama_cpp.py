@@ -29,6 +29,9 @@ import torch
 
 from engine.backends import gpu_layers  # its llama_cpp_offloads read at each call: tests fake a GPU build
 from engine.backends.base import Backend, LoadProgress, ModelInfo
+from engine.backends.llama_state import RecurrentCheckpoints, StateUnsupported
+from engine.backends.llama_state import probe as probe_state
+from engine.backends.llama_state import unsupported_error as state_unsupported_error
 from engine.backends.repack import llama_cpp_has_amx, repack_allowed
 from engine.backends.threads import MAX_DEFAULT_THREADS, decode_threads, follow_in_torch
 from engine.core.chat_render import ControlTokens, chat_pieces
@@ -207,12 +210,6 @@ class LlamaCppBackend(Backend):
         self._vocab = llm._model.vocab
         self._ctx = llm._ctx.ctx
         self._mem = llama_cpp.llama_get_memory(self._ctx)
-        if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):
-            self.close()
-            raise ModelLoadError(
-                f"{self._display_name} is a recurrent (state-space) model: its cache cannot be rolled back "
-                "token by token, which speculative decoding needs. Pick a transformer model."
-            )
 
         # llama.cpp may round the context up; we promise only what was asked for.
         self._n_ctx = min(wanted, llama_cpp.llama_n_ctx(self._ctx))
@@ -227,6 +224,8 @@ class LlamaCppBackend(Backend):
         self._eos_ids = frozenset(compress(range(self._n_vocab), is_eog))
         self._chat_formatter = None
         self._build_batch(llm.n_batch)
+        self._states = self._recurrent_checkpoints()  # None for a model whose whole cache is attention
+        self.replays_on_rollback = self._states is not None
         self._info = self._make_info()
         self.load_notes = gguf_load_notes(path, self._display_name)  # a damaged file (zeroed weights) said
 
@@ -247,6 +246,9 @@ class LlamaCppBackend(Backend):
                 # ones (docs/benchmarks.md). A device without it falls back to plain attention.
                 flash_attn=flash_attn,
                 logits_all=False,  # we set per-token logits flags ourselves
+                # A sliding-window model (Gemma 3, gpt-oss) keeps every token's KV, not only the last
+                # window's: a rollback past a token the window had dropped would otherwise lose it.
+                swa_full=True,
                 verbose=False,
             )
         except (ValueError, RuntimeError, OSError, MemoryError) as e:
@@ -317,7 +319,32 @@ class LlamaCppBackend(Backend):
             dtype=_file_type_name(llama_cpp.llama_model_ftype(self._model)),
             device=device,
             placement=gpu_layers.describe_offload(self._n_gpu_layers, n_layers, offloads),
+            forward=self._cache_kind(),
         )
+
+    def _cache_kind(self) -> str:
+        """One sentence on how this model's cache rolls back, where it is not plain attention."""
+        if self._states is not None:
+            return (
+                "recurrent layers: their state is saved before each forward and a rejected draft "
+                "restores it and reruns the kept tokens"
+            )
+        if llama_cpp.llama_model_n_swa(self._model) > 0:
+            return "sliding-window attention with the full cache kept, so rejected drafts roll back exactly"
+        return ""
+
+    def _recurrent_checkpoints(self) -> RecurrentCheckpoints | None:
+        """The state checkpoints of a hybrid or recurrent model (engine/backends/llama_state.py), after
+        checking on the model that its state can be saved and restored; None for other models."""
+        if not (llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model)):
+            return None
+        token = self._bos if self._bos >= 0 else 0
+        try:
+            size = probe_state(self._ctx, self._mem, self._decode_plain, token)
+        except StateUnsupported as e:
+            self.close()
+            raise state_unsupported_error(self._display_name, str(e)) from None
+        return RecurrentCheckpoints(self._ctx, self._mem, size)
 
     # -- model facts ---------------------------------------------------------------
 
@@ -371,6 +398,8 @@ class LlamaCppBackend(Backend):
         self._check_open()
         n = len(tokens)
         start = len(self.tokens)
+        if self._states is not None:  # what a rollback into this forward restores
+            self._states.save(start)
         out = torch.empty((n if all_logits else 1, self._n_vocab), dtype=torch.float32)
         for offset in range(0, n, self._n_batch):
             m = min(self._n_batch, n - offset)
@@ -399,7 +428,10 @@ class LlamaCppBackend(Backend):
     def _decode_failed(self, rc: int, start: int, tokens: list[int]) -> None:
         # Earlier chunks of this call (and after an abort, part of this one) stay in
         # the cache; drop them so the cache matches self.tokens again.
-        llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
+        if self._states is not None:  # the checkpoint saved at `start` by this very call
+            self._states.rollback(start, self.tokens, self._decode_plain)
+        else:
+            llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
         if rc == 1:
             raise ContextOverflowError(
                 f"llama.cpp found no room in the {self._n_ctx}-token context of {self._display_name} for "
@@ -423,8 +455,33 @@ class LlamaCppBackend(Backend):
         raise RuntimeError(f"llama_decode failed with code {rc}{_llama_said()} after {start} cached tokens.")
 
     def _truncate(self, length: int) -> None:
+        if self._states is not None:
+            try:
+                self._states.rollback(length, self.tokens, self._decode_plain)
+            except BaseException:
+                self._forget_cache()  # the cache is now somewhere between: start again from nothing
+                raise
+            return
         if not llama_cpp.llama_memory_seq_rm(self._mem, 0, length, -1):
             raise RuntimeError(f"llama.cpp could not cut the cache of {self._display_name} back to {length} tokens.")
+
+    def _decode_plain(self, tokens: list[int], start: int) -> None:
+        """Decode `tokens` at positions start... without logits: a replay after a restored state."""
+        for offset in range(0, len(tokens), self._n_batch):
+            m = min(self._n_batch, len(tokens) - offset)
+            self._batch_tokens[:m] = tokens[offset : offset + m]
+            np.add(self._arange[:m], start + offset, out=self._batch_pos[:m])
+            self._batch_flags[:m] = 0
+            self._batch.n_tokens = m
+            rc = llama_cpp.llama_decode(self._ctx, self._batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed with code {rc}{_llama_said()} replaying {len(tokens)} tokens.")
+
+    def _forget_cache(self) -> None:
+        """Empty the cache, the checkpoints and `tokens`: the next prefill recomputes everything."""
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
+        self._states.clear()
+        self.tokens.clear()
 
     # -- text ----------------------------------------------------------------------
 

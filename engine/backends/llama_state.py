@@ -1,0 +1,142 @@
+"""Rollback for llama.cpp models with recurrent layers: state checkpoints and a replay.
+
+A hybrid model (Qwen3.5, Qwen3-Next, LFM2, Nemotron-H, Granite 4, Falcon-H1) or a recurrent one
+(Mamba) keeps, besides or instead of its attention KV cache, one state per sequence that every
+token updates in place, so llama.cpp cannot cut it back token by token: `llama_memory_seq_rm` on
+a position inside the sequence fails for the recurrent part. What works (checked on 0.3.36's
+llama.cpp, with qwen35, lfm2 and mamba2 files):
+
+1. before each forward, copy the recurrent part of sequence 0 (`llama_state_seq_get_data_ext`
+   with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the attention KV is left out, it can be cut) into a
+   buffer of a ring (engine/backends/checkpoints.py), keyed by the tokens it covers;
+2. on a rollback to `length`, restore the newest checkpoint at or before `length` with
+   `llama_state_seq_set_data_ext`: the recurrent cell now ends at the checkpoint's position;
+3. then cut the attention KV at that position with `llama_memory_seq_rm`, which now succeeds
+   (the recurrent part has nothing past it; in the other order the removal fails and changes nothing);
+4. replay the kept tokens after the checkpoint in one decode without logits, like a prefill.
+
+The buffers are allocated once per ring slot and reused: a checkpoint costs one copy of the
+state (a few MB to ~100 MB on real models, much less than a forward), no allocation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+
+import llama_cpp
+
+from engine.backends.checkpoints import KEEP, StateCheckpoints
+from engine.errors import ModelLoadError, OutOfMemoryError
+
+PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+SEQ = 0  # the backend's one sequence
+
+# Replays `tokens` at positions start... without logits: the backend's batched decode.
+Replay = Callable[[list[int], int], None]
+
+
+class StateUnsupported(Exception):
+    """This llama.cpp cannot save and restore the recurrent state of this model."""
+
+
+class RecurrentCheckpoints:
+    """Checkpoints of sequence 0's recurrent state in reused buffers, and the rollback they allow."""
+
+    def __init__(self, ctx, mem, state_bytes: int, keep: int = KEEP) -> None:
+        self._ctx = ctx
+        self._mem = mem
+        self._size = state_bytes
+        self._ring: StateCheckpoints[tuple[ctypes.Array, int]] = StateCheckpoints(keep)
+        # keep + 1 buffers used in turn: the one taken for a save was last used keep + 1 saves
+        # ago, so the ring has dropped it by then (it holds the newest keep at most, and a save
+        # only ever drops older ones), and a buffer still in the ring is never overwritten.
+        self._buffers: list[ctypes.Array | None] = [None] * (keep + 1)
+        self._next = 0
+        self.saves = self.restores = self.replayed = 0  # counters for measurements
+
+    @property
+    def state_bytes(self) -> int:
+        return self._size
+
+    def save(self, position: int) -> None:
+        """Checkpoint the state after the first `position` tokens (the cache holds exactly those)."""
+        newest = self._ring.newest_at_or_before(position)
+        if newest is not None and newest.position == position:
+            return  # already saved: the state after the same tokens (the ring drops stale ones)
+        slot = self._next
+        buffer = self._buffers[slot]
+        if buffer is None:
+            try:
+                buffer = self._buffers[slot] = (ctypes.c_uint8 * self._size)()
+            except MemoryError as e:
+                raise OutOfMemoryError(
+                    f"No memory left for a {self._size / 2**20:.1f} MiB checkpoint of the model's recurrent "
+                    "state, which speculative decoding keeps to undo rejected drafts. Close other programs, "
+                    "or generate without a drafter."
+                ) from e
+        written = llama_cpp.llama_state_seq_get_data_ext(self._ctx, buffer, self._size, SEQ, PARTIAL)
+        if written == 0:
+            raise RuntimeError(f"llama.cpp could not save the recurrent state after {position} tokens.")
+        self._next = (slot + 1) % len(self._buffers)
+        self._ring.save(position, (buffer, written))
+        self.saves += 1
+
+    def rollback(self, length: int, tokens: list[int], replay: Replay) -> None:
+        """Make the cache hold `tokens[:length]`: restore, cut, replay (the module docstring)."""
+        checkpoint = self._ring.newest_at_or_before(length)
+        if checkpoint is None:  # older than every checkpoint: start from an empty sequence
+            start = 0
+            llama_cpp.llama_memory_seq_rm(self._mem, SEQ, -1, -1)
+        else:
+            start = checkpoint.position
+            buffer, size = checkpoint.state
+            if llama_cpp.llama_state_seq_set_data_ext(self._ctx, buffer, size, SEQ, PARTIAL) != size:
+                raise RuntimeError(f"llama.cpp could not restore the recurrent state after {start} tokens.")
+            if not llama_cpp.llama_memory_seq_rm(self._mem, SEQ, start, -1):
+                raise RuntimeError(f"llama.cpp could not cut the cache back to {start} tokens after a restore.")
+            self.restores += 1
+        self._ring.drop_after(length)
+        if start < length:
+            replay(tokens[start:length], start)
+            self.replayed += length - start
+
+    def clear(self) -> None:
+        self._ring.clear()
+
+
+def probe(ctx, mem, decode: Callable[[list[int], int], None], token: int) -> int:
+    """Check on this model that the partial state can be saved and restored; return its size in
+    bytes. Decodes [token, token] and cuts back to one, the way a rollback does, then empties the
+    sequence. Raises StateUnsupported with the reason."""
+    llama_cpp.llama_memory_seq_rm(mem, SEQ, -1, -1)
+    try:
+        decode([token], 0)
+        size = llama_cpp.llama_state_seq_get_size_ext(ctx, SEQ, PARTIAL)
+        if size == 0:
+            raise StateUnsupported("llama.cpp reports no recurrent state to save")
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data_ext(ctx, buffer, size, SEQ, PARTIAL)
+        if written == 0:
+            raise StateUnsupported("llama.cpp could not copy the recurrent state")
+        decode([token], 1)
+        if llama_cpp.llama_state_seq_set_data_ext(ctx, buffer, written, SEQ, PARTIAL) != written:
+            raise StateUnsupported("llama.cpp could not restore a saved recurrent state")
+        if not llama_cpp.llama_memory_seq_rm(mem, SEQ, 1, -1):
+            raise StateUnsupported("llama.cpp could not cut the attention cache after restoring the state")
+        if llama_cpp.llama_memory_seq_pos_max(mem, SEQ) != 0:
+            raise StateUnsupported("the restored state does not end where it was saved")
+        decode([token], 1)  # the position after the restored state must be free again
+        return size
+    except (RuntimeError, OSError) as e:  # a failed decode in the probe
+        raise StateUnsupported(str(e)) from e
+    finally:
+        llama_cpp.llama_memory_seq_rm(mem, SEQ, -1, -1)
+
+
+def unsupported_error(name: str, reason: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"{name} has recurrent (state-space) layers, whose state speculative decoding must save and "
+        f"restore to undo rejected drafts, and this llama.cpp ({llama_cpp.__version__}) cannot do that "
+        f"for it: {reason}. Update llama-cpp-python, or pick a transformer model."
+    )

@@ -1,0 +1,157 @@
+"""GGUF files of real hybrid and sliding-window architectures, tiny and random, for tests.
+
+Each writer builds a few layers of one llama.cpp architecture with random float32 weights and
+SmolLM2's tokenizer (as `make_tiny_gguf` does), so the files share the vocabulary of the
+embedded default model and of each other: one can draft for another. The hyper-parameter keys
+and tensor shapes are the ones llama.cpp's loader reads for that architecture (src/llama-model.cpp),
+checked by loading them with the llama.cpp that llama-cpp-python 0.3.36 bundles:
+
+- `qwen35` (Qwen3.5 / 3.6): gated delta net layers with one full-attention layer in every
+  `full_attention_interval`;
+- `lfm2` (LFM2): short-convolution layers where the per-layer KV head count is 0, attention elsewhere;
+- `mamba2`: recurrent only, no attention at all;
+- `gemma3`: sliding-window attention on most layers, a window shorter than a test prompt.
+
+Shapes are written as numpy (rows, cols) = ggml's {cols, rows}.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGUFWriter, LlamaFileType
+
+from tests.factories.gguf_models import _add_tokenizer, _smollm2_tokenizer
+
+N_EMBD = 64
+N_FF = 128
+N_HEAD = 4
+HEAD_DIM = 16
+
+
+class _Weights:
+    """Random matrices with a spread that keeps activations O(1) through a few layers."""
+
+    def __init__(self, writer: GGUFWriter, seed: int) -> None:
+        self.writer = writer
+        self.rng = np.random.default_rng(seed)
+
+    def matrix(self, name: str, rows: int, cols: int, scale: float | None = None) -> None:
+        scale = 1.0 / np.sqrt(cols) if scale is None else scale
+        data = (self.rng.standard_normal((rows, cols), dtype=np.float32) * scale).astype(np.float32)
+        self.writer.add_tensor(name, data)
+
+    def vector(self, name: str, n: int, value: float | None = None, scale: float = 0.5) -> None:
+        if value is None:
+            data = (self.rng.standard_normal(n, dtype=np.float32) * scale).astype(np.float32)
+        else:
+            data = np.full(n, value, dtype=np.float32)
+        self.writer.add_tensor(name, data)
+
+
+def _start(path: str, arch: str, seed: int, n_layers: int, context_length: int) -> tuple[GGUFWriter, _Weights]:
+    tokenizer = _smollm2_tokenizer()
+    writer = GGUFWriter(path, arch=arch)
+    writer.add_name(f"tiny-random-{arch}-seed{seed}")
+    writer.add_file_type(LlamaFileType.ALL_F32)
+    writer.add_block_count(n_layers)
+    writer.add_context_length(context_length)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokenizer["tokenizer.ggml.tokens"]))
+    _add_tokenizer(writer, tokenizer, with_chat_template=True)
+    weights = _Weights(writer, seed)
+    weights.matrix("token_embd.weight", len(tokenizer["tokenizer.ggml.tokens"]), N_EMBD, 2.0 / np.sqrt(N_EMBD))
+    return writer, weights
+
+
+def _finish(writer: GGUFWriter) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _ffn(w: _Weights, block: str) -> None:
+    w.matrix(f"{block}.ffn_gate.weight", N_FF, N_EMBD)
+    w.matrix(f"{block}.ffn_up.weight", N_FF, N_EMBD)
+    w.matrix(f"{block}.ffn_down.weight", N_EMBD, N_FF)
+
+
+def make_qwen35_gguf(path: str, *, seed: int = 0, n_layers: int = 4, context_length: int = 2048) -> str:
+    """A Qwen3.5 hybrid: layers 0-2 gated delta nets, layer 3 full attention (interval 4)."""
+    writer, w = _start(path, "qwen35", seed, n_layers, context_length)
+    n_head_kv = 2
+    d_state, n_k_heads, n_v_heads, d_conv = 16, 2, 4, 4
+    key_dim, value_dim = d_state * n_k_heads, d_state * n_v_heads
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_rope_dimension_sections([2, 3, 3, 0])  # text only: all three axes see the same position
+    writer.add_rope_freq_base(100000.0)
+    writer.add_ssm_conv_kernel(d_conv)
+    writer.add_ssm_inner_size(value_dim)
+    writer.add_ssm_state_size(d_state)
+    writer.add_ssm_time_step_rank(n_v_heads)
+    writer.add_ssm_group_count(n_k_heads)
+    writer.add_full_attention_interval(4)
+
+    w.vector("output_norm.weight", N_EMBD, 1.0)
+    for i in range(n_layers):
+        block = f"blk.{i}"
+        w.vector(f"{block}.attn_norm.weight", N_EMBD, 1.0)
+        w.vector(f"{block}.post_attention_norm.weight", N_EMBD, 1.0)
+        if (i + 1) % 4 == 0:  # full attention; q carries a gate of the same size
+            w.matrix(f"{block}.attn_q.weight", 2 * N_HEAD * HEAD_DIM, N_EMBD)
+            w.matrix(f"{block}.attn_k.weight", n_head_kv * HEAD_DIM, N_EMBD)
+            w.matrix(f"{block}.attn_v.weight", n_head_kv * HEAD_DIM, N_EMBD)
+            w.matrix(f"{block}.attn_output.weight", N_EMBD, N_HEAD * HEAD_DIM)
+            w.vector(f"{block}.attn_q_norm.weight", HEAD_DIM, 1.0)
+            w.vector(f"{block}.attn_k_norm.weight", HEAD_DIM, 1.0)
+        else:  # gated delta net
+            w.matrix(f"{block}.attn_qkv.weight", 2 * key_dim + value_dim, N_EMBD)
+            w.matrix(f"{block}.attn_gate.weight", value_dim, N_EMBD)
+            w.matrix(f"{block}.ssm_conv1d.weight", 2 * key_dim + value_dim, d_conv, 0.5)
+            w.vector(f"{block}.ssm_dt.bias", n_v_heads)
+            w.vector(f"{block}.ssm_a", n_v_heads, -1.0)
+            w.matrix(f"{block}.ssm_beta.weight", n_v_heads, N_EMBD)
+            w.matrix(f"{block}.ssm_alpha.weight", n_v_heads, N_EMBD)
+            w.vector(f"{block}.ssm_norm.weight", d_state, 1.0)
+            w.matrix(f"{block}.ssm_out.weight", N_EMBD, value_dim)
+        _ffn(w, block)
+    _finish(writer)
+    return str(path)
+
+
+def make_lfm2_gguf(path: str, *, seed: int = 0, n_layers: int = 4, context_length: int = 2048) -> str:
+    """An LFM2 hybrid: short-convolution layers 0, 1 and 3, attention on layer 2."""
+    writer, w = _start(path, "lfm2", seed, n_layers, context_length)
+    attention = {2}
+    l_cache = 3
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv([2 if i in attention else 0 for i in range(n_layers)])
+    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_rope_freq_base(100000.0)
+    writer.add_shortconv_l_cache(l_cache)
+
+    w.vector("token_embd_norm.weight", N_EMBD, 1.0)  # LFM2's final norm has this name
+    for i in range(n_layers):
+        block = f"blk.{i}"
+        w.vector(f"{block}.attn_norm.weight", N_EMBD, 1.0)
+        w.vector(f"{block}.ffn_norm.weight", N_EMBD, 1.0)
+        if i in attention:
+            w.matrix(f"{block}.attn_q.weight", N_HEAD * HEAD_DIM, N_EMBD)
+            w.matrix(f"{block}.attn_k.weight", 2 * HEAD_DIM, N_EMBD)
+            w.matrix(f"{block}.attn_v.weight", 2 * HEAD_DIM, N_EMBD)
+            w.matrix(f"{block}.attn_output.weight", N_EMBD, N_HEAD * HEAD_DIM)
+            w.vector(f"{block}.attn_q_norm.weight", HEAD_DIM, 1.0)
+            w.vector(f"{block}.attn_k_norm.weight", HEAD_DIM, 1.0)
+        else:
+            w.matrix(f"{block}.shortconv.in_proj.weight", 3 * N_EMBD, N_EMBD)
+            w.matrix(f"{block}.shortconv.conv.weight", N_EMBD, l_cache, 0.5)
+            w.matrix(f"{block}.shortconv.out_proj.weight", N_EMBD, N_EMBD)
+        _ffn(w, block)
+    _finish(writer)
+    return str(path)
