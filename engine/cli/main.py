@@ -7,6 +7,7 @@
     specdeck-cli generate --server http://127.0.0.1:8000 -p "..."   (the server's model instead of a local one)
     specdeck-cli doctor --target M --draft M [--json]
     specdeck-cli models [--dir D] [--json]
+    specdeck-cli models --drafters-for M [--measure] [--json]   (every drafter for M, ranked; what is left out, why)
 
 Text streams to stdout as it is produced; statistics go to stderr, so stdout
 holds exactly the reply. With --json, stdout holds one JSON object instead.
@@ -104,6 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list the models found on this machine")
     models.add_argument("--dir", action="append", default=[], help="also search this folder (repeatable)")
     models.add_argument("--json", action="store_true")
+    models.add_argument(
+        "--drafters-for",
+        metavar="M",
+        help="list every drafter that could serve the target M, ranked, and every model left out with why",
+    )
+    models.add_argument(
+        "--measure",
+        action="store_true",
+        help="with --drafters-for: run each candidate for a share of about 10 s and rank by measured speed",
+    )
+    models.add_argument("--measure-seconds", type=float, default=10.0, help=argparse.SUPPRESS)
+    models.add_argument("--n-ctx", type=int, default=4096, help="with --drafters-for: the context the pair must hold")
     models.set_defaults(func=cmd_models)
     add_bench_parser(sub)
     add_chat_parser(sub)
@@ -375,6 +388,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     from engine.models.locate import list_models
 
+    if args.drafters_for:
+        return _drafters_for(args)
+    if args.measure:
+        raise ConfigError("--measure ranks the drafters of --drafters-for M: add --drafters-for and a target.")
     refs = list_models(extra_dirs=tuple(args.dir))
     if args.json:
         print(json.dumps([ref.__dict__ for ref in refs], indent=2, default=str))
@@ -382,6 +399,20 @@ def cmd_models(args: argparse.Namespace) -> int:
         for ref in refs:
             kind = f"{ref.kind} {ref.quant}".strip()  # "gguf Q4_K_M"; a HF folder has no quantization type
             print(f"{ref.name:40s} {kind:12s} {ref.source:15s} {ref.size_bytes / 2**20:9.1f} MiB  {ref.path}")
+    return 0
+
+
+def _drafters_for(args: argparse.Namespace) -> int:
+    """`models --drafters-for M`: engine/models/discovery.py's list, measured with --measure."""
+    from engine.models.discovery import discover
+
+    found = discover(args.drafters_for, extra_dirs=tuple(args.dir), heads_dirs=tuple(args.dir), n_ctx=args.n_ctx)
+    if args.measure:
+        from engine.models.discovery_measure import measure
+
+        say = None if args.json else (lambda message, fraction: print(message, file=sys.stderr, flush=True))
+        found = measure(found, args.measure_seconds, progress=say)
+    print(json.dumps(found.to_dict(), indent=2) if args.json else str(found))
     return 0
 
 

@@ -1,0 +1,132 @@
+"""Drafter discovery: for the embedded SmolLM2-135M, a store with one fitting draft and others that do
+not, each left out with its reason in words, on the command line (text and JSON) and from Python."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from engine.cli.main import main
+from engine.models.discovery import Discovery, discover
+from tests.factories.discovery_stores import OTHER_BASE, make_drafter_store
+
+SPEEDUP_RATIO_RANGE = "outside what pays (about 8:1 to 70:1)"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> dict[str, str]:
+    return make_drafter_store(tmp_path_factory.mktemp("store"))
+
+
+@pytest.fixture(autouse=True)
+def only_this_store(tmp_path, monkeypatch):
+    """No user's models: every store SpecDeck scans is empty, but the packaged models' cache stays."""
+    monkeypatch.setenv("SPECDECK_CACHE", os.environ.get("SPECDECK_CACHE") or str(Path.home() / ".cache" / "specdeck"))
+    for var, sub in (("HOME", "home"), ("HF_HUB_CACHE", "hub"), ("OLLAMA_MODELS", "ollama"), ("LLAMA_CACHE", "lc")):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    monkeypatch.delenv("SPECDECK_MODEL_DIRS", raising=False)
+    monkeypatch.delenv("SPECDECK_DATA_DIR", raising=False)
+
+
+def by_name(items) -> dict:
+    return {item.name: item for item in items}
+
+
+def test_the_fitting_draft_is_offered_and_every_other_model_is_left_out_with_its_reason(store):
+    found = discover("default", extra_dirs=[Path(store["tiny-draft"]).parents[1]])
+
+    offered = by_name(found.candidates)
+    assert offered["tiny-draft"].drafter == "model"
+    assert offered["tiny-draft"].spec == store["tiny-draft"]
+    assert offered["tiny-draft"].why.startswith(
+        "same vocabulary; 42:1 parameters (135M / 3M), in the useful 8:1 to 70:1"
+    )
+    left = by_name(found.left_out)
+    assert left["other-vocab"].reason.startswith(
+        "another vocabulary: Token 0 is '<|endoftext|>' in the target but '<s>'"
+    )
+    assert left["qwen-like"].reason.startswith("another family (qwen2; the target is llama), with another vocabulary")
+    assert left["speck"].reason.startswith(f"a parameter ratio of 170.0:1 (135M / 791K), {SPEEDUP_RATIO_RANGE}")
+    heads = left["Medusa heads (medusa-qwen)"]
+    assert heads.path == store["medusa-qwen"]
+    assert heads.reason.startswith(f"Medusa heads made for {OTHER_BASE}: its hidden size 896 (the target's: 576).")
+    assert not set(offered) & set(left)
+
+
+def test_heads_made_for_the_target_and_the_drafters_that_need_no_files_are_offered(store):
+    found = discover("default", extra_dirs=[Path(store["tiny-draft"]).parents[1]])
+
+    offered = by_name(found.candidates)
+    assert offered["Medusa heads (medusa-smollm2)"].cli == f"--drafter medusa --heads {store['medusa-smollm2']}"
+    assert "Medusa heads that ship with SpecDeck" in offered["Medusa heads (medusa-smollm2-135m)"].why
+    order = [c.drafter for c in found.candidates]
+    assert order.index("ngram") < order.index("suffix")  # n-gram lookup is llama.cpp's default
+    assert order.index("model") < order.index("ngram")  # a draft in the useful range before lookup
+
+
+def test_a_target_pinned_to_llama_cpp_leaves_out_what_needs_pytorch_and_says_why(store):
+    found = discover("default", extra_dirs=[Path(store["tiny-draft"]).parents[1]], backend="llama.cpp")
+
+    assert {c.drafter for c in found.candidates} == {"model", "ngram", "suffix"}
+    lookahead = by_name(found.left_out)["Lookahead decoding"]
+    assert lookahead.reason.startswith("needs the PyTorch backend: Lookahead decoding verifies its window")
+
+
+def test_cli_says_the_same_in_text_and_json(store, capsys):
+    folder = str(Path(store["tiny-draft"]).parents[1])
+    assert main(["models", "--drafters-for", "default", "--dir", folder]) == 0
+    text = capsys.readouterr().out
+    assert "tiny-draft [model]" in text
+    assert f"use: --drafter model --draft {store['tiny-draft']}" in text
+    assert f"  - speck  {store['speck']}" in text
+    assert "another family (qwen2; the target is llama)" in text
+    assert f"Medusa heads made for {OTHER_BASE}: its hidden size 896" in text
+
+    assert main(["models", "--drafters-for", "default", "--dir", folder, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    reasons = {x["name"]: x["reason"] for x in data["left_out"]}
+    assert reasons["speck"].startswith(f"a parameter ratio of 170.0:1 (135M / 791K), {SPEEDUP_RATIO_RANGE}")
+    assert data["candidates"][0]["score"] >= data["candidates"][-1]["score"]
+    assert Discovery.from_dict(data) == discover("default", extra_dirs=[folder])
+
+
+def test_measure_without_a_target_is_refused_with_what_to_add(capsys):
+    assert main(["models", "--measure"]) == 2
+    assert "add --drafters-for and a target" in capsys.readouterr().err
+
+
+def test_a_model_with_mtp_layers_offers_them_and_a_copy_saved_without_them_says_so(tmp_path):
+    from tests.factories.mtp_models import make_mtp_model
+
+    with_layers = make_mtp_model(tmp_path / "with-mtp", n_layers=1)
+    found = discover(with_layers, models=[])
+    mtp = next(c for c in found.candidates if c.kind == "mtp")
+    assert mtp.drafter == "mtp" and "the model's own 1 MTP layer(s)" in mtp.why
+
+    stripped = make_mtp_model(tmp_path / "stripped", n_layers=1, mtp=False)
+    config = json.loads((Path(stripped) / "config.json").read_text())
+    (Path(stripped) / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    found = discover(stripped, models=[])
+    assert not [c for c in found.candidates if c.kind == "mtp"]
+    reason = next(x.reason for x in found.left_out if x.kind == "mtp")
+    assert "this copy was saved without them" in reason
+
+
+def test_measuring_ranks_what_runs_on_llama_cpp_by_speed_and_says_why_the_rest_was_not_run(store):
+    from engine.models.discovery_measure import measure
+    from engine.models.locate import resolve
+
+    found = measure(discover("default", models=[resolve(store["tiny-draft"])]), budget_s=1.0)
+
+    assert found.vanilla_tokens_per_s > 0
+    ran = [c for c in found.candidates if c.speedup is not None]
+    assert {c.drafter for c in ran} == {"model", "ngram", "suffix"}
+    assert all(c.tokens_per_s > 0 for c in ran)
+    assert [c.speedup for c in ran] == sorted((c.speedup for c in ran), reverse=True)
+    assert found.candidates[: len(ran)] == tuple(ran)
+    rest = found.candidates[len(ran) :]
+    assert {c.drafter for c in rest} == {"eagle", "medusa", "lookahead", "early-exit"}
+    assert all(c.note.startswith("not measured: it runs the target on PyTorch") for c in rest)
