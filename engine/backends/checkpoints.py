@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 State = TypeVar("State")
@@ -63,3 +64,8 @@ class StateCheckpoints(Generic[State]):
 
     def __len__(self) -> int:
         return len(self._saved)
+
+    def __iter__(self) -> Iterator[Checkpoint[State]]:
+        """The checkpoints kept, oldest first: a backend that reuses its state buffers looks here
+        for the ones still in use."""
+        return iter(self._saved)
