@@ -399,7 +399,7 @@ class LlamaCppBackend(Backend):
         n = len(tokens)
         start = len(self.tokens)
         if self._states is not None:  # what a rollback into this forward restores
-            self._states.save(start)
+            self._save_state(start)
         out = torch.empty((n if all_logits else 1, self._n_vocab), dtype=torch.float32)
         for offset in range(0, n, self._n_batch):
             m = min(self._n_batch, n - offset)
@@ -464,6 +464,19 @@ class LlamaCppBackend(Backend):
             return
         if not llama_cpp.llama_memory_seq_rm(self._mem, 0, length, -1):
             raise RuntimeError(f"llama.cpp could not cut the cache of {self._display_name} back to {length} tokens.")
+
+    def _save_state(self, start: int) -> None:
+        try:
+            self._states.save(start)
+        except MemoryError as e:  # before the decode: the cache, and the reply so far, stay as they were
+            mib = self._states.state_bytes / 2**20
+            raise model_out_of_memory(
+                f"keep a {mib:.1f} MiB checkpoint of the recurrent state of {self._display_name}, which "
+                "undoes rejected drafts",
+                self._info,
+                self._n_ctx,
+                "closing other programs that use memory",
+            ) from e
 
     def _decode_plain(self, tokens: list[int], start: int) -> None:
         """Decode `tokens` at positions start... without logits: a replay after a restored state."""

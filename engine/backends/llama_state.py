@@ -27,7 +27,7 @@ from collections.abc import Callable
 import llama_cpp
 
 from engine.backends.checkpoints import KEEP, StateCheckpoints
-from engine.errors import ModelLoadError, OutOfMemoryError
+from engine.errors import ModelLoadError
 
 PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 SEQ = 0  # the backend's one sequence
@@ -48,11 +48,8 @@ class RecurrentCheckpoints:
         self._mem = mem
         self._size = state_bytes
         self._ring: StateCheckpoints[tuple[ctypes.Array, int]] = StateCheckpoints(keep)
-        # keep + 1 buffers used in turn: the one taken for a save was last used keep + 1 saves
-        # ago, so the ring has dropped it by then (it holds the newest keep at most, and a save
-        # only ever drops older ones), and a buffer still in the ring is never overwritten.
-        self._buffers: list[ctypes.Array | None] = [None] * (keep + 1)
-        self._next = 0
+        # Allocated as needed, keep + 1 at most: the ring holds keep states at most, so one is free.
+        self._buffers: list[ctypes.Array] = []
         self.saves = self.restores = self.replayed = 0  # counters for measurements
 
     @property
@@ -64,23 +61,22 @@ class RecurrentCheckpoints:
         newest = self._ring.newest_at_or_before(position)
         if newest is not None and newest.position == position:
             return  # already saved: the state after the same tokens (the ring drops stale ones)
-        slot = self._next
-        buffer = self._buffers[slot]
-        if buffer is None:
-            try:
-                buffer = self._buffers[slot] = (ctypes.c_uint8 * self._size)()
-            except MemoryError as e:
-                raise OutOfMemoryError(
-                    f"No memory left for a {self._size / 2**20:.1f} MiB checkpoint of the model's recurrent "
-                    "state, which speculative decoding keeps to undo rejected drafts. Close other programs, "
-                    "or generate without a drafter."
-                ) from e
+        buffer = self._free_buffer()
         written = llama_cpp.llama_state_seq_get_data_ext(self._ctx, buffer, self._size, SEQ, PARTIAL)
         if written == 0:
             raise RuntimeError(f"llama.cpp could not save the recurrent state after {position} tokens.")
-        self._next = (slot + 1) % len(self._buffers)
         self._ring.save(position, (buffer, written))
         self.saves += 1
+
+    def _free_buffer(self) -> ctypes.Array:
+        """A buffer no checkpoint of the ring holds (a checkpoint kept from long ago still holds its own)."""
+        in_use = {id(checkpoint.state[0]) for checkpoint in self._ring}
+        for buffer in self._buffers:
+            if id(buffer) not in in_use:
+                return buffer
+        buffer = (ctypes.c_uint8 * self._size)()  # MemoryError when it does not fit: the backend says what to do
+        self._buffers.append(buffer)
+        return buffer
 
     def rollback(self, length: int, tokens: list[int], replay: Replay) -> None:
         """Make the cache hold `tokens[:length]`: restore, cut, replay (the module docstring)."""

@@ -31,9 +31,15 @@ HEAD_DIM = 16
 class _Weights:
     """Random matrices with a spread that keeps activations O(1) through a few layers."""
 
-    def __init__(self, writer: GGUFWriter, seed: int) -> None:
+    def __init__(self, writer: GGUFWriter, seed: int, mix: float) -> None:
         self.writer = writer
         self.rng = np.random.default_rng(seed)
+        self.mix = mix  # scale of the matrices that write into the residual stream
+
+    def out(self, name: str, rows: int, cols: int) -> None:
+        """A matrix that adds to the residual stream: `mix` sets how far the layers move the
+        embedding of the input token, so how often the model predicts that token again."""
+        self.matrix(name, rows, cols, self.mix / np.sqrt(cols))
 
     def matrix(self, name: str, rows: int, cols: int, scale: float | None = None) -> None:
         scale = 1.0 / np.sqrt(cols) if scale is None else scale
@@ -48,7 +54,9 @@ class _Weights:
         self.writer.add_tensor(name, data)
 
 
-def _start(path: str, arch: str, seed: int, n_layers: int, context_length: int) -> tuple[GGUFWriter, _Weights]:
+def _start(
+    path: str, arch: str, seed: int, n_layers: int, context_length: int, mix: float
+) -> tuple[GGUFWriter, _Weights]:
     tokenizer = _smollm2_tokenizer()
     writer = GGUFWriter(path, arch=arch)
     writer.add_name(f"tiny-random-{arch}-seed{seed}")
@@ -60,7 +68,7 @@ def _start(path: str, arch: str, seed: int, n_layers: int, context_length: int) 
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(tokenizer["tokenizer.ggml.tokens"]))
     _add_tokenizer(writer, tokenizer, with_chat_template=True)
-    weights = _Weights(writer, seed)
+    weights = _Weights(writer, seed, mix)
     weights.matrix("token_embd.weight", len(tokenizer["tokenizer.ggml.tokens"]), N_EMBD, 2.0 / np.sqrt(N_EMBD))
     return writer, weights
 
@@ -75,12 +83,12 @@ def _finish(writer: GGUFWriter) -> None:
 def _ffn(w: _Weights, block: str) -> None:
     w.matrix(f"{block}.ffn_gate.weight", N_FF, N_EMBD)
     w.matrix(f"{block}.ffn_up.weight", N_FF, N_EMBD)
-    w.matrix(f"{block}.ffn_down.weight", N_EMBD, N_FF)
+    w.out(f"{block}.ffn_down.weight", N_EMBD, N_FF)
 
 
-def make_qwen35_gguf(path: str, *, seed: int = 0, n_layers: int = 4, context_length: int = 2048) -> str:
+def make_qwen35_gguf(path: str, *, seed: int = 0, n_layers: int = 4, context_length: int = 2048, mix: float = 1.0) -> str:
     """A Qwen3.5 hybrid: layers 0-2 gated delta nets, layer 3 full attention (interval 4)."""
-    writer, w = _start(path, "qwen35", seed, n_layers, context_length)
+    writer, w = _start(path, "qwen35", seed, n_layers, context_length, mix)
     n_head_kv = 2
     d_state, n_k_heads, n_v_heads, d_conv = 16, 2, 4, 4
     key_dim, value_dim = d_state * n_k_heads, d_state * n_v_heads
@@ -107,7 +115,7 @@ def make_qwen35_gguf(path: str, *, seed: int = 0, n_layers: int = 4, context_len
             w.matrix(f"{block}.attn_q.weight", 2 * N_HEAD * HEAD_DIM, N_EMBD)
             w.matrix(f"{block}.attn_k.weight", n_head_kv * HEAD_DIM, N_EMBD)
             w.matrix(f"{block}.attn_v.weight", n_head_kv * HEAD_DIM, N_EMBD)
-            w.matrix(f"{block}.attn_output.weight", N_EMBD, N_HEAD * HEAD_DIM)
+            w.out(f"{block}.attn_output.weight", N_EMBD, N_HEAD * HEAD_DIM)
             w.vector(f"{block}.attn_q_norm.weight", HEAD_DIM, 1.0)
             w.vector(f"{block}.attn_k_norm.weight", HEAD_DIM, 1.0)
         else:  # gated delta net
@@ -119,15 +127,15 @@ def make_qwen35_gguf(path: str, *, seed: int = 0, n_layers: int = 4, context_len
             w.matrix(f"{block}.ssm_beta.weight", n_v_heads, N_EMBD)
             w.matrix(f"{block}.ssm_alpha.weight", n_v_heads, N_EMBD)
             w.vector(f"{block}.ssm_norm.weight", d_state, 1.0)
-            w.matrix(f"{block}.ssm_out.weight", N_EMBD, value_dim)
+            w.out(f"{block}.ssm_out.weight", N_EMBD, value_dim)
         _ffn(w, block)
     _finish(writer)
     return str(path)
 
 
-def make_lfm2_gguf(path: str, *, seed: int = 0, n_layers: int = 4, context_length: int = 2048) -> str:
+def make_lfm2_gguf(path: str, *, seed: int = 0, n_layers: int = 4, context_length: int = 2048, mix: float = 1.0) -> str:
     """An LFM2 hybrid: short-convolution layers 0, 1 and 3, attention on layer 2."""
-    writer, w = _start(path, "lfm2", seed, n_layers, context_length)
+    writer, w = _start(path, "lfm2", seed, n_layers, context_length, mix)
     attention = {2}
     l_cache = 3
     writer.add_head_count(N_HEAD)
@@ -145,13 +153,49 @@ def make_lfm2_gguf(path: str, *, seed: int = 0, n_layers: int = 4, context_lengt
             w.matrix(f"{block}.attn_q.weight", N_HEAD * HEAD_DIM, N_EMBD)
             w.matrix(f"{block}.attn_k.weight", 2 * HEAD_DIM, N_EMBD)
             w.matrix(f"{block}.attn_v.weight", 2 * HEAD_DIM, N_EMBD)
-            w.matrix(f"{block}.attn_output.weight", N_EMBD, N_HEAD * HEAD_DIM)
+            w.out(f"{block}.attn_output.weight", N_EMBD, N_HEAD * HEAD_DIM)
             w.vector(f"{block}.attn_q_norm.weight", HEAD_DIM, 1.0)
             w.vector(f"{block}.attn_k_norm.weight", HEAD_DIM, 1.0)
         else:
             w.matrix(f"{block}.shortconv.in_proj.weight", 3 * N_EMBD, N_EMBD)
             w.matrix(f"{block}.shortconv.conv.weight", N_EMBD, l_cache, 0.5)
-            w.matrix(f"{block}.shortconv.out_proj.weight", N_EMBD, N_EMBD)
+            w.out(f"{block}.shortconv.out_proj.weight", N_EMBD, N_EMBD)
+        _ffn(w, block)
+    _finish(writer)
+    return str(path)
+
+
+def make_gemma3_gguf(
+    path: str,
+    *,
+    seed: int = 0,
+    n_layers: int = 3,
+    sliding_window: int = 4,
+    context_length: int = 2048,
+    mix: float = 1.0,
+) -> str:
+    """A Gemma 3: sliding-window attention over the last `sliding_window` tokens on every layer
+    here (Gemma 3 makes one layer in six global; these files have fewer)."""
+    writer, w = _start(path, "gemma3", seed, n_layers, context_length, mix)
+    n_head_kv = 2
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_rope_freq_base(100000.0)
+    writer.add_sliding_window(sliding_window)
+
+    w.vector("output_norm.weight", N_EMBD, 1.0)
+    for i in range(n_layers):
+        block = f"blk.{i}"
+        for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            w.vector(f"{block}.{norm}.weight", N_EMBD, 1.0)
+        w.matrix(f"{block}.attn_q.weight", N_HEAD * HEAD_DIM, N_EMBD)
+        w.matrix(f"{block}.attn_k.weight", n_head_kv * HEAD_DIM, N_EMBD)
+        w.matrix(f"{block}.attn_v.weight", n_head_kv * HEAD_DIM, N_EMBD)
+        w.out(f"{block}.attn_output.weight", N_EMBD, N_HEAD * HEAD_DIM)
+        w.vector(f"{block}.attn_q_norm.weight", HEAD_DIM, 1.0)
+        w.vector(f"{block}.attn_k_norm.weight", HEAD_DIM, 1.0)
         _ffn(w, block)
     _finish(writer)
     return str(path)
