@@ -408,7 +408,7 @@ def _drafters_for(args: argparse.Namespace) -> int:
 
     found = discover(args.drafters_for, extra_dirs=tuple(args.dir), heads_dirs=tuple(args.dir), n_ctx=args.n_ctx)
     if args.measure:
-        from engine.models.discovery_measure import measure
+        from engine.bench.discovery_measure import measure
 
         say = None if args.json else (lambda message, fraction: print(message, file=sys.stderr, flush=True))
         found = measure(found, args.measure_seconds, progress=say)

@@ -71,6 +71,7 @@ PLACES = (
     ("engine.drafters.heads_loading", "configuration"),
     ("engine.models.load_options", "configuration"),
     ("engine.models.load_checks", "configuration"),
+    ("engine.models.discovery*", "configuration"),  # drafter discovery asks the registry what each drafter needs
     ("engine.models.loading", "backends"),
     # model files
     ("engine.models", "model files"),

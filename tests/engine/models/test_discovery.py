@@ -116,7 +116,7 @@ def test_a_model_with_mtp_layers_offers_them_and_a_copy_saved_without_them_says_
 
 
 def test_measuring_ranks_what_runs_on_llama_cpp_by_speed_and_says_why_the_rest_was_not_run(store):
-    from engine.models.discovery_measure import measure
+    from engine.bench.discovery_measure import measure
     from engine.models.locate import resolve
 
     found = measure(discover("default", models=[resolve(store["tiny-draft"])]), budget_s=1.0)
