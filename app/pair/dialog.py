@@ -43,6 +43,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from app.pair.drafters_list import DraftersButton
 from app.pair.engine_row import EngineRow
 from app.pair.form import PairForm
 from app.pair.model_drop import DRAFT, TARGET, ModelDrops
@@ -108,6 +109,10 @@ class PairDialog(QDialog):
 
         check_row = QHBoxLayout()
         check_row.addWidget(self.check_button)
+        self.drafters_button = DraftersButton(
+            self.form, self.settings, self
+        )  # every drafter for the target, and why not
+        check_row.addWidget(self.drafters_button)
         check_row.addStretch(1)
         # Said when the saved pair could not be read (damaged, or from a newer SpecDeck): the defaults show.
         self.notice = QLabel(self)
@@ -205,6 +210,7 @@ class PairDialog(QDialog):
     def done(self, result: int) -> None:
         self._auto_check.stop()  # a closed dialog checks nothing (it would show a busy cursor over the window)
         self.engine_row.forget()
+        self.drafters_button.dialog.done(0)
         self._set_busy(False)
         self._generation += 1  # a check still running reports to nobody
         self.settings.setValue(f"{PREFIX}/geometry", self.saveGeometry())
@@ -346,6 +352,7 @@ class PairDialog(QDialog):
         self._was_adapter = adapter
         self.form.set_pair_enabled(not adapter)
         self.check_button.setEnabled(not adapter)
+        self.drafters_button.setEnabled(not adapter)
         self.server_pair.setVisible(adapter)
         self.findings.setVisible(not adapter)
         self._update_buttons()
