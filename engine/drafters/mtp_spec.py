@@ -86,8 +86,9 @@ DRAFTER = DrafterSpec(
     name="mtp",
     label="MTP layers (the model's own)",
     choice_label="MTP layers",
-    summary="The model's own multi-token-prediction layer (DeepSeek-V3, GLM-4.5, Qwen3-Next) drafts a chain "
-    "from the target's hidden states (PyTorch only).",
+    summary="The model's own multi-token-prediction layer (DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5 / Qwen3.6) "
+    "drafts a chain from the target's hidden states (PyTorch only); it fits only the model that ships it, and "
+    "layers made for another model are refused, naming the hidden or vocabulary size that differs.",
     options=MtpOptions,
     needs=(HiddenFeatures, ModelParts),
     make=make,

@@ -1,7 +1,7 @@
 """A model's own multi-token-prediction (MTP) layer, read from its safetensors beside the model.
 
 Some models ship layers trained to predict one token further than the model itself
-(DeepSeek-V3, arXiv 2412.19437 section 2.2; GLM-4.5/4.6; Qwen3-Next). transformers
+(DeepSeek-V3, arXiv 2412.19437 section 2.2; GLM-4.5/4.6; Qwen3-Next; Qwen3.5 / Qwen3.6). transformers
 drops them when it loads the model (unexpected keys), so they are read here from the
 model folder's safetensors (never a pickle) and built from transformers' own decoder
 layer class of that architecture, with the model's config, plus the norms and the
@@ -22,9 +22,15 @@ projection around it. Two published layouts:
   h_t is the target's final hidden state of x_t after its final norm (what vLLM hands
   its proposer: the hidden states the model returns); for the next draft the MTP
   layer's own g_t (before shared_head.norm) stands in for it.
-- "qwen3-next" (Qwen3Next): `mtp.fc`, `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`,
-  `mtp.layers.0.*` (a full-attention Qwen3Next layer with its MoE) and `mtp.norm`, the
-  target's embeddings and LM head shared. Following vLLM's qwen3_next_mtp.py:
+- "qwen3-next" (Qwen3Next; Qwen3.5 and Qwen3.6, dense and MoE): `mtp.fc`,
+  `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.layers.0.*` (one
+  full-attention decoder layer of the model's own class, its MoE included) and `mtp.norm`,
+  the target's embeddings and LM head shared. Qwen3.5 is published as a multimodal wrapper
+  (model_type qwen3_5 / qwen3_5_moe: the text settings under `text_config`, with
+  `mtp_num_hidden_layers`; the language model under `model.language_model.*`), and its
+  `mtp.*` tensors sit beside it under the same names; transformers' Qwen3.5 classes skip
+  them on load (`^mtp.*`). Experts may be stored per expert or fused (`mlp.experts.gate_up_proj`),
+  as transformers names them. Following vLLM's qwen3_next_mtp.py and qwen3_5_mtp.py:
 
       g_t = norm(DecoderLayer(fc([pre_fc_norm_embedding(e(x_{t+1})); pre_fc_norm_hidden(h_t)])))
       q(x_{t+2}) = softmax(lm_head(g_t))                (g_t, after the norm, feeds the next draft)
@@ -60,8 +66,18 @@ ARCHITECTURES = {
     "deepseek_v3": (DEEPSEEK, "deepseek_v3", "DeepseekV3DecoderLayer", "DeepseekV3RMSNorm"),
     "glm4_moe": (DEEPSEEK, "glm4_moe", "Glm4MoeDecoderLayer", "Glm4MoeRMSNorm"),
     "qwen3_next": (QWEN3_NEXT, "qwen3_next", "Qwen3NextDecoderLayer", "Qwen3NextRMSNorm"),
+    # Qwen3.5 / Qwen3.6: the published multimodal wrapper, and the text-only configs.
+    "qwen3_5": (QWEN3_NEXT, "qwen3_5", "Qwen3_5DecoderLayer", "Qwen3_5RMSNorm"),
+    "qwen3_5_text": (QWEN3_NEXT, "qwen3_5", "Qwen3_5DecoderLayer", "Qwen3_5RMSNorm"),
+    "qwen3_5_moe": (QWEN3_NEXT, "qwen3_5_moe", "Qwen3_5MoeDecoderLayer", "Qwen3_5MoeRMSNorm"),
+    "qwen3_5_moe_text": (QWEN3_NEXT, "qwen3_5_moe", "Qwen3_5MoeDecoderLayer", "Qwen3_5MoeRMSNorm"),
 }
-SUPPORTED = "DeepSeek-V3 (deepseek_v3), GLM-4.5/4.6 (glm4_moe) and Qwen3-Next (qwen3_next)"
+SUPPORTED = (
+    "DeepSeek-V3 (deepseek_v3), GLM-4.5/4.6 (glm4_moe), Qwen3-Next (qwen3_next) and Qwen3.5 / Qwen3.6 "
+    "(qwen3_5, qwen3_5_moe)"
+)
+# Where a config.json says how many MTP layers the model ships, by layout (the first key found counts).
+DECLARED = {DEEPSEEK: ("num_nextn_predict_layers",), QWEN3_NEXT: ("mtp_num_hidden_layers", "num_nextn_predict_layers")}
 # Names of the scales that come with quantized weights (DeepSeek-V3's FP8 blocks: weight_scale_inv).
 QUANT_SUFFIXES = ("_scale_inv", ".weight_scale", ".input_scale", ".qweight", ".scales")
 
@@ -88,11 +104,11 @@ def find_mtp(folder: str, config: dict) -> MtpFiles:
         )
     layout = ARCHITECTURES[model_type][0]
     n_hidden = int(text.get("num_hidden_layers") or 0)
-    declared = int(text.get("num_nextn_predict_layers") or 0)
-    if layout == DEEPSEEK and declared == 0:
+    key = next((k for k in DECLARED[layout] if text.get(k) is not None), DECLARED[layout][0])
+    declared = int(text.get(key) or 0)
+    if declared == 0 and (layout == DEEPSEEK or text.get(key) is not None):
         raise ModelLoadError(
-            f"This model ships no MTP layers (num_nextn_predict_layers = {declared} in its config.json): "
-            "choose another drafter."
+            f"This model ships no MTP layers ({key} = {declared} in its config.json): choose another drafter."
         )
     names = _tensor_files(folder)
     prefix = f"model.layers.{n_hidden}." if layout == DEEPSEEK else "mtp."
@@ -101,8 +117,9 @@ def find_mtp(folder: str, config: dict) -> MtpFiles:
     if missing:
         if layout == QWEN3_NEXT and not any(n.startswith(prefix) for n in names):
             raise ModelLoadError(
-                "This model ships no MTP layers (num_nextn_predict_layers = 0: its weights hold no mtp.* "
-                "tensors): choose another drafter."
+                f"This model ships no MTP layers (its weights hold no mtp.* tensors, though its config says "
+                f"{key} = {declared or 'nothing'}: converted and quantized copies often drop them): use the "
+                "original safetensors, or choose another drafter."
             )
         raise ModelLoadError(
             f"The config says this model has {declared or 1} MTP layer(s) ({LAYOUTS[layout]}), but its weights "
@@ -124,7 +141,41 @@ def find_mtp(folder: str, config: dict) -> MtpFiles:
     mine = {name: path for name, path in names.items() if name.startswith(prefix)}
     if layout == QWEN3_NEXT:  # the first layer only
         mine = {n: p for n, p in mine.items() if not re.match(r"mtp\.layers\.(?!0\.)\d+\.", n)}
+    _refuse_other_model(mine, prefix + required[0], text)
     return MtpFiles(layout, prefix, layers, mine)
+
+
+def _refuse_other_model(names: dict[str, str], projection: str, text: dict) -> None:
+    """MTP tensors made for another model (copied in beside it, or a config edited by hand) are refused
+    before anything loads, naming what differs: the hidden size (the projection is (H, 2H)) and, where
+    the block carries its own embeddings or head, the vocabulary size."""
+    hidden, vocab = int(text.get("hidden_size") or 0), int(text.get("vocab_size") or 0)
+    differences = []
+    shape = _shape(names, projection)
+    if hidden and shape is not None and tuple(shape) != (hidden, 2 * hidden):
+        differences.append(f"hidden size {shape[0]} (this model's is {hidden})")
+    for name in names:
+        if vocab and name.endswith(("embed_tokens.weight", "shared_head.head.weight")):
+            rows = (_shape(names, name) or (vocab,))[0]
+            if rows != vocab:
+                differences.append(f"vocabulary size {rows} (this model's is {vocab})")
+                break
+    if differences:
+        raise ModelLoadError(
+            "The MTP layers in this folder were made for another model: they have "
+            + " and ".join(differences)
+            + ". Use the model's original safetensors, or choose another drafter."
+        )
+
+
+def _shape(names: dict[str, str], name: str) -> list[int] | None:
+    """A tensor's shape from its file's header (no data read)."""
+    from safetensors import safe_open
+
+    if name not in names:
+        return None
+    with safe_open(names[name], framework="pt") as f:
+        return list(f.get_slice(name).get_shape())
 
 
 def read_model_config(folder: str) -> dict:

@@ -6,6 +6,13 @@ model.safetensors under the published names (engine/heads/mtp.py): the decoder l
 tensors are those transformers itself saves for a layer N of the same model (so they
 carry the per-expert names a real checkpoint has), the rest drawn here.
 
+"qwen3_5" and "qwen3_5_moe" are written as Qwen publishes Qwen3.5 / Qwen3.6: a multimodal
+wrapper's config.json (model_type qwen3_5, the text settings under text_config with
+mtp_num_hidden_layers), the language model's tensors under model.language_model.*, the LM
+head as lm_head.weight and the MTP block as mtp.* (no vision tower: transformers' text
+class skips it anyway, and a tiny copy need not carry one). The target is the hybrid it
+is: a linear-attention (Gated DeltaNet) layer, then a full-attention one.
+
 Kinds:
 - "random": every weight random (layer gain as tests/factories/hf_models.py, logits
   scaled to a few nats): the MTP layer's drafts are mostly rejected.
@@ -91,7 +98,29 @@ def _config(arch: str, n_layers: int, **extra):
             layer_types=[*types, "full_attention"],
             **extra,
         )
+    if arch in QWEN3_5:
+        text = dict(
+            common,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            layer_types=[*["linear_attention", "full_attention"] * (n_layers // 2), "full_attention"][:n_layers],
+            **extra,
+        )
+        del text["moe_intermediate_size"]
+        if arch == "qwen3_5_moe":
+            text |= dict(
+                num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32
+            )
+            return transformers.Qwen3_5MoeTextConfig(**text)
+        return transformers.Qwen3_5TextConfig(**text)
     raise ValueError(arch)
+
+
+QWEN3_5 = ("qwen3_5", "qwen3_5_moe")
 
 
 def _generator(seed: int, name: str):
@@ -127,13 +156,15 @@ def make_mtp_model(
 
     out = Path(out_dir)
     staging = out.with_name(out.name + "-with-layer-n")
-    deepseek = arch != "qwen3_next"
+    deepseek = arch not in ("qwen3_next", *QWEN3_5)
     # Layer N = n_layers of a model one layer deeper is the MTP block's decoder layer.
     config = _config(arch, n_layers + 1, **({"num_nextn_predict_layers": 1} if deepseek and mtp else {}))
     model_cls = {
         "deepseek_v3": transformers.DeepseekV3ForCausalLM,
         "glm4_moe": transformers.Glm4MoeForCausalLM,
         "qwen3_next": transformers.Qwen3NextForCausalLM,
+        "qwen3_5": transformers.Qwen3_5ForCausalLM,
+        "qwen3_5_moe": transformers.Qwen3_5MoeForCausalLM,
     }[arch]
     model = model_cls(config).to(torch.float32).eval()
     # The stored weight of a norm that scales by 1, as the class initialises it: 1 for w * x,
@@ -141,7 +172,9 @@ def make_mtp_model(
     unit = float(model.model.norm.weight.detach().mean())
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
+            if arch in QWEN3_5 and name.endswith("linear_attn.norm.weight"):
+                param.fill_(1.0)  # the gated norm scales by w, not 1 + w: keep the linear attention's output
+            elif name.endswith("norm.weight") or "layernorm" in name:
                 param.fill_(unit)
             elif "embed_tokens" in name or "lm_head" in name:
                 param.copy_(_random(param.shape, seed, name, EMBEDDING_STD))
@@ -190,16 +223,34 @@ def make_mtp_model(
             "mtp.norm.weight": final,
         }
     out.mkdir(parents=True, exist_ok=True)
-    save_file({**target, **(mtp_tensors if mtp else {})}, str(out / "model.safetensors"), metadata={"format": "pt"})
     data = json.loads((staging / "config.json").read_text())
     data["num_hidden_layers"] = n_layers
     if "layer_types" in data:
         data["layer_types"] = data["layer_types"][:n_layers]
     if deepseek:
         data["num_nextn_predict_layers"] = 1 if mtp else 0
+    if arch in QWEN3_5:
+        target = {n.replace("model.", "model.language_model.", 1): t for n, t in target.items()}
+        data = _qwen3_5_wrapper(arch, data, mtp)
+    save_file({**target, **(mtp_tensors if mtp else {})}, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(data, indent=2))
     shutil.copy2(staging / "generation_config.json", out / "generation_config.json")
     shutil.rmtree(staging)
     for item in tokenizer_dir().iterdir():
         shutil.copy2(item, out / item.name)
     return str(out)
+
+
+def _qwen3_5_wrapper(arch: str, text: dict, mtp: bool) -> dict:
+    """The config.json Qwen publishes for Qwen3.5 / Qwen3.6: the multimodal wrapper, the language
+    model's settings under text_config (mtp_num_hidden_layers among them)."""
+    text = {k: v for k, v in text.items() if k not in ("architectures", "transformers_version", "dtype")}
+    text["mtp_num_hidden_layers"] = 1 if mtp else 0
+    wrapper = "Qwen3_5MoeForConditionalGeneration" if arch == "qwen3_5_moe" else "Qwen3_5ForConditionalGeneration"
+    return {
+        "architectures": [wrapper],
+        "model_type": arch,
+        "text_config": text,
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+    }
