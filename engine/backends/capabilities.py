@@ -10,7 +10,7 @@ what to do.
     require(target, TreeForward, "EAGLE")   # raises ConfigError naming backend, model and the way out
 
 Which backend has what: the torch backend's native path has all; transformers' own
-forward (an architecture without a native path) has ModelParts and HiddenFeatures; llama.cpp none.
+forward (an architecture without a native path) has ModelParts, HiddenFeatures and CachedKV; llama.cpp none.
 
     TreeForward      forward_tree / keep_nodes, forward_masked / keep_rows: any attention pattern
     HiddenFeatures   the final-norm hidden states of the rows just run and of every cached token
@@ -19,6 +19,8 @@ forward (an architecture without a native path) has ModelParts and HiddenFeature
     LayerExit        run only the first layers on scratch rows past the cache (never committed), then
                      finish the verifying forward from the residual stream they left (early exit)
     ModelParts       the target's embeddings, rotary embedding and LM head, for heads that reuse them
+    CachedKV         the keys and values a decoder layer holds for the cached tokens (a Gemma 4 assistant
+                     attends to them)
 """
 
 from __future__ import annotations
@@ -134,6 +136,17 @@ class ModelParts(Protocol):
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
+@runtime_checkable
+class CachedKV(Protocol):
+    """The keys and values in the target's cache, for a drafter that attends to them instead of keeping its own."""
+
+    def cached_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (1, kv_heads, n, head_dim) that decoder layer `layer` holds for the cached
+        tokens, as its attention reads them (after its norms and rotary embedding), oldest first and
+        ending with the last cached token; a sliding-window layer may hold only the newest of them."""
+        ...
+
+
 # Why a backend without the capability cannot serve a drafter, said once for every drafter.
 WHY = {
     TreeForward: "verifies its drafts as a tree in one forward with a custom attention mask",
@@ -141,6 +154,7 @@ WHY = {
     LayerFeatures: "reads the hidden states of several of the target's layers",
     LayerExit: "runs the target's first layers on their own and finishes the forward from there",
     ModelParts: "shares the target's embeddings, rotary embedding and LM head",
+    CachedKV: "attends to the keys and values the target's layers hold",
 }
 
 

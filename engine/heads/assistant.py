@@ -12,9 +12,20 @@ an assistant beside its target with them, and the drafter refuses a wrong pair b
 
     is_assistant_config(config)                  -> whether config.json is an assistant's
     assistant_mismatch(target_cfg, assistant_cfg) -> None when it fits, else a sentence naming what differs
+    find_assistant(target_folder, target_cfg)    -> the folder of a fitting assistant beside the target, or None
+    load_assistant(folder)                       -> the transformers model (safetensors only), float32 on the CPU
+
+Where an assistant is found when none is named: `assistant/` inside the target's folder, then a
+folder beside it named after it with "assistant" in the name (google/gemma-4-e2b-it downloaded
+next to google/gemma-4-e2b-it-assistant), the first whose config fits.
 """
 
 from __future__ import annotations
+
+import json
+import os
+
+from engine.errors import ModelLoadError
 
 ASSISTANT_TYPES = ("gemma4_assistant",)
 TARGET_TYPES = ("gemma4", "gemma4_text")  # the multimodal wrapper and the text-only model
@@ -91,3 +102,75 @@ def _attention_shape(text: dict, kind: str, last: bool) -> tuple[int, int] | Non
     if heads is None or size is None:
         return None
     return int(heads), int(size)
+
+
+def read_config(folder: str, what: str = "model") -> dict:
+    """A folder's config.json as a dict, or a ModelLoadError naming the folder and what to do."""
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"Cannot read the {what}'s config.json in {folder} ({error}): give the folder that holds it."
+        ) from error
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"The {what}'s config.json in {folder} is not a JSON object.")
+    return config
+
+
+def candidate_folders(target_folder: str) -> list[str]:
+    """Where an assistant of the target in `target_folder` may lie, in the order they are tried."""
+    target_folder = os.path.abspath(target_folder)
+    inside = os.path.join(target_folder, "assistant")
+    parent, name = os.path.split(target_folder)
+    try:
+        siblings = sorted(os.listdir(parent))
+    except OSError:
+        siblings = []
+    beside = [
+        os.path.join(parent, other)
+        for other in siblings
+        if other != name and "assistant" in other.lower() and other.lower().startswith(name.lower())
+    ]
+    return [folder for folder in (inside, *beside) if os.path.isfile(os.path.join(folder, "config.json"))]
+
+
+def find_assistant(target_folder: str, target_config: dict) -> str | None:
+    """The first folder beside the target (candidate_folders) holding an assistant that fits it, or None."""
+    for folder in candidate_folders(target_folder):
+        try:
+            config = read_config(folder, "assistant")
+        except ModelLoadError:
+            continue
+        if is_assistant_config(config) and assistant_mismatch(target_config, config) is None:
+            return folder
+    return None
+
+
+def load_assistant(folder: str):
+    """The assistant in `folder` as transformers' Gemma4AssistantForCausalLM, float32 on the CPU (the
+    caller places it). Safetensors only: a pickle is never read."""
+    import torch
+
+    if not any(name.endswith(".safetensors") for name in os.listdir(folder)):
+        raise ModelLoadError(
+            f"{folder} holds no safetensors files: an assistant is read from safetensors only. "
+            "Download the assistant's model.safetensors into that folder."
+        )
+    try:
+        from transformers import Gemma4AssistantForCausalLM
+    except ImportError as error:
+        raise ModelLoadError(
+            f"This transformers cannot build a Gemma 4 assistant ({error}): install transformers 5.25 or newer."
+        ) from error
+    try:
+        model = Gemma4AssistantForCausalLM.from_pretrained(
+            folder, local_files_only=True, use_safetensors=True, dtype=torch.float32
+        )
+    except Exception as error:  # every failure gets a message naming the folder
+        raise ModelLoadError(
+            f"Could not load the Gemma 4 assistant in {folder}: the files may be incomplete (download them "
+            f"again) or need a newer transformers ({type(error).__name__}: {str(error)[:300]})."
+        ) from error
+    return model.eval()

@@ -19,7 +19,7 @@ import inspect
 
 import torch
 
-from engine.backends.capabilities import HiddenFeatures, ModelParts
+from engine.backends.capabilities import CachedKV, HiddenFeatures, ModelParts
 from engine.backends.hf.base import PREFILL_CHUNK, HFBackend
 from engine.backends.hf.loader import LoadedModel
 
@@ -27,7 +27,7 @@ from engine.backends.hf.loader import LoadedModel
 class TransformersBackend(HFBackend):
     """A transformers causal LM run by its own forward with one DynamicCache."""
 
-    capabilities = frozenset({ModelParts, HiddenFeatures})
+    capabilities = frozenset({ModelParts, HiddenFeatures, CachedKV})
 
     def __init__(self, loaded: LoadedModel) -> None:
         super().__init__(loaded, forward="transformers' own forward (no static path)")
@@ -36,6 +36,9 @@ class TransformersBackend(HFBackend):
         params_of_forward = inspect.signature(self._model.forward).parameters
         self._cache_kw = "cache" if "cache" in params_of_forward else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in params_of_forward
+        # Gemma 4 runs its KV-sharing layers on the kept rows only when logits_to_keep is an int, which
+        # would leave the other rows' hidden states (HiddenFeatures) unmade: there the last row is named by index.
+        self._keep_by_index = bool(getattr(loaded.config, "num_kv_shared_layers", 0))
         self._cache, self._exact_crop = self._new_cache()
         self._fed = 0  # positions in the cache (self.tokens lags it inside a prefill cut in slices)
         self._caught: list[torch.Tensor] = []
@@ -54,6 +57,12 @@ class TransformersBackend(HFBackend):
 
     def _rope_reference(self) -> torch.Tensor:
         return self._model.get_input_embeddings().weight
+
+    def cached_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (1, kv_heads, n, head_dim) decoder layer `layer` holds for the cached tokens
+        (CachedKV, what a Gemma 4 assistant attends to); inference tensors, to be read, not changed."""
+        held = self._cache.layers[layer]
+        return held.keys, held.values
 
     # A caller that skipped has(backend, C) hears which implementation it needs.
 
@@ -97,7 +106,8 @@ class TransformersBackend(HFBackend):
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
         kwargs = {self._cache_kw: self._cache, "use_cache": True}
         if self._has_logits_to_keep:
-            kwargs["logits_to_keep"] = 0 if all_logits else 1  # 0 = every position
+            last = torch.tensor([len(tokens) - 1], device=self._device) if self._keep_by_index else 1
+            kwargs["logits_to_keep"] = 0 if all_logits else last  # 0 = every position
         start = self._fed
         self._caught.clear()
         with torch.inference_mode():
