@@ -19,8 +19,8 @@ the decoding loop that a rollback costs a replay (engine/core/costs.py counts it
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 State = TypeVar("State")

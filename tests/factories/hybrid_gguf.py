@@ -9,7 +9,7 @@ checked by loading them with the llama.cpp that llama-cpp-python 0.3.36 bundles:
 - `qwen35` (Qwen3.5 / 3.6): gated delta net layers with one full-attention layer in every
   `full_attention_interval`;
 - `lfm2` (LFM2): short-convolution layers where the per-layer KV head count is 0, attention elsewhere;
-- `mamba2`: recurrent only, no attention at all;
+- `nemotron_h` (Nemotron-H): Mamba 2 layers, an MLP-only layer and an attention layer;
 - `gemma3`: sliding-window attention on most layers, a window shorter than a test prompt.
 
 Shapes are written as numpy (rows, cols) = ggml's {cols, rows}.
@@ -46,6 +46,9 @@ class _Weights:
         data = (self.rng.standard_normal((rows, cols), dtype=np.float32) * scale).astype(np.float32)
         self.writer.add_tensor(name, data)
 
+    def full(self, name: str, shape: tuple[int, ...], value: float) -> None:
+        self.writer.add_tensor(name, np.full(shape, value, dtype=np.float32))
+
     def vector(self, name: str, n: int, value: float | None = None, scale: float = 0.5) -> None:
         if value is None:
             data = (self.rng.standard_normal(n, dtype=np.float32) * scale).astype(np.float32)
@@ -55,7 +58,7 @@ class _Weights:
 
 
 def _start(
-    path: str, arch: str, seed: int, n_layers: int, context_length: int, mix: float
+    path: str, arch: str, seed: int, n_layers: int, context_length: int, mix: float, feed_forward: bool = True
 ) -> tuple[GGUFWriter, _Weights]:
     tokenizer = _smollm2_tokenizer()
     writer = GGUFWriter(path, arch=arch)
@@ -64,7 +67,8 @@ def _start(
     writer.add_block_count(n_layers)
     writer.add_context_length(context_length)
     writer.add_embedding_length(N_EMBD)
-    writer.add_feed_forward_length(N_FF)
+    if feed_forward:  # else the architecture writes one per layer
+        writer.add_feed_forward_length(N_FF)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(tokenizer["tokenizer.ggml.tokens"]))
     _add_tokenizer(writer, tokenizer, with_chat_template=True)
@@ -86,7 +90,9 @@ def _ffn(w: _Weights, block: str) -> None:
     w.out(f"{block}.ffn_down.weight", N_EMBD, N_FF)
 
 
-def make_qwen35_gguf(path: str, *, seed: int = 0, n_layers: int = 4, context_length: int = 2048, mix: float = 1.0) -> str:
+def make_qwen35_gguf(
+    path: str, *, seed: int = 0, n_layers: int = 4, context_length: int = 2048, mix: float = 1.0
+) -> str:
     """A Qwen3.5 hybrid: layers 0-2 gated delta nets, layer 3 full attention (interval 4)."""
     writer, w = _start(path, "qwen35", seed, n_layers, context_length, mix)
     n_head_kv = 2
@@ -197,5 +203,50 @@ def make_gemma3_gguf(
         w.vector(f"{block}.attn_q_norm.weight", HEAD_DIM, 1.0)
         w.vector(f"{block}.attn_k_norm.weight", HEAD_DIM, 1.0)
         _ffn(w, block)
+    _finish(writer)
+    return str(path)
+
+
+def make_nemotron_h_gguf(path: str, *, seed: int = 0, context_length: int = 2048, mix: float = 1.0) -> str:
+    """A Nemotron-H hybrid: Mamba 2 layers 0 and 3, an MLP layer 1, attention on layer 2 (a layer is
+    Mamba where both its KV head count and its feed-forward length are 0)."""
+    kinds = ("mamba", "mlp", "attention", "mamba")
+    writer, w = _start(path, "nemotron_h", seed, len(kinds), context_length, mix, feed_forward=False)
+    n_head_kv, d_state, n_group, n_ssm_head, d_conv = 2, 16, 2, 8, 4
+    d_inner = 2 * N_EMBD
+    conv_dim = d_inner + 2 * n_group * d_state
+    writer.add_head_count(N_HEAD)  # one count, as converted files have; the KV head count says which layer
+    writer.add_head_count_kv([n_head_kv if kind == "attention" else 0 for kind in kinds])
+    writer.add_feed_forward_length([N_FF if kind == "mlp" else 0 for kind in kinds])
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_ssm_conv_kernel(d_conv)
+    writer.add_ssm_inner_size(d_inner)
+    writer.add_ssm_state_size(d_state)
+    writer.add_ssm_time_step_rank(n_ssm_head)
+    writer.add_ssm_group_count(n_group)
+    writer.add_layer_norm_eps(1e-5)  # read besides the RMS epsilon
+
+    w.vector("output_norm.weight", N_EMBD, 1.0)
+    for i, kind in enumerate(kinds):
+        block = f"blk.{i}"
+        w.vector(f"{block}.attn_norm.weight", N_EMBD, 1.0)
+        if kind == "mamba":
+            w.matrix(f"{block}.ssm_in.weight", 2 * d_inner + 2 * n_group * d_state + n_ssm_head, N_EMBD)
+            w.matrix(f"{block}.ssm_conv1d.weight", conv_dim, d_conv, 0.5)
+            w.vector(f"{block}.ssm_conv1d.bias", conv_dim)
+            w.vector(f"{block}.ssm_dt.bias", n_ssm_head)
+            w.full(f"{block}.ssm_a", (n_ssm_head, 1), -1.0)  # decay: A < 0
+            w.matrix(f"{block}.ssm_d", n_ssm_head, 1)
+            w.full(f"{block}.ssm_norm.weight", (n_group, d_inner // n_group), 1.0)
+            w.out(f"{block}.ssm_out.weight", N_EMBD, d_inner)
+        elif kind == "attention":
+            w.matrix(f"{block}.attn_q.weight", N_HEAD * HEAD_DIM, N_EMBD)
+            w.matrix(f"{block}.attn_k.weight", n_head_kv * HEAD_DIM, N_EMBD)
+            w.matrix(f"{block}.attn_v.weight", n_head_kv * HEAD_DIM, N_EMBD)
+            w.out(f"{block}.attn_output.weight", N_EMBD, N_HEAD * HEAD_DIM)
+        else:
+            w.matrix(f"{block}.ffn_up.weight", N_FF, N_EMBD)
+            w.out(f"{block}.ffn_down.weight", N_EMBD, N_FF)
     _finish(writer)
     return str(path)
