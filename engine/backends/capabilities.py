@@ -9,7 +9,7 @@ what to do.
 
     require(target, TreeForward, "EAGLE")   # raises ConfigError naming backend, model and the way out
 
-Which backend has what: the torch backend's native path has all; transformers' own
+Which backend has what: the torch backend's native path has all but CachedKV; transformers' own
 forward (an architecture without a native path) has ModelParts, HiddenFeatures and CachedKV; llama.cpp none.
 
     TreeForward      forward_tree / keep_nodes, forward_masked / keep_rows: any attention pattern

@@ -13,7 +13,15 @@ import shutil
 import pytest
 import torch
 
-from engine.backends.capabilities import HiddenFeatures, LayerExit, LayerFeatures, ModelParts, TreeForward, has
+from engine.backends.capabilities import (
+    CachedKV,
+    HiddenFeatures,
+    LayerExit,
+    LayerFeatures,
+    ModelParts,
+    TreeForward,
+    has,
+)
 from engine.backends.hf.backend import TorchBackend
 from engine.backends.hf.base import HFBackend
 from engine.backends.hf.loader import load
@@ -44,7 +52,7 @@ def base_dir(tiny_dir, tmp_path_factory) -> str:
 
 def test_each_backend_class_declares_its_own_capabilities():
     assert NativeBackend.capabilities == frozenset(ALL)
-    assert TransformersBackend.capabilities == frozenset({ModelParts, HiddenFeatures})
+    assert TransformersBackend.capabilities == frozenset({ModelParts, HiddenFeatures, CachedKV})
     from engine.backends.llama_cpp import LlamaCppBackend
 
     assert LlamaCppBackend.capabilities == frozenset()
