@@ -1,7 +1,9 @@
 """The cost formulas of speculative decoding, and `CostSnapshot`: a cost model frozen after one step.
 
 A step that drafts k tokens costs D + k * d + T(k+1) seconds (draft_length.py says
-why); these formulas read T(n), d and D and nothing else, so the engine's learning
+why), plus, on a target whose rollback replays (a recurrent or hybrid model:
+engine/backends/checkpoints.py), the expected rollback cost `rollback_time` below;
+these formulas read T(n), d, D and the rollback's overhead R, so the engine's learning
 `CostModel` (engine/core/draft_length.py) and a `CostSnapshot` of it share them
 (`CostFormulas`). The engine keeps learning as it decodes (every step times its draft
 and its verify forward), while a reader on another thread or in another process draws
@@ -52,10 +54,13 @@ def on_curve(times: dict[int, float], sizes: list[int], n: int) -> float:
 
 class CostFormulas:
     """The formulas over a cost model's numbers: a subclass gives `verify_time(n)` (T(n)) and the
-    attributes `draft_s_per_token` (d) and `draft_fixed_s` (D)."""
+    attributes `draft_s_per_token` (d), `draft_fixed_s` (D), `replays` (whether a rejection costs
+    a restore and a replay) and `rollback_fixed_s` (R, the restore's part)."""
 
     draft_s_per_token: float
     draft_fixed_s: float
+    replays: bool = False
+    rollback_fixed_s: float = 0.0
 
     def verify_time(self, n: int) -> float:
         raise NotImplementedError
@@ -74,19 +79,55 @@ class CostFormulas:
         return self.verify_time(n) / self.verify_time(1)
 
     def speedup(self, a: float, k: int) -> float:
-        """S(a, k) = E(a, k) / ((D + k * d + T(k+1)) / T(1))."""
+        """S(a, k) = E(a, k) / ((D + k * d + T(k+1) + rollback) / T(1)); every draft accepted with
+        probability a^k."""
         if k <= 0:
             return 1.0
-        return self.speedup_for(expected_tokens(a, k), k)
+        return self.speedup_for(expected_tokens(a, k), k, min(max(a, 0.0), 1.0) ** k)
 
-    def speedup_for(self, expected: float, k: int) -> float:
-        """expected tokens per step / ((draft_time(k) + T(k+1)) / T(1)): any drafter, chain or tree.
-        draft_time(k) is k * d plus the draft's fixed cost per step: charged per token, that
-        cost made short drafts look no dearer per token than long ones and held automatic k at 1
-        (docs/benchmarks.md, "Measurements behind the code")."""
+    def speedup_for(self, expected: float, k: int, all_accepted: float | None = None) -> float:
+        """expected tokens per step / ((draft_time(k) + T(k+1) + rollback_time) / T(1)): any drafter,
+        chain or tree. draft_time(k) is k * d plus the draft's fixed cost per step: charged per
+        token, that cost made short drafts look no dearer per token than long ones and held
+        automatic k at 1 (docs/benchmarks.md, "Measurements behind the code"). `all_accepted`:
+        the probability that the step keeps all k drafts (rollback_time says what None means)."""
         if k <= 0:
             return 1.0
-        return expected / ((self.draft_time(k) + self.verify_time(k + 1)) / self.verify_time(1))
+        step = self.draft_time(k) + self.verify_time(k + 1) + self.rollback_time(expected, k, all_accepted)
+        return expected / (step / self.verify_time(1))
+
+    def rollback_time(self, expected: float, k: int, all_accepted: float | None = None) -> float:
+        """The expected seconds a step of k drafts spends rolling back; 0 where a rollback is a cut.
+
+        A replaying target saved its state before the verify forward over [x_m, d_1..d_k]; a
+        rejection after j accepted drafts restores it and replays x_m, d_1..d_j, j + 1 tokens:
+
+            rollback = P(reject) * (R + T(E[j | reject] + 1))
+            P(reject) = 1 - P(all k accepted)
+            E[j | reject] = (E[accepted] - k * P(all k accepted)) / P(reject),  E[accepted] = expected - 1
+
+        R is the restore (and whatever the replay costs beyond a forward of its tokens, measured:
+        `CostModel.observe_rollback`); T the verify curve, since a replay is a forward. Without
+        `all_accepted` (a tree), P(all) is taken from the one acceptance a with E(a, k) = expected."""
+        if not self.replays or k <= 0:
+            return 0.0
+        if all_accepted is None:
+            all_accepted = _uniform_acceptance(expected, k) ** k
+        rejected = 1.0 - min(max(all_accepted, 0.0), 1.0)
+        if rejected <= 1e-9:
+            return 0.0
+        accepted_if_rejected = (expected - 1.0 - k * (1.0 - rejected)) / rejected
+        replayed = min(max(accepted_if_rejected + 1.0, 1.0), float(k))
+        return rejected * (self.rollback_fixed_s + self.verify_time(replayed))
+
+
+def _uniform_acceptance(expected: float, k: int) -> float:
+    """The a in [0, 1] with E(a, k) = expected (E grows with a), by bisection."""
+    lo, hi = 0.0, 1.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < expected else (lo, mid)
+    return (lo + hi) / 2
 
 
 def break_even_acceptance(costs: CostFormulas, k: int) -> float | None:
@@ -112,6 +153,8 @@ class CostSnapshot(CostFormulas):
     draft_s_per_token: float = 0.0
     draft_fixed_s: float = 0.0
     window: int = 7  # the timings each number is the low median of
+    replays: bool = False  # a rejection restores a state and replays the kept tokens (rollback_time)
+    rollback_fixed_s: float = 0.0  # R: a rollback's seconds beyond the forward of what it replays
 
     @cached_property
     def _curve(self) -> tuple[dict[int, float], list[int]]:

@@ -106,6 +106,7 @@ def decode_steps(
         )
     draft_length = draft_length or DraftLength(0 if drafter is None else "auto")
     costs = costs if costs is not None else CostModel()
+    costs.replays = target.replays_on_rollback  # a rejection costs a restore and a replay (costs.rollback_time)
     if cancel is not None and cancel.is_set():  # before the prefill, the step's first costly part
         yield _Run(0.0, run_notes(target, drafter), costs).event(0, _NOTHING, finish="cancelled")
         return
@@ -157,8 +158,13 @@ def decode_steps(
         #    Then cut the cache back to x_1..x_m and the accepted path; y is the next pending token.
         verdict, path, tested = feed.verify(logits, sampling, generator)
         features = feed.features(target, path) if wants_features else None  # rows of this forward
+        t3 = time.perf_counter()
         feed.commit(target, path, len(context))
         kept = len(path)
+        if target.replays_on_rollback and kept < len(drafted):
+            # A rejection on a recurrent target: the commit restored the state saved before this
+            # step's forward and replayed x_m and the kept drafts, kept + 1 tokens.
+            costs.observe_rollback(kept + 1, time.perf_counter() - t3)
         if features is not None:
             drafter.observe_features(features)  # (kept + 1, hidden): the last row chose y
         if drafter is not None and drafted:

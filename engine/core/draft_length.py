@@ -13,7 +13,10 @@ T(1). So the predicted speedup is
     S(a, k) = E(a, k) * T(1) / (D + k * d + T(k+1))
 
 and automatic k picks the k in 0..k_max that maximizes it, k = 0 meaning plain
-decoding. E(a, k) assumes every position is accepted with the same a; a draft
+decoding. On a recurrent or hybrid target a rejection also costs a restore and a
+replay of the kept tokens, so the step's cost gains the expected rollback time
+(engine/core/costs.py `rollback_time`: P(reject) * (R + T(E[accepted | reject] + 1))),
+and automatic k drafts shorter where rejections are dear. E(a, k) assumes every position is accepted with the same a; a draft
 model drifts from the target the further it runs, so for chains automatic k uses
 the tree's per-depth sum below with alpha_d measured per draft position
 (`DraftLength.chain_expected_tokens`), each leaning on the run's a until its
@@ -104,6 +107,8 @@ class CostModel(CostFormulas):
     draft_s_per_token: float = 0.0  # a draft's cost per token (the marginal one, see draft_time)
     window: int = 7
     draft_fixed_s: float = 0.0  # and its fixed cost per drafting step
+    replays: bool = False  # the target's rollback restores a state and replays (Backend.replays_on_rollback)
+    rollback_fixed_s: float = 0.0  # R: a rollback's seconds beyond the forward of the tokens it replays
     _sorted_sizes: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
     _recent: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # key -> deque
     _seed: dict | None = field(default=None, init=False, repr=False, compare=False)  # the curve before any timing
@@ -172,6 +177,16 @@ class CostModel(CostFormulas):
         self._draft_k[tokens] = self._median_with(("draft", tokens), known, seconds)
         self._fit_draft()
 
+    def observe_rollback(self, replayed: int, seconds: float) -> None:
+        """A rollback that restored a state and replayed `replayed` tokens in `seconds`. What it took
+        beyond a forward of those tokens, T(replayed), is the restore's cost R (the low median of
+        the last `window`; never below 0: a replay is a forward, as dear as the curve says)."""
+        if replayed <= 0:
+            return
+        self.replays = True
+        beyond = max(0.0, seconds - self.verify_time(replayed)) if self.verify_s else seconds
+        self.rollback_fixed_s = self._median_with("rollback", None, beyond)
+
     def _fit_draft(self) -> None:
         """draft_time(k) = draft_fixed_s + k * draft_s_per_token from the timings per draft length:
         the cost per token is the lowest per-token time of any length (the longest drafts spread
@@ -196,7 +211,12 @@ class CostModel(CostFormulas):
     def snapshot(self) -> CostSnapshot:
         """The numbers now, frozen, with the same formulas; call it on the thread that updates this model."""
         return CostSnapshot(
-            tuple(sorted(self.verify_s.items())), self.draft_s_per_token, self.draft_fixed_s, self.window
+            tuple(sorted(self.verify_s.items())),
+            self.draft_s_per_token,
+            self.draft_fixed_s,
+            self.window,
+            self.replays,
+            self.rollback_fixed_s,
         )
 
 
@@ -383,7 +403,12 @@ class DraftLength:
         for k in range(1, self.k_max + 1):
             tree = self._tree_expected(k) if self._tree_expected is not None else None
             if tree is None:
-                s = costs.speedup(acceptance, k) if chain is None else costs.speedup_for(chain[k], k)
+                # P(all k kept) = alpha_1 * ... * alpha_k, the last term of the chain's sum
+                s = (
+                    costs.speedup(acceptance, k)
+                    if chain is None
+                    else costs.speedup_for(chain[k], k, chain[k] - chain[k - 1])
+                )
             else:
                 s = costs.speedup_for(tree, k)
             if s > best * 1.02:  # ask for a clear gain before adding tokens

@@ -290,6 +290,8 @@ def costs_to_dict(costs: CostSnapshot) -> dict:
         "draft_s_per_token": costs.draft_s_per_token,
         "draft_fixed_s": costs.draft_fixed_s,
         "window": costs.window,
+        "replays": costs.replays,
+        "rollback_fixed_s": costs.rollback_fixed_s,
     }
 
 
@@ -307,6 +309,8 @@ def costs_from_dict(data: dict) -> CostSnapshot:
         draft_s_per_token=float(data["draft_s_per_token"]),
         draft_fixed_s=float(data.get("draft_fixed_s", 0.0)),
         window=int(data["window"]),
+        replays=bool(data.get("replays", False)),  # absent from an engine older than the rollback term
+        rollback_fixed_s=float(data.get("rollback_fixed_s", 0.0)),
     )
     _last_costs = (data, snapshot)
     return snapshot
