@@ -32,7 +32,19 @@ def tiny(tmp_path_factory) -> str:
     return make_tiny_llama(tmp_path_factory.mktemp("registry") / "tiny", seed=0, n_layers=2)
 
 
-BUILT_IN = ("none", "ngram", "suffix", "model", "medusa", "eagle", "eagle3", "mtp", "lookahead", "early-exit")
+BUILT_IN = (
+    "none",
+    "ngram",
+    "suffix",
+    "model",
+    "medusa",
+    "eagle",
+    "eagle3",
+    "mtp",
+    "assistant",
+    "lookahead",
+    "early-exit",
+)
 
 
 def test_the_built_in_drafters_come_in_their_order_and_load_no_torch():
@@ -53,7 +65,9 @@ def test_every_drafter_describes_its_options_and_statistics():
             assert s.label and s.help and s.flags[-1].startswith("--"), (spec.name, s)
         assert issubclass(spec.stats, DrafterStats)
         assert all(f.label for f in stat_fields(spec.stats)), spec.name
-        assert bool(spec.needs) == (spec.name in ("medusa", "eagle", "eagle3", "mtp", "lookahead", "early-exit"))
+        assert bool(spec.needs) == (
+            spec.name in ("medusa", "eagle", "eagle3", "mtp", "assistant", "lookahead", "early-exit")
+        )
 
 
 def test_the_default_drafter_is_the_one_measured_fastest_on_the_backend_that_runs():
