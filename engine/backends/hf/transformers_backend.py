@@ -1,7 +1,17 @@
 """The PyTorch backend on transformers' own forward: any architecture transformers knows.
 
-One `DynamicCache`, rolled back with `crop` where that is exact (full attention, or a
-sliding window longer than the whole context) and rebuilt otherwise. Chains only: it
+One `DynamicCache`, rolled back in one of three ways (engine/backends/hf/hybrid_cache.py):
+a cut, where every layer keeps one entry per token (full attention; sliding-window
+layers are kept whole for this, the mask still applying the window); a restored state
+checkpoint and a replay, where some layers are recurrent (Qwen3.5, Qwen3-Next, LFM2,
+Nemotron-H, Granite 4, Falcon-H1, Mamba 2: engine/backends/checkpoints.py); and a
+rebuild from scratch for any other layer kind, or a rollback before every checkpoint.
+
+Checkpoint and replay against the alternative, per-position states (the verify run one
+token at a time, saving the state after each, so that a rollback replays nothing),
+measured by docs/bench/hf_hybrid_overhead.py: one batched forward plus a replay of the
+accepted tokens on a rejection was the faster on every model and rejection rate tried,
+since a forward's fixed cost dominates a small step. Chains only: it
 has ModelParts (the target's embeddings, rope and LM head) and HiddenFeatures (the base
 model's final-norm output of every row, caught by a forward hook, so transformers' own
 forward is called exactly as before), and no other capability of
@@ -16,10 +26,13 @@ follow from the cache length (there is no `cache_position`), and
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 
 import torch
 
 from engine.backends.capabilities import CachedKV, HiddenFeatures, ModelParts
+from engine.backends.checkpoints import StateCheckpoints
+from engine.backends.hf import hybrid_cache
 from engine.backends.hf.base import PREFILL_CHUNK, HFBackend
 from engine.backends.hf.loader import LoadedModel
 
@@ -39,7 +52,16 @@ class TransformersBackend(HFBackend):
         # Gemma 4 runs its KV-sharing layers on the kept rows only when logits_to_keep is an int, which
         # would leave the other rows' hidden states (HiddenFeatures) unmade: there the last row is named by index.
         self._keep_by_index = bool(getattr(loaded.config, "num_kv_shared_layers", 0))
-        self._cache, self._exact_crop = self._new_cache()
+        self._cache = self._new_cache()
+        self._rollback_kind = hybrid_cache.rollback_kind(self._cache)  # "cut", "checkpoint" or "rebuild"
+        self._checkpoints = StateCheckpoints() if self._rollback_kind == "checkpoint" else None
+        self.replays_on_rollback = self._rollback_kind == "checkpoint"
+        if any(type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in self._plain_cache_layers()):
+            self._info = replace(
+                self._info,
+                forward=self._info.forward + "; its sliding-window layers keep every position (more memory, "
+                "the model still attends within its window) so that a rejected draft is undone by a cut",
+            )
         self._fed = 0  # positions in the cache (self.tokens lags it inside a prefill cut in slices)
         self._caught: list[torch.Tensor] = []
         self._hook = self._model.base_model.register_forward_hook(self._catch_hidden)
@@ -84,23 +106,13 @@ class TransformersBackend(HFBackend):
     # -- the cache -----------------------------------------------------------------
 
     def _new_cache(self):
-        from transformers import DynamicCache, cache_utils
+        return hybrid_cache.window_cache(self._model.config)
 
-        cache = DynamicCache(config=self._model.config)
-        # `crop` is exact for full-attention layers, and for sliding-window
-        # layers whose window is longer than the whole context (they then never
-        # drop anything). Otherwise a sliding layer has forgotten what left its
-        # window, and a recurrent (linear-attention) layer keeps no per-token
-        # state at all, so a rollback there rebuilds the cache instead.
-        full = tuple(getattr(cache_utils, n) for n in ("DynamicLayer", "DummyLayer") if hasattr(cache_utils, n))
-        sliding = getattr(cache_utils, "DynamicSlidingWindowLayer", None)
+    def _plain_cache_layers(self) -> list:
+        """The layers transformers would give this model (to tell the user what was changed)."""
+        from transformers import DynamicCache
 
-        def exact(layer) -> bool:
-            if type(layer) in full:
-                return True
-            return type(layer) is sliding and getattr(layer, "sliding_window", 0) > self._n_ctx
-
-        return cache, all(exact(layer) for layer in cache.layers)
+        return list(DynamicCache(config=self._model.config).layers)
 
     def _run(self, tokens: list[int], all_logits: bool) -> torch.Tensor:
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self._device)
@@ -111,6 +123,8 @@ class TransformersBackend(HFBackend):
         start = self._fed
         self._caught.clear()
         with torch.inference_mode():
+            if self._checkpoints is not None and start:
+                self._save_checkpoint(start)
             logits = self._model(input_ids=input_ids[None], **kwargs).logits[0]
             features = self._caught.pop()[0] if self._caught else None  # (n, hidden)
             if features is not None:
@@ -130,36 +144,73 @@ class TransformersBackend(HFBackend):
         if length == 0:
             with torch.inference_mode():  # a linear-attention layer zeroes its inference-mode states in place
                 self._cache.reset()
-        elif self._exact_crop:
+            if self._checkpoints is not None:
+                self._checkpoints.clear()
+        elif self._rollback_kind == "cut":
             with torch.inference_mode():
                 self._cache.crop(-(len(self.tokens) - length))
+        elif self._rollback_kind == "checkpoint":
+            self._replay_to(length)
         else:
             self._rebuild(self.tokens[:length])
         self._fed = length
 
+    # -- checkpoints and replay (recurrent layers) ----------------------------------------------
+
+    def _save_checkpoint(self, position: int) -> None:
+        """The recurrent states after `position` tokens, before a forward changes them in place;
+        none when the newest checkpoint already holds this position (a replay starts there)."""
+        newest = self._checkpoints.newest_at_or_before(position)
+        if newest is None or newest.position != position:
+            self._checkpoints.save(position, hybrid_cache.save_state(self._cache))
+
+    def _replay_to(self, length: int) -> None:
+        """Make the cache hold self.tokens[:length]: restore the newest checkpoint c <= length, cut
+        the attention layers to c, and run the model over tokens c..length again. Exact: the
+        states after c tokens plus the same tokens give the same states. Before every checkpoint,
+        rebuild. The last call's features (last_features) stay the caller's, not the replay's."""
+        self._checkpoints.drop_after(length)  # they hold tokens past the kept ones
+        checkpoint = self._checkpoints.newest_at_or_before(length)
+        if checkpoint is None:
+            self._rebuild(self.tokens[:length])
+            return
+        features = self._features
+        with torch.inference_mode():
+            hybrid_cache.restore_state(self._cache, checkpoint.state)
+            hybrid_cache.cut_attention(self._cache, checkpoint.position)
+        self._fed = checkpoint.position
+        replay = self.tokens[checkpoint.position : length]
+        for start in range(0, len(replay), PREFILL_CHUNK):
+            self._run(replay[start : start + PREFILL_CHUNK], False)
+        self._features = features
+
     def _rebuild(self, tokens: list[int]) -> None:
         """Recompute the cache for `tokens` from scratch (the slow but always exact way)."""
-        self._cache, _ = self._new_cache()
+        self._cache = self._new_cache()
+        if self._checkpoints is not None:
+            self._checkpoints.clear()
         self._fed = 0
         for start in range(0, len(tokens), PREFILL_CHUNK):
             self._run(tokens[start : start + PREFILL_CHUNK], False)
 
     def _repair_cache(self) -> None:
         keep = len(self.tokens)
-        if not self._exact_crop:
+        if self._rollback_kind != "cut":
             try:
-                self._rebuild(self.tokens)
+                if self._rollback_kind == "checkpoint" and keep:
+                    self._replay_to(keep)
+                else:
+                    self._rebuild(self.tokens)
             except BaseException:  # noqa: BLE001 - start empty; the caller re-raises the first error
-                self._cache, _ = self._new_cache()
+                self._cache = self._new_cache()
+                if self._checkpoints is not None:
+                    self._checkpoints.clear()
                 self._fed = 0
                 self.tokens.clear()
             return
         self._fed = keep
         with torch.inference_mode():
-            for layer in self._cache.layers:
-                keys = getattr(layer, "keys", None)
-                if keys is not None and keys.numel() and keys.shape[-2] > keep:
-                    layer.crop(-(keys.shape[-2] - keep))
+            hybrid_cache.cut_attention(self._cache, keep)
 
     def _drop_cache(self) -> None:
         self._cache = self._features = self._feature_store = None
