@@ -91,12 +91,21 @@ def _ffn(w: _Weights, block: str) -> None:
 
 
 def make_qwen35_gguf(
-    path: str, *, seed: int = 0, n_layers: int = 4, context_length: int = 2048, mix: float = 1.0
+    path: str,
+    *,
+    seed: int = 0,
+    n_layers: int = 4,
+    context_length: int = 2048,
+    mix: float = 1.0,
+    d_state: int = 16,
+    n_v_heads: int = 4,
 ) -> str:
-    """A Qwen3.5 hybrid: layers 0-2 gated delta nets, layer 3 full attention (interval 4)."""
+    """A Qwen3.5 hybrid: layers 0-2 gated delta nets, layer 3 full attention (interval 4).
+    `d_state` and `n_v_heads` set the size of the recurrent state: Qwen3.5's own are 128 and 16
+    to 64 (a state of n_v_heads x d_state x d_state floats per delta-net layer)."""
     writer, w = _start(path, "qwen35", seed, n_layers, context_length, mix)
     n_head_kv = 2
-    d_state, n_k_heads, n_v_heads, d_conv = 16, 2, 4, 4
+    n_k_heads, d_conv = 2, 4
     key_dim, value_dim = d_state * n_k_heads, d_state * n_v_heads
     writer.add_head_count(N_HEAD)
     writer.add_head_count_kv(n_head_kv)
