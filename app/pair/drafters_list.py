@@ -277,3 +277,9 @@ class DraftersButton(QPushButton):
         self.dialog = DraftersDialog(self.window(), lambda: app_heads_dirs(settings), **panel_options)
         self.dialog.panel.sig_use.connect(lambda candidate: use_candidate(self.form, candidate))
         self.clicked.connect(lambda: self.dialog.open_for(self.form.target.spec()))
+        form.target.sig_chosen.connect(self._follow_target)
+
+    def _follow_target(self) -> None:
+        """Another target chosen while the list is open: list its drafters instead."""
+        if self.dialog.isVisible() and self.form.target.spec() != self.dialog.panel.target:
+            self.dialog.open_for(self.form.target.spec())

@@ -98,3 +98,16 @@ def test_measure_ranks_the_candidates_by_speed_in_a_child_process(qtbot, store):
     assert rows[0][1] in measured  # measured ones first
     speeds = [c.speedup for c in panel.found.candidates if c.speedup is not None]
     assert speeds == sorted(speeds, reverse=True)
+
+
+def test_choosing_another_target_while_the_list_is_open_lists_its_drafters(qtbot, dialog, store):
+    panel = find(qtbot, dialog)
+
+    with qtbot.waitSignal(panel.sig_found, timeout=FIND_TIMEOUT_MS):
+        dialog.form.target.set_spec(store["tiny-draft"])
+        dialog.form.target.sig_chosen.emit()
+
+    assert panel.target == store["tiny-draft"]
+    assert dialog.drafters_button.dialog.windowTitle() == f"Drafters for {store['tiny-draft']}"
+    shown = dict(panel.left_out_rows())
+    assert shown["SmolLM2-135M-Instruct.Q4_1"].startswith("not smaller than the target")

@@ -130,3 +130,24 @@ def test_measuring_ranks_what_runs_on_llama_cpp_by_speed_and_says_why_the_rest_w
     rest = found.candidates[len(ran) :]
     assert {c.drafter for c in rest} == {"eagle", "medusa", "lookahead", "early-exit"}
     assert all(c.note.startswith("not measured: it runs the target on PyTorch") for c in rest)
+
+
+def test_a_gemma_4_assistant_beside_its_target_is_offered_and_one_for_another_target_says_what_differs(tmp_path):
+    import shutil
+
+    from tests.factories.gemma4_models import make_gemma4_pair
+
+    target, assistant = make_gemma4_pair(tmp_path / "pair", seed=1)
+    wider = Path(target).parent / "wider-assistant"
+    shutil.copytree(assistant, wider)
+    config = json.loads((wider / "config.json").read_text())
+    (wider / "config.json").write_text(json.dumps({**config, "backbone_hidden_size": 96}))
+
+    found = discover(target, models=[])
+
+    offered = next(c for c in found.candidates if c.kind == "assistant")
+    assert (offered.drafter, offered.path) == ("assistant", assistant)
+    assert offered.cli == f"--drafter assistant --assistant {assistant}"
+    reason = next(x.reason for x in found.left_out if x.path == str(wider))
+    assert reason.startswith("an assistant for another target: ")
+    assert "hidden size 64" in reason and "96" in reason
