@@ -4,7 +4,7 @@ A hybrid model (Qwen3.5, Qwen3-Next, LFM2, Nemotron-H, Granite 4, Falcon-H1) or 
 (Mamba) keeps, besides or instead of its attention KV cache, one state per sequence that every
 token updates in place, so llama.cpp cannot cut it back token by token: `llama_memory_seq_rm` on
 a position inside the sequence fails for the recurrent part. What works (checked on 0.3.36's
-llama.cpp, with qwen35, lfm2 and mamba2 files):
+llama.cpp, with qwen35, lfm2, nemotron_h and mamba2 files):
 
 1. before each forward, copy the recurrent part of sequence 0 (`llama_state_seq_get_data_ext`
    with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the attention KV is left out, it can be cut) into a

@@ -10,6 +10,7 @@ checked by loading them with the llama.cpp that llama-cpp-python 0.3.36 bundles:
   `full_attention_interval`;
 - `lfm2` (LFM2): short-convolution layers where the per-layer KV head count is 0, attention elsewhere;
 - `nemotron_h` (Nemotron-H): Mamba 2 layers, an MLP-only layer and an attention layer;
+- `mamba2`: recurrent only, no attention at all;
 - `gemma3`: sliding-window attention on most layers, a window shorter than a test prompt.
 
 Shapes are written as numpy (rows, cols) = ggml's {cols, rows}.
@@ -216,39 +217,51 @@ def make_gemma3_gguf(
     return str(path)
 
 
+# Mamba 2 sizes shared by nemotron_h and mamba2: 8 heads of 16 channels, 2 groups, a 16-wide state.
+_D_STATE, _N_GROUP, _N_SSM_HEAD, _D_CONV = 16, 2, 8, 4
+_D_INNER = 2 * N_EMBD
+
+
+def _mamba2_hparams(writer: GGUFWriter) -> None:
+    writer.add_ssm_conv_kernel(_D_CONV)
+    writer.add_ssm_inner_size(_D_INNER)
+    writer.add_ssm_state_size(_D_STATE)
+    writer.add_ssm_time_step_rank(_N_SSM_HEAD)
+    writer.add_ssm_group_count(_N_GROUP)
+
+
+def _mamba2_layer(w: _Weights, block: str) -> None:
+    conv_dim = _D_INNER + 2 * _N_GROUP * _D_STATE
+    w.matrix(f"{block}.ssm_in.weight", 2 * _D_INNER + 2 * _N_GROUP * _D_STATE + _N_SSM_HEAD, N_EMBD)
+    w.matrix(f"{block}.ssm_conv1d.weight", conv_dim, _D_CONV, 0.5)
+    w.vector(f"{block}.ssm_conv1d.bias", conv_dim)
+    w.vector(f"{block}.ssm_dt.bias", _N_SSM_HEAD)
+    w.full(f"{block}.ssm_a", (_N_SSM_HEAD, 1), -1.0)  # decay: A < 0
+    w.matrix(f"{block}.ssm_d", _N_SSM_HEAD, 1)
+    w.full(f"{block}.ssm_norm.weight", (_N_GROUP, _D_INNER // _N_GROUP), 1.0)
+    w.out(f"{block}.ssm_out.weight", N_EMBD, _D_INNER)
+
+
 def make_nemotron_h_gguf(path: str, *, seed: int = 0, context_length: int = 2048, mix: float = 1.0) -> str:
     """A Nemotron-H hybrid: Mamba 2 layers 0 and 3, an MLP layer 1, attention on layer 2 (a layer is
     Mamba where both its KV head count and its feed-forward length are 0)."""
     kinds = ("mamba", "mlp", "attention", "mamba")
     writer, w = _start(path, "nemotron_h", seed, len(kinds), context_length, mix, feed_forward=False)
-    n_head_kv, d_state, n_group, n_ssm_head, d_conv = 2, 16, 2, 8, 4
-    d_inner = 2 * N_EMBD
-    conv_dim = d_inner + 2 * n_group * d_state
+    n_head_kv = 2
     writer.add_head_count(N_HEAD)  # one count, as converted files have; the KV head count says which layer
     writer.add_head_count_kv([n_head_kv if kind == "attention" else 0 for kind in kinds])
     writer.add_feed_forward_length([N_FF if kind == "mlp" else 0 for kind in kinds])
     writer.add_key_length(HEAD_DIM)
     writer.add_value_length(HEAD_DIM)
-    writer.add_ssm_conv_kernel(d_conv)
-    writer.add_ssm_inner_size(d_inner)
-    writer.add_ssm_state_size(d_state)
-    writer.add_ssm_time_step_rank(n_ssm_head)
-    writer.add_ssm_group_count(n_group)
     writer.add_layer_norm_eps(1e-5)  # read besides the RMS epsilon
+    _mamba2_hparams(writer)
 
     w.vector("output_norm.weight", N_EMBD, 1.0)
     for i, kind in enumerate(kinds):
         block = f"blk.{i}"
         w.vector(f"{block}.attn_norm.weight", N_EMBD, 1.0)
         if kind == "mamba":
-            w.matrix(f"{block}.ssm_in.weight", 2 * d_inner + 2 * n_group * d_state + n_ssm_head, N_EMBD)
-            w.matrix(f"{block}.ssm_conv1d.weight", conv_dim, d_conv, 0.5)
-            w.vector(f"{block}.ssm_conv1d.bias", conv_dim)
-            w.vector(f"{block}.ssm_dt.bias", n_ssm_head)
-            w.full(f"{block}.ssm_a", (n_ssm_head, 1), -1.0)  # decay: A < 0
-            w.matrix(f"{block}.ssm_d", n_ssm_head, 1)
-            w.full(f"{block}.ssm_norm.weight", (n_group, d_inner // n_group), 1.0)
-            w.out(f"{block}.ssm_out.weight", N_EMBD, d_inner)
+            _mamba2_layer(w, block)
         elif kind == "attention":
             w.matrix(f"{block}.attn_q.weight", N_HEAD * HEAD_DIM, N_EMBD)
             w.matrix(f"{block}.attn_k.weight", n_head_kv * HEAD_DIM, N_EMBD)
@@ -257,5 +270,19 @@ def make_nemotron_h_gguf(path: str, *, seed: int = 0, context_length: int = 2048
         else:
             w.matrix(f"{block}.ffn_up.weight", N_FF, N_EMBD)
             w.out(f"{block}.ffn_down.weight", N_EMBD, N_FF)
+    _finish(writer)
+    return str(path)
+
+
+def make_mamba2_gguf(
+    path: str, *, seed: int = 0, n_layers: int = 3, context_length: int = 2048, mix: float = 1.0
+) -> str:
+    """A Mamba 2: recurrent layers only, no attention and no KV cache at all."""
+    writer, w = _start(path, "mamba2", seed, n_layers, context_length, mix, feed_forward=False)
+    _mamba2_hparams(writer)
+    w.vector("output_norm.weight", N_EMBD, 1.0)
+    for i in range(n_layers):
+        w.vector(f"blk.{i}.attn_norm.weight", N_EMBD, 1.0)
+        _mamba2_layer(w, f"blk.{i}")
     _finish(writer)
     return str(path)

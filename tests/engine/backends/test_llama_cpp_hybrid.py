@@ -15,10 +15,17 @@ from engine.core.sampling import SamplingConfig
 from engine.errors import ModelLoadError, OutOfMemoryError
 from tests.engine.drafters.build import legacy_config
 from tests.factories.gguf_models import make_tiny_gguf
-from tests.factories.hybrid_gguf import make_gemma3_gguf, make_lfm2_gguf, make_nemotron_h_gguf, make_qwen35_gguf
+from tests.factories.hybrid_gguf import (
+    make_gemma3_gguf,
+    make_lfm2_gguf,
+    make_mamba2_gguf,
+    make_nemotron_h_gguf,
+    make_qwen35_gguf,
+)
 from tests.stats_helpers import first_two_tokens
 
 HYBRIDS = {"qwen35": make_qwen35_gguf, "lfm2": make_lfm2_gguf, "nemotron_h": make_nemotron_h_gguf}
+RECURRENT = [*HYBRIDS, "mamba2"]  # and a model with no attention at all
 REPEAT = "one two three four five one two three four five one two three four five one two three"
 GREEDY = SamplingConfig(temperature=0.0, max_tokens=40)
 MIX = 0.3
@@ -34,6 +41,7 @@ def files(tmp_path_factory):
         arch: (make(str(root / f"{arch}.gguf"), mix=MIX), make(str(root / f"{arch}-near.gguf"), mix=NEAR))
         for arch, make in HYBRIDS.items()
     }
+    made["mamba2"] = (make_mamba2_gguf(str(root / "mamba2.gguf"), mix=MIX),)
     made["llama"] = (make_tiny_gguf(str(root / "llama.gguf")),)
     made["gemma3"] = (make_gemma3_gguf(str(root / "gemma3.gguf"), sliding_window=4, mix=MIX),)
     return made
@@ -49,7 +57,7 @@ def greedy_comparison(engine: Engine):
     return comparison.speculative.stats
 
 
-@pytest.mark.parametrize("arch", HYBRIDS)
+@pytest.mark.parametrize("arch", RECURRENT)
 def test_greedy_ngram_speculation_equals_vanilla_through_accepts_and_rejections(files, arch):
     engine = load(files[arch][0])
     try:
@@ -100,7 +108,7 @@ def test_sampled_speculation_keeps_the_target_distribution(files, arch):
         engine.close()
 
 
-@pytest.mark.parametrize("arch", HYBRIDS)
+@pytest.mark.parametrize("arch", RECURRENT)
 def test_after_a_rejection_the_state_equals_a_fresh_pass_over_the_kept_tokens(files, arch):
     path = files[arch][0]
     backend, fresh = LlamaCppBackend(path, n_ctx=256), LlamaCppBackend(path, n_ctx=256)
