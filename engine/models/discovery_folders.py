@@ -71,7 +71,7 @@ def _judge_head(folder: Path, kind: str, data: dict, ref: ModelRef, meta: ModelM
                 HEADS,
                 name,
                 str(folder),
-                f"{what} {whose}: its {wrong}. Use heads trained for {ref.name} "
+                f"{what} {whose}: {'their' if what.endswith('heads') else 'its'} {wrong}. Use heads trained for {ref.name} "
                 f"(Models > Train heads…, or `specdeck-cli train-heads --kind {kind}`).",
             )
         )

@@ -65,7 +65,7 @@ def test_the_list_shows_the_fitting_draft_and_each_model_left_out_with_the_engin
     assert shown["speck"].startswith(
         "a parameter ratio of 170.0:1 (135M / 791K), outside what pays (about 8:1 to 70:1)"
     )
-    assert shown["Medusa heads (medusa-qwen)"].startswith(f"Medusa heads made for {OTHER_BASE}: its hidden size 896")
+    assert shown["Medusa heads (medusa-qwen)"].startswith(f"Medusa heads made for {OTHER_BASE}: their hidden size 896")
     assert shown["qwen-like"].startswith("another family (qwen2; the target is llama)")
     assert panel.measure_button.isEnabled()  # measuring is offered once the list is there
 

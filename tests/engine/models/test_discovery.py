@@ -52,7 +52,7 @@ def test_the_fitting_draft_is_offered_and_every_other_model_is_left_out_with_its
     assert left["speck"].reason.startswith(f"a parameter ratio of 170.0:1 (135M / 791K), {SPEEDUP_RATIO_RANGE}")
     heads = left["Medusa heads (medusa-qwen)"]
     assert heads.path == store["medusa-qwen"]
-    assert heads.reason.startswith(f"Medusa heads made for {OTHER_BASE}: its hidden size 896 (the target's: 576).")
+    assert heads.reason.startswith(f"Medusa heads made for {OTHER_BASE}: their hidden size 896 (the target's: 576).")
     assert not set(offered) & set(left)
 
 
@@ -75,6 +75,18 @@ def test_a_target_pinned_to_llama_cpp_leaves_out_what_needs_pytorch_and_says_why
     assert lookahead.reason.startswith("needs the PyTorch backend: Lookahead decoding verifies its window")
 
 
+def test_a_draft_that_does_not_fit_in_the_memory_left_says_how_much_it_needs(store, monkeypatch):
+    from engine.models import doctor
+    from engine.models.locate import resolve
+
+    monkeypatch.setattr(doctor, "available_memory_bytes", lambda: 64 * 2**20)  # a machine with 64 MiB free
+    found = discover("default", models=[resolve(store["tiny-draft"])])
+
+    reason = by_name(found.left_out)["tiny-draft"].reason
+    assert reason.startswith("too big for the memory left: Needs about ")
+    assert "That is more than 80% of the 64 MiB free now." in reason
+
+
 def test_cli_says_the_same_in_text_and_json(store, capsys):
     folder = str(Path(store["tiny-draft"]).parents[1])
     assert main(["models", "--drafters-for", "default", "--dir", folder]) == 0
@@ -83,7 +95,7 @@ def test_cli_says_the_same_in_text_and_json(store, capsys):
     assert f"use: --drafter model --draft {store['tiny-draft']}" in text
     assert f"  - speck  {store['speck']}" in text
     assert "another family (qwen2; the target is llama)" in text
-    assert f"Medusa heads made for {OTHER_BASE}: its hidden size 896" in text
+    assert f"Medusa heads made for {OTHER_BASE}: their hidden size 896" in text
 
     assert main(["models", "--drafters-for", "default", "--dir", folder, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
