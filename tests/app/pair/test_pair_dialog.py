@@ -68,6 +68,7 @@ def test_every_drafter_can_be_chosen_and_none_is_a_placeholder(dialog):
         "eagle",
         "eagle3",
         "mtp",
+        "assistant",
         "lookahead",
         "early-exit",
         "suffix+eagle",
