@@ -7,7 +7,9 @@ of the budget: decoding tokens/s over plain decoding's is the candidate's speedu
 is never cut, so a slow machine runs over the budget by up to one reply per candidate.
 As auto-tune does (engine/bench/autotune.py), each drafter is made on the one loaded target
 with the registry's `make_drafter` and closed after; here a draft model is loaded too, since
-the point is to compare models that are not loaded yet. Loads are not counted in the budget.
+the point is to compare models that are not loaded yet. Loads are not counted in the budget;
+the target's verify costs and each drafter's token cost are measured as a load measures them, so
+that automatic k sizes the drafts as it will for the user.
 
 Candidates that would move the target to another backend (a GGUF's heads need PyTorch) are
 not measured: that is a second load of the whole target, dequantized; they keep their place
@@ -47,9 +49,8 @@ def measure(
     runnable = [c for c in found.candidates if found.backend == "torch" or not drafter_spec(c.drafter).needs_torch]
     slice_s = budget_s / (len(runnable) + 1)
     report(f"Loading {found.target}", 0.0)
-    base = EngineConfig(
-        target=found.target_spec, drafter="none", backend=found.backend, measure_costs=False, n_ctx=2048
-    )
+    # The verify costs measured at load, as a user's load measures them: automatic k reads them.
+    base = EngineConfig(target=found.target_spec, drafter="none", backend=found.backend, n_ctx=2048)
     engine = Engine.load(base)
     measured: dict[int, Candidate] = {}
     try:
@@ -90,6 +91,7 @@ def _candidate(engine, base, c: Candidate, prompts, slice_s: float, vanilla_tps:
     """(the candidate with its measurement or why there is none, seconds of generation)."""
     from engine.api import Engine
     from engine.core.draft_length import CostModel
+    from engine.drafters.base import measured_token_cost
     from engine.drafters.registry import make_drafter
     from engine.errors import SpecDeckError
 
@@ -97,7 +99,9 @@ def _candidate(engine, base, c: Candidate, prompts, slice_s: float, vanilla_tps:
     drafter = None
     try:
         drafter = make_drafter(engine.target, config)
-        tuned = Engine(engine.target, drafter, config, CostModel())
+        costs = CostModel(verify_s=dict(engine.costs.verify_s))  # as auto-tune's: the drafter's own cost beside
+        costs.draft_s_per_token = (measured_token_cost(drafter) or 0.0) if drafter is not None else 0.0
+        tuned = Engine(engine.target, drafter, config, costs)
         tokens, took = _run(tuned, prompts, slice_s)
     except SpecDeckError as error:
         return dataclasses.replace(c, note=f"could not run: {error}"), 0.0
