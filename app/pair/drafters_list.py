@@ -204,7 +204,8 @@ class DraftersPanel(QWidget):
         if found.measured:
             self.status.setText(
                 f"Measured for {found.measured_s:.1f} s of decoding on this machine: plain decoding "
-                f"{found.vanilla_tokens_per_s:.1f} tokens/s. Double-click a candidate to use it."
+                f"{found.vanilla_tokens_per_s:.1f} tokens/s. {found.verdict + ' ' if found.verdict else ''}"
+                "Double-click a candidate to use it."
             )
         else:
             self.status.setText(

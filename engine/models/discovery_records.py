@@ -71,6 +71,17 @@ class Discovery:
     def measured(self) -> bool:
         return self.vanilla_tokens_per_s is not None
 
+    @property
+    def verdict(self) -> str:
+        """After a measurement, one sentence when no candidate beat plain decoding; "" otherwise."""
+        speedups = [c.speedup for c in self.candidates if c.speedup is not None]
+        if not self.measured or not speedups or max(speedups) > 1.0:
+            return ""
+        return (
+            "None of them beat plain decoding on this machine now: decode without a drafter (--drafter none), "
+            "or measure again when the machine is less busy."
+        )
+
     def to_dict(self) -> dict:
         return {
             **{f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("candidates", "left_out")},
@@ -120,6 +131,7 @@ def format_discovery(found: Discovery, width: int = 100) -> str:
             f"Measured for {found.measured_s:.1f} s of generation: plain decoding "
             f"{found.vanilla_tokens_per_s:.1f} tokens/s."
         )
+        lines += [found.verdict] if found.verdict else []
     for i, c in enumerate(found.candidates, 1):
         where = f"  {c.path}" if c.path else ""
         lines.append(f"  {i:>2}. {c.name} [{c.drafter}]{where}")

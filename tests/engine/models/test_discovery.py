@@ -163,3 +163,18 @@ def test_a_gemma_4_assistant_beside_its_target_is_offered_and_one_for_another_ta
     reason = next(x.reason for x in found.left_out if x.path == str(wider))
     assert reason.startswith("an assistant for another target: ")
     assert "hidden size 64" in reason and "96" in reason
+
+
+def test_a_measurement_where_nothing_beats_plain_decoding_says_to_decode_without_a_drafter():
+    from engine.models.discovery import Candidate
+
+    def measured(*speedups) -> Discovery:
+        ran = tuple(
+            Candidate("no files", "ngram", f"n{i}", "", "", 1, speedup=s, tokens_per_s=s)
+            for i, s in enumerate(speedups)
+        )
+        return Discovery("t", "t", "t.gguf", "llama.cpp", ran, (), vanilla_tokens_per_s=1.0, measured_s=1.0)
+
+    assert "decode without a drafter (--drafter none)" in str(measured(0.8, 0.95))
+    assert measured(0.8, 1.3).verdict == ""
+    assert "decode without" not in str(measured(0.8, 1.3))
