@@ -418,6 +418,8 @@ class LlamaCppBackend(Backend):
                 ctypes.memmove(
                     out.data_ptr() + offset * self._row_bytes, llama_cpp.llama_get_logits(ctx), m * self._row_bytes
                 )
+        if self._states is not None and not all_logits and n > 1:  # a prefill: the prompt's own checkpoint
+            self._states.save_prompt(start + n)
         if not all_logits:
             last = llama_cpp.llama_get_logits_ith(ctx, -1)
             if not last:  # NULL: copying from it would crash the process

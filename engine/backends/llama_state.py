@@ -26,11 +26,12 @@ from collections.abc import Callable
 
 import llama_cpp
 
-from engine.backends.checkpoints import KEEP, StateCheckpoints
+from engine.backends.checkpoints import KEEP, Checkpoint, StateCheckpoints
 from engine.errors import ModelLoadError
 
 PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 SEQ = 0  # the backend's one sequence
+BUDGET_BYTES = 1 << 30  # checkpoints of one model kept in at most about this much memory (but 2 at least)
 
 # Replays `tokens` at positions start... without logits: the backend's batched decode.
 Replay = Callable[[list[int], int], None]
@@ -47,9 +48,17 @@ class RecurrentCheckpoints:
         self._ctx = ctx
         self._mem = mem
         self._size = state_bytes
+        # A 27B hybrid's state is ~150 MB: fewer of those. A target rolls back into its last forward
+        # only; a draft model (a small state) goes back over its draft, one forward per token.
+        keep = max(2, min(keep, BUDGET_BYTES // max(state_bytes, 1)))
         self._ring: StateCheckpoints[tuple[ctypes.Array, int]] = StateCheckpoints(keep)
         # Allocated as needed, keep + 1 at most: the ring holds keep states at most, so one is free.
         self._buffers: list[ctypes.Array] = []
+        # The state after the last prefill (the prompt), kept apart: the ring forgets it after `keep`
+        # steps, and the next generation over the same prompt (a comparison, a regenerated reply)
+        # would then run the whole prompt again.
+        self._prompt: Checkpoint[tuple[ctypes.Array, int]] | None = None
+        self._prompt_buffer: ctypes.Array | None = None
         self.saves = self.restores = self.replayed = 0  # counters for measurements
 
     @property
@@ -62,11 +71,25 @@ class RecurrentCheckpoints:
         if newest is not None and newest.position == position:
             return  # already saved: the state after the same tokens (the ring drops stale ones)
         buffer = self._free_buffer()
+        self._ring.save(position, (buffer, self._copy_into(buffer, position)))
+
+    def save_prompt(self, position: int) -> None:
+        """Keep the state after a prefill of `position` tokens until a rollback goes behind it."""
+        if self._prompt is not None and self._prompt.position == position:
+            return
+        if self._prompt_buffer is None:
+            try:
+                self._prompt_buffer = (ctypes.c_uint8 * self._size)()
+            except MemoryError:  # a saving of time, not needed for the reply: go without
+                return
+        self._prompt = Checkpoint(position, (self._prompt_buffer, self._copy_into(self._prompt_buffer, position)))
+
+    def _copy_into(self, buffer: ctypes.Array, position: int) -> int:
         written = llama_cpp.llama_state_seq_get_data_ext(self._ctx, buffer, self._size, SEQ, PARTIAL)
         if written == 0:
             raise RuntimeError(f"llama.cpp could not save the recurrent state after {position} tokens.")
-        self._ring.save(position, (buffer, written))
         self.saves += 1
+        return written
 
     def _free_buffer(self) -> ctypes.Array:
         """A buffer no checkpoint of the ring holds (a checkpoint kept from long ago still holds its own)."""
@@ -81,6 +104,9 @@ class RecurrentCheckpoints:
     def rollback(self, length: int, tokens: list[int], replay: Replay) -> None:
         """Make the cache hold `tokens[:length]`: restore, cut, replay (the module docstring)."""
         checkpoint = self._ring.newest_at_or_before(length)
+        prompt = self._prompt if self._prompt is not None and self._prompt.position <= length else None
+        if prompt is not None and (checkpoint is None or prompt.position > checkpoint.position):
+            checkpoint = prompt
         if checkpoint is None:  # older than every checkpoint: start from an empty sequence
             start = 0
             llama_cpp.llama_memory_seq_rm(self._mem, SEQ, -1, -1)
@@ -93,12 +119,15 @@ class RecurrentCheckpoints:
                 raise RuntimeError(f"llama.cpp could not cut the cache back to {start} tokens after a restore.")
             self.restores += 1
         self._ring.drop_after(length)
+        if self._prompt is not None and self._prompt.position > length:
+            self._prompt = None
         if start < length:
             replay(tokens[start:length], start)
             self.replayed += length - start
 
     def clear(self) -> None:
         self._ring.clear()
+        self._prompt = None
 
 
 def probe(ctx, mem, decode: Callable[[list[int], int], None], token: int) -> int:

@@ -132,6 +132,20 @@ def test_after_a_rejection_the_state_equals_a_fresh_pass_over_the_kept_tokens(fi
         fresh.close()
 
 
+def test_a_second_reply_to_the_same_prompt_restores_the_prompt_instead_of_running_it_again(files):
+    engine = load(files["lfm2"][0])
+    try:
+        prompt = engine.prompt_ids(REPEAT)
+        first = engine.generate(prompt, GREEDY, speculative=False)  # 40 forwards: more than the ring keeps
+        states = engine.target._states
+        replayed = states.replayed
+        again = engine.generate(prompt, GREEDY, speculative=False)
+        assert again.tokens == first.tokens
+        assert states.replayed == replayed  # the prompt's state restored, not one token run again
+    finally:
+        engine.close()
+
+
 def test_a_cancelled_run_leaves_the_cache_usable(files):
     target, other = files["qwen35"]
     engine = load(target, drafter="draft", draft=other)
