@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Callable
 
@@ -36,6 +37,7 @@ from engine.models.discovery_records import Candidate, Discovery
 MEASURE_SECONDS = 10.0
 CHILD_TIMEOUT_S = 600  # loads included; a stuck child must not hold the dialog forever
 USE_ROLE = Qt.ItemDataRole.UserRole  # a candidate row's index in the list shown
+LINE_CHARS = 86  # the reasons' column at the list's first size
 
 
 def discover_here(target: str, heads_dirs: list[str]) -> Discovery:
@@ -78,6 +80,11 @@ def use_candidate(form, candidate: Candidate) -> bool:
     return True
 
 
+def _lines(text: str) -> str:
+    """`text` broken into lines at spaces: a tree's rows do not wrap their text themselves."""
+    return textwrap.fill(text, LINE_CHARS, break_long_words=False, break_on_hyphens=False)
+
+
 class DraftersPanel(QWidget):
     """The ranked candidates and the left-out models of one target, a Use button and a Measure button."""
 
@@ -108,11 +115,15 @@ class DraftersPanel(QWidget):
         self.tree = QTreeWidget(self)
         self.tree.setColumnCount(2)
         self.tree.setHeaderLabels(["Drafter", "Why"])
-        self.tree.setWordWrap(True)
-        self.tree.setUniformRowHeights(False)
-        self.tree.setColumnWidth(0, 300)
+        self.tree.setTextElideMode(Qt.TextElideMode.ElideNone)  # a reason is the point of a row: never cut short
+        self.tree.setUniformRowHeights(False)  # a reason takes the lines it needs (`_lines`)
+        self.tree.setColumnWidth(0, 280)
+        self.tree.setAlternatingRowColors(True)  # where one row's lines end and the next's begin
+        self.details = QLabel(self)  # the selected row in full: where it is, how to choose it
+        self.details.setWordWrap(True)
+        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.tree.itemDoubleClicked.connect(lambda item, column: self.use(item))
-        self.tree.currentItemChanged.connect(lambda item, previous: self._enable())
+        self.tree.currentItemChanged.connect(lambda item, previous: self._select(item))
         self.use_button = QPushButton("Use as drafter", self)
         self.use_button.setToolTip("Make the selected candidate the pair's drafter (or double-click it)")
         self.use_button.clicked.connect(lambda: self.use(self.tree.currentItem()))
@@ -131,6 +142,7 @@ class DraftersPanel(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.status)
         layout.addWidget(self.tree, 1)
+        layout.addWidget(self.details)
         layout.addLayout(buttons)
         self._enable()
 
@@ -201,6 +213,7 @@ class DraftersPanel(QWidget):
     def _show(self, found: Discovery) -> None:
         self.found = found
         self.tree.clear()
+        self.details.clear()
         if found.measured:
             self.status.setText(
                 f"Measured for {found.measured_s:.1f} s of decoding on this machine: plain decoding "
@@ -218,13 +231,13 @@ class DraftersPanel(QWidget):
                 f"{c.speedup:.2f}x plain decoding ({c.tokens_per_s:.1f} tokens/s). " if c.speedup is not None else ""
             )
             note = f"{c.note}. " if c.note else ""
-            row = QTreeWidgetItem(served, [f"{index + 1}. {c.name}", speed + note + c.why])
+            row = QTreeWidgetItem(served, [f"{index + 1}. {c.name}", _lines(speed + note + c.why)])
             row.setData(0, USE_ROLE, index)
             row.setToolTip(0, f"{c.path or 'needs no files'}\n{c.cli}")
             row.setToolTip(1, speed + note + c.why)
         left = QTreeWidgetItem(self.tree, [f"Left out ({len(found.left_out)})"])
         for x in found.left_out:
-            row = QTreeWidgetItem(left, [x.name, x.reason])
+            row = QTreeWidgetItem(left, [x.name, _lines(x.reason)])
             row.setToolTip(0, x.path)
             row.setToolTip(1, x.reason)
         for top in (served, left):
@@ -236,7 +249,11 @@ class DraftersPanel(QWidget):
         if self.tree.topLevelItemCount() <= which:
             return []
         top = self.tree.topLevelItem(which)
-        return [(top.child(i).text(0), top.child(i).text(1)) for i in range(top.childCount())]
+        return [(top.child(i).text(0), top.child(i).text(1).replace("\n", " ")) for i in range(top.childCount())]
+
+    def _select(self, item: QTreeWidgetItem | None) -> None:
+        self.details.setText(item.toolTip(1) + "\n" + item.toolTip(0) if item is not None and item.parent() else "")
+        self._enable()
 
     def _enable(self) -> None:
         item = self.tree.currentItem()
