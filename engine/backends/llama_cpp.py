@@ -29,8 +29,7 @@ import torch
 
 from engine.backends import gpu_layers  # its llama_cpp_offloads read at each call: tests fake a GPU build
 from engine.backends.base import Backend, LoadProgress, ModelInfo
-from engine.backends.llama_state import RecurrentCheckpoints, StateUnsupported
-from engine.backends.llama_state import probe as probe_state
+from engine.backends.llama_state import StateUnsupported, cache_kind, recurrent_checkpoints
 from engine.backends.llama_state import unsupported_error as state_unsupported_error
 from engine.backends.repack import llama_cpp_has_amx, repack_allowed
 from engine.backends.threads import MAX_DEFAULT_THREADS, decode_threads, follow_in_torch
@@ -224,7 +223,11 @@ class LlamaCppBackend(Backend):
         self._eos_ids = frozenset(compress(range(self._n_vocab), is_eog))
         self._chat_formatter = None
         self._build_batch(llm.n_batch)
-        self._states = self._recurrent_checkpoints()  # None for a model whose whole cache is attention
+        try:  # None for a model whose whole cache is attention
+            self._states = recurrent_checkpoints(self._model, self._ctx, self._mem, self._decode_plain, self._bos)
+        except StateUnsupported as e:
+            self.close()
+            raise state_unsupported_error(self._display_name, str(e)) from None
         self.replays_on_rollback = self._states is not None
         self._info = self._make_info()
         self.load_notes = gguf_load_notes(path, self._display_name)  # a damaged file (zeroed weights) said
@@ -319,32 +322,8 @@ class LlamaCppBackend(Backend):
             dtype=_file_type_name(llama_cpp.llama_model_ftype(self._model)),
             device=device,
             placement=gpu_layers.describe_offload(self._n_gpu_layers, n_layers, offloads),
-            forward=self._cache_kind(),
+            forward=cache_kind(self._model, self._states),
         )
-
-    def _cache_kind(self) -> str:
-        """One sentence on how this model's cache rolls back, where it is not plain attention."""
-        if self._states is not None:
-            return (
-                "recurrent layers: their state is saved before each forward and a rejected draft "
-                "restores it and reruns the kept tokens"
-            )
-        if llama_cpp.llama_model_n_swa(self._model) > 0:
-            return "sliding-window attention with the full cache kept, so rejected drafts roll back exactly"
-        return ""
-
-    def _recurrent_checkpoints(self) -> RecurrentCheckpoints | None:
-        """The state checkpoints of a hybrid or recurrent model (engine/backends/llama_state.py), after
-        checking on the model that its state can be saved and restored; None for other models."""
-        if not (llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model)):
-            return None
-        token = self._bos if self._bos >= 0 else 0
-        try:
-            size = probe_state(self._ctx, self._mem, self._decode_plain, token)
-        except StateUnsupported as e:
-            self.close()
-            raise state_unsupported_error(self._display_name, str(e)) from None
-        return RecurrentCheckpoints(self._ctx, self._mem, size)
 
     # -- model facts ---------------------------------------------------------------
 

@@ -130,6 +130,26 @@ class RecurrentCheckpoints:
         self._prompt = None
 
 
+def recurrent_checkpoints(model, ctx, mem, decode: Replay, bos: int) -> RecurrentCheckpoints | None:
+    """The state checkpoints of a hybrid or recurrent model, after checking on the model that its
+    state can be saved and restored (`probe`: StateUnsupported if not); None for other models."""
+    if not (llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)):
+        return None
+    return RecurrentCheckpoints(ctx, mem, probe(ctx, mem, decode, bos if bos >= 0 else 0))
+
+
+def cache_kind(model, states: RecurrentCheckpoints | None) -> str:
+    """One sentence on how this model's cache rolls back, where it is not plain attention (ModelInfo.forward)."""
+    if states is not None:
+        return (
+            "recurrent layers: their state is saved before each forward and a rejected draft "
+            "restores it and reruns the kept tokens"
+        )
+    if llama_cpp.llama_model_n_swa(model) > 0:
+        return "sliding-window attention with the full cache kept, so rejected drafts roll back exactly"
+    return ""
+
+
 def probe(ctx, mem, decode: Callable[[list[int], int], None], token: int) -> int:
     """Check on this model that the partial state can be saved and restored; return its size in
     bytes. Decodes [token, token] and cuts back to one, the way a rollback does, then empties the
