@@ -13,6 +13,8 @@ KV cache rules this relies on (llama.cpp, checked on 0.3.36):
   rollback removes exactly positions >= length and the next decode starts there;
 - logits buffers are overwritten by the next decode, hence the copy;
 - re-decoding after a rollback reproduces the first pass bit for bit.
+A model with recurrent layers (Qwen3.5, LFM2, Nemotron-H, Mamba...) cannot cut its state that way:
+it saves the state before each forward and rolls back by restoring it (engine/backends/llama_state.py).
 """
 
 from __future__ import annotations
