@@ -111,3 +111,24 @@ def test_choosing_another_target_while_the_list_is_open_lists_its_drafters(qtbot
     assert dialog.drafters_button.dialog.windowTitle() == f"Drafters for {store['tiny-draft']}"
     shown = dict(panel.left_out_rows())
     assert shown["SmolLM2-135M-Instruct.Q4_1"].startswith("not smaller than the target")
+
+
+def test_finding_drafters_loads_no_torch_or_llama_cpp_in_the_windows_process(store):
+    import json
+    import subprocess
+    import sys
+
+    from tests.app.shell.test_no_torch_in_gui import HEAVY, ROOT
+
+    script = (
+        "import json, sys\n"
+        "from app.pair.drafters_list import discover_here\n"
+        "found = discover_here('default', [])\n"
+        f"heavy = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))\n"
+        "print(json.dumps([len(found.candidates), len(found.left_out), heavy]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    candidates, left_out, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    assert candidates >= 3 and left_out >= 4  # the store's, as in the dialog
+    assert heavy == []
