@@ -15,8 +15,14 @@ llama.cpp, with qwen35, lfm2, nemotron_h and mamba2 files):
    (the recurrent part has nothing past it; in the other order the removal fails and changes nothing);
 4. replay the kept tokens after the checkpoint in one decode without logits, like a prefill.
 
-The buffers are allocated once per ring slot and reused: a checkpoint costs one copy of the
-state (a few MB to ~100 MB on real models, much less than a forward), no allocation.
+The buffers are allocated as the ring first needs them and then reused: a checkpoint costs one
+copy of the state (18 MiB for Qwen3.5-0.8B: ~1.3 ms here, against ~18 ms for a one-token forward;
+docs/bench/llama_hybrid_overhead.py), no allocation.
+
+Not used: llama.cpp's own rollback for recurrent memory (context parameter n_rs_seq, marked
+experimental). Measured on 0.3.36 with these files: `llama_memory_seq_rm` then succeeds inside the
+last decode's tokens with the right state, but also succeeds further back (into an earlier decode,
+as a draft model's rollback goes) with a wrong one (logits off by 8), and Mamba 2 refuses it.
 """
 
 from __future__ import annotations
