@@ -8,8 +8,8 @@ unless the target's config says it ships MTP layers), looking at:
 - the target's own MTP layers (engine/heads/mtp.py `find_mtp`), when its config.json says it
   has some; a copy saved without them is left out with find_mtp's words;
 - a Gemma 4 assistant beside the target or in a store (engine/heads/assistant.py);
-- trained heads (Medusa, EAGLE, EAGLE-3) in the stores, beside the target, shipped with
-  SpecDeck and in the folders given: a head whose shapes differ from the target's is left out
+- trained heads (Medusa, EAGLE, EAGLE-3) in the model folders, the Hugging Face cache, beside
+  the target, shipped with SpecDeck and in the folders given: a head whose shapes differ from the target's is left out
   naming the model it was made for;
 - every model `list_models` finds (folders, the HF cache, llama.cpp's cache, Ollama, the
   embedded model), judged by the pair doctor's `check_pair`: another vocabulary or family, a
@@ -48,7 +48,7 @@ from engine.models.discovery_records import (  # noqa: F401 (re-exported: caller
     format_discovery,
 )
 from engine.models.doctor import RATIO_MAX, RATIO_MIN, check_pair, format_params
-from engine.models.locate import ModelRef, list_models, model_dirs, resolve
+from engine.models.locate import ModelRef, hf_cache_dir, list_models, model_dirs, resolve
 from engine.models.metadata import ModelMeta, read_metadata
 
 NO_FILES_PRIOR = {"suffix": 60, "ngram": 60, "lookahead": 50, "early-exit": 45}
@@ -79,7 +79,7 @@ def discover(
     found.first_time(ref.path)
     config = read_json(Path(ref.path) / "config.json") if ref.kind == "hf" else {}
     _own_layers(ref, config, found)
-    roots = [*heads_dirs, *model_dirs(extra_dirs), *shipped_roots()]
+    roots = [*heads_dirs, *model_dirs(extra_dirs), hf_cache_dir(), *shipped_roots()]
     folders = walk(roots) + beside(ref) + [Path(m.path) for m in models if m.kind == "hf"]
     for folder in folders:
         judge_folder(folder, ref, meta, config, found)

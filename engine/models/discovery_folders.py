@@ -53,16 +53,32 @@ def folder_kind(folder: Path) -> str | None:
     if kind == "eagle3":
         return kind
     ours = data.get("specdeck") if isinstance(data.get("specdeck"), dict) else {}
-    if ours.get("kind") == "eagle" or (data.get("num_hidden_layers") == 1 and "fc.weight" in _tensors(folder)):
+    if ours.get("kind") == "eagle" or (data.get("num_hidden_layers") == 1 and _eagle_weights(folder)):
         return "eagle"
     return None
+
+
+def _eagle_weights(folder: Path) -> bool:
+    """A one-layer folder whose weights are an EAGLE head's: the fc projection in its safetensors, or
+    the published heads' pytorch_model.bin alone (a pickle is never opened here)."""
+    if any(folder.glob("*.safetensors")):
+        return "fc.weight" in _tensors(folder)
+    return (folder / "pytorch_model.bin").is_file()
+
+
+def display_name(folder: Path) -> str:
+    """What a user calls a folder: its name, or for a Hugging Face cache snapshot the repo id."""
+    repo = folder.parent.parent.name
+    if folder.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo[len("models--") :].replace("--", "/")
+    return folder.name
 
 
 def _judge_head(folder: Path, kind: str, data: dict, ref: ModelRef, meta: ModelMeta, found: Found) -> None:
     what = HEAD_NAMES[kind]
     ours = data.get("specdeck") if isinstance(data.get("specdeck"), dict) else {}
     made_for = str(data.get("base_model_name_or_path") or ours.get("base_model") or data.get("_name_or_path") or "")
-    name = f"{what} ({folder.name})"
+    name = f"{what} ({display_name(folder)})"
     wrong = _shape_mismatch(folder, kind, data, meta)
     if wrong:
         whose = f"made for {made_for}" if made_for else "made for another model (its config does not name it)"
@@ -115,7 +131,7 @@ def _shape_mismatch(folder: Path, kind: str, data: dict, meta: ModelMeta) -> str
 
 
 def _judge_assistant(folder: Path, data: dict, ref: ModelRef, config: dict, found: Found) -> None:
-    name = f"Gemma 4 assistant ({folder.name})"
+    name = f"Gemma 4 assistant ({display_name(folder)})"
     if ref.kind != "hf":
         reason = (
             f"a Gemma 4 assistant drafts from its target's own folder (config.json), and {ref.name} is a GGUF "

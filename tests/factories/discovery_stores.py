@@ -8,6 +8,8 @@ SmolLM2-135M as a draft, and beside it models and heads that do not, each for an
     store/heads/medusa-qwen/              Medusa heads made for Qwen/Qwen2.5-0.5B-Instruct (hidden size 896)
     store/heads/medusa-smollm2/           Medusa heads made for SmolLM2-135M-Instruct (hidden size 576)
 
+and, with `add_cached_eagle3_head`, an EAGLE-3 head in a Hugging Face cache.
+
 Written with gguf-py, numpy and safetensors' numpy writer: no torch.
 """
 
@@ -82,3 +84,25 @@ def write_medusa_heads(folder, *, base_model: str, hidden: int, num_heads: int =
         weights[f"{k}.0.linear.bias"] = np.zeros(hidden, np.float16)
     save_file(weights, str(folder / "medusa_lm_head.safetensors"))
     return str(folder)
+
+
+def add_cached_eagle3_head(hub, repo: str, *, base_model: str, hidden: int, heads: int, kv_heads: int) -> str:
+    """An EAGLE-3 head as the Hugging Face cache holds a published one (models--org--name/snapshots/<hash>/):
+    config.json only, which is all discovery reads; the snapshot folder."""
+    repo_dir = Path(hub) / ("models--" + repo.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / "0123456789abcdef"
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs").mkdir(exist_ok=True)
+    (repo_dir / "refs" / "main").write_text("0123456789abcdef")
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "num_hidden_layers": 1,
+        "vocab_size": 49152 if hidden == 576 else 128256,
+        "draft_vocab_size": 8192,
+        "_name_or_path": base_model,
+    }
+    (snapshot / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return str(snapshot)

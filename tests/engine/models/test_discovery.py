@@ -67,6 +67,36 @@ def test_heads_made_for_the_target_and_the_drafters_that_need_no_files_are_offer
     assert order.index("model") < order.index("ngram")  # a draft in the useful range before lookup
 
 
+def test_eagle_3_heads_in_the_hugging_face_cache_are_judged_by_their_shapes(tmp_path):
+    from tests.factories.discovery_stores import add_cached_eagle3_head
+
+    hub = tmp_path / "hub"  # the cache the fixture points HF_HUB_CACHE at
+    fits = add_cached_eagle3_head(
+        hub, "me/eagle3-smollm2", base_model="SmolLM2-135M-Instruct", hidden=576, heads=9, kv_heads=3
+    )
+    other = add_cached_eagle3_head(
+        hub,
+        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        base_model="meta-llama/Llama-3.1-8B-Instruct",
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+    )
+
+    found = discover("default", models=[])
+
+    head = by_name(found.candidates)["EAGLE-3 head (me/eagle3-smollm2)"]
+    assert head.cli == f"--drafter eagle3 --heads {fits}"
+    assert head.why.startswith("EAGLE-3 head trained for SmolLM2-135M-Instruct.")
+    reason = by_name(found.left_out)["EAGLE-3 head (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B)"].reason
+    assert by_name(found.left_out)["EAGLE-3 head (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B)"].path == other
+    assert reason.startswith(
+        "EAGLE-3 head made for meta-llama/Llama-3.1-8B-Instruct: its hidden size 4096 (the target's: 576), "
+        "vocabulary size 128256 (the target's: 49152), attention heads 32 (the target's: 9), "
+        "key/value heads 8 (the target's: 3)."
+    )
+
+
 def test_a_target_pinned_to_llama_cpp_leaves_out_what_needs_pytorch_and_says_why(store):
     found = discover("default", extra_dirs=[Path(store["tiny-draft"]).parents[1]], backend="llama.cpp")
 
