@@ -65,15 +65,22 @@ def assistant_folder(target_path: str, options: AssistantOptions) -> str:
             raise ModelLoadError(why)
         return options.assistant
     found = find_assistant(target_path, target_config)
-    if found is None:
-        near = [f for f in candidate_folders(target_path) if is_assistant_config(read_config(f, "assistant"))]
-        detail = f" ({assistant_mismatch(target_config, read_config(near[0], 'assistant'))})" if near else ""
-        raise ModelLoadError(
-            f"No Gemma 4 assistant for {os.path.basename(os.path.normpath(target_path))} was found beside it"
-            f"{detail}: give one with --assistant PATH (its folder holds a gemma4_assistant config.json), "
-            "or choose another drafter."
-        )
-    return found
+    if found is not None:
+        return found
+    name = os.path.basename(os.path.normpath(target_path))
+    for folder in candidate_folders(target_path):  # an assistant beside it, for another model: say what differs
+        try:
+            config = read_config(folder, "assistant")
+        except ModelLoadError:
+            continue
+        if is_assistant_config(config):
+            raise ModelLoadError(
+                f"{os.path.basename(folder)}, beside {name}: {assistant_mismatch(target_config, config)}"
+            )
+    raise ModelLoadError(
+        f"No Gemma 4 assistant for {name} was found beside it: give one with --assistant PATH (its folder "
+        "holds a gemma4_assistant config.json), or choose another drafter."
+    )
 
 
 def make(target, options: AssistantOptions, load):

@@ -156,6 +156,16 @@ def test_an_assistant_for_another_model_is_refused_before_loading_naming_what_di
     ok = preflight(EngineConfig(target=target, dtype="float32").with_drafter("assistant"))  # found beside it
     assert ok.compatible and any("fits this model" in f.title for f in ok.findings)
 
+    # Found beside the target but made for another model; then none beside it at all.
+    pair = tmp_path / "pair"
+    shutil.copytree(target, pair / "gemma-4-tiny")
+    _edited(wider, pair, "gemma-4-tiny-assistant", lambda c: None)
+    found = preflight(EngineConfig(target=str(pair / "gemma-4-tiny"), dtype="float32").with_drafter("assistant"))
+    assert any("beside gemma-4-tiny: " in f.detail and "hidden size 64" in f.detail for f in found.errors)
+    shutil.rmtree(pair / "gemma-4-tiny-assistant")
+    alone = preflight(EngineConfig(target=str(pair / "gemma-4-tiny"), dtype="float32").with_drafter("assistant"))
+    assert any("give one with --assistant PATH" in f.detail for f in alone.errors)
+
 
 def test_cli_drafts_with_the_assistant_found_beside_the_target(pairs, capsys):
     from engine.cli.main import main
