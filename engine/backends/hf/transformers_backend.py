@@ -14,8 +14,9 @@ accepted tokens on a rejection was the faster on every model and rejection rate 
 since a forward's fixed cost dominates a small step. Chains only: it
 has ModelParts (the target's embeddings, rope and LM head) and HiddenFeatures (the base
 model's final-norm output of every row, caught by a forward hook, so transformers' own
-forward is called exactly as before), and no other capability of
-engine/backends/capabilities.py; the native backend has those.
+forward is called exactly as before), and CachedKV (a layer's keys and values in the
+cache, what a Gemma 4 assistant attends to); the native backend has the other
+capabilities of engine/backends/capabilities.py.
 
 Written against transformers 5.x, where the model's cache argument is named
 `cache` (5.24; `past_key_values` before, still accepted until 5.40), positions
