@@ -97,7 +97,9 @@ def test_measure_ranks_the_candidates_by_speed_in_a_child_process(qtbot, store):
     assert len(measured) == 3  # the draft model, n-gram lookup, suffix decoding: what runs on llama.cpp
     assert rows[0][1] in measured  # measured ones first
     speeds = [c.speedup for c in panel.found.candidates if c.speedup is not None]
-    assert speeds == sorted(speeds, reverse=True)
+    assert speeds == sorted(speeds, reverse=True) and all(c.tokens_per_s > 0 for c in panel.found.candidates[:3])
+    rest = panel.found.candidates[3:]  # heads, lookahead, early exit: the target would move to PyTorch
+    assert rest and all(c.note.startswith("not measured: it runs the target on PyTorch") for c in rest)
 
 
 def test_choosing_another_target_while_the_list_is_open_lists_its_drafters(qtbot, dialog, store):

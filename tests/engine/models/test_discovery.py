@@ -141,6 +141,10 @@ def test_measure_without_a_target_is_refused_with_what_to_add(capsys):
 
 
 def test_a_model_with_mtp_layers_offers_them_and_a_copy_saved_without_them_says_so(tmp_path):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
     from tests.factories.mtp_models import make_mtp_model
 
     with_layers = make_mtp_model(tmp_path / "with-mtp", n_layers=1)
@@ -148,30 +152,16 @@ def test_a_model_with_mtp_layers_offers_them_and_a_copy_saved_without_them_says_
     mtp = next(c for c in found.candidates if c.kind == "mtp")
     assert mtp.drafter == "mtp" and "the model's own 1 MTP layer(s)" in mtp.why
 
-    stripped = make_mtp_model(tmp_path / "stripped", n_layers=1, mtp=False)
-    config = json.loads((Path(stripped) / "config.json").read_text())
-    (Path(stripped) / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    stripped = tmp_path / "stripped"  # the same model saved without its MTP layer, as converted copies often are
+    shutil.copytree(with_layers, stripped)
+    weights = load_file(str(stripped / "model.safetensors"))
+    save_file(
+        {n: t for n, t in weights.items() if not n.startswith("model.layers.1.")}, str(stripped / "model.safetensors")
+    )
     found = discover(stripped, models=[])
     assert not [c for c in found.candidates if c.kind == "mtp"]
     reason = next(x.reason for x in found.left_out if x.kind == "mtp")
     assert "this copy was saved without them" in reason
-
-
-def test_measuring_ranks_what_runs_on_llama_cpp_by_speed_and_says_why_the_rest_was_not_run(store):
-    from engine.bench.discovery_measure import measure
-    from engine.models.locate import resolve
-
-    found = measure(discover("default", models=[resolve(store["tiny-draft"])]), budget_s=1.0)
-
-    assert found.vanilla_tokens_per_s > 0
-    ran = [c for c in found.candidates if c.speedup is not None]
-    assert {c.drafter for c in ran} == {"model", "ngram", "suffix"}
-    assert all(c.tokens_per_s > 0 for c in ran)
-    assert [c.speedup for c in ran] == sorted((c.speedup for c in ran), reverse=True)
-    assert found.candidates[: len(ran)] == tuple(ran)
-    rest = found.candidates[len(ran) :]
-    assert {c.drafter for c in rest} == {"eagle", "medusa", "lookahead", "early-exit"}
-    assert all(c.note.startswith("not measured: it runs the target on PyTorch") for c in rest)
 
 
 def test_a_gemma_4_assistant_beside_its_target_is_offered_and_one_for_another_target_says_what_differs(tmp_path):
