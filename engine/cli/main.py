@@ -103,7 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     doc.set_defaults(func=cmd_doctor)
 
     models = sub.add_parser("models", help="list the models found on this machine")
-    models.add_argument("--dir", action="append", default=[], help="also search this folder (repeatable)")
+    models.add_argument(
+        "--dir",
+        action="append",
+        default=[],
+        help="also search this folder (repeatable; with --drafters-for, for heads too)",
+    )
     models.add_argument("--json", action="store_true")
     models.add_argument(
         "--drafters-for",

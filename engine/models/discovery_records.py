@@ -5,6 +5,7 @@ answer, and the answer in words. Light: the CLI prints them, the app shows them,
 from __future__ import annotations
 
 import os
+import shlex
 import textwrap
 from dataclasses import asdict, dataclass, field, fields
 
@@ -31,7 +32,7 @@ class Candidate:
     def cli(self) -> str:
         """The command-line options that choose it: "--drafter model --draft SPEC"."""
         flag = {"draft": "--draft", "heads": "--heads"}.get(self.option, f"--{self.option.replace('_', '-')}")
-        return f"--drafter {self.drafter}" + (f" {flag} {self.spec}" if self.option else "")
+        return f"--drafter {self.drafter}" + (f" {flag} {shlex.quote(self.spec)}" if self.option else "")
 
     def to_dict(self) -> dict:
         return asdict(self)
