@@ -103,8 +103,9 @@ def _candidate(engine, base, c: Candidate, prompts, slice_s: float, vanilla_tps:
         costs.draft_s_per_token = (measured_token_cost(drafter) or 0.0) if drafter is not None else 0.0
         tuned = Engine(engine.target, drafter, config, costs)
         tokens, took = _run(tuned, prompts, slice_s)
-    except SpecDeckError as error:
-        return dataclasses.replace(c, note=f"could not run: {error}"), 0.0
+    except Exception as error:  # noqa: BLE001 - one candidate that fails must not hide the others' measurements
+        said = str(error) if isinstance(error, SpecDeckError) else f"{type(error).__name__}: {error}"
+        return dataclasses.replace(c, note=f"could not run: {said}"), 0.0
     finally:
         if drafter is not None:
             drafter.close()
