@@ -12,6 +12,7 @@ named. With neither, the drafter is the one measured fastest on the backend the 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import typing
 
@@ -95,6 +96,11 @@ def drafter_choice(args: argparse.Namespace):
 def _drafter_name(args: argparse.Namespace) -> str:
     """--draft means a draft model; --heads means Medusa (over the default n-gram drafter)."""
     asked = args.drafter
+    if getattr(args, "draft", None) and asked in (None, "model", "assistant") and _is_assistant(args.draft):
+        # A Gemma 4 assistant is not a model that drafts alone: it reads the target's hidden states
+        # and keys, so the folder given as the draft means the assistant drafter with that folder.
+        args.assistant, args.draft = args.draft, None
+        return "assistant"
     if getattr(args, "draft", None):
         if asked is not None and "model" in member_names(asked):
             return asked  # a chain with a draft model in it
@@ -107,6 +113,17 @@ def _drafter_name(args: argparse.Namespace) -> str:
         return "medusa"
     # Nothing chosen: the drafter measured fastest on the backend the target will run on.
     return asked or default_drafter_for(getattr(args, "target", "default"), getattr(args, "backend", "auto"))
+
+
+def _is_assistant(path: str) -> bool:
+    """Whether `path` is a folder holding a Gemma 4 assistant's config.json (anything unreadable: no)."""
+    from engine.heads.assistant import is_assistant_config
+
+    try:
+        with open(os.path.join(os.path.expanduser(path), "config.json"), encoding="utf-8") as f:
+            return is_assistant_config(json.load(f))
+    except (OSError, ValueError):
+        return False
 
 
 def _drafter_arg(text: str) -> str:

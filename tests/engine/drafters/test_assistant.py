@@ -177,3 +177,16 @@ def test_cli_drafts_with_the_assistant_found_beside_the_target(pairs, capsys):
     assert code == 0, err
     stats = json.loads(out)["stats"]
     assert 0 < stats["accepted"] <= stats["drafted"]
+
+
+def test_cli_takes_an_assistant_given_as_the_draft(pairs, capsys):
+    """`-md ASSISTANT`, as a llama.cpp user would write it, means the assistant drafter with that
+    folder, not a draft model that then fails to load."""
+    from engine.cli.main import main
+
+    target, assistant = pairs()
+    args = ["generate", "--target", target, "-md", assistant, "--k", "4", "--dtype", "float32"]
+    code = main([*args, "--prompt", PROMPTS[0], "--max-tokens", "16", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["stats"]["accepted"] > 0  # a draft model would have failed to load
