@@ -198,3 +198,20 @@ def test_a_measurement_where_nothing_beats_plain_decoding_says_to_decode_without
     assert "decode without a drafter (--drafter none)" in str(measured(0.8, 0.95))
     assert measured(0.8, 1.3).verdict == ""
     assert "decode without" not in str(measured(0.8, 1.3))
+
+
+def test_a_candidate_that_cannot_run_is_noted_and_the_others_are_still_measured(tmp_path):
+    from engine.bench.discovery_measure import measure
+    from engine.models.discovery import Candidate
+
+    gone = str(tmp_path / "deleted-since.gguf")
+    found = discover("default", models=[], backend="llama.cpp")
+    lookup = next(c for c in found.candidates if c.drafter == "ngram")
+    missing = Candidate("model", "model", "deleted-since", gone, "", 70, "draft", gone)
+    both = Discovery(**{**found.__dict__, "candidates": (missing, lookup)})
+
+    measured = by_name(measure(both, budget_s=0.5).candidates)
+
+    assert measured["deleted-since"].note.startswith(f"could not run: No model '{gone}' on this machine")
+    assert measured["deleted-since"].speedup is None
+    assert measured[lookup.name].tokens_per_s > 0
