@@ -410,8 +410,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 def _drafters_for(args: argparse.Namespace) -> int:
     """`models --drafters-for M`: engine/models/discovery.py's list, measured with --measure."""
     from engine.models.discovery import discover
+    from engine.models.placement import model_placement
 
-    found = discover(args.drafters_for, extra_dirs=tuple(args.dir), heads_dirs=tuple(args.dir), n_ctx=args.n_ctx)
+    dirs = tuple(args.dir)  # where each model will sit, as `doctor` judges memory: a GPU's for what goes there
+    found = discover(args.drafters_for, extra_dirs=dirs, heads_dirs=dirs, n_ctx=args.n_ctx, place=model_placement)
     if args.measure:
         from engine.bench.discovery_measure import measure
 

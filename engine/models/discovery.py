@@ -29,6 +29,7 @@ discovery_records.py.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,6 +51,7 @@ from engine.models.discovery_records import (  # noqa: F401 (re-exported: caller
 from engine.models.doctor import RATIO_MAX, RATIO_MIN, check_pair, format_params
 from engine.models.locate import ModelRef, hf_cache_dir, list_models, model_dirs, resolve
 from engine.models.metadata import ModelMeta, read_metadata
+from engine.models.placement import Placement
 
 NO_FILES_PRIOR = {"suffix": 60, "ngram": 60, "lookahead": 50, "early-exit": 45}
 DEFAULT_BONUS = 5  # the backend's default drafter (measured fastest there, docs/benchmarks.md)
@@ -65,11 +67,14 @@ def discover(
     heads_dirs=(),
     n_ctx: int = 4096,
     backend: str = "auto",
+    place: Callable[[ModelRef], Placement] | None = None,
 ) -> Discovery:
     """Every drafter that could serve `target` (a spec or a ModelRef), ranked, and what was left out
     with why. `models`: the models to judge (default: `list_models(extra_dirs)`); `heads_dirs`:
     more folders holding heads (the app's trained ones); `backend`: "auto" (a GGUF on llama.cpp, a
-    folder on PyTorch; PyTorch drafters move the target there), "llama.cpp" or "torch". Raises the
+    folder on PyTorch; PyTorch drafters move the target there), "llama.cpp" or "torch"; `place`: where
+    each model will sit, for the memory check (engine/models/placement.py `model_placement`, which
+    asks the devices; default: system RAM, which asks nothing). Raises the
     load's own error when the target cannot be found or read."""
     ref = target if isinstance(target, ModelRef) else resolve(str(target))
     meta = read_metadata(ref)
@@ -85,7 +90,7 @@ def discover(
         judge_folder(folder, ref, meta, config, found)
     for model in models:
         if model.kind == "gguf" or not folder_kind(Path(model.path)):
-            _judge_model(model, meta, n_ctx, found)
+            _judge_model(model, meta, n_ctx, found, place)
     _no_files(runs_on, found)
     moved = ref.kind == "gguf" and backend == "auto"
     ranked = [_torch_cost(c, moved, backend, found) for c in found.candidates]
@@ -126,11 +131,12 @@ def _says_mtp(config: dict) -> bool:
 # -- models ----------------------------------------------------------------------------------
 
 
-def _judge_model(model: ModelRef, meta: ModelMeta, n_ctx: int, found: Found) -> None:
+def _judge_model(model: ModelRef, meta: ModelMeta, n_ctx: int, found: Found, place=None) -> None:
     if not found.first_time(model.path):
         return
     try:
-        report = check_pair(meta, model, n_ctx=n_ctx)
+        on = {"target_on": place(meta.ref), "draft_on": place(model)} if place is not None else {}
+        report = check_pair(meta, model, n_ctx=n_ctx, **on)
     except SpecDeckError as error:
         found.left_out.append(LeftOut(MODEL, model.name, model.path, f"cannot be read: {error}"))
         return
