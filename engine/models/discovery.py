@@ -96,7 +96,9 @@ def discover(
     ranked = [_torch_cost(c, moved, backend, found) for c in found.candidates]
     ranked = [c for c in ranked if c is not None]
     ranked.sort(key=lambda c: (-c.score, c.name.lower()))
-    return Discovery(ref.name, ref.spec, ref.path, runs_on, tuple(ranked), tuple(found.left_out))
+    kinds = (MTP, ASSISTANT, HEADS, MODEL, NO_FILES)  # left out: the target's own first, then by kind and name
+    left_out = sorted(found.left_out, key=lambda x: (kinds.index(x.kind), x.name.lower()))
+    return Discovery(ref.name, ref.spec, ref.path, runs_on, tuple(ranked), tuple(left_out))
 
 
 # -- the target's own layers --------------------------------------------------------------
