@@ -18,6 +18,7 @@ import pytest
 from engine.errors import ModelLoadError, ModelNotFoundError
 from engine.models.locate import DEFAULT_SPEC, default_model_path, list_models, model_dirs, resolve
 from engine.models.metadata import read_metadata
+from engine.models.packaged import installed_specs, models_cache_dir
 
 TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "b", "c", "Ġthe", "Ġcat", "ĠĠ", "Ċ"]
 CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -139,6 +140,8 @@ def isolated_home(tmp_path, monkeypatch):
     """HOME, the HF cache, Ollama's and llama.cpp's stores, SPECDECK_MODEL_DIRS: empty temporary folders."""
     home = tmp_path / "home"
     home.mkdir()
+    # Models installed from PyPI stay joined where they are (packaged.py): not 250 MB again per test.
+    monkeypatch.setenv("SPECDECK_CACHE", str(models_cache_dir().parent))
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
@@ -250,7 +253,8 @@ def test_list_models_finds_files_folders_and_cached_repos(tmp_path, isolated_hom
     refs = list_models(extra_dirs=[extra, env_dir])  # env_dir twice: listed once
     assert refs[0].spec == "default" and refs[0].source == "embedded"
     names = [r.name for r in refs]
-    assert names == ["SmolLM2-135M-Instruct.Q4_1", "x", "hf-model", "y", "org/cached"]
+    packaged = installed_specs()  # models installed from PyPI (the test extras bring gemma3-270m)
+    assert names == ["SmolLM2-135M-Instruct.Q4_1", *packaged, "x", "hf-model", "y", "org/cached"]
     for ref in refs:  # every listed spec resolves back to the same model
         assert resolve(ref.spec).path == ref.path
 
