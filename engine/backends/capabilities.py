@@ -168,9 +168,18 @@ def require(backend: Backend, capability: type, who: str) -> None:
     """Raise ConfigError, saying what `who` needs and how to get it, unless `backend` has `capability`."""
     if has(backend, capability):
         return
+    if backend.name == "torch":  # on PyTorch already: its architecture runs on transformers' own forward
+        way_out = (
+            "only the native implementation can, which covers the llama, mistral, qwen2 and qwen3 architectures "
+            f"({backend.info.architecture} runs on transformers' own forward): choose another drafter "
+            "(n-gram lookup, suffix decoding or a draft model)."
+        )
+    else:
+        way_out = (
+            "load the target with the PyTorch backend (--backend torch, or Backend torch in the pair dialog; "
+            "a GGUF file then loads through transformers, dequantized), or choose another drafter "
+            "(n-gram lookup or a draft model)."
+        )
     raise ConfigError(
-        f"{who} {WHY[capability]}, which the {backend.name} backend cannot do for {backend.info.name}: "
-        "load the target with the PyTorch backend (--backend torch, or Backend torch in the pair dialog; "
-        "a GGUF file then loads through transformers, dequantized), or choose another drafter "
-        "(n-gram lookup or a draft model)."
+        f"{who} {WHY[capability]}, which the {backend.name} backend cannot do for {backend.info.name}: {way_out}"
     )

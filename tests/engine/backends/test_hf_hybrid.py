@@ -164,8 +164,11 @@ def test_drafters_that_need_the_native_forward_are_refused_saying_why(folders, k
     """Trees, early exit and per-layer features need the native forward, which covers
     llama/mistral/qwen2/qwen3: on a hybrid the drafter is refused with that reason, not a traceback."""
     target = load(folders("lfm2")[0])
-    with pytest.raises(ConfigError, match=reason):
+    with pytest.raises(ConfigError, match=reason) as refused:
         make_drafter(kind, target)
+    message = str(refused.value)
+    assert "native implementation" in message and "lfm2 runs on transformers' own forward" in message
+    assert "--backend torch" not in message  # it is on PyTorch already: that advice would lead nowhere
 
 
 # -- sliding-window attention (Gemma 3) -----------------------------------------------------------------
