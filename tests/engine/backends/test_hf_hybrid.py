@@ -151,6 +151,23 @@ def test_model_free_drafters_decode_a_hybrid_target_losslessly(folders, kind):
     assert engine.generate(prompt, GREEDY).tokens == engine.generate(prompt, GREEDY, speculative=False).tokens
 
 
+def test_medusa_heads_draft_a_hybrid_target_as_chains(folders, tmp_path):
+    """Medusa reads the hidden features and LM head that transformers' forward gives; its trees go
+    as their best branch (no tree verify there), and the run says so."""
+    from engine.heads.medusa import MedusaConfig, MedusaHeads
+
+    target = load(folders("lfm2")[0])
+    heads = MedusaHeads(MedusaConfig(3, 1, target.hidden_size, target.vocab_size, shared_lm_head=True, base_model="t"))
+    heads.save(str(tmp_path / "heads"))
+    drafter = make_drafter("medusa", target, heads=str(tmp_path / "heads"))
+    engine = Engine(target, drafter, EngineConfig(drafter="medusa", k=4), CostModel())
+    prompt = target.tokenize(TEXT)
+    speculative = engine.generate(prompt, GREEDY)
+    assert speculative.tokens == engine.generate(prompt, GREEDY, speculative=False).tokens
+    assert speculative.stats.drafted > 0
+    assert any("most likely branch" in note for note in speculative.stats.notes)
+
+
 @pytest.mark.parametrize(
     "kind, reason",
     [
