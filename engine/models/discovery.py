@@ -55,7 +55,10 @@ from engine.models.placement import Placement
 
 NO_FILES_PRIOR = {"suffix": 60, "ngram": 60, "lookahead": 50, "early-exit": 45}
 DEFAULT_BONUS = 5  # the backend's default drafter (measured fastest there, docs/benchmarks.md)
-TORCH_ON_GGUF = 15  # a GGUF target then runs on PyTorch, dequantized, instead of llama.cpp
+# A GGUF target then runs on PyTorch, dequantized, instead of llama.cpp: ranked below the drafters that keep
+# it there, since on a CPU the dequantized target alone decodes about 3x slower (SmolLM2: 110 against 35 tok/s,
+# docs/benchmarks.md), more than such a drafter wins back. Measuring ranks by what this machine does.
+TORCH_ON_GGUF = 40
 RATIO_SWEET = math.sqrt(RATIO_MIN * RATIO_MAX)  # the middle of the useful range, on a log scale
 
 
