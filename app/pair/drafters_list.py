@@ -244,6 +244,8 @@ class DraftersPanel(QWidget):
             top.setFirstColumnSpanned(True)
             top.setFlags(top.flags() & ~Qt.ItemFlag.ItemIsSelectable)
             top.setExpanded(True)
+        self.tree.resizeColumnToContents(0)  # every name whole (nothing is elided), within reason
+        self.tree.setColumnWidth(0, min(max(self.tree.columnWidth(0), 200), 360))
 
     def _rows(self, which: int) -> list[tuple[str, str]]:
         if self.tree.topLevelItemCount() <= which:
