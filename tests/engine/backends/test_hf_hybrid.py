@@ -217,3 +217,40 @@ def test_a_sliding_window_model_rolls_back_by_a_cut_and_still_attends_within_its
     with torch.inference_mode():
         theirs = model.generate(ids, max_new_tokens=len(plain.tokens), do_sample=False, eos_token_id=None)
     assert tuple(theirs[0, len(prompt) :].tolist()) == plain.tokens
+
+
+def test_gpt_oss_sliding_layers_kept_whole_still_attend_within_the_window():
+    """gpt-oss (attention sinks, sliding and full layers): cached in two calls with its sliding
+    layers kept whole, its logits are those of one pass without a cache, where the window matters."""
+    import transformers
+
+    from engine.backends.hf.hybrid_cache import window_cache
+
+    config = transformers.GptOssConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.arange(100, 130)[None]
+    cache = window_cache(model.config)
+    assert all(type(layer).__name__ == "DynamicLayer" for layer in cache.layers)
+    with torch.inference_mode():
+        whole = model(input_ids=ids, use_cache=False).logits[0]
+        cached = torch.cat(
+            [model(input_ids=part, cache=cache, use_cache=True).logits[0] for part in (ids[:, :20], ids[:, 20:])]
+        )
+        config.sliding_window = 4096  # the same weights with no window: different logits
+        unwindowed = model(input_ids=ids, use_cache=False).logits[0]
+    torch.testing.assert_close(cached, whole, rtol=1e-4, atol=1e-4)
+    assert (unwindowed - whole).abs().max() > 0.05
