@@ -10,7 +10,9 @@ rebuild from scratch for any other layer kind, or a rollback before every checkp
 Checkpoint and replay against the alternative, per-position states (the verify run one
 token at a time, saving the state after each, so that a rollback replays nothing),
 measured by docs/bench/hf_hybrid_overhead.py: one batched forward plus a replay of the
-accepted tokens on a rejection was the faster on every model and rejection rate tried,
+accepted tokens on a rejection was the faster on every model and rejection rate tried
+(k = 4, drafts rejected at 0.3 or 0.7, 2 CPU threads: 8.6-15 ms a step against 18-28 ms
+on tiny Qwen3.5 / LFM2 / Nemotron-H, 72-75 against 121-126 ms on a hidden-512 Qwen3.5),
 since a forward's fixed cost dominates a small step. Chains only: it
 has ModelParts (the target's embeddings, rope and LM head) and HiddenFeatures (the base
 model's final-norm output of every row, caught by a forward hook, so transformers' own
