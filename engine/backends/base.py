@@ -45,6 +45,9 @@ class Backend(abc.ABC):
     # True for a recurrent or hybrid model: a rollback restores a saved state and runs the model
     # over the kept tokens again (engine/backends/checkpoints.py), a cost the decoding loop measures.
     replays_on_rollback: bool = False
+    # Such a backend saves its state before each forward while this is True; a run without a drafter
+    # turns it off for its steps (engine/core/decode.py), since nothing is rolled back inside it.
+    checkpoint_forwards: bool = True
 
     def __init__(self) -> None:
         self.tokens: list[int] = []  # ids whose KV entries are in the cache, in order

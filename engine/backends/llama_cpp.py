@@ -379,7 +379,7 @@ class LlamaCppBackend(Backend):
         self._check_open()
         n = len(tokens)
         start = len(self.tokens)
-        if self._states is not None:  # what a rollback into this forward restores
+        if self._states is not None and self.checkpoint_forwards:  # what a rollback into this forward restores
             self._save_state(start)
         out = torch.empty((n if all_logits else 1, self._n_vocab), dtype=torch.float32)
         for offset in range(0, n, self._n_batch):

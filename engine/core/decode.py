@@ -127,88 +127,95 @@ def decode_steps(
     reply = ReplyText(target.detokenize, sampling.stop)  # engine/core/reply.py: the stop strings' holdback
     run = _Run(prefill_s, run_notes(target, drafter), costs)
 
-    for index in range(sampling.max_tokens):  # each step emits at least one token
-        if cancel is not None and cancel.is_set():
-            yield run.event(index, _NOTHING, finish="cancelled")
-            return
-        room = target.n_ctx - len(context)  # drafts that still fit behind the pending token
-        if room < 0:
-            yield run.event(index, _NOTHING, finish="context")
-            return
-        k = 0 if drafter is None else min(draft_length.choose(costs), room, sampling.max_tokens - run.tokens - 1)
+    # A run without a drafter never rolls back inside it: a recurrent target need not save its state
+    # before each forward (engine/backends/checkpoints.py), which would slow plain decoding and make
+    # every speedup measured against it look larger than it is. The prefill above kept its own.
+    target.checkpoint_forwards = drafter is not None
+    try:
+        for index in range(sampling.max_tokens):  # each step emits at least one token
+            if cancel is not None and cancel.is_set():
+                yield run.event(index, _NOTHING, finish="cancelled")
+                return
+            room = target.n_ctx - len(context)  # drafts that still fit behind the pending token
+            if room < 0:
+                yield run.event(index, _NOTHING, finish="context")
+                return
+            k = 0 if drafter is None else min(draft_length.choose(costs), room, sampling.max_tokens - run.tokens - 1)
 
-        # 1. Draft up to k tokens or tree nodes d_1..d_n (and q, if the drafter has a distribution),
-        #    cut to what this target verifies: one feed per kind (chain, tree, early exit, extra rows).
-        t0 = time.perf_counter()
-        draft = drafter.propose(context, k, sampling, generator) if k > 0 else EMPTY_DRAFT
-        feed = feed_for(draft, k, target, room, draft_length.bounds)  # n_min and p_min cut chains here
-        drafted = feed.tokens
-        t1 = time.perf_counter()
+            # 1. Draft up to k tokens or tree nodes d_1..d_n (and q, if the drafter has a distribution),
+            #    cut to what this target verifies: one feed per kind (chain, tree, early exit, extra rows).
+            t0 = time.perf_counter()
+            draft = drafter.propose(context, k, sampling, generator) if k > 0 else EMPTY_DRAFT
+            feed = feed_for(draft, k, target, room, draft_length.bounds)  # n_min and p_min cut chains here
+            drafted = feed.tokens
+            t1 = time.perf_counter()
 
-        # 2. One target forward over [x_m, d_1, ..., d_n]: rows l_0..l_n, l_{i-1} = p's row for d_i and
-        #    l_n the bonus row; lookahead's extra rows ride along in the same forward, unverified.
-        logits = feed.forward(target, context[-1])  # (n+1, V)
-        if feed.extra and wants_extra:
-            drafter.observe_extra(feed.extra_logits)  # (e, V)
-        t2 = time.perf_counter()
+            # 2. One target forward over [x_m, d_1, ..., d_n]: rows l_0..l_n, l_{i-1} = p's row for d_i and
+            #    l_n the bonus row; lookahead's extra rows ride along in the same forward, unverified.
+            logits = feed.forward(target, context[-1])  # (n+1, V)
+            if feed.extra and wants_extra:
+                drafter.observe_extra(feed.extra_logits)  # (e, V)
+            t2 = time.perf_counter()
 
-        # 3. Verdict: accept d_i with probability min(1, p_i(d_i) / q_i(d_i)) (q a point mass without a
-        #    distribution; greedy: while d_i is p's argmax; a tree walks down the children it accepts);
-        #    at the first rejection draw y ~ norm(max(0, p_i - q_i)), after the last draft y ~ p_{n+1}.
-        #    Then cut the cache back to x_1..x_m and the accepted path; y is the next pending token.
-        verdict, path, tested = feed.verify(logits, sampling, generator)
-        features = feed.features(target, path) if wants_features else None  # rows of this forward
-        t3 = time.perf_counter()
-        feed.commit(target, path, len(context))
-        kept = len(path)
-        if target.replays_on_rollback and kept < len(drafted):
-            # A rejection on a recurrent target: the commit restored the state saved before this
-            # step's forward and replayed x_m and the kept drafts, kept + 1 tokens.
-            costs.observe_rollback(kept + 1, time.perf_counter() - t3)
-        if features is not None:
-            drafter.observe_features(features)  # (kept + 1, hidden): the last row chose y
-        if drafter is not None and drafted:
-            drafter.observe(len(drafted), kept)
-            draft_length.observe(tested, kept)
-            # feeding the drafter's cache (catch_up_s) is not drafting: a prefill of n costs far less than n decodes
-            costs.observe_draft(len(drafted), max(t1 - t0 - draft.catch_up_s, 0.0))
-        costs.observe_verify(feed.rows, t2 - t1)  # rows the forward really ran: n + 1 + extra rows
+            # 3. Verdict: accept d_i with probability min(1, p_i(d_i) / q_i(d_i)) (q a point mass without a
+            #    distribution; greedy: while d_i is p's argmax; a tree walks down the children it accepts);
+            #    at the first rejection draw y ~ norm(max(0, p_i - q_i)), after the last draft y ~ p_{n+1}.
+            #    Then cut the cache back to x_1..x_m and the accepted path; y is the next pending token.
+            verdict, path, tested = feed.verify(logits, sampling, generator)
+            features = feed.features(target, path) if wants_features else None  # rows of this forward
+            t3 = time.perf_counter()
+            feed.commit(target, path, len(context))
+            kept = len(path)
+            if target.replays_on_rollback and kept < len(drafted):
+                # A rejection on a recurrent target: the commit restored the state saved before this
+                # step's forward and replayed x_m and the kept drafts, kept + 1 tokens.
+                costs.observe_rollback(kept + 1, time.perf_counter() - t3)
+            if features is not None:
+                drafter.observe_features(features)  # (kept + 1, hidden): the last row chose y
+            if drafter is not None and drafted:
+                drafter.observe(len(drafted), kept)
+                draft_length.observe(tested, kept)
+                # feeding the drafter's cache (catch_up_s) is not drafting: a prefill of n costs far less than n decodes
+                costs.observe_draft(len(drafted), max(t1 - t0 - draft.catch_up_s, 0.0))
+            costs.observe_verify(feed.rows, t2 - t1)  # rows the forward really ran: n + 1 + extra rows
 
-        # 4. Emit token by token, so EOS, stop strings and max tokens cut inside the block.
-        finish = end = None
-        for i, token in enumerate([*(drafted[node] for node in path), verdict.token]):
-            info = _token_info(token, i, path, verdict, feed.q_token)
-            if token in eos:
-                finish, end = "stop", info
-                break
-            context.append(token)
-            if reply.add(info):
-                finish = "stop_string"
-            elif reply.count >= sampling.max_tokens:
-                finish = "length"
-            if finish:
-                break
-        infos, step_text, stop_infos = reply.release(final=finish is not None)
-        # What the step counts (RunStats): its tokens up to and including the one that ended the
-        # reply, token i. An end at a draft (i < kept) makes that draft the step's own token, as the
-        # target's would have been, and the drafts accepted after it go unused: the step counts i
-        # drafts accepted and tested, so tokens = steps + accepted holds for every step.
-        counted, counted_tested = (kept, tested) if i >= kept else (i, i)
-        step = _Step(
-            k=k,
-            drafted=len(drafted),
-            kept=counted,
-            tested=counted_tested,
-            draft_s=t1 - t0,
-            verify_s=t2 - t1,
-            other_s=time.perf_counter() - t2,
-            tree_depth=feed.tree_depth,
-            extra=feed.extra,
-        )
-        run.add(counted + 1, step)
-        yield run.event(index, step, infos, step_text, finish, end, stop_infos)
-        if finish is not None:
-            return
+            # 4. Emit token by token, so EOS, stop strings and max tokens cut inside the block.
+            finish = end = None
+            for i, token in enumerate([*(drafted[node] for node in path), verdict.token]):
+                info = _token_info(token, i, path, verdict, feed.q_token)
+                if token in eos:
+                    finish, end = "stop", info
+                    break
+                context.append(token)
+                if reply.add(info):
+                    finish = "stop_string"
+                elif reply.count >= sampling.max_tokens:
+                    finish = "length"
+                if finish:
+                    break
+            infos, step_text, stop_infos = reply.release(final=finish is not None)
+            # What the step counts (RunStats): its tokens up to and including the one that ended the
+            # reply, token i. An end at a draft (i < kept) makes that draft the step's own token, as the
+            # target's would have been, and the drafts accepted after it go unused: the step counts i
+            # drafts accepted and tested, so tokens = steps + accepted holds for every step.
+            counted, counted_tested = (kept, tested) if i >= kept else (i, i)
+            step = _Step(
+                k=k,
+                drafted=len(drafted),
+                kept=counted,
+                tested=counted_tested,
+                draft_s=t1 - t0,
+                verify_s=t2 - t1,
+                other_s=time.perf_counter() - t2,
+                tree_depth=feed.tree_depth,
+                extra=feed.extra,
+            )
+            run.add(counted + 1, step)
+            yield run.event(index, step, infos, step_text, finish, end, stop_infos)
+            if finish is not None:
+                return
+    finally:
+        target.checkpoint_forwards = True
 
 
 def run_notes(target: Backend, drafter: Drafter | None) -> tuple[str, ...]:

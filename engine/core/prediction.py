@@ -4,7 +4,8 @@ Chains count E(a, n) tokens per step (engine/core/draft_length.py `expected_toke
 acceptance); trees 1 + the sum over depths of the product of the measured per-depth acceptance
 (`expected_tokens_tree`). Against that, the sum of the steps' costs in units of one plain forward:
 T(n+1+e) / T(1) per step for its n drafts (nodes) and e extra rows, plus the time the run spent
-drafting, as timed, over T(1). The cost model's draft time (D + n d) is what automatic k plans
+drafting, as timed, over T(1), plus on a recurrent target the expected rollback (a restore and a
+replay after each rejection, engine/core/costs.py `rollback_time`). The cost model's draft time (D + n d) is what automatic k plans
 with; the prediction takes what drafting cost: a chain's members cost differently (a model's n d
 beside free lookups), and catching a draft model's cache up (the prompt at its first draft, the
 tokens of steps it sat out) is paid too. Before any forward was timed, drafting is charged at the
@@ -46,4 +47,9 @@ class SpeedupPrediction:
             if costs.verify_s
             else sum(c * n * costs.draft_ratio() for (n, _), c in shapes)
         )
+        # A recurrent target also restores and replays after each rejection (costs.rollback_time;
+        # 0 where a rollback is a cut): left out, a run with many rejections read as inefficient.
+        cost += sum(
+            c * costs.rollback_time(expected_tokens(a, n), n, a**n) for (n, _), c in shapes
+        ) / costs.verify_time(1)
         return gain / cost if cost > 0 else 1.0

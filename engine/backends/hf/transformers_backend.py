@@ -126,7 +126,7 @@ class TransformersBackend(HFBackend):
         start = self._fed
         self._caught.clear()
         with torch.inference_mode():
-            if self._checkpoints is not None and start:
+            if self._checkpoints is not None and start and self.checkpoint_forwards:
                 self._save_checkpoint(start)
             logits = self._model(input_ids=input_ids[None], **kwargs).logits[0]
             features = self._caught.pop()[0] if self._caught else None  # (n, hidden)

@@ -254,3 +254,17 @@ def test_gpt_oss_sliding_layers_kept_whole_still_attend_within_the_window():
         unwindowed = model(input_ids=ids, use_cache=False).logits[0]
     torch.testing.assert_close(cached, whole, rtol=1e-4, atol=1e-4)
     assert (unwindowed - whole).abs().max() > 0.05
+
+
+def test_plain_decoding_saves_no_state_per_token(folders):
+    """A plain run never rolls back: it keeps no checkpoint per forward (each is a copy of every
+    recurrent state, which would slow it and inflate every speedup measured against it)."""
+    target_dir, draft_dir = folders("qwen3_5")
+    target = load(target_dir)
+    engine = model_engine(target, draft_dir)
+    prompt = target.tokenize(TEXT)
+    plain = engine.generate(prompt, GREEDY, speculative=False)
+    assert len(target._checkpoints) <= 1  # at most the prompt's
+    assert target.checkpoint_forwards  # back on for what runs next
+    assert engine.generate(prompt, GREEDY).tokens == plain.tokens
+    assert len(target._checkpoints) > 1  # the speculative steps saved theirs

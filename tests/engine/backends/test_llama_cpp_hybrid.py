@@ -220,3 +220,21 @@ def test_a_sliding_window_cache_rolls_back_far_behind_the_window(files):
     finally:
         backend.close()
         fresh.close()
+
+
+def test_plain_decoding_saves_no_state_per_token_and_speculation_still_rolls_back_exactly(files):
+    """A vanilla run never rolls back, so it pays for no checkpoint per token (a save costs ~7% of
+    a forward at a real model's state size: the speedup against vanilla would read high); the
+    speculative run after it on the same prompt still matches it token for token."""
+    engine = load(files["qwen35"][0])
+    try:
+        states = engine.target._states
+        prompt = engine.prompt_ids(REPEAT)
+        saves = states.saves
+        engine.generate(prompt, GREEDY, speculative=False)
+        assert states.saves - saves <= 2  # the prefill's only: before it and the prompt's own
+        assert engine.target.checkpoint_forwards  # back on for whatever runs next
+        greedy_comparison(engine)
+        assert states.saves - saves > GREEDY.max_tokens // 4  # speculative steps do save
+    finally:
+        engine.close()

@@ -108,3 +108,23 @@ def test_the_rollback_term_crosses_the_wire():
     back = wire.costs_from_dict(wire.loads(wire.dumps(wire.costs_to_dict(costs))))
     assert back == costs
     assert back.speedup(0.6, 5) == costs.speedup(0.6, 5)
+
+
+def test_the_runs_predicted_speedup_charges_the_rollbacks_it_made():
+    """The run's prediction (the efficiency a user reads) counts the restores and replays too;
+    left out, a hybrid run with many rejections read as delivering less than its formula."""
+    from engine.core.events import RunStats
+    from engine.core.prediction import SpeedupPrediction
+
+    def predicted(replays: bool) -> float:
+        costs = CostModel()
+        for n, seconds in CURVE:
+            costs.observe_verify(n, seconds)
+        costs.replays, costs.rollback_fixed_s = replays, 0.004
+        steps = SpeedupPrediction()
+        for _ in range(10):
+            steps.add(4, None, 0)
+        stats = RunStats(steps=10, drafted=40, accepted=18, tested=26, draft_s=0.01)
+        return steps.speedup(stats, costs)
+
+    assert predicted(replays=True) < 0.85 * predicted(replays=False)
