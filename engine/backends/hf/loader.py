@@ -194,7 +194,11 @@ def _from_pretrained(
         _check_folder(folder)
     where = os.path.join(folder, gguf_file) if gguf_file else folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    # transformers 5 draws its own "Loading weights" bar on stderr, between the CLI's loading line and
+    # the reply; `report` already says how loading goes (the CLI's line, the window's progress bar).
+    transformers_logging.disable_progress_bar()
     common = {"local_files_only": True, "trust_remote_code": trust_remote_code}
     extra = {}
     if gguf_file:
