@@ -235,7 +235,8 @@ def _gguf_tensor_progress(report):
     """While it is open, transformers' GGUF tensor loop reports the share of tensors done.
 
     That loop (`Converting and de-quantizing GGUF tensors`) iterates through its module's
-    `tqdm`, the only progress it has; the name is wrapped for the load and put back after.
+    `tqdm`, the only progress it has; the name is replaced for the load (no bar on stderr: the
+    load reports its progress itself) and put back after.
     A transformers without it still loads, with the phases only.
     """
     try:
@@ -248,9 +249,9 @@ def _gguf_tensor_progress(report):
         yield
         return
 
-    def counted(iterable, *args, **kwargs):
+    def counted(iterable, *args, **kwargs):  # in place of its bar on stderr: the load's own progress says it
         total = len(iterable) if hasattr(iterable, "__len__") else 0
-        for done, item in enumerate(original(iterable, *args, **kwargs)):
+        for done, item in enumerate(iterable):
             if total:
                 report(done / total)
             yield item
