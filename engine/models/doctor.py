@@ -407,7 +407,8 @@ def estimate_memory(meta: ModelMeta, n_ctx: int, dtype: str | None = None) -> tu
         weights = meta.n_params * kv_elem
     else:
         weights, kv_elem = meta.weight_bytes, _DTYPE_BYTES.get(meta.dtype, 2)
-    kv = 2 * meta.n_layers * meta.n_kv_heads * meta.head_dim * n_ctx * kv_elem  # keys and values
+    layers = meta.n_layers if meta.kv_layers is None else meta.kv_layers  # a hybrid's recurrent layers keep none
+    kv = 2 * layers * meta.n_kv_heads * meta.head_dim * n_ctx * kv_elem  # keys and values
     return weights, kv
 
 

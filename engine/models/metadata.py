@@ -53,6 +53,9 @@ class ModelMeta:
     chat_template: str | None = field(repr=False)
     dtype: str  # "Q4_1", "bfloat16", ...: how the weights are stored
     weight_bytes: int  # bytes the weights take as stored (GGUF tensors, safetensors data)
+    # Layers that keep a KV cache entry per token: all of a transformer's, the attention layers of
+    # a hybrid (Qwen3.5, LFM2, Nemotron-H...), none of a recurrent model's. None: every layer.
+    kv_layers: int | None = None
 
     def summary(self) -> dict:
         """JSON-ready facts, without the vocabulary and the template text."""
@@ -315,6 +318,20 @@ def _read_gguf(ref: ModelRef) -> ModelMeta:
         value = kv.get(f"{arch}.{key}", default)
         return int(max(value, default=default) if isinstance(value, list) else value)
 
+    def kv_layers() -> int | None:
+        """A hybrid's attention layers: llama.cpp writes KV heads per layer (0 on a recurrent
+        one), or for the Qwen3-Next family one full-attention layer per `full_attention_interval`.
+        Called after n_heads is read."""
+        if not n_heads:  # a recurrent model (Mamba, RWKV): no attention at all
+            return 0
+        per_layer = kv.get(f"{arch}.attention.head_count_kv")
+        if isinstance(per_layer, list):
+            return sum(1 for n in per_layer if n)
+        interval = kv.get(f"{arch}.full_attention_interval")
+        if isinstance(interval, int) and interval > 1:
+            return hp("block_count") // interval
+        return None
+
     n_heads = hp("attention.head_count")
     hidden = hp("embedding_length")
     tokens = tuple(kv.get("tokenizer.ggml.tokens") or ())
@@ -348,6 +365,7 @@ def _read_gguf(ref: ModelRef) -> ModelMeta:
         chat_template=kv.get("tokenizer.chat_template") or None,
         dtype=dtype,
         weight_bytes=weight_bytes,
+        kv_layers=kv_layers(),
     )
 
 
@@ -374,6 +392,23 @@ _ST_DTYPES = {
 _MAX_ST_HEADER = 100 * 2**20  # a real header is a few hundred KB; more means a corrupt file
 
 
+# Layer kinds that keep a KV cache entry per token; "linear_attention" (a gated delta net) does not.
+_KV_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "attention", "chunked_attention"})
+
+
+def _hf_kv_layers(config: dict, n_layers: int | None) -> tuple[int | None, int | None]:
+    """(layers, layers with a KV cache) of a hybrid's config.json: `layer_types` (Qwen3.5, LFM2,
+    Granite 4), `layers_block_type` (Nemotron-H in transformers 5) or `hybrid_override_pattern`
+    ('*' an attention layer, older Nemotron-H); (n_layers, None) for a model that does not say."""
+    kinds = config.get("layer_types") or config.get("layers_block_type")
+    if isinstance(kinds, list) and kinds:
+        return n_layers or len(kinds), sum(1 for kind in kinds if kind in _KV_LAYER_TYPES)
+    pattern = config.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        return n_layers or len(pattern), pattern.count("*")
+    return n_layers, None
+
+
 def _read_hf(ref: ModelRef) -> ModelMeta:
     folder = Path(ref.path)
     config = _json(folder / "config.json", required=True)
@@ -381,6 +416,7 @@ def _read_hf(ref: ModelRef) -> ModelMeta:
     if "num_hidden_layers" not in c and isinstance(c.get("text_config"), dict):
         c = c["text_config"]  # multimodal configs keep the language model's sizes there
     n_layers = _first(c, "num_hidden_layers", "n_layer", "n_layers", "num_layers")
+    n_layers, kv_layers = _hf_kv_layers(c, n_layers)
     hidden = _first(c, "hidden_size", "n_embd", "d_model")
     n_heads = _first(c, "num_attention_heads", "n_head", "n_heads")
     n_kv = _first(c, "num_key_value_heads", "n_head_kv") or n_heads
@@ -438,6 +474,7 @@ def _read_hf(ref: ModelRef) -> ModelMeta:
         chat_template=_hf_chat_template(folder, tok_cfg),
         dtype=dtype,
         weight_bytes=weight_bytes,
+        kv_layers=kv_layers,
     )
 
 
