@@ -215,3 +215,15 @@ def test_a_candidate_that_cannot_run_is_noted_and_the_others_are_still_measured(
     assert measured["deleted-since"].note.startswith(f"could not run: No model '{gone}' on this machine")
     assert measured["deleted-since"].speedup is None
     assert measured[lookup.name].tokens_per_s > 0
+
+
+def test_a_qwen3_5_checkpoint_offers_its_own_mtp_layers_first(tmp_path):
+    """Qwen3.5 / 3.6 ship an MTP layer (`mtp.*` beside the wrapper's language model): discovery
+    offers it as the best candidate, with the drafters that need nothing after it."""
+    from tests.factories.mtp_models import make_mtp_model
+
+    folder = make_mtp_model(tmp_path / "qwen3.5-tiny", "qwen3_5", n_layers=1)
+    found = discover(folder, models=[])
+    best = found.candidates[0]
+    assert (best.kind, best.drafter) == ("mtp", "mtp") and "MTP layer" in best.why
+    assert {"ngram", "suffix"} <= {c.drafter for c in found.candidates}
