@@ -3,7 +3,8 @@
 `make_hybrid_model(folder, "qwen3_5")` writes config.json + model.safetensors + the SmolLM2
 tokenizer files (tests/factories/hf_models.py) for a model whose layers mix attention with
 a recurrent kind: Qwen3.5's gated delta net (`qwen3_5_text`, the text-only model), LFM2's
-short convolution (`lfm2`), Nemotron-H's Mamba 2 (`nemotron_h`); or, for `gemma3_text`,
+short convolution (`lfm2`), Nemotron-H's and Granite 4's Mamba 2 (`nemotron_h`,
+`granitemoehybrid`); or, for `gemma3_text`,
 sliding-window attention with a window of `window` tokens. Layer sizes are tiny (hidden 64).
 
 transformers initialises the recurrent parts (Mamba's A_log, dt_bias, D...) as those models
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from tests.factories.hf_models import BOS_ID, EMBEDDING_STD, EOS_ID, LAYER_GAIN, LOGIT_STD, VOCAB_SIZE, tokenizer_dir
 
-ARCHITECTURES = ("qwen3_5", "lfm2", "nemotron_h")
+ARCHITECTURES = ("qwen3_5", "lfm2", "nemotron_h", "granitemoehybrid")
 _FINAL_NORM = {"lfm2": "embedding_norm", "nemotron_h": "norm_f"}  # the norm before the LM head
 
 
@@ -71,6 +72,19 @@ def _config(arch: str, n_layers: int, hidden: int, window: int):
             n_groups=1,
             chunk_size=16,
             layers_block_type=[kinds[i % 4] for i in range(n_layers)],
+        )
+    if arch == "granitemoehybrid":  # Granite 4 hybrid: Mamba 2 layers, one attention layer in four, dense MLP
+        return transformers.GraniteMoeHybridConfig(
+            **common,
+            layer_types=[("attention" if i % 4 == 1 else "mamba") for i in range(n_layers)],
+            mamba_n_heads=4,
+            mamba_d_head=head,
+            mamba_d_state=16,
+            mamba_n_groups=1,
+            mamba_chunk_size=16,
+            mamba_expand=1,  # heads x head size = hidden x expand
+            num_local_experts=0,
+            shared_intermediate_size=2 * hidden,
         )
     if arch == "gemma3_text":  # five sliding layers per full one, as Gemma 3
         return transformers.Gemma3TextConfig(

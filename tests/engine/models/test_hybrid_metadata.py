@@ -38,7 +38,9 @@ def test_a_hybrid_gguf_counts_its_attention_layers_only(tmp_path, make, kv_layer
     assert kv == kv_layers * kv_bytes_per_layer(meta) * 2  # float16 cache on llama.cpp
 
 
-@pytest.mark.parametrize(("arch", "kv_layers"), [("qwen3_5", 1), ("lfm2", 2), ("nemotron_h", 1)])
+@pytest.mark.parametrize(
+    ("arch", "kv_layers"), [("qwen3_5", 1), ("lfm2", 2), ("nemotron_h", 1), ("granitemoehybrid", 1)]
+)
 def test_a_hybrid_folder_counts_its_attention_layers_only(tmp_path, arch, kv_layers):
     meta = read_metadata(resolve(make_hybrid_model(tmp_path / arch, arch)))
     assert meta.n_layers == 4 and meta.kv_layers == kv_layers  # Nemotron-H's config names no layer count
