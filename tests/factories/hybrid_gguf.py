@@ -10,6 +10,7 @@ checked by loading them with the llama.cpp that llama-cpp-python 0.3.36 bundles:
   `full_attention_interval`;
 - `lfm2` (LFM2): short-convolution layers where the per-layer KV head count is 0, attention elsewhere;
 - `nemotron_h` (Nemotron-H): Mamba 2 layers, an MLP-only layer and an attention layer;
+- `granitehybrid` (Granite 4 hybrids): Mamba 2 layers and an attention layer, each with a feed-forward;
 - `mamba2`: recurrent only, no attention at all;
 - `gemma3`: sliding-window attention on most layers, a window shorter than a test prompt.
 
@@ -270,6 +271,37 @@ def make_nemotron_h_gguf(path: str, *, seed: int = 0, context_length: int = 2048
         else:
             w.matrix(f"{block}.ffn_up.weight", N_FF, N_EMBD)
             w.out(f"{block}.ffn_down.weight", N_EMBD, N_FF)
+    _finish(writer)
+    return str(path)
+
+
+def make_granite_hybrid_gguf(path: str, *, seed: int = 0, context_length: int = 2048, mix: float = 1.0) -> str:
+    """A Granite 4 hybrid (`granitehybrid`): Mamba 2 layers with attention on layer 1, a dense
+    feed-forward after every mixer, and Granite's scales (embedding, residual, attention, logits)
+    at their neutral values."""
+    kinds = ("mamba", "attention", "mamba", "mamba")
+    writer, w = _start(path, "granitehybrid", seed, len(kinds), context_length, mix)
+    n_head_kv = 2
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv([n_head_kv if kind == "attention" else 0 for kind in kinds])
+    writer.add_embedding_scale(1.0)
+    writer.add_residual_scale(1.0)
+    writer.add_attention_scale(1.0 / HEAD_DIM**0.5)
+    writer.add_logit_scale(1.0)
+    _mamba2_hparams(writer)
+    w.vector("output_norm.weight", N_EMBD, 1.0)
+    for i, kind in enumerate(kinds):
+        block = f"blk.{i}"
+        w.vector(f"{block}.attn_norm.weight", N_EMBD, 1.0)
+        if kind == "mamba":
+            _mamba2_layer(w, block)
+        else:
+            w.matrix(f"{block}.attn_q.weight", N_HEAD * HEAD_DIM, N_EMBD)
+            w.matrix(f"{block}.attn_k.weight", n_head_kv * HEAD_DIM, N_EMBD)
+            w.matrix(f"{block}.attn_v.weight", n_head_kv * HEAD_DIM, N_EMBD)
+            w.out(f"{block}.attn_output.weight", N_EMBD, N_HEAD * HEAD_DIM)
+        w.vector(f"{block}.ffn_norm.weight", N_EMBD, 1.0)
+        _ffn(w, block)
     _finish(writer)
     return str(path)
 

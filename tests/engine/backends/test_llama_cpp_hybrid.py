@@ -17,6 +17,7 @@ from tests.engine.drafters.build import legacy_config
 from tests.factories.gguf_models import make_tiny_gguf
 from tests.factories.hybrid_gguf import (
     make_gemma3_gguf,
+    make_granite_hybrid_gguf,
     make_lfm2_gguf,
     make_mamba2_gguf,
     make_nemotron_h_gguf,
@@ -24,7 +25,12 @@ from tests.factories.hybrid_gguf import (
 )
 from tests.stats_helpers import first_two_tokens
 
-HYBRIDS = {"qwen35": make_qwen35_gguf, "lfm2": make_lfm2_gguf, "nemotron_h": make_nemotron_h_gguf}
+HYBRIDS = {
+    "qwen35": make_qwen35_gguf,
+    "lfm2": make_lfm2_gguf,
+    "nemotron_h": make_nemotron_h_gguf,
+    "granitehybrid": make_granite_hybrid_gguf,
+}
 RECURRENT = [*HYBRIDS, "mamba2"]  # and a model with no attention at all
 REPEAT = "one two three four five one two three four five one two three four five one two three"
 GREEDY = SamplingConfig(temperature=0.0, max_tokens=40)

@@ -13,7 +13,13 @@ import pytest
 from engine.models.doctor import estimate_memory
 from engine.models.locate import resolve
 from engine.models.metadata import read_metadata
-from tests.factories.hybrid_gguf import make_lfm2_gguf, make_mamba2_gguf, make_nemotron_h_gguf, make_qwen35_gguf
+from tests.factories.hybrid_gguf import (
+    make_granite_hybrid_gguf,
+    make_lfm2_gguf,
+    make_mamba2_gguf,
+    make_nemotron_h_gguf,
+    make_qwen35_gguf,
+)
 from tests.factories.hybrid_models import make_hybrid_model
 
 N_CTX = 4096
@@ -25,8 +31,14 @@ def kv_bytes_per_layer(meta) -> int:
 
 @pytest.mark.parametrize(
     ("make", "kv_layers"),
-    [(make_qwen35_gguf, 1), (make_lfm2_gguf, 1), (make_nemotron_h_gguf, None), (make_mamba2_gguf, 0)],
-    ids=["qwen35", "lfm2", "nemotron_h", "mamba2"],
+    [
+        (make_qwen35_gguf, 1),
+        (make_lfm2_gguf, 1),
+        (make_nemotron_h_gguf, None),
+        (make_granite_hybrid_gguf, 1),
+        (make_mamba2_gguf, 0),
+    ],
+    ids=["qwen35", "lfm2", "nemotron_h", "granitehybrid", "mamba2"],
 )
 def test_a_hybrid_gguf_counts_its_attention_layers_only(tmp_path, make, kv_layers):
     meta = read_metadata(resolve(make(str(tmp_path / "m.gguf"))))
