@@ -27,6 +27,7 @@ SEVERITY_COLOURS = {"ok": "#009E73", "info": "#0072B2", "warning": "#E69F00", "e
 SEVERITY_GLYPHS = {"ok": "✓", "info": "i", "warning": "!", "error": "✕"}
 _SOURCES = {
     "embedded": "built-in",
+    "pypi": "installed from PyPI",
     "file": "GGUF",
     "folder": "folder",
     "hf-cache": "Hugging Face cache",

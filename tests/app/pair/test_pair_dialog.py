@@ -55,6 +55,13 @@ def test_lists_the_default_model(dialog):
     assert dialog.form.target.spec() == "default"  # the first run starts from the built-in model
 
 
+def test_lists_the_model_installed_from_pypi_as_such(dialog):
+    """Gemma 3 270M (the test extras install it) is in the target list, said to come from PyPI."""
+    combo = dialog.form.target.combo
+    specs = [combo.itemData(i) for i in range(combo.count())]
+    assert "gemma3-270m  (installed from PyPI, Q4_K_M," in combo.itemText(specs.index("gemma3-270m"))
+
+
 def test_every_drafter_can_be_chosen_and_none_is_a_placeholder(dialog):
     combo = dialog.form.drafter
     drafters = [combo.itemData(i) for i in range(combo.count())]
