@@ -70,6 +70,10 @@ _LAZY = {
     "list_models": ("models.locate", None),
     "read_metadata": ("models.metadata", None),
     "ModelMeta": ("models.metadata", None),
+    "discover_drafters": ("models.discovery", "discover"),
+    "Discovery": ("models.discovery_records", None),
+    "DrafterCandidate": ("models.discovery_records", "Candidate"),
+    "measure_drafters": ("bench.discovery_measure", "measure"),
     "recommended_sampling": ("models.recommended", None),
     "describe_recommended": ("models.recommended", "describe"),
     # the engine and what it reports

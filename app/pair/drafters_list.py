@@ -32,7 +32,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.pair.heads import heads_root, known_heads
-from engine.models.discovery_records import Candidate, Discovery
+from engine import Discovery
+from engine import DrafterCandidate as Candidate
 
 MEASURE_SECONDS = 10.0
 CHILD_TIMEOUT_S = 600  # loads included; a stuck child must not hold the dialog forever
@@ -41,17 +42,17 @@ LINE_CHARS = 86  # the reasons' column at the list's first size
 
 
 def discover_here(target: str, heads_dirs: list[str]) -> Discovery:
-    from engine.models.discovery import discover
+    from engine import discover_drafters
 
-    return discover(target, heads_dirs=heads_dirs)
+    return discover_drafters(target, heads_dirs=heads_dirs)
 
 
 def measure_in_child(target: str, heads_dirs: list[str], seconds: float) -> Discovery:
     """The candidates measured by the command line in a child process (see the module doc)."""
     if getattr(sys, "frozen", False):
-        from engine.bench.discovery_measure import measure
+        from engine import measure_drafters
 
-        return measure(discover_here(target, heads_dirs), seconds)
+        return measure_drafters(discover_here(target, heads_dirs), seconds)
     command = [sys.executable, "-m", "engine.cli", "models", "--drafters-for", target, "--measure", "--json"]
     command += ["--measure-seconds", str(seconds), *(x for folder in heads_dirs for x in ("--dir", folder))]
     done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
