@@ -145,5 +145,6 @@ DRAFTER = DrafterSpec(
     draft_probabilities=True,
     order=75,
     short_name="Gemma 4 assistant",
+    reads_weights=True,
     ready=ready,
 )

@@ -169,6 +169,7 @@ def _make_spec(name: str, members: tuple[DrafterSpec, ...]) -> DrafterSpec:
         preflight=preflight,
         stats=ChainStats,
         loads_model=any(member.loads_model for member in members),
+        reads_weights=any(member.reads_weights for member in members),
         trees=any(member.trees for member in members),
         draft_probabilities=any(member.draft_probabilities for member in members),
         ready=ready,

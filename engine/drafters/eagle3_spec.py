@@ -85,5 +85,6 @@ DRAFTER = DrafterSpec(
     trees=True,
     order=60,
     short_name="EAGLE-3 head",
+    reads_weights=True,
     ready=heads_ready("eagle3"),
 )

@@ -165,5 +165,6 @@ DRAFTER = DrafterSpec(
     trees=True,
     order=50,
     short_name="EAGLE head",
+    reads_weights=True,
     ready=heads_ready("eagle"),
 )

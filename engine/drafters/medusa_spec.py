@@ -100,5 +100,6 @@ DRAFTER = DrafterSpec(
     order=40,
     short_name="Medusa heads",
     depth_label="head",
+    reads_weights=True,
     ready=heads_ready("medusa"),
 )

@@ -97,5 +97,6 @@ DRAFTER = DrafterSpec(
     torch_reason="An MTP layer reads the target's hidden states, which llama.cpp does not expose.",
     order=70,
     short_name="MTP layers",
+    reads_weights=True,
     ready=ready,
 )

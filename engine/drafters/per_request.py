@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from engine.core.draft_bounds import NO_BOUNDS, DraftBounds
 from engine.drafters.base import share_costs
-from engine.drafters.registry import DrafterSpec, drafter_names, drafter_spec, make_drafter, option_settings
+from engine.drafters.registry import DrafterSpec, drafter_names, drafter_spec, make_drafter
 from engine.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -59,8 +59,9 @@ class NoDraftProbabilities(ConfigError):
 
 
 def made_per_request(spec: DrafterSpec) -> bool:
-    """No draft model and no trained heads: cheap enough to make for one generation."""
-    return not spec.loads_model and "heads" not in {s.name for s in option_settings(spec)}
+    """No draft model and no weights of its own (heads, MTP layers, an assistant): cheap enough to make
+    for one generation, and nothing a request asks for makes the server read model files."""
+    return not (spec.loads_model or spec.reads_weights)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,9 @@ class DrafterSpec:
     preflight: Callable[[PreflightContext, Any], list[Finding]] | None = None  # metadata-only checks
     stats: type = NoStats  # the DrafterStats subclass its Drafter.stats() returns
     loads_model: bool = False  # loads a model of its own (the draft model): a share of the load's progress
+    # Reads weights of its own from files (trained heads, the model's MTP layers, a Gemma 4 assistant):
+    # like a draft model, too slow to load for one generation, and never loaded because a request asks.
+    reads_weights: bool = False
     torch_reason: str = ""  # why the target must run on PyTorch, one sentence (a spec with `needs`)
     choice_label: str = ""  # how the pair dialog lists it, where that says more than `label` ("" = label)
     trees: bool = False  # drafts trees where the target verifies them (`node_budget`): k is then a node budget

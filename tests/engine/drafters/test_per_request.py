@@ -29,6 +29,16 @@ def test_a_drafter_that_loads_a_model_is_never_made_for_one_generation():
     assert "eagle" not in refused.value.per_request and "model" not in refused.value.per_request
 
 
+@pytest.mark.parametrize("name", ["mtp", "assistant", "suffix+medusa"])
+def test_a_request_never_makes_the_server_read_weights_of_a_drafter(name):
+    """MTP layers and a Gemma 4 assistant are weights read from files, as heads are: a request that
+    asks for one (or for a chain holding one) is refused, not served by loading them per request."""
+    with pytest.raises(NotPerRequest) as refused:
+        request_drafting(EngineConfig(drafter="ngram"), object(), name)
+    assert not {"mtp", "assistant", "medusa", "eagle", "eagle3"} & set(refused.value.per_request)
+    assert {"suffix", "lookahead"} <= set(refused.value.per_request)
+
+
 def test_a_drafter_made_for_one_generation_shares_the_engine_costs_and_is_closed_after_it():
     from engine.core.draft_length import DraftLength
 
