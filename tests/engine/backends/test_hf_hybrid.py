@@ -91,7 +91,7 @@ def test_the_model_after_a_rollback_is_the_model_run_fresh_over_the_kept_tokens(
     torch.testing.assert_close(backend.forward([ids[10]]), fresh.forward([ids[10]]), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "lfm2"])
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_sampled_speculative_tokens_follow_the_targets_law(folders, arch):
     target_dir, draft_dir = folders(arch)
     engine = model_engine(load(target_dir), draft_dir, k=3)

@@ -102,7 +102,7 @@ def test_a_hybrid_draft_model_drafts_exactly_for_a_transformer_target(files):
         engine.close()
 
 
-@pytest.mark.parametrize("arch", ["qwen35", "lfm2"])  # the two most run; each takes seconds
+@pytest.mark.parametrize("arch", HYBRIDS)  # every hybrid: a few seconds each
 def test_sampled_speculation_keeps_the_target_distribution(files, arch):
     target, other = files[arch]
     engine = load(target, drafter="draft", draft=other, k=3)
