@@ -101,8 +101,9 @@ def test_sampled_speculative_tokens_follow_the_targets_law(folders, arch):
     assert pvalue > 1e-3
 
 
-def test_a_cancelled_reply_leaves_the_model_usable(folders):
-    target_dir, draft_dir = folders("qwen3_5")
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_a_cancelled_reply_leaves_the_model_usable(folders, arch):
+    target_dir, draft_dir = folders(arch)
     engine = model_engine(load(target_dir), draft_dir)
     prompt = engine.target.tokenize(TEXT)
     cancel = threading.Event()

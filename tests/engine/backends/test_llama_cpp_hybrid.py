@@ -152,8 +152,9 @@ def test_a_second_reply_to_the_same_prompt_restores_the_prompt_instead_of_runnin
         engine.close()
 
 
-def test_a_cancelled_run_leaves_the_cache_usable(files):
-    target, other = files["qwen35"]
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_a_cancelled_run_leaves_the_cache_usable(files, arch):
+    target, other = files[arch]
     engine = load(target, drafter="draft", draft=other)
     try:
         prompt = engine.prompt_ids(REPEAT)
