@@ -12,7 +12,8 @@ checked by loading them with the llama.cpp that llama-cpp-python 0.3.36 bundles:
 - `nemotron_h` (Nemotron-H): Mamba 2 layers, an MLP-only layer and an attention layer;
 - `granitehybrid` (Granite 4 hybrids): Mamba 2 layers and an attention layer, each with a feed-forward;
 - `mamba2`: recurrent only, no attention at all;
-- `gemma3`: sliding-window attention on most layers, a window shorter than a test prompt.
+- `gemma3`: sliding-window attention on most layers, a window shorter than a test prompt;
+- `gemma4` (Gemma 4 text): the same with a sliding-window pattern, soft-capped logits.
 
 Shapes are written as numpy (rows, cols) = ggml's {cols, rows}.
 """
@@ -203,6 +204,50 @@ def make_gemma3_gguf(
     writer.add_sliding_window(sliding_window)
 
     w.vector("output_norm.weight", N_EMBD, 1.0)
+    for i in range(n_layers):
+        block = f"blk.{i}"
+        for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            w.vector(f"{block}.{norm}.weight", N_EMBD, 1.0)
+        w.matrix(f"{block}.attn_q.weight", N_HEAD * HEAD_DIM, N_EMBD)
+        w.matrix(f"{block}.attn_k.weight", n_head_kv * HEAD_DIM, N_EMBD)
+        w.matrix(f"{block}.attn_v.weight", n_head_kv * HEAD_DIM, N_EMBD)
+        w.out(f"{block}.attn_output.weight", N_EMBD, N_HEAD * HEAD_DIM)
+        w.vector(f"{block}.attn_q_norm.weight", HEAD_DIM, 1.0)
+        w.vector(f"{block}.attn_k_norm.weight", HEAD_DIM, 1.0)
+        _ffn(w, block)
+    _finish(writer)
+    return str(path)
+
+
+def make_gemma4_gguf(
+    path: str,
+    *,
+    seed: int = 0,
+    n_layers: int = 3,
+    sliding_window: int = 4,
+    context_length: int = 2048,
+    mix: float = 1.0,
+) -> str:
+    """A Gemma 4 text model: Gemma 3's layer with sliding-window attention on two layers in three
+    (`sliding_window_pattern`), the keys and values of each layer its own (no shared KV layers), no
+    per-layer input embeddings, and the final logits soft-capped."""
+    writer, w = _start(path, "gemma4", seed, n_layers, context_length, mix)
+    n_head_kv = 2
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_uint32("gemma4.attention.key_length_swa", HEAD_DIM)
+    writer.add_uint32("gemma4.attention.value_length_swa", HEAD_DIM)
+    writer.add_rope_freq_base(100000.0)
+    writer.add_sliding_window(sliding_window)
+    writer.add_array("gemma4.attention.sliding_window_pattern", [i % 3 != 2 for i in range(n_layers)])
+    writer.add_uint32("gemma4.embedding_length_per_layer_input", 0)
+    writer.add_uint32("gemma4.attention.shared_kv_layers", 0)
+    writer.add_float32("gemma4.final_logit_softcapping", 30.0)
+
+    w.vector("output_norm.weight", N_EMBD, 1.0)
+    w.full("rope_freqs.weight", (HEAD_DIM // 2,), 1.0)  # the full-attention layers' rope: every frequency as is
     for i in range(n_layers):
         block = f"blk.{i}"
         for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):

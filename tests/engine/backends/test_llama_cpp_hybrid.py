@@ -17,6 +17,7 @@ from tests.engine.drafters.build import legacy_config
 from tests.factories.gguf_models import make_tiny_gguf
 from tests.factories.hybrid_gguf import (
     make_gemma3_gguf,
+    make_gemma4_gguf,
     make_granite_hybrid_gguf,
     make_lfm2_gguf,
     make_mamba2_gguf,
@@ -50,6 +51,7 @@ def files(tmp_path_factory):
     made["mamba2"] = (make_mamba2_gguf(str(root / "mamba2.gguf"), mix=MIX),)
     made["llama"] = (make_tiny_gguf(str(root / "llama.gguf")),)
     made["gemma3"] = (make_gemma3_gguf(str(root / "gemma3.gguf"), sliding_window=4, mix=MIX),)
+    made["gemma4"] = (make_gemma4_gguf(str(root / "gemma4.gguf"), sliding_window=4, mix=MIX),)
     return made
 
 
@@ -200,8 +202,9 @@ def test_a_checkpoint_that_does_not_fit_is_an_out_of_memory_error_and_the_model_
         engine.close()
 
 
-def test_sliding_window_speculation_equals_vanilla_with_a_window_shorter_than_the_prompt(files):
-    engine = load(files["gemma3"][0])
+@pytest.mark.parametrize("arch", ["gemma3", "gemma4"])
+def test_sliding_window_speculation_equals_vanilla_with_a_window_shorter_than_the_prompt(files, arch):
+    engine = load(files[arch][0])
     try:
         assert llama_cpp.llama_model_n_swa(engine.target._model) == 4
         assert not engine.target.replays_on_rollback
