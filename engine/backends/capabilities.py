@@ -21,6 +21,8 @@ forward (an architecture without a native path) has ModelParts, HiddenFeatures a
     ModelParts       the target's embeddings, rotary embedding and LM head, for heads that reuse them
     CachedKV         the keys and values a decoder layer holds for the cached tokens (a Gemma 4 assistant
                      attends to them)
+    Slots            several sequences on one loaded model, each with a cache of its own, and one forward
+                     over rows of several of them (`forward_batch`): what a batch of requests runs on
 """
 
 from __future__ import annotations
@@ -147,6 +149,32 @@ class CachedKV(Protocol):
         ...
 
 
+@runtime_checkable
+class Slots(Protocol):
+    """Several sequences on one loaded model, run together in one forward (engine/core/batch.py).
+
+    The backend itself is the first sequence; `open_slot` gives more, up to `max_slots` in all. A
+    slot is a `Backend` of its own: its own `tokens` and cache, forward, rollback, prefill, and the
+    owner's one-sequence capabilities (forward_masked / keep_rows, last_features...) for its rows,
+    on the owner's weights. `close()` on a slot frees its cache, never the model.
+    """
+
+    max_slots: int  # sequences at once, the backend itself included (set when it loads)
+
+    def open_slot(self) -> Backend:
+        """A new, empty sequence on this model; SlotsFull (engine/backends/slots.py) when
+        `max_slots` are open, an OutOfMemoryError when its cache does not fit."""
+        ...
+
+    def forward_batch(self, calls: list) -> list[torch.Tensor]:
+        """One forward over the rows of several sequences (engine/backends/slots.py `BatchCall`: this
+        backend or slots it opened, each at most once). Call i runs as `slot.forward(tokens)` would, or
+        as `slot.forward_masked(tokens, offsets, mask)` when it has a mask, and leaves its slot as that
+        call would (keep_rows works after a masked one); returns each call's float32 CPU logits
+        (len(tokens), V). A call that would not fit its slot's context raises before anything runs."""
+        ...
+
+
 # Why a backend without the capability cannot serve a drafter, said once for every drafter.
 WHY = {
     TreeForward: "verifies its drafts as a tree in one forward with a custom attention mask",
@@ -155,6 +183,7 @@ WHY = {
     LayerExit: "runs the target's first layers on their own and finishes the forward from there",
     ModelParts: "shares the target's embeddings, rotary embedding and LM head",
     CachedKV: "attends to the keys and values the target's layers hold",
+    Slots: "runs several sequences in one forward",
 }
 
 
