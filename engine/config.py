@@ -52,6 +52,7 @@ class EngineConfig:
     k: int | str = "auto"
     k_max: int = 16
     measure_costs: bool = True  # time the target's verify-cost curve (and the drafter's token cost) at load
+    parallel: int = 1  # sequences decoded together (a server's --parallel: engine/core/batch.py), each with its n_ctx
 
     def __post_init__(self) -> None:
         # None means the drafter's defaults: filled in, so that equal choices compare equal. So do

@@ -41,6 +41,7 @@ def target_load_options(config) -> dict:
         threads=config.threads,
         gpu_layers=config.gpu_layers,
         compile=config.compile,
+        slots=config.parallel,
     )
 
 
@@ -55,6 +56,7 @@ def draft_load_options(options, target: dict) -> dict:
         threads=_either(options.threads, target["threads"]),
         gpu_layers=_either(options.gpu_layers, target["gpu_layers"]),
         compile=target["compile"],  # a PyTorch draft's one-row steps are what CUDA graphs speed up most
+        slots=target["slots"],  # a draft model drafts for every sequence of the batch
     )
 
 

@@ -22,10 +22,12 @@ def load_backend(
     compile: str = "auto",
     trust_remote_code: bool = False,
     progress: LoadProgress | None = None,
+    slots: int = 1,
 ) -> Backend:
     """Load a model: GGUF files go to llama.cpp and folders to PyTorch unless `backend` says otherwise.
     `compile` is the PyTorch native forward's path (auto, on, off: engine/backends/hf/static.py).
-    `progress` hears what the load is doing and the fraction of it done."""
+    `progress` hears what the load is doing and the fraction of it done. `slots`: sequences the model
+    holds at once (engine/backends/capabilities.py Slots), each with a context of `n_ctx`."""
     if backend not in BACKENDS:
         raise ConfigError(f"Unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}.")
     ref = resolve(spec)
@@ -44,7 +46,13 @@ def load_backend(
                 "leave dtype on auto, or use the torch backend to choose one."
             )
         return LlamaCppBackend(
-            ref.path, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu_layers, name=ref.name, progress=progress
+            ref.path,
+            n_ctx=n_ctx,
+            n_threads=threads,
+            n_gpu_layers=gpu_layers,
+            name=ref.name,
+            progress=progress,
+            **({"slots": slots} if slots != 1 else {}),
         )
 
     from engine.backends.hf.backend import TorchBackend
@@ -52,7 +60,7 @@ def load_backend(
     # A GGUF file goes through transformers' gguf_file loading (dequantized). Named as gguf_file, since
     # an Ollama blob ("sha256-<hex>") lacks the .gguf ending that would otherwise say it is one.
     gguf = {"gguf_file": ref.path} if ref.kind == "gguf" else {}
-    return TorchBackend(
+    backend = TorchBackend(
         ref.path,
         device=device,
         dtype=dtype,
@@ -63,6 +71,18 @@ def load_backend(
         compile=compile,
         **gguf,
     )
+    if slots != 1:
+        from engine.backends.capabilities import Slots, has
+
+        if not has(backend, Slots):
+            backend.close()
+            raise ConfigError(
+                f"{ref.name} runs on transformers' own forward, which decodes one sequence at a time: "
+                "serve it with --parallel 1, or choose a model of the llama, mistral, qwen2 or qwen3 "
+                "architecture (the native forward batches)."
+            )
+        backend.max_slots = slots
+    return backend
 
 
 def refuse_incompatible_pair(target: Backend, draft: str) -> None:
