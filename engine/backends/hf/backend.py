@@ -44,8 +44,8 @@ def TorchBackend(
     """Load `path` and return the backend that runs it: a NativeBackend or a TransformersBackend.
 
     `impl`: "auto", "native" or "transformers". `compile`: the native forward's path, "auto"
-    (static shapes and CUDA graphs on CUDA, eager elsewhere), "on" (static shapes on any
-    device) or "off" (eager); see engine/backends/hf/static.py. transformers' own forward
+    (eager on every device: CUDA graphs are opt-in until they have run on a GPU), "on" (static
+    shapes on any device, CUDA graphs on CUDA) or "off" (eager); see engine/backends/hf/static.py. transformers' own forward
     has one path. `options` are loader.load's: gguf_file,
     device, dtype, n_ctx, name, trust_remote_code, progress (which hears the phases of
     the load; transformers reports nothing finer). `dtype` "int8" keeps the linear weights

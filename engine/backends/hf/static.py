@@ -35,11 +35,17 @@ capture rather than torch.compile(mode="reduce-overhead"): it records the kernel
 runs (the same numerics), costs two warm-up steps and one capture per shape where compile
 took minutes (140 s for a toy model on the 2-core CPU, recompiling per layer), needs no
 Triton, and has no guards on Python values to recompile on. A draft model gets the same
-path: its one-row steps are bucket 1. The graph code has not run on a GPU yet (the test
-that checks it is skipped without CUDA). On other devices the static path runs without
-graphs (`--compile on`), for tests and measurement; `auto` keeps the eager path there:
-on the 2-core CPU the static path's fastest decode step was ~5% slower than eager's
-(padded rows and spans, the mask built every call), and nothing there needs graphs.
+path: its one-row steps are bucket 1. On other devices the static path runs without graphs,
+for tests and measurement.
+
+`auto` is the eager forward on every device, CUDA included, and the graphs are opt-in
+(`--compile on`): their capture has never run on a GPU (the test that compares them with
+eager is skipped without CUDA), and a default must be a path that has run. On CUDA the
+forward's description says so, so a user with a GPU knows what they got and how to get the
+other. Once a recorded GPU run shows graphs equal to eager (logits within bf16 rounding, the
+same greedy text) and faster for one-token steps (issue 40), `auto` may choose them again.
+Off CUDA there is no reason to: on the 2-core CPU the static path's fastest decode step was
+~5% slower than eager's (padded rows and spans, the mask built every call).
 """
 
 from __future__ import annotations
@@ -58,6 +64,12 @@ from engine.config import COMPILES as COMPILE_CHOICES
 ROW_BUCKETS = (1, 2, 4, 8, 16, 17, 32, 33, 64)
 MIN_SPAN = 256
 
+# What the load line says about the forward (ModelInfo.forward), for each path `choose` takes.
+EAGER = "native forward, eager"
+EAGER_ON_CUDA = f"{EAGER} (CUDA graphs are opt-in: --compile on; not yet verified on a GPU)"
+STATIC_WITH_GRAPHS = "native forward, static shapes and CUDA graphs (not yet verified on a GPU)"
+STATIC_OFF_CUDA = "native forward, static shapes (no CUDA graphs off CUDA)"
+
 
 def static_unsupported(native: NativeLlama) -> str | None:
     """Why the static path cannot run `native`, or None when it can."""
@@ -73,18 +85,20 @@ def bucket(n: int) -> int | None:
 
 def choose(native: NativeLlama, compile: str) -> tuple[StaticForward | None, str]:
     """(the static forward or None for eager, a description of the path) for `compile`:
-    "auto" (static with CUDA graphs on CUDA, eager elsewhere), "on" (static everywhere it can
-    run) or "off" (eager)."""
+    "auto" (eager everywhere until CUDA graphs have run on a GPU: the module docstring), "on"
+    (static everywhere it can run, with CUDA graphs on CUDA) or "off" (eager)."""
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {compile!r}")
     cuda = native.device.type == "cuda"
     if compile == "off" or (compile == "auto" and not cuda):
-        return None, "native forward, eager"
+        return None, EAGER
+    if compile == "auto":
+        return None, EAGER_ON_CUDA
     reason = static_unsupported(native)
     if reason:
-        return None, f"native forward, eager (no static path: {reason})"
+        return None, f"{EAGER} (no static path: {reason})"
     static = StaticForward(native, graphs=cuda)
-    return static, "native forward, static shapes" + (" and CUDA graphs" if cuda else " (no CUDA graphs off CUDA)")
+    return static, STATIC_WITH_GRAPHS if cuda else STATIC_OFF_CUDA
 
 
 class StaticForward:

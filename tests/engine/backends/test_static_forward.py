@@ -4,17 +4,21 @@ A user switching --compile must see the same greedy text, speculative or not, an
 equal up to float32 rounding: through prefills longer than the largest bucket (which run
 eagerly on the static cache), single steps, verify blocks padded to a bucket, rollbacks,
 trees, features and early exits. The CUDA graphs of that path need a GPU and are not run
-here. Every model is tiny and random (tests/factories/hf_models.py).
+here; `auto` does not choose them, even on CUDA, until they have run on one (issue 40).
+Every model is tiny and random (tests/factories/hf_models.py).
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from engine.api import Engine, collect
+from engine.backends.hf import static as static_module
 from engine.backends.hf.backend import TorchBackend
-from engine.backends.hf.static import ROW_BUCKETS, bucket
+from engine.backends.hf.static import ROW_BUCKETS, bucket, choose
 from engine.config import EngineConfig
 from engine.core.decode import decode_steps
 from engine.core.draft_length import CostModel, DraftLength
@@ -104,6 +108,31 @@ def test_auto_is_the_eager_path_on_the_cpu(folders):
     assert backend.info.forward == "native forward, eager"
     assert type(backend._kv).__name__ == "KVCache"  # grown by doubling, as before
     backend.close()
+
+
+def test_auto_on_cuda_is_eager_and_says_graphs_are_opt_in():
+    """A user with a GPU gets the forward that has run, and the load line says how to get graphs."""
+    on_cuda = SimpleNamespace(device=torch.device("cuda"), static_rope=True)  # a native forward on CUDA
+    static, said = choose(on_cuda, "auto")
+    assert static is None
+    assert said == "native forward, eager (CUDA graphs are opt-in: --compile on; not yet verified on a GPU)"
+    assert choose(on_cuda, "off") == (None, "native forward, eager")
+
+
+def test_compile_on_still_captures_graphs_on_cuda_and_says_they_are_unverified(monkeypatch):
+    built = []
+    monkeypatch.setattr(static_module, "StaticForward", lambda native, graphs: built.append(graphs) or "static")
+    on_cuda = SimpleNamespace(device=torch.device("cuda"), static_rope=True)
+    assert choose(on_cuda, "on") == (
+        "static",
+        "native forward, static shapes and CUDA graphs (not yet verified on a GPU)",
+    )
+    assert built == [True]
+
+
+def test_compile_on_gives_the_static_path_off_cuda(pair):
+    assert pair[1].info.forward == "native forward, static shapes (no CUDA graphs off CUDA)"
+    assert type(pair[1]._kv).__name__ == "StaticKVCache"
 
 
 def test_every_row_count_up_to_the_largest_bucket_gives_eager_logits(fresh):
@@ -281,8 +310,8 @@ def test_greedy_eagle_trees_give_the_same_text(pair):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_cuda_graphs_give_the_eager_logits_and_text(folders):
     eager = TorchBackend(folders["llama-tied"], device="cuda", dtype="float32", compile="off")
-    graphed = TorchBackend(folders["llama-tied"], device="cuda", dtype="float32")  # auto: graphs on CUDA
-    assert graphed.info.forward == "native forward, static shapes and CUDA graphs"
+    graphed = TorchBackend(folders["llama-tied"], device="cuda", dtype="float32", compile="on")  # graphs: opt-in
+    assert graphed.info.forward == "native forward, static shapes and CUDA graphs (not yet verified on a GPU)"
     for step, (got, want) in enumerate(zip(_script(graphed), _script(eager), strict=True)):
         _close(got, want, f"call {step}")
     captured = graphed._pass.__self__.graphs.captured
