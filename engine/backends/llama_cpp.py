@@ -174,7 +174,7 @@ class LlamaCppBackend(Backend):
             degrades into noise.
         n_threads: CPU threads for decoding, kept for the backend's life; default: chosen
             again before each generation (`prepare_threads`) from the cores free then.
-        n_gpu_layers: layers to offload: "auto" (every layer on a build that offloads, else none;
+        n_gpu_layers: layers to offload: "auto" (none: offload is opt-in until it has run on a GPU;
             engine/backends/gpu_layers.py), -1 = all, 0 = none; a CPU-only build ignores it.
         name: display name; default the file name.
         progress: called with (what is happening, fraction of this load done), from
@@ -187,6 +187,7 @@ class LlamaCppBackend(Backend):
             raise ConfigError(f"The context size must be at least {MIN_CONTEXT} tokens, got {n_ctx}.")
         if n_threads is not None and n_threads < 1:
             raise ConfigError(f"The number of threads must be at least 1, got {n_threads}.")
+        self._gpu_layers_auto = gpu_layers.is_auto(n_gpu_layers)  # the load line says how to opt in
         n_gpu_layers = gpu_layers.resolve_gpu_layers(n_gpu_layers)
         _check_gguf_file(path)
 
@@ -323,7 +324,7 @@ class LlamaCppBackend(Backend):
             context_length=llama_cpp.llama_model_n_ctx_train(self._model),
             dtype=_file_type_name(llama_cpp.llama_model_ftype(self._model)),
             device=device,
-            placement=gpu_layers.describe_offload(self._n_gpu_layers, n_layers, offloads),
+            placement=gpu_layers.describe_offload(self._n_gpu_layers, n_layers, offloads, self._gpu_layers_auto),
             forward=cache_kind(self._model, self._states),
         )
 

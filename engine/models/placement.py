@@ -2,7 +2,7 @@
 
 A PyTorch model sits on its device ("auto": the fastest one here, engine/backends/hf/device.py).
 A llama.cpp model sits in system RAM, except the layers it offloads to a GPU (its GPU
-layers, "auto" resolved by engine/backends/gpu_layers.py); llama.cpp does not say which
+layers: none unless asked for, engine/backends/gpu_layers.py); llama.cpp does not say which
 GPU, so it is taken to be the one torch sees ("cuda:0", else "mps"), and "gpu" when torch
 sees none (then the doctor cannot read its memory and says so).
 """
@@ -34,14 +34,14 @@ def placement(runs_on: str, device: str = "auto", gpu_layers="auto", n_layers: i
     """Where a model loaded on backend `runs_on` ("torch" or "llama.cpp") with these load options sits.
     An option that cannot work counts as the CPU (the load options' own check says what is wrong)."""
     if runs_on == LLAMA_CPP:
-        from engine.backends.gpu_layers import describe_offload, llama_cpp_offloads, resolve_gpu_layers
+        from engine.backends.gpu_layers import describe_offload, is_auto, llama_cpp_offloads, resolve_gpu_layers
 
         try:
             layers = resolve_gpu_layers(gpu_layers)
         except SpecDeckError:
             return CPU
         offloads = llama_cpp_offloads()
-        said = describe_offload(layers, n_layers, offloads) if n_layers else ""
+        said = describe_offload(layers, n_layers, offloads, is_auto(gpu_layers)) if n_layers else ""
         if layers == 0 or not offloads:
             return Placement("cpu", None, said)
         whole = layers < 0 or (n_layers is not None and layers >= n_layers)

@@ -67,18 +67,21 @@ def test_the_check_says_a_cpu_only_build_keeps_the_layers_on_the_cpu(qtbot, dial
     assert said.severity == "info" and said.detail == "On the CPU: this llama.cpp build has no GPU offload."
 
 
-def test_the_check_says_a_gpu_build_offloads_every_layer(qtbot, dialog, monkeypatch):
+def test_the_check_says_a_gpu_build_offloads_only_when_asked(qtbot, dialog, monkeypatch):
     monkeypatch.setattr(gpu_layers, "llama_cpp_offloads", lambda: True)
     dialog.set_config(EngineConfig(target="default").with_drafter("model", draft="default", gpu_layers=10))
     run_check(qtbot, dialog)
     said = finding(dialog, "Layers on the GPU (llama.cpp)").detail
-    assert said == "Target: all 30 layers on the GPU; draft: 10 of 30 layers on the GPU, the rest on the CPU."
+    assert said == (
+        "Target: on the CPU: GPU offload is opt-in (--gpu-layers all or a count; not yet verified on a GPU); "
+        "draft: 10 of 30 layers on the GPU, the rest on the CPU (opt-in, not yet verified on a GPU)."
+    )
 
 
 def test_changing_the_gpu_layers_checks_again(qtbot, dialog, monkeypatch):
     """The check says where the layers go and looks at that memory: a new value makes it stale."""
     monkeypatch.setattr(gpu_layers, "llama_cpp_offloads", lambda: True)
-    dialog.set_config(EngineConfig(target="default"))
+    dialog.set_config(EngineConfig(target="default", gpu_layers=-1))
     assert run_check(qtbot, dialog) is True and dialog.can_load()
     type_into(qtbot, dialog.form.gpu_layers, "0")
     assert not dialog.can_load()  # the last check said the layers go on the GPU

@@ -1,5 +1,5 @@
-"""llama.cpp's GPU layers: "auto" by default, every layer on a build that offloads and none on one
-that does not, and the choice said where a user sees the loaded model."""
+"""llama.cpp's GPU layers: "auto" by default, which offloads nothing on any build until offload has
+run on a GPU (issue 40); a count or "all" offloads; the choice said where a user sees the loaded model."""
 
 from __future__ import annotations
 
@@ -30,16 +30,15 @@ def test_the_default_keeps_every_layer_on_the_cpu_of_a_cpu_only_build():
     assert resolve_gpu_layers(EngineConfig().gpu_layers) == 0
 
 
-def test_the_default_offloads_every_layer_on_a_build_that_offloads(gpu_build):
-    assert resolve_gpu_layers(EngineConfig().gpu_layers) == -1
+def test_the_default_offloads_nothing_even_on_a_build_that_offloads(gpu_build):
+    assert resolve_gpu_layers(EngineConfig().gpu_layers) == 0
 
 
 @pytest.mark.parametrize("offloads", [False, True])
-@pytest.mark.parametrize("asked, count", [(0, 0), (12, 12), (-1, -1), ("all", -1), ("12", 12), (" Auto ", None)])
+@pytest.mark.parametrize("asked, count", [(0, 0), (12, 12), (-1, -1), ("all", -1), ("12", 12), (" Auto ", 0)])
 def test_a_count_the_user_gave_is_passed_through_whatever_the_build(monkeypatch, offloads, asked, count):
     monkeypatch.setattr(gpu_layers, "llama_cpp_offloads", lambda: offloads)
-    expected = (-1 if offloads else 0) if count is None else count
-    assert resolve_gpu_layers(asked) == expected
+    assert resolve_gpu_layers(asked) == count
 
 
 @pytest.mark.parametrize("bad", ["lots", -2, "-2", 1.5, True, None])
@@ -89,12 +88,18 @@ def test_a_cpu_only_build_says_its_layers_stay_on_the_cpu(default_gguf):
 
 @pytest.mark.parametrize(
     "asked, said",
-    [("auto", "all 30 layers on the GPU"), (12, "12 of 30 layers on the GPU"), (0, "on the CPU (GPU layers 0)")],
+    [
+        ("auto", "on the CPU: GPU offload is opt-in (--gpu-layers all or a count; not yet verified on a GPU)"),
+        ("all", "all 30 layers on the GPU (opt-in, not yet verified on a GPU)"),
+        (12, "12 of 30 layers on the GPU, the rest on the CPU (opt-in, not yet verified on a GPU)"),
+        (0, "on the CPU (GPU layers 0)"),
+    ],
 )
 def test_a_build_that_offloads_says_how_many_layers_went_on_the_gpu(default_gguf, gpu_build, asked, said):
     backend = LlamaCppBackend(default_gguf, n_ctx=256, n_gpu_layers=asked)  # this CPU build ignores them
     try:
-        assert backend.info.placement.startswith(said)
+        assert backend.info.placement == said
+        assert backend.info.device == ("cpu" if asked in ("auto", 0) else f"cpu+{12 if asked == 12 else 30} gpu layers")
     finally:
         backend.close()
 
@@ -104,6 +109,12 @@ def test_generate_says_where_the_layers_went(capsys):
     assert main(["generate", "--prompt", "Say hi.", "--max-tokens", "2", "--k", "2"]) == 0
     err = capsys.readouterr().err
     assert "SmolLM2-135M-Instruct" in err and "on the CPU: this llama.cpp build has no GPU offload" in err
+
+
+def test_generate_on_a_gpu_build_says_offload_is_opt_in(capsys, gpu_build):
+    assert main(["generate", "--prompt", "Say hi.", "--max-tokens", "2", "--k", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "SmolLM2-135M-Instruct.Q4_1: on the CPU: GPU offload is opt-in (--gpu-layers all or a count" in err
 
 
 def test_the_choice_reaches_the_window_over_the_wire_and_an_older_server_still_reads(default_llama):

@@ -83,6 +83,10 @@ def test_doctor_checks_the_gpu_llama_cpp_offloads_to(capsys, monkeypatch):
     monkeypatch.setattr(placement, "_offload_device", lambda: "cuda:0")
     monkeypatch.setattr(doctor, "device_memory", lambda device: (100 * 2**20, 16 * 2**30))
     code, out, _ = run_cli(capsys, "doctor", "--target", "default", "--draft", "default", "--json")
+    findings = {f["title"]: f for f in json.loads(out)["findings"]}  # auto: offload is opt-in
+    assert findings["Layers on the GPU (llama.cpp)"]["detail"].startswith("Target: on the CPU: GPU offload is opt-in")
+    assert "on cuda:0" not in out
+    code, out, _ = run_cli(capsys, "doctor", "--target", "default", "--draft", "default", "-ngl", "all", "--json")
     findings = {f["title"]: f for f in json.loads(out)["findings"]}
     assert code == 0 and findings["Layers on the GPU (llama.cpp)"]["detail"].startswith("Target: all 30 layers")
     assert findings["May not fit in memory (GPU)"]["severity"] == "warning"

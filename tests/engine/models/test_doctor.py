@@ -252,7 +252,8 @@ def test_layers_left_on_the_cpu_count_against_system_ram(gpu_memory, monkeypatch
 
 
 def test_the_pair_dialogs_check_looks_at_the_gpu_llama_cpp_offloads_to(gpu_memory, monkeypatch):
-    """Preflight threads the placement through: a GPU build of llama.cpp puts the default GGUF on the GPU."""
+    """Preflight threads the placement through: on a GPU build of llama.cpp, -1 GPU layers put the default GGUF
+    on the GPU ("auto" keeps it in RAM: offload is opt-in)."""
     from engine import EngineConfig, preflight
     from engine.backends import gpu_layers
     from engine.models import placement
@@ -260,9 +261,9 @@ def test_the_pair_dialogs_check_looks_at_the_gpu_llama_cpp_offloads_to(gpu_memor
     monkeypatch.setattr(gpu_layers, "llama_cpp_offloads", lambda: True)
     monkeypatch.setattr(placement, "_offload_device", lambda: "cuda:0")
     gpu_memory.state["memory"] = (100 * 2**20, 16 * 2**30)
-    memory = finding(preflight(EngineConfig()).findings, "memory")
+    memory = finding(preflight(EngineConfig(gpu_layers=-1)).findings, "memory")
     assert memory.severity == "warning" and "on cuda:0" in memory.detail
-    assert finding(preflight(EngineConfig(gpu_layers=0)).findings, "memory").severity == "warning"  # RAM: 1 byte
+    assert finding(preflight(EngineConfig()).findings, "memory").severity == "warning"  # auto: RAM, 1 byte
     assert gpu_memory.asked == ["cuda:0"]
 
 
