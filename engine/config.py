@@ -30,8 +30,8 @@ MODEL_DRAFTER = "model"  # the drafter of a draft model; a config with a draft m
 BACKENDS = ("auto", "torch", "llama.cpp")
 DEVICES = ("auto", "cpu", "cuda", "mps")  # engine/backends/hf/device.py's DEVICES, plus auto
 DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # device.py's DTYPE_CHOICES, without the aliases
-# The PyTorch native forward's path (engine/backends/hf/static.py): auto = static shapes and CUDA graphs on
-# CUDA, eager elsewhere; on = static shapes on any device; off = eager.
+# The PyTorch native forward's path (engine/backends/hf/static.py): auto = eager on every device (CUDA graphs
+# have not run on a GPU yet: opt-in); on = static shapes on any device, with CUDA graphs on CUDA; off = eager.
 COMPILES = ("auto", "off", "on")
 
 
@@ -48,7 +48,7 @@ class EngineConfig:
     compile: str = "auto"  # one of COMPILES (PyTorch backend; a draft model follows the target)
     n_ctx: int | None = None
     threads: int | None = None
-    gpu_layers: int | str = "auto"  # llama.cpp: "auto" (every layer on a GPU build, else none) or a count
+    gpu_layers: int | str = "auto"  # llama.cpp: "auto" (none until offload has run on a GPU: opt-in) or a count
     k: int | str = "auto"
     k_max: int = 16
     measure_costs: bool = True  # time the target's verify-cost curve (and the drafter's token cost) at load

@@ -185,14 +185,14 @@ class PairForm(QWidget):
         self.dtype.setToolTip("PyTorch only; a GGUF file on llama.cpp keeps its own quantization")
         self.compile = _combo(COMPILES, self)
         self.compile.setToolTip(
-            "PyTorch only: auto = static shapes and CUDA graphs on a CUDA GPU, eager elsewhere; "
-            "on = static shapes on any device; off = eager"
+            "PyTorch only: auto = eager on every device; on = static shapes on any device, with "
+            "CUDA graphs on a CUDA GPU (opt-in: not yet verified on a GPU); off = eager"
         )
         self.threads = _spin(0, 256, self, special="auto")
         self.gpu_layers = GpuLayersField(self)
         self.gpu_layers.setToolTip(
-            "llama.cpp: layers to offload to the GPU. auto: every layer when this llama.cpp "
-            "build can offload, none otherwise; all; 0 = none; or a number of layers"
+            "llama.cpp: layers to offload to the GPU. auto: none (offload is opt-in, not yet "
+            "verified on a GPU); all; 0 = none; or a number of layers"
         )
         self.n_ctx = _spin(0, 1_048_576, self, special="model default", step=1024)
         self.n_ctx.setToolTip("Tokens the context holds; model default is min(trained context, 4096)")

@@ -225,7 +225,7 @@ class AutoNumberField(QComboBox):
 
 
 class GpuLayersField(QComboBox):
-    """llama.cpp's GPU layers: "auto" (every layer when the llama.cpp build offloads, else none), "all"
+    """llama.cpp's GPU layers: "auto" (none: offload is opt-in until it has run on a GPU), "all"
     (-1), or a number of layers; with `follows`, first "as the target" (None: the target's value).
 
     Only those can be typed; what the engine chose shows once the pair is loaded.

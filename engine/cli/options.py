@@ -57,8 +57,8 @@ def add_load_options(parser: argparse.ArgumentParser, threads: str = "CPU thread
         "--compile",
         choices=COMPILES,
         default="auto",
-        help="the PyTorch forward: auto (static shapes and CUDA graphs on CUDA, eager elsewhere), "
-        "on (static shapes on any device) or off (eager)",
+        help="the PyTorch forward: auto (default: eager on every device), on (static shapes on any device, "
+        "with CUDA graphs on CUDA: opt-in, not yet verified on a GPU) or off (eager)",
     )
     parser.add_argument("-c", "--n-ctx", type=int, default=None, help="context window in tokens")
     parser.add_argument("-t", "--threads", type=int, default=None, help=threads)
@@ -72,8 +72,8 @@ def add_gpu_layers_option(parser: argparse.ArgumentParser) -> None:
         "--gpu-layers",
         type=_value,
         default=AUTO,
-        help="layers offloaded to the GPU (llama.cpp): auto (default: every layer when this "
-        "llama.cpp build can offload, else none), -1 or all, 0 (none) or a count",
+        help="layers offloaded to the GPU (llama.cpp): auto (default: none; offload is opt-in, "
+        "not yet verified on a GPU), -1 or all (every layer), 0 (none) or a count",
     )
 
 
