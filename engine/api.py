@@ -120,8 +120,8 @@ class Engine:
 
     @property
     def placement(self) -> tuple[str, ...]:
-        """Where the layers of each loaded model went, where its backend chose (llama.cpp's GPU
-        layers): "SmolLM2-135M-Instruct: all 30 layers on the GPU"."""
+        """Where the layers of each loaded model went, where its backend says (llama.cpp's GPU
+        layers; PyTorch on MPS): "SmolLM2-135M-Instruct: on the CPU: GPU offload is opt-in (...)"."""
         draft = getattr(self.drafter, "backend", None)  # the model drafter's draft model
         models = [self.target] + ([draft] if isinstance(draft, Backend) else [])
         return tuple(f"{m.info.name}: {m.info.placement}" for m in models if m.info.placement)

@@ -79,8 +79,10 @@ def describe_engine(loaded: LoadedPair | ServerPair, choice: keys.EngineChoice =
     drafter = drafter_spec(config.drafter).short if is_drafter(config.drafter) else config.drafter
     if loaded.speculative and config.drafter == "model" and config.draft:
         drafter = f"draft {config.draft}"
-    placement = f", {info.placement}" if info.placement else ""  # llama.cpp: what GPU layers auto chose
-    return f"{info.name} ({info.dtype}, {info.backend}{placement}) · {drafter} · k {config.k}{where}"
+    placement = f", {info.placement}" if info.placement else ""  # llama.cpp's GPU layers, PyTorch on MPS
+    # PyTorch on a GPU: which forward runs, and that CUDA graphs are opt-in (engine/backends/hf/static.py).
+    forward = f", {info.forward}" if info.backend == "torch" and info.device != "cpu" and info.forward else ""
+    return f"{info.name} ({info.dtype}, {info.backend}{placement}{forward}) · {drafter} · k {config.k}{where}"
 
 
 class MainWindow(QMainWindow):

@@ -119,10 +119,10 @@ def load_engine(config):
             print("\r\033[K", end="", file=sys.stderr, flush=True)
         raise
     took = f"{time.perf_counter() - started:.1f} s"
-    if engine.target.info.forward:  # which forward runs (PyTorch: eager, or static shapes and CUDA graphs)
+    if engine.target.info.forward:  # which forward runs (PyTorch: eager, or static shapes; on CUDA, graphs opt-in)
         took += f", {engine.target.info.forward}"
     print(f" {took}" if live else f"loading {summary}… {took}", file=sys.stderr, flush=True)
-    for line in engine.placement:  # what --gpu-layers auto chose
+    for line in engine.placement:  # where the layers went (llama.cpp's GPU layers, PyTorch on MPS)
         print(line, file=sys.stderr, flush=True)
     return engine
 

@@ -36,6 +36,11 @@ PREFILL_CHUNK = 512
 _TORCH_THREADS = torch.get_num_threads()
 
 
+# Said where the model loads (ModelInfo.placement): nothing in this project has run on Apple's MPS
+# (no test, no recorded run); `--device auto` still picks it on a Mac, as the fastest device there.
+NOT_RUN_ON_MPS = "on Apple's MPS, not yet run there in this project (--device cpu is the tested path)"
+
+
 class HFBackend(Backend):
     """A transformers causal LM with a KV cache for one sequence; subclasses run the forward."""
 
@@ -73,6 +78,7 @@ class HFBackend(Backend):
             context_length=loaded.context_length,
             dtype=loaded.dtype_label,
             device=loaded.device,
+            placement=NOT_RUN_ON_MPS if loaded.device == "mps" else "",
             forward=forward,
         )
 

@@ -107,3 +107,15 @@ def test_the_status_line_says_where_the_layers_went():
     )
     loaded = SimpleNamespace(config=EngineConfig(), target=info, speculative=True)
     assert "(Q4_1, llama.cpp, all 30 layers on the GPU)" in main_window.describe_engine(loaded)
+
+
+def test_the_status_line_says_a_pytorch_model_on_cuda_runs_eager_with_graphs_opt_in():
+    from dataclasses import replace
+
+    eager = "native forward, eager (CUDA graphs are opt-in: --compile on; not yet verified on a GPU)"  # static.py's
+    info = ModelInfo("SmolLM2", "s", "torch", "llama", 1, 1, 8, 30, 8192, "bfloat16", "cuda", forward=eager)
+    line = main_window.describe_engine(SimpleNamespace(config=EngineConfig(), target=info, speculative=True))
+    assert "(bfloat16, torch, native forward, eager (CUDA graphs are opt-in: --compile on; not yet verified" in line
+    on_cpu = replace(info, device="cpu", forward="native forward, eager")  # the CPU's one path: not said
+    line = main_window.describe_engine(SimpleNamespace(config=EngineConfig(), target=on_cpu, speculative=True))
+    assert "(bfloat16, torch) · " in line

@@ -304,6 +304,22 @@ def test_auto_device_and_dtype_on_this_machine(tiny_dir):
         backend.close()
 
 
+def test_a_model_on_mps_says_that_path_has_not_run(tiny_dir):
+    """Nothing here has run on Apple's MPS: --device auto still picks it, and the load line says so."""
+    from dataclasses import replace
+
+    from engine.backends.hf.loader import load
+
+    loaded = load(tiny_dir, device="cpu", dtype="float32")
+    on_cpu = NativeBackend(loaded)
+    on_mps = NativeBackend(replace(loaded, device="mps"))  # as a Mac's load would report it
+    assert on_cpu.info.placement == ""
+    assert (
+        on_mps.info.placement == "on Apple's MPS, not yet run there in this project (--device cpu is the tested path)"
+    )
+    on_cpu.close()
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="reads Linux CPU flags")
 def test_native_bf16_is_read_from_cpu_flags():
     with open("/proc/cpuinfo") as f:
