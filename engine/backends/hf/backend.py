@@ -45,10 +45,10 @@ def TorchBackend(
 
     `impl`: "auto", "native" or "transformers". `compile`: the native forward's path, "auto"
     (eager on every device: CUDA graphs are opt-in until they have run on a GPU), "on" (static
-    shapes on any device, CUDA graphs on CUDA) or "off" (eager); see engine/backends/hf/static.py. transformers' own forward
-    has one path. `options` are loader.load's: gguf_file,
-    device, dtype, n_ctx, name, trust_remote_code, progress (which hears the phases of
-    the load; transformers reports nothing finer). `dtype` "int8" keeps the linear weights
+    shapes on any device, CUDA graphs on CUDA) or "off" (eager); see engine/backends/hf/static.py.
+    transformers' own forward has one path. `options` are loader.load's: gguf_file, device, dtype,
+    n_ctx, name, trust_remote_code, progress (which hears the phases of the load; transformers
+    reports nothing finer). `dtype` "int8" keeps the linear weights
     in int8 (native implementation only) and computes in the device's default dtype.
     Named like the class it was: engine/models/loading.py and the tests call it so.
     """
