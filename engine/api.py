@@ -14,10 +14,11 @@ import threading
 from collections.abc import Callable, Generator, Iterator
 
 from engine.backends.base import Backend
+from engine.batching import EngineBatch, check_batchable
 from engine.config import EngineConfig, target_backend
 from engine.core.decode import decode_steps, run_notes
 from engine.core.divergence import first_divergence, rounding_bound
-from engine.core.draft_length import CostModel, DraftLength, measure_verify_curve
+from engine.core.draft_length import CostModel, DraftLength, curve_sizes, measure_verify_curve
 from engine.core.events import Comparison, Divergence, GenerationResult, StepEvent, collect  # noqa: F401 - re-exported
 from engine.core.sampling import SamplingConfig
 from engine.core.text import check_messages
@@ -71,6 +72,7 @@ class Engine:
         report = _steady(progress or (lambda message, fraction: None))
         DraftLength(config.k, config.k_max)
         spec = drafter_spec(config.drafter)  # an unknown drafter, or options of another one: said before loading
+        check_batchable(config.drafter, config.parallel)
         check_load_options(config, target_backend(config))
         options = target_load_options(config)
         report("Loading the target model", 0.0)
@@ -100,7 +102,8 @@ class Engine:
             costs = CostModel()
             if config.measure_costs:
                 report("Measuring the target's verify costs", 0.8)
-                costs.verify_s.update(measure_verify_curve(target))
+                # up to the rows a full batch drafts: T(rows) is what automatic k weighs at every load
+                costs.verify_s.update(measure_verify_curve(target, curve_sizes(config.parallel, config.k_max)))
                 if drafter is not None:
                     costs.draft_s_per_token = measured_token_cost(drafter) or 0.0
         except BaseException as error:
@@ -212,6 +215,11 @@ class Engine:
         if sampling.greedy and runs["vanilla"].tokens != runs["speculative"].tokens:
             divergence = first_divergence(runs["speculative"], runs["vanilla"], rounding_bound(self.target.info))
         return Comparison(runs["vanilla"], runs["speculative"], divergence)
+
+    def batch(self, capacity: int | None = None) -> EngineBatch:
+        """Several generations decoded together, one target forward per step (engine/batching.py), up
+        to `capacity` (default: the `parallel` the engine was loaded for) at once."""
+        return EngineBatch(self, capacity)
 
     def clear_prompt_caches(self) -> None:
         """Empty the KV caches of the target and of every draft model: the next generation

@@ -214,6 +214,7 @@ _FIELD_TYPES = {
     "k": (int, str),
     "k_max": (int,),
     "measure_costs": (bool,),
+    "parallel": (int,),
 }
 
 

@@ -35,6 +35,9 @@ class BatchCall:
     offsets: list[int] | None = None
     mask: torch.Tensor | None = None
     what: str = "a block"  # for a context-full message: "a tree", "a lookahead step"
+    # A token tree's parents (offsets and mask then say the same): alone, the call runs as
+    # `slot.forward_tree`, which every tree backend has; in a batch, as the masked rows it is.
+    parents: list[int] | None = None
 
     @property
     def masked(self) -> bool:
@@ -46,6 +49,8 @@ def run_calls(owner: Backend, calls: list[BatchCall]) -> list[torch.Tensor]:
     through one `forward_batch` of `owner`, which must have Slots."""
     if len(calls) == 1:
         call = calls[0]
+        if call.parents is not None:
+            return [call.slot.forward_tree(call.tokens, call.parents)]
         if call.masked:
             return [call.slot.forward_masked(call.tokens, call.offsets, call.mask, what=call.what)]
         return [call.slot.forward(call.tokens)]

@@ -64,6 +64,7 @@ from engine.errors import ConfigError
 # exactly and a timing's noise must not flag a real cost. Twice let T(3) = 3.6 x T(2) through.
 SPIKE_FACTOR = 1.25
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 33)
+BATCH_SIZES = (48, 64, 96, 128, 192, 256, 384, 512)  # the curve's sizes past one sequence's drafts
 DEPTH_PRIOR = 2.0  # tokens' worth of the run's acceptance that each draft position starts from
 
 
@@ -220,6 +221,13 @@ class CostModel(CostFormulas):
         )
 
 
+def curve_sizes(parallel: int = 1, k_max: int = 16) -> tuple[int, ...]:
+    """The sizes the load-time curve times: one sequence's drafts (CURVE_SIZES), and for a batch of
+    `parallel` sequences the larger row counts it runs, up to parallel * (k_max + 1)."""
+    most = parallel * (k_max + 1)
+    return CURVE_SIZES + tuple(n for n in BATCH_SIZES if parallel > 1 and n <= max(most, BATCH_SIZES[0]))
+
+
 def measure_verify_curve(
     backend, sizes=CURVE_SIZES, repeats: int = 3, context: int = 64, budget_s: float = 3.0
 ) -> dict[int, float]:
@@ -367,8 +375,22 @@ class DraftLength:
         return totals
 
     def choose(self, costs: CostModel) -> int:
-        k = self._choose(costs)
+        return self.bounded(self._choose(costs))
+
+    def bounded(self, k: int) -> int:
+        """k held to this generation's bounds (n_max; n_min when it drafts at all)."""
         return self.bounds.length(k) if self._bounded else k
+
+    def expected_by_k(self) -> list[tuple[float, float | None]]:
+        """For k = 0..k_max: the expected tokens of a step drafting k, and the probability that it
+        keeps all k (None for a tree, whose drafter estimates the tokens): what a batch weighs when it
+        shares one forward between sequences (engine/core/batch_k.py)."""
+        chain = self.chain_expected_tokens()
+        curve: list[tuple[float, float | None]] = [(1.0, 1.0)]
+        for k in range(1, self.k_max + 1):
+            tree = self._tree_expected(k) if self._tree_expected is not None else None
+            curve.append((tree, None) if tree is not None else (chain[k], chain[k] - chain[k - 1]))
+        return curve
 
     def _choose(self, costs: CostModel) -> int:
         if self.fixed is not None:

@@ -169,6 +169,7 @@ class StepEvent:
     finish_reason: str | None = None  # "stop" | "length" | "context" | "stop_string" | "cancelled"
     end_token: TokenInfo | None = None  # the end-of-generation token that finished the run, not shown
     stop_tokens: tuple[TokenInfo, ...] = ()  # the stop string's tokens that finished the run, not shown
+    batch: int = 1  # sequences whose rows this step's target forward ran (engine/core/batch.py)
     # Set where the step is recorded for a reader elsewhere (Engine.stream(snapshots=True), a
     # remote server's steps); the decoding loop leaves them unset.
     run: str | None = None  # "speculative" or "vanilla": the run of a reply or a comparison it belongs to

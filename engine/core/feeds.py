@@ -19,6 +19,12 @@ and the depths the rule tested, and `commit` leaves the cache holding the commit
 tokens, x_m and the accepted path: the decode loop's invariant (engine/core/decode.py).
 `rows` is what the forward really ran (n + 1, plus the extra rows), what the cost model
 is told.
+
+A feed's forward is one `BatchCall` (engine/backends/slots.py: `call`), so that the batched
+step (engine/core/batch.py) runs the calls of every sequence in one target forward and hands
+each feed its rows back (`receive`); `forward` is the same for one sequence on its own. Only
+the early-exit feed cannot join a batch (its forward starts from residual streams of its
+own): `batchable` is False there and it runs its own forward.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 
 from engine.backends.base import Backend
 from engine.backends.capabilities import HiddenFeatures, LayerExit, TreeForward, has
+from engine.backends.slots import BatchCall, run_calls
 from engine.core.draft_bounds import DraftBounds
 from engine.core.sampling import SamplingConfig, probabilities
 from engine.core.tree import ancestor_mask, depths
@@ -43,6 +50,7 @@ class ChainFeed:
     extra = 0  # rows run beside the drafts and never verified
     extra_logits: torch.Tensor | None = None
     tree_depth: int | None = None  # None: the run counts this step by its length, as a chain
+    batchable = True  # its forward can be one call of a batched forward
 
     def __init__(self, draft: ChainDraft) -> None:
         self.tokens = list(draft.tokens)
@@ -53,8 +61,17 @@ class ChainFeed:
     def rows(self) -> int:
         return len(self.tokens) + 1 + self.extra
 
+    def call(self, slot: Backend, pending: int) -> BatchCall:
+        return BatchCall(slot, [pending, *self.tokens])
+
+    def receive(self, logits: torch.Tensor, batched: bool = False) -> torch.Tensor:
+        """The rows the rule judges, from what this feed's call returned (`batched`: as one call of a
+        batched forward): all of them, (n+1, V)."""
+        return logits
+
     def forward(self, target: Backend, pending: int) -> torch.Tensor:
-        return target.forward([pending, *self.tokens])  # (n+1, V)
+        """The target's rows for this feed alone (one sequence): l_0..l_n, (n+1, V)."""
+        return self.receive(run_calls(target, [self.call(target, pending)])[0])
 
     def verify(
         self, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
@@ -89,6 +106,8 @@ class ExitFeed(ChainFeed):
         self.hidden = draft.exit.hidden[: len(self.tokens) + 1]  # (n or n+1, hidden): layer L's input
         self.exit_layer = draft.exit.layer
 
+    batchable = False  # the verifying forward starts from this draft's own residual streams
+
     def forward(self, target: LayerExit, pending: int) -> torch.Tensor:
         return target.forward_from_exit([pending, *self.tokens], self.hidden, self.exit_layer)  # (n+1, V)
 
@@ -99,10 +118,12 @@ class TreeFeed:
     extra = 0
     extra_logits: torch.Tensor | None = None
     q_token = None
+    batchable = True
 
     def __init__(self, draft: TreeDraft) -> None:
         self.tokens = list(draft.tokens)
         self.parents = draft.parents
+        self._batched = False  # ran as masked rows of a batch: keep_rows, not keep_nodes, commits it
 
     @property
     def rows(self) -> int:
@@ -112,9 +133,18 @@ class TreeFeed:
     def tree_depth(self) -> int:
         return max(depths(self.parents))
 
-    def forward(self, target: TreeForward, pending: int) -> torch.Tensor:
+    def call(self, slot: TreeForward, pending: int) -> BatchCall:
         # parents shifted by one for x_m in front; row i + 1 is p after node i
-        return target.forward_tree([pending, *self.tokens], [-1, *(p + 1 for p in self.parents)])  # (n+1, V)
+        parents = [-1, *(p + 1 for p in self.parents)]
+        offsets = [d - 1 for d in depths(parents)]
+        return BatchCall(slot, [pending, *self.tokens], offsets, ancestor_mask(parents), "a tree", parents)
+
+    def receive(self, logits: torch.Tensor, batched: bool = False) -> torch.Tensor:
+        self._batched = batched
+        return logits  # (n+1, V)
+
+    def forward(self, target: TreeForward, pending: int) -> torch.Tensor:
+        return self.receive(run_calls(target, [self.call(target, pending)])[0])
 
     def verify(
         self, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator
@@ -133,7 +163,8 @@ class TreeFeed:
         return target.last_features()[self.kept_rows(path)]  # (kept + 1, hidden)
 
     def commit(self, target: TreeForward, path: list[int], committed: int) -> None:
-        target.keep_nodes(self.kept_rows(path))
+        rows = self.kept_rows(path)
+        target.keep_rows(rows) if self._batched else target.keep_nodes(rows)
 
 
 class ExtraRowsFeed:
@@ -149,6 +180,8 @@ class ExtraRowsFeed:
         self.extra = len(draft.extra)
         self.extra_logits: torch.Tensor | None = None
 
+    batchable = True
+
     @property
     def rows(self) -> int:
         return len(self.tokens) + 1 + self.extra
@@ -157,10 +190,15 @@ class ExtraRowsFeed:
     def tree_depth(self) -> int | None:
         return self.inner.tree_depth
 
-    def forward(self, target: TreeForward, pending: int) -> torch.Tensor:
-        block = target.forward_masked(*masked_block(pending, self.draft), what="a lookahead step")
+    def call(self, slot: TreeForward, pending: int) -> BatchCall:
+        return BatchCall(slot, *masked_block(pending, self.draft), what="a lookahead step")
+
+    def receive(self, block: torch.Tensor, batched: bool = False) -> torch.Tensor:
         self.extra_logits = block[len(self.tokens) + 1 :]  # (e, V)
         return block[: len(self.tokens) + 1]  # (n+1, V): what forward_tree would have returned
+
+    def forward(self, target: TreeForward, pending: int) -> torch.Tensor:
+        return self.receive(run_calls(target, [self.call(target, pending)])[0])
 
     def verify(
         self, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator

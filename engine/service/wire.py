@@ -141,6 +141,7 @@ def step_to_dict(step: StepEvent) -> dict:
         "finish_reason": step.finish_reason,
         "end_token": None if step.end_token is None else token_to_dict(step.end_token),
         "stop_tokens": [token_to_dict(t) for t in step.stop_tokens],
+        "batch": step.batch,
         "run": step.run,
         "drafter_stats": drafter_stats_to_dict(step.drafter_stats),
         "costs": None if step.costs is None else costs_to_dict(step.costs),
@@ -163,6 +164,7 @@ def step_from_dict(data: dict) -> StepEvent:
         finish_reason=data.get("finish_reason"),
         end_token=None if end is None else token_from_dict(end),
         stop_tokens=tuple(token_from_dict(t) for t in data.get("stop_tokens", ())),  # absent from older servers
+        batch=int(data.get("batch", 1)),  # absent from older servers, which ran one sequence at a time
         run=data.get("run"),
         drafter_stats=drafter_stats_from_dict(data.get("drafter_stats")),
         costs=None if data.get("costs") is None else costs_from_dict(data["costs"]),

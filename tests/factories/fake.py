@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from engine.backends.base import Backend, ModelInfo
-from engine.backends.capabilities import HiddenFeatures, TreeForward
+from engine.backends.capabilities import HiddenFeatures, Slots, TreeForward
+from engine.backends.slots import SlotsFull
 from engine.core.sampling import SamplingConfig, probabilities, sample
 from engine.drafters.base import ChainDraft, Draft, Drafter, DraftsTrees, TreeDraft
 
@@ -63,6 +64,36 @@ class MarkovBackend(Backend):
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         return self.tokenize("".join(m["content"] for m in messages))
+
+
+class MarkovSlotsBackend(MarkovBackend):
+    """MarkovBackend holding several sequences (Slots): each slot a MarkovBackend on the same chain.
+    `forward_batch` runs every call's rows in one call and records the rows of each (`batches`)."""
+
+    capabilities = frozenset({Slots})
+
+    def __init__(self, transition: torch.Tensor, eos: int | None = None, n_ctx: int = 256, max_slots: int = 4):
+        super().__init__(transition, eos, n_ctx)
+        self.max_slots = max_slots
+        self.opened: list[MarkovBackend] = []
+        self.batches: list[list[int]] = []  # rows of each call, per forward_batch
+
+    def open_slot(self) -> MarkovBackend:
+        if len(self.opened) + 1 >= self.max_slots:
+            raise SlotsFull(f"all {self.max_slots} sequences are in use")
+        slot = MarkovBackend(self.transition, next(iter(self._eos), None), self._n_ctx)
+        slot.close = lambda: self.opened.remove(slot)
+        self.opened.append(slot)
+        return slot
+
+    def forward_batch(self, calls) -> list[torch.Tensor]:
+        owned = [self, *self.opened]
+        assert all(any(c.slot is o for o in owned) for c in calls), "a call on a slot of another backend"
+        for call in calls:
+            if len(call.slot.tokens) + len(call.tokens) > call.slot.n_ctx:
+                raise call.slot._context_full("a batch call")
+        self.batches.append([len(c.tokens) for c in calls])
+        return [c.slot.forward(c.tokens) for c in calls]
 
 
 class MarkovDrafter(Drafter):

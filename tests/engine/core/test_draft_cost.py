@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.api import collect
-from engine.core import decode, draft_length
+from engine.core import batch, draft_length, sequence
 from engine.core.decode import decode_steps
 from engine.core.draft_length import CostModel, DraftLength, measure_draft_cost
 from engine.core.sampling import SamplingConfig
@@ -61,7 +61,7 @@ def near_cycle(vocab: int = VOCAB) -> torch.Tensor:
 def clock(monkeypatch):
     clock = FakeClock()
     fake_time = types.SimpleNamespace(perf_counter=clock.perf_counter)
-    for module in (decode, model_drafter, draft_length):
+    for module in (batch, sequence, model_drafter, draft_length):
         monkeypatch.setattr(module, "time", fake_time)
     return clock
 
