@@ -288,16 +288,7 @@ class NativeLlama:
         start = cache.length
         end = start + n
         cache.reserve(end)
-        if offsets is None:
-            cos, sin = self._rope(start, end)  # (n, 1, head_dim)
-            # One row attends to everything cached: no mask. Several rows: causal.
-            mask = None if n == 1 else self._positions[:end] <= self._positions[start:end, None]  # (n, end)
-        else:
-            cos, sin = self._rope(start, end, offsets + start)
-            new_rows = mask
-            mask = torch.ones(n, end, dtype=torch.bool, device=self.device)
-            mask[:, start:] = new_rows
-        group_mask = None if mask is None else mask.repeat(self.n_heads // self.n_kv_heads, 1)  # (groups * n, end)
+        cos, sin, group_mask = self.placement(start, n, offsets, mask)
 
         def attend(layer: int, q, kv):
             return self._attend_cached(layer, q, kv, cache, start, group_mask)
@@ -308,6 +299,24 @@ class NativeLlama:
         cache.length = end
         features = F.rms_norm(x, (self.hidden_size,), self.final_norm, self.eps)  # (n, hidden)
         return self.head(features[-1:] if last_only else features), features
+
+    def placement(self, start: int, n: int, offsets: torch.Tensor | None, mask: torch.Tensor | None):
+        """Where n new rows after `start` cached ones sit and what they see: cos, sin (n, 1, head_dim)
+        and the attention mask over the cache and the new rows with the query heads that share a KV
+        head folded in (groups * n, start + n), or None for one chain row (it sees everything).
+        A chain without `offsets`; else row i at start + offsets[i], seeing new row j where mask[i, j]."""
+        end = start + n
+        if offsets is None:
+            cos, sin = self._rope(start, end)  # (n, 1, head_dim)
+            # One row attends to everything cached: no mask. Several rows: causal.
+            mask = None if n == 1 else self._positions[:end] <= self._positions[start:end, None]  # (n, end)
+        else:
+            cos, sin = self._rope(start, end, offsets + start)
+            new_rows = mask
+            mask = torch.ones(n, end, dtype=torch.bool, device=self.device)
+            mask[:, start:] = new_rows
+        group_mask = None if mask is None else mask.repeat(self.n_heads // self.n_kv_heads, 1)  # (groups * n, end)
+        return cos, sin, group_mask
 
     @torch.no_grad()
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
