@@ -12,6 +12,8 @@ length), it has every capability of engine/backends/capabilities.py:
 - LayerExit: the first layers only on scratch rows (`partial_forward`), and a verifying
   forward that picks up their residual stream (`forward_from_exit`);
 - ModelParts: the target's embeddings, rotary embedding and LM head;
+- Slots: more sequences on the same weights, each with its own cache (`open_slot`), and
+  one forward over rows of several of them (`forward_batch`): engine/backends/hf/native_slots.py;
 
 and optional int8 weights. `compile` picks eager or the static-shape forward
 (engine/backends/hf/static.py: "auto" is static with CUDA graphs on CUDA, eager
@@ -23,42 +25,33 @@ from __future__ import annotations
 import torch
 
 from engine.backends.base import finite_rows
-from engine.backends.capabilities import HiddenFeatures, LayerExit, LayerFeatures, ModelParts, TreeForward
+from engine.backends.capabilities import HiddenFeatures, LayerExit, LayerFeatures, ModelParts, Slots, TreeForward
 from engine.backends.hf.base import HFBackend
 from engine.backends.hf.loader import LoadedModel, is_oom
 from engine.backends.hf.native import NativeLlama
 from engine.backends.hf.static import choose
+from engine.backends.slots import BatchCall, SlotsFull
 from engine.core.tree import ancestor_mask, check_parents, depths
+from engine.errors import ConfigError
 from engine.models.memory_errors import out_of_memory
 
 
-class NativeBackend(HFBackend):
-    """A llama-family model on NativeLlama: trees, hidden states, early exit, int8 weights."""
+class NativeSequence(HFBackend):
+    """One sequence on a NativeLlama: its cache, trees, hidden states and early exit on shared weights.
+
+    The backend that loads the model (NativeBackend) is one; the slots it opens
+    (engine/backends/hf/native_slots.py) are others. Each sets, besides HFBackend's state,
+    `_native` and `_pass` (the model and the forward every call goes through, shared) and its
+    own cache with `_start_sequence`.
+    """
 
     capabilities = frozenset({TreeForward, HiddenFeatures, LayerFeatures, LayerExit, ModelParts})
+    _native: NativeLlama | None
+    _pass = None  # NativeLlama.forward, or StaticForward.forward (static.py)
 
-    def __init__(self, loaded: LoadedModel, compile: str = "auto") -> None:
-        """Builds the forward on `loaded`'s weights (fused in place; int8 replaces the float ones);
-        `compile`: "auto", "on" or "off" (static.choose)."""
-        try:
-            native = NativeLlama(loaded.model, loaded.n_ctx, loaded.weights)
-            static, path = choose(native, compile)
-        except Exception as error:
-            if not is_oom(error):
-                raise
-            raise out_of_memory(
-                f"prepare {loaded.name}",
-                path=loaded.path,
-                backend="torch",
-                dtype=loaded.dtype_label,
-                device=loaded.device,
-                n_ctx=loaded.n_ctx,
-            ) from error
-        super().__init__(loaded, weight_bytes=native.weight_bytes, forward=path)
-        self._native = native
-        # The one forward every call goes through: NativeLlama's own (eager), or the static one.
-        self._pass = native.forward if static is None else static.forward
-        self._kv = native.new_cache() if static is None else static.cache
+    def _start_sequence(self, cache) -> None:
+        """Begin this sequence's own state on `cache` (a KVCache, empty)."""
+        self._kv = cache
         self._tree_base: int | None = None  # len(self.tokens) before the last forward_masked, until kept
         self._tree_parents: list[int] | None = None  # the last forward_tree's parents, until kept
         self._exit_hidden: torch.Tensor | None = None  # residual stream after the last partial_forward
@@ -328,3 +321,77 @@ class NativeBackend(HFBackend):
             self.rollback(base)
             raise self.corrupt_error()
         return logits.to(device="cpu", dtype=torch.float32, copy=True)
+
+
+class NativeBackend(NativeSequence):
+    """A llama-family model on NativeLlama: trees, hidden states, early exit, int8 weights, and
+    more sequences on the same weights (Slots: `open_slot`, `forward_batch`), itself the first."""
+
+    capabilities = NativeSequence.capabilities | {Slots}
+    max_slots: int = 1  # sequences at once, this one included (engine/models/loading.py sets it)
+
+    def __init__(self, loaded: LoadedModel, compile: str = "auto") -> None:
+        """Builds the forward on `loaded`'s weights (fused in place; int8 replaces the float ones);
+        `compile`: "auto", "on" or "off" (static.choose)."""
+        try:
+            native = NativeLlama(loaded.model, loaded.n_ctx, loaded.weights)
+            static, path = choose(native, compile)
+        except Exception as error:
+            if not is_oom(error):
+                raise
+            raise out_of_memory(
+                f"prepare {loaded.name}",
+                path=loaded.path,
+                backend="torch",
+                dtype=loaded.dtype_label,
+                device=loaded.device,
+                n_ctx=loaded.n_ctx,
+            ) from error
+        super().__init__(loaded, weight_bytes=native.weight_bytes, forward=path)
+        self._native = native
+        # The one forward every call goes through: NativeLlama's own (eager), or the static one.
+        self._pass = native.forward if static is None else static.forward
+        self._static = static is not None
+        self._start_sequence(native.new_cache() if static is None else static.cache)
+        self._slots: list[NativeSequence] = []  # the slots open now, this backend not included
+
+    # -- more sequences (Slots) ------------------------------------------------------------
+
+    def open_slot(self) -> NativeSequence:
+        """A new, empty sequence on this model's weights, with a cache of its own (native_slots.NativeSlot).
+
+        Refused on the static-shape path (--compile on, or auto on CUDA): its fixed buffers and
+        graphs hold one sequence, and forward_batch runs the eager forward only.
+        """
+        from engine.backends.hf.native_slots import NativeSlot
+
+        if self._model is None:
+            raise RuntimeError("this backend was closed")
+        if self._static:
+            raise ConfigError(
+                f"--parallel needs --compile off on this device until the static-shape forward runs several "
+                f"sequences: load {self._info.name} with --compile off, or serve one request at a time "
+                "(--parallel 1)."
+            )
+        if 1 + len(self._slots) >= self.max_slots:
+            raise SlotsFull(
+                f"{self._info.name} holds {self.max_slots} sequence{'s' if self.max_slots != 1 else ''} at once "
+                f"(--parallel {self.max_slots}) and all are in use: wait for one to finish, or load the model "
+                "with a larger --parallel."
+            )
+        slot = NativeSlot(self)
+        self._slots.append(slot)
+        return slot
+
+    def forward_batch(self, calls: list[BatchCall]) -> list[torch.Tensor]:
+        """One forward over the rows of several sequences (this one and slots it opened, each at most
+        once), each left as its own forward or forward_masked would leave it (native_slots.run_batch)."""
+        from engine.backends.hf.native_slots import run_batch
+
+        return run_batch(self, self._slots, calls)
+
+    def close(self) -> None:
+        """Free the model and every slot's cache: the slots are unusable afterwards."""
+        for slot in list(self._slots):
+            slot.close()
+        super().close()

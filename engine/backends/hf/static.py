@@ -46,6 +46,10 @@ other. Once a recorded GPU run shows graphs equal to eager (logits within bf16 r
 same greedy text) and faster for one-token steps (issue 40), `auto` may choose them again.
 Off CUDA there is no reason to: on the 2-core CPU the static path's fastest decode step was
 ~5% slower than eager's (padded rows and spans, the mask built every call).
+
+One sequence only: its buffers and graphs hold one cache, so NativeBackend.open_slot
+refuses slots on this path (--parallel needs --compile off) until buckets count the rows
+of several sequences, each attending to a cache of its own (native_slots.py batches eager).
 """
 
 from __future__ import annotations

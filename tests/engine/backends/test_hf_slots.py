@@ -1,0 +1,209 @@
+"""Several sequences on the native backend: slots, and one forward over the rows of several.
+
+The reference for every batched call is the same call on a second, separately loaded
+backend holding the same tokens: a user serving requests together must get, for each,
+the logits (and greedy tokens) that request would get alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.backends.capabilities import HiddenFeatures, LayerExit, LayerFeatures, Slots, TreeForward, has
+from engine.backends.hf.backend import TorchBackend
+from engine.backends.slots import BatchCall, SlotsFull
+from engine.core.tree import ancestor_mask, depths
+from engine.errors import ConfigError, ContextOverflowError, OutOfMemoryError
+from tests.engine.backends.numerics import assert_close
+from tests.engine.backends.numerics import random_ids as ids
+from tests.factories.hf_models import make_tiny_model
+
+TREE_PARENTS = [-1, 0, 0, 1, 2]  # two branches of depth 3
+TREE_OFFSETS = [d - 1 for d in depths(TREE_PARENTS)]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> str:
+    return make_tiny_model(tmp_path_factory.mktemp("slots") / "qwen3", "qwen3", seed=5, n_kv_heads=1, head_dim=32)
+
+
+def _load(folder: str, slots: int = 3, **options):
+    backend = TorchBackend(folder, dtype=options.pop("dtype", "float32"), impl="native", compile="off", **options)
+    backend.max_slots = slots  # as engine/models/loading.py sets it
+    return backend
+
+
+@pytest.fixture(scope="module")
+def solo(folder):
+    """One sequence at a time: the reference."""
+    backend = _load(folder, slots=1)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def three(folder):
+    """A backend and two slots holding 7, 12 and 3 tokens."""
+    backend = _load(folder)
+    slots = [backend, backend.open_slot(), backend.open_slot()]
+    for seed, (slot, n) in enumerate(zip(slots, (7, 12, 3))):
+        slot.forward(ids(n, seed))
+    yield slots
+    backend.close()
+
+
+def _alone(solo, call: BatchCall, tokens_before: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits and last_features of `call` run by itself on a sequence holding `tokens_before`."""
+    solo.prefill(tokens_before)
+    if call.masked:
+        logits = solo.forward_masked(call.tokens, call.offsets, call.mask)
+    else:
+        logits = solo.forward(call.tokens)
+    return logits, solo.last_features()
+
+
+def _assert_batch_matches_alone(backend, solo, calls: list[BatchCall]) -> None:
+    before = [list(call.slot.tokens) for call in calls]
+    got = backend.forward_batch(calls)
+    assert len(got) == len(calls)
+    for i, (call, logits, tokens) in enumerate(zip(calls, got, before)):
+        want, want_features = _alone(solo, call, tokens)
+        assert logits.shape == want.shape == (len(call.tokens), backend.vocab_size)
+        assert_close(logits, want, f"call {i}")
+        assert torch.equal(logits.argmax(-1), want.argmax(-1)), f"call {i}: another greedy token"
+        assert_close(call.slot.last_features(), want_features, f"call {i} features")
+        assert call.slot.tokens == tokens + call.tokens
+
+
+def _mixed_calls(slots, seed: int) -> list[BatchCall]:
+    """1, 3 and 5 rows: a decode step, a chain to verify, a tree."""
+    owner, first, second = slots
+    return [
+        BatchCall(owner, ids(1, seed)),
+        BatchCall(first, ids(3, seed + 1)),
+        BatchCall(second, ids(5, seed + 2), TREE_OFFSETS, ancestor_mask(TREE_PARENTS), what="a tree"),
+    ]
+
+
+def test_each_slot_gets_the_logits_of_its_own_forward(three, solo):
+    _assert_batch_matches_alone(three[0], solo, _mixed_calls(three, 10))
+
+
+def test_rollback_and_keep_rows_touch_one_slot_and_the_next_batch_still_matches(three, solo):
+    owner, first, second = three
+    owner.forward_batch(_mixed_calls(three, 20))
+    kept = [list(s.tokens) for s in three]
+    second.keep_rows([0, 1, 3])  # one path of the tree
+    first.rollback(len(first.tokens) - 2)
+    assert second.tokens == kept[2][:3] + [kept[2][3 + i] for i in (0, 1, 3)]
+    assert first.tokens == kept[1][:-2]
+    assert owner.tokens == kept[0] and owner._kv.length == len(kept[0])
+    assert [s._kv.length for s in three] == [len(s.tokens) for s in three]
+    _assert_batch_matches_alone(owner, solo, _mixed_calls(three, 30))
+
+
+def test_a_prefill_longer_than_a_slice_runs_in_the_batch_as_alone(three, solo):
+    owner, first, _ = three
+    _assert_batch_matches_alone(owner, solo, [BatchCall(first, ids(600, 40)), BatchCall(owner, ids(2, 41))])
+
+
+def test_a_call_past_its_slots_context_changes_no_slot(folder):
+    backend = _load(folder, n_ctx=32)
+    slot = backend.open_slot()
+    backend.forward(ids(10, 0))
+    slot.forward(ids(30, 1))
+    with pytest.raises(ContextOverflowError, match="context window"):
+        backend.forward_batch([BatchCall(backend, ids(2, 2)), BatchCall(slot, ids(3, 3))])
+    assert backend.tokens == ids(10, 0) and slot.tokens == ids(30, 1)
+    assert backend._kv.length == 10 and slot._kv.length == 30
+    backend.close()
+
+
+def test_an_allocation_failure_leaves_every_slot_as_it_was(three, solo, monkeypatch):
+    owner = three[0]
+    before = [list(s.tokens) for s in three]
+    calls = _mixed_calls(three, 50)
+    calls[1] = BatchCall(three[1], ids(600, 51))  # a long prefill: its head runs alone first, then the batch
+    head, runs = owner._native.head, []
+
+    def head_then_no_memory(features):
+        runs.append(features.shape[0])
+        if len(runs) > 1:
+            raise MemoryError("out of memory")
+        return head(features)
+
+    monkeypatch.setattr(owner._native, "head", head_then_no_memory)
+    with pytest.raises(OutOfMemoryError):
+        owner.forward_batch(calls)
+    monkeypatch.undo()
+    assert runs == [600 - 512, 1 + 512 + 5]  # the failure came after the long prefill's head had run
+    assert [s.tokens for s in three] == before
+    assert [s._kv.length for s in three] == [len(t) for t in before]
+    _assert_batch_matches_alone(owner, solo, _mixed_calls(three, 50))
+
+
+def test_slots_are_refused_past_max_slots_and_a_closed_slots_place_reopens(folder, solo):
+    backend = _load(folder, slots=2)
+    slot = backend.open_slot()
+    with pytest.raises(SlotsFull, match="--parallel 2"):
+        backend.open_slot()
+    slot.forward(ids(5, 0))
+    slot.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        slot.forward(ids(1, 1))
+    again = backend.open_slot()
+    assert again.tokens == []
+    _assert_batch_matches_alone(backend, solo, [BatchCall(again, ids(4, 2)), BatchCall(backend, ids(3, 3))])
+    backend.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        again.forward(ids(1, 4))
+
+
+def test_a_slot_is_a_sequence_not_a_second_owner(three):
+    owner, slot, _ = three
+    assert has(owner, Slots) and not has(slot, Slots)
+    assert all(has(slot, c) for c in (TreeForward, HiddenFeatures, LayerExit))
+    assert not has(slot, LayerFeatures)
+    with pytest.raises(RuntimeError, match="backend that loaded"):
+        slot.watch_layers((0,))
+    with pytest.raises(ValueError, match="open slots"):
+        owner.forward_batch([BatchCall(owner, [5]), BatchCall(object(), [6])])
+    with pytest.raises(ValueError, match="at most once"):
+        owner.forward_batch([BatchCall(slot, [5]), BatchCall(slot, [6])])
+    assert slot.tokens == ids(12, 1)
+
+
+def test_early_exit_on_a_slot_equals_its_forward(three, solo):
+    slot = three[1]
+    base = list(slot.tokens)
+    draft = ids(3, 60)
+    slot.partial_forward(draft, n_layers=1, start=len(base))
+    got = slot.forward_from_exit(draft, slot.exit_hidden(), exit_layer=1)
+    solo.prefill(base)
+    assert_close(got, solo.forward(draft), "early exit on a slot")
+
+
+def test_the_static_path_refuses_slots_with_the_way_out(folder):
+    backend = TorchBackend(folder, dtype="float32", impl="native", compile="on")
+    backend.max_slots = 2
+    with pytest.raises(ConfigError, match="--compile off"):
+        backend.open_slot()
+    backend.close()
+
+
+def test_bfloat16_batches_run_close_to_alone(folder):
+    backend = _load(folder, dtype="bfloat16")
+    solo = _load(folder, slots=1, dtype="bfloat16")
+    slots = [backend, backend.open_slot(), backend.open_slot()]
+    for seed, (slot, n) in enumerate(zip(slots, (7, 12, 3))):
+        slot.forward(ids(n, seed))
+    calls = _mixed_calls(slots, 70)
+    before = [list(call.slot.tokens) for call in calls]
+    for call, logits, tokens in zip(calls, backend.forward_batch(calls), before):
+        want, _ = _alone(solo, call, tokens)
+        assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+        scale = want.abs().max().item()
+        assert (logits - want).abs().max().item() <= 0.05 * scale  # bfloat16 rounding, in other matmul shapes
+    backend.close()
+    solo.close()
