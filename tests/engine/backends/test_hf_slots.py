@@ -14,7 +14,7 @@ from engine.backends.capabilities import HiddenFeatures, LayerExit, LayerFeature
 from engine.backends.hf.backend import TorchBackend
 from engine.backends.slots import BatchCall, SlotsFull
 from engine.core.tree import ancestor_mask, depths
-from engine.errors import ConfigError, ContextOverflowError, OutOfMemoryError
+from engine.errors import ConfigError, ContextOverflowError, CorruptModelError, OutOfMemoryError
 from tests.engine.backends.numerics import assert_close
 from tests.engine.backends.numerics import random_ids as ids
 from tests.factories.hf_models import make_tiny_model
@@ -141,6 +141,17 @@ def test_an_allocation_failure_leaves_every_slot_as_it_was(three, solo, monkeypa
     assert [s.tokens for s in three] == before
     assert [s._kv.length for s in three] == [len(t) for t in before]
     _assert_batch_matches_alone(owner, solo, _mixed_calls(three, 50))
+
+
+def test_non_finite_logits_say_the_weights_are_corrupt_and_roll_every_slot_back(three, monkeypatch):
+    owner = three[0]
+    before = [list(s.tokens) for s in three]
+    head = owner._native.head
+    monkeypatch.setattr(owner._native, "head", lambda features: head(features) * float("nan"))
+    with pytest.raises(CorruptModelError, match="corrupt"):
+        owner.forward_batch(_mixed_calls(three, 80))
+    assert [s.tokens for s in three] == before
+    assert [s._kv.length for s in three] == [len(t) for t in before]
 
 
 def test_slots_are_refused_past_max_slots_and_a_closed_slots_place_reopens(folder, solo):
