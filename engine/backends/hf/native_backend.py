@@ -360,8 +360,8 @@ class NativeBackend(NativeSequence):
     def open_slot(self) -> NativeSequence:
         """A new, empty sequence on this model's weights, with a cache of its own (native_slots.NativeSlot).
 
-        Refused on the static-shape path (--compile on, or auto on CUDA): its fixed buffers and
-        graphs hold one sequence, and forward_batch runs the eager forward only.
+        Refused on the static-shape path (--compile on): its fixed buffers and graphs hold one
+        sequence, and forward_batch runs the eager forward only.
         """
         from engine.backends.hf.native_slots import NativeSlot
 
@@ -369,9 +369,9 @@ class NativeBackend(NativeSequence):
             raise RuntimeError("this backend was closed")
         if self._static:
             raise ConfigError(
-                f"--parallel needs --compile off on this device until the static-shape forward runs several "
-                f"sequences: load {self._info.name} with --compile off, or serve one request at a time "
-                "(--parallel 1)."
+                "--parallel needs --compile off (or auto, the eager forward) until the static-shape forward "
+                f"runs several sequences: load {self._info.name} without --compile on, or serve one request "
+                "at a time (--parallel 1)."
             )
         if 1 + len(self._slots) >= self.max_slots:
             raise SlotsFull(
