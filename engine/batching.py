@@ -125,7 +125,7 @@ class EngineBatch:
         loaded = engine.drafter
         backend = getattr(loaded, "backend", None)
         if engine.config.drafter == MODEL_DRAFTER and has(backend, Slots):
-            drafter = type(loaded)(backend.open_slot(), loaded.target_vocab_size)
+            drafter = type(loaded)(backend.open_slot(), loaded.target_vocab_size, owner=backend)
         else:
             drafter = make_drafter(engine.target, engine.config)
         share_costs(drafter, engine.costs)

@@ -7,7 +7,8 @@ and go while the others decode). Each step:
 
     1. every sequence still running gets its draft length (engine/core/batch_k.py: at B = 1
        the sequence's own DraftLength, as always; above, the lengths that maximize the
-       batch's expected tokens per second, down to 0 for all) and drafts;
+       batch's expected tokens per second, down to 0 for all) and drafts; draft models on
+       slots of one model draft together, one draft forward per position (DraftsTogether);
     2. ONE target forward runs the rows of every sequence (`run_calls`: one sequence alone
        goes through its slot's own forward, so B = 1 is the single-sequence decoding it
        always was);
@@ -35,7 +36,7 @@ from engine.core.draft_length import CostModel, DraftLength
 from engine.core.events import StepEvent
 from engine.core.sampling import SamplingConfig
 from engine.core.sequence import Sequence
-from engine.drafters.base import Drafter
+from engine.drafters.base import Drafter, DraftsTogether
 from engine.errors import ConfigError
 
 Outcome = StepEvent | BaseException  # what a step made for one sequence: its event, or what ended it
@@ -121,8 +122,10 @@ class Batch:
             if sequence.cancelled:  # before the prefill, the step's first costly part
                 outcomes[id(sequence)] = sequence.end_early("cancelled")
                 continue
-            outcomes[id(sequence)] = _attempt(sequence.start)
-        running = [s for s in self.sequences if id(s) not in outcomes or outcomes[id(s)] is None]
+            failed = _attempt(sequence.start)
+            if failed is not None:
+                outcomes[id(sequence)] = failed
+        running = [s for s in self.sequences if id(s) not in outcomes]
         planning = []
         for sequence in running:
             if sequence.cancelled:
@@ -132,8 +135,12 @@ class Batch:
             else:
                 planning.append(sequence)
         feeds = {}
-        for sequence, k in zip(planning, choose_draft_lengths(planning, self.costs)):
-            feed = _attempt(sequence.plan, k)
+        ks = choose_draft_lengths(planning, self.costs)
+        drafted = _draft_together(planning, ks, outcomes)
+        for sequence, k in zip(planning, ks):
+            if id(sequence) in outcomes:  # its drafter failed drafting with the others
+                continue
+            feed = _attempt(sequence.plan, k, drafted.get(id(sequence)))
             if isinstance(feed, BaseException):
                 outcomes[id(sequence)] = feed
             else:
@@ -195,6 +202,37 @@ class Batch:
             slot.close()
         self._opened.clear()
         self._idle = []
+
+
+def _draft_together(sequences: list[Sequence], ks: list[int], outcomes: dict) -> dict:
+    """Drafts of the sequences whose drafters draft together (DraftsTogether: a draft model's slots),
+    made in shared forwards: id(sequence) -> (draft, its share of the seconds). A failure ends every
+    sequence of that group."""
+    groups: dict = {}
+    for sequence, k in zip(sequences, ks):
+        if k > 0 and has(sequence.drafter, DraftsTogether):
+            groups.setdefault(sequence.drafter.together_key(), []).append((sequence, k))
+    drafted = {}
+    for group in groups.values():
+        if len(group) < 2:
+            continue  # alone: its own propose, in plan
+        members = [s for s, _ in group]
+        begin = time.perf_counter()
+        drafts = _attempt(
+            type(members[0].drafter).propose_together,
+            [s.drafter for s in members],
+            [s.context for s in members],
+            [k for _, k in group],
+            [s.sampling for s in members],
+            [s.generator for s in members],
+        )
+        share = (time.perf_counter() - begin) / len(members)
+        for i, sequence in enumerate(members):
+            if isinstance(drafts, BaseException):
+                outcomes[id(sequence)] = drafts
+            else:
+                drafted[id(sequence)] = (drafts[i], share)
+    return drafted
 
 
 def _attempt(function, *args):

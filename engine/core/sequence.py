@@ -25,7 +25,15 @@ from engine.core.feeds import Feed, feed_for
 from engine.core.prediction import SpeedupPrediction
 from engine.core.reply import ReplyText
 from engine.core.sampling import SamplingConfig, make_generator
-from engine.drafters.base import EMPTY_DRAFT, Drafter, DraftsTrees, ReadsExtraRows, ReadsFeatures, RemembersReplies
+from engine.drafters.base import (
+    EMPTY_DRAFT,
+    Draft,
+    Drafter,
+    DraftsTrees,
+    ReadsExtraRows,
+    ReadsFeatures,
+    RemembersReplies,
+)
 from engine.errors import ConfigError, ContextOverflowError
 
 
@@ -118,14 +126,20 @@ class Sequence:
         self.ended = True
         return self.run.event(self.index, _NOTHING, finish=finish)
 
-    def plan(self, k: int) -> Feed:
+    def plan(self, k: int, drafted: tuple[Draft, float] | None = None) -> Feed:
         """1. Draft up to k tokens or tree nodes d_1..d_n (and q, if the drafter has a distribution), cut to
-        what this target verifies: one feed per kind (chain, tree, early exit, extra rows)."""
+        what this target verifies: one feed per kind (chain, tree, early exit, extra rows). `drafted`:
+        the draft already made with the batch's other sequences (DraftsTogether), and this sequence's
+        share of its seconds."""
         self._k = k
         begin = time.perf_counter()
-        draft = self.drafter.propose(self.context, k, self.sampling, self.generator) if k > 0 else EMPTY_DRAFT
+        if drafted is not None:
+            draft, shared_s = drafted
+        else:
+            draft = self.drafter.propose(self.context, k, self.sampling, self.generator) if k > 0 else EMPTY_DRAFT
+            shared_s = 0.0
         self._feed = feed_for(draft, k, self.slot, self.room, self.draft_length.bounds)  # n_min, p_min cut here
-        self._draft_s, self._catch_up_s = time.perf_counter() - begin, draft.catch_up_s
+        self._draft_s, self._catch_up_s = time.perf_counter() - begin + shared_s, draft.catch_up_s
         return self._feed
 
     def finish(self, logits: torch.Tensor, verify_s: float, batch: int = 1) -> StepEvent:

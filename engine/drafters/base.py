@@ -54,6 +54,8 @@ engine/backends/capabilities.py checks backends with (re-exported here):
                       drafter that learns from earlier replies (suffix decoding)
     FreeToAsk         proposing costs next to nothing and changes nothing a later call depends on
                       (n-gram lookup, suffix decoding): a chain (chain.py) asks it every step
+    DraftsTogether    drafters of one kind that draft for several sequences of a batch in shared
+                      forwards (draft models on slots of one model: engine/core/batch.py)
 
 A wrapper (a chain of drafters) declares what its inner drafters have and forwards
 only that. The helpers below (`share_costs`, `measured_token_cost`, `forget_replies`)
@@ -210,6 +212,19 @@ class RemembersReplies(Protocol):
     def forget(self) -> None:
         """Forget what was learned from earlier generations: a benchmark's runs must not draft
         from each other's replies."""
+        ...
+
+
+@runtime_checkable
+class DraftsTogether(Protocol):
+    def together_key(self) -> object:
+        """Drafters with equal keys draft together (`propose_together`); a key of its own: alone."""
+        ...
+
+    @classmethod
+    def propose_together(cls, drafters: list, contexts: list, ks: list, samplings: list, generators: list) -> list:
+        """`propose` for each drafter (same key) at once: drafter i's Draft after contexts[i], up to
+        ks[i] tokens, drawn with samplings[i] and generators[i], exactly as its own propose would."""
         ...
 
 

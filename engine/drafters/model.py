@@ -11,6 +11,11 @@ n tokens costs far less than n decodes, and charging it per drafted token made a
 probe after plain steps look like drafting cost ten times what it does. q for each token is the draft's
 distribution after the same processing as the target's (temperature, top-k,
 top-p), in the target's vocabulary width.
+
+In a batch (engine/core/batch.py) each sequence has a drafter of its own on a slot of the
+same draft model (`owner`, engine/backends/capabilities.py Slots), and they draft together
+(`propose_together`): each draft position is one forward of the draft model over every
+sequence that still drafts, as the target's verify forward is one over every sequence.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ import time
 import torch
 
 from engine.backends.base import Backend, common_prefix_length
+from engine.backends.capabilities import Slots, has
+from engine.backends.slots import BatchCall, run_calls
 from engine.core.draft_length import measure_draft_cost
 from engine.core.sampling import SamplingConfig, draw
-from engine.drafters.base import EMPTY_DRAFT, ChainDraft, Draft, Drafter, MeasuresCost
+from engine.drafters.base import EMPTY_DRAFT, ChainDraft, Draft, Drafter, DraftsTogether, MeasuresCost
 from engine.errors import IncompatiblePairError
 
 STEP_LEFTOVER = 2  # tokens a drafting step leaves for the next one to feed (see the docstring)
@@ -30,10 +37,12 @@ STEP_LEFTOVER = 2  # tokens a drafting step leaves for the next one to feed (see
 
 class ModelDrafter(Drafter):
     name = "draft model"
-    capabilities = frozenset({MeasuresCost})
+    capabilities = frozenset({MeasuresCost, DraftsTogether})
 
-    def __init__(self, backend: Backend, target_vocab_size: int) -> None:
+    def __init__(self, backend: Backend, target_vocab_size: int, owner: Backend | None = None) -> None:
+        """`backend`: the draft model, or a slot of it (`owner`, the model the slot was opened on)."""
         self.backend = backend
+        self.owner = owner if owner is not None else backend
         self.target_vocab_size = target_vocab_size
         if backend.vocab_size < target_vocab_size - 128 or backend.vocab_size > target_vocab_size + 1024:
             raise IncompatiblePairError(
@@ -57,12 +66,46 @@ class ModelDrafter(Drafter):
         return torch.cat([logits, pad], dim=-1)
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
-        if k <= 0:
-            return EMPTY_DRAFT
-        k = min(k, self.backend.n_ctx - len(context))
-        if k <= 0:
-            return EMPTY_DRAFT
-        # Sync the cache: keep the shared prefix, but always feed at least the last token.
+        return self.propose_together([self], [context], [k], [sampling], [generator])[0]
+
+    def together_key(self) -> object:
+        """Drafters on slots of one draft model draft together; one without slots drafts alone."""
+        return id(self.owner) if has(self.owner, Slots) else id(self)
+
+    @classmethod
+    def propose_together(cls, drafters: list, contexts: list, ks: list, samplings: list, generators: list) -> list:
+        """Each drafter's ChainDraft: its cache synced to its context, then one draft-model forward per
+        draft position over every drafter still drafting (one drafter alone: its own forwards)."""
+        owner = drafters[0].owner
+        drafts: list[Draft] = [EMPTY_DRAFT] * len(drafters)
+        chains = []  # (index, k, the tokens to feed first, catch_up_s)
+        for i, (drafter, context, k) in enumerate(zip(drafters, contexts, ks)):
+            k = min(k, drafter.backend.n_ctx - len(context))
+            if k > 0:
+                chains.append((i, k, *drafter._sync(context)))
+        rows = {i: [] for i, *_ in chains}  # index -> (token, q, p) drawn so far
+        feeds = {i: missing for i, _, missing, _ in chains}
+        longest = max((k for _, k, *_ in chains), default=0)
+        for depth in range(longest):
+            if len(feeds) == 1:  # one sequence: its own forward, the last row only
+                ((i, feed),) = feeds.items()
+                blocks = [drafters[i].backend.forward(feed, all_logits=False)]
+            else:
+                blocks = run_calls(owner, [BatchCall(drafters[i].backend, feeds[i]) for i in feeds])
+            for i, logits in zip(list(feeds), blocks):
+                rows[i].append(draw(drafters[i]._to_target_width(logits[-1]), samplings[i], generators[i]))
+            feeds = {i: [rows[i][-1][0]] for i, k, *_ in chains if depth + 1 < k}
+        for i, _, _, catch_up_s in chains:
+            tokens = [token for token, _, _ in rows[i]]
+            q_rows = [q for _, q, _ in rows[i] if q is not None]
+            q = torch.stack(q_rows) if q_rows else None
+            drafts[i] = ChainDraft(tokens=tokens, q=q, q_token=tuple(p for *_, p in rows[i]), catch_up_s=catch_up_s)
+        return drafts
+
+    def _sync(self, context: list[int]) -> tuple[list[int], float]:
+        """Cut the cache back to the prefix it shares with `context` (but always feed at least the last
+        token); more than a step's leftover missing is caught up in one prefill, timed apart. Returns
+        the tokens still to feed (one or two) and the catch-up's seconds."""
         keep = min(common_prefix_length(self.backend.tokens, context), len(context) - 1)
         self.backend.rollback(keep)
         missing = context[keep:]
@@ -72,20 +115,7 @@ class ModelDrafter(Drafter):
             self.backend.forward(missing[:-1], all_logits=False)
             catch_up_s = time.perf_counter() - start
             missing = missing[-1:]
-        logits = self.backend.forward(missing, all_logits=False)[-1]
-        tokens: list[int] = []
-        q_rows: list[torch.Tensor] = []
-        q_token: list[float] = []
-        for i in range(k):
-            token, q, p = draw(self._to_target_width(logits), sampling, generator)
-            tokens.append(token)
-            q_token.append(p)
-            if q is not None:
-                q_rows.append(q)
-            if i + 1 < k:
-                logits = self.backend.forward([token])[-1]
-        q = torch.stack(q_rows) if q_rows else None
-        return ChainDraft(tokens=tokens, q=q, q_token=tuple(q_token), catch_up_s=catch_up_s)
+        return missing, catch_up_s
 
     def measure_token_cost(self) -> float:
         return measure_draft_cost(self.backend)

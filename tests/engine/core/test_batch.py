@@ -248,3 +248,31 @@ def test_one_sequence_chooses_as_it_always_has():
     alone = fake_sequence(0.8)
     reference = fake_sequence(0.8)
     assert choose_draft_lengths([alone], costs) == [reference.draft_length.choose(costs)]
+
+
+def draft_models(n: int):
+    """n ModelDrafters on slots of one Markov draft model (q = Q), as EngineBatch makes them."""
+    from engine.drafters.model import ModelDrafter
+
+    owner = MarkovSlotsBackend(Q, eos=EOS, max_slots=n)
+    return owner, [ModelDrafter(owner if i == 0 else owner.open_slot(), 8, owner=owner) for i in range(n)]
+
+
+@pytest.mark.parametrize("sampling", [greedy(18), SamplingConfig(temperature=1.0, max_tokens=18, seed=5)])
+def test_draft_models_on_slots_draft_together_and_each_sequence_gets_its_solo_reply(sampling):
+    from engine.drafters.model import ModelDrafter
+
+    owner, drafters = draft_models(3)
+    prompts = [[0], [3, 4], [5, 1, 2]]
+    jobs = [{"prompt": p, "sampling": sampling, "drafter": d} for p, d in zip(prompts, drafters)]
+    results, _ = together(jobs)
+    for prompt, events in zip(prompts, results):
+        alone = decode_steps(
+            MarkovBackend(P, eos=EOS),
+            prompt,
+            sampling,
+            drafter=ModelDrafter(MarkovBackend(Q, eos=EOS), 8),
+            draft_length=DraftLength(3),
+        )
+        assert collect(events).tokens == collect(list(alone)).tokens
+    assert max(len(b) for b in owner.batches) == 3  # one draft forward per position for all three
