@@ -6,7 +6,7 @@ token updates in place, so llama.cpp cannot cut it back token by token: `llama_m
 a position inside the sequence fails for the recurrent part. What works (checked on 0.3.36's
 llama.cpp, with qwen35, lfm2, nemotron_h and mamba2 files):
 
-1. before each forward, copy the recurrent part of sequence 0 (`llama_state_seq_get_data_ext`
+1. before each forward, copy the recurrent part of the sequence (`llama_state_seq_get_data_ext`
    with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the attention KV is left out, it can be cut) into a
    buffer of a ring (engine/backends/checkpoints.py), keyed by the tokens it covers;
 2. on a rollback to `length`, restore the newest checkpoint at or before `length` with
@@ -18,6 +18,9 @@ llama.cpp, with qwen35, lfm2, nemotron_h and mamba2 files):
 The buffers are allocated as the ring first needs them and then reused: a checkpoint costs one
 copy of the state (18 MiB for Qwen3.5-0.8B: ~1.3 ms here, against ~18 ms for a one-token forward;
 docs/bench/llama_hybrid_overhead.py), no allocation.
+
+Each sequence of a context with several (engine/backends/llama_slots.py) has its checkpoints of its
+own: the state calls take a sequence id, and restoring one sequence leaves the others as they are.
 
 Not used: llama.cpp's own rollback for recurrent memory (context parameter n_rs_seq, marked
 experimental). Measured on 0.3.36 with these files: `llama_memory_seq_rm` then succeeds inside the
@@ -36,8 +39,8 @@ from engine.backends.checkpoints import KEEP, Checkpoint, StateCheckpoints
 from engine.errors import ModelLoadError
 
 PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-SEQ = 0  # the backend's one sequence
-BUDGET_BYTES = 1 << 30  # checkpoints of one model kept in at most about this much memory (but 2 at least)
+SEQ = 0  # the backend's own sequence (slots have the others)
+BUDGET_BYTES = 1 << 30  # checkpoints of one model, all its sequences together, in about this much memory (2 at least)
 
 # Replays `tokens` at positions start... without logits: the backend's batched decode.
 Replay = Callable[[list[int], int], None]
@@ -48,15 +51,19 @@ class StateUnsupported(Exception):
 
 
 class RecurrentCheckpoints:
-    """Checkpoints of sequence 0's recurrent state in reused buffers, and the rollback they allow."""
+    """Checkpoints of one sequence's recurrent state in reused buffers, and the rollback they allow."""
 
-    def __init__(self, ctx, mem, state_bytes: int, keep: int = KEEP) -> None:
+    def __init__(self, ctx, mem, state_bytes: int, keep: int = KEEP, seq: int = SEQ, sequences: int = 1) -> None:
+        """`seq`: the sequence id these checkpoints save and restore; `sequences`: how many share the
+        memory budget (each keeps as many checkpoints as its share holds)."""
         self._ctx = ctx
         self._mem = mem
         self._size = state_bytes
+        self._seq = seq
+        self._sequences = sequences
         # A 27B hybrid's state is ~150 MB: fewer of those. A target rolls back into its last forward
         # only; a draft model (a small state) goes back over its draft, one forward per token.
-        keep = max(2, min(keep, BUDGET_BYTES // max(state_bytes, 1)))
+        keep = max(2, min(keep, BUDGET_BYTES // sequences // max(state_bytes, 1)))
         self._ring: StateCheckpoints[tuple[ctypes.Array, int]] = StateCheckpoints(keep)
         # Allocated as needed, keep + 1 at most: the ring holds keep states at most, so one is free.
         self._buffers: list[ctypes.Array] = []
@@ -70,6 +77,10 @@ class RecurrentCheckpoints:
     @property
     def state_bytes(self) -> int:
         return self._size
+
+    def for_sequence(self, seq: int) -> RecurrentCheckpoints:
+        """Empty checkpoints of sequence `seq` of the same context, sharing the same budget."""
+        return RecurrentCheckpoints(self._ctx, self._mem, self._size, seq=seq, sequences=self._sequences)
 
     def save(self, position: int) -> None:
         """Checkpoint the state after the first `position` tokens (the cache holds exactly those)."""
@@ -91,7 +102,7 @@ class RecurrentCheckpoints:
         self._prompt = Checkpoint(position, (self._prompt_buffer, self._copy_into(self._prompt_buffer, position)))
 
     def _copy_into(self, buffer: ctypes.Array, position: int) -> int:
-        written = llama_cpp.llama_state_seq_get_data_ext(self._ctx, buffer, self._size, SEQ, PARTIAL)
+        written = llama_cpp.llama_state_seq_get_data_ext(self._ctx, buffer, self._size, self._seq, PARTIAL)
         if written == 0:
             raise RuntimeError(f"llama.cpp could not save the recurrent state after {position} tokens.")
         self.saves += 1
@@ -115,13 +126,13 @@ class RecurrentCheckpoints:
             checkpoint = prompt
         if checkpoint is None:  # older than every checkpoint: start from an empty sequence
             start = 0
-            llama_cpp.llama_memory_seq_rm(self._mem, SEQ, -1, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, self._seq, -1, -1)
         else:
             start = checkpoint.position
             buffer, size = checkpoint.state
-            if llama_cpp.llama_state_seq_set_data_ext(self._ctx, buffer, size, SEQ, PARTIAL) != size:
+            if llama_cpp.llama_state_seq_set_data_ext(self._ctx, buffer, size, self._seq, PARTIAL) != size:
                 raise RuntimeError(f"llama.cpp could not restore the recurrent state after {start} tokens.")
-            if not llama_cpp.llama_memory_seq_rm(self._mem, SEQ, start, -1):
+            if not llama_cpp.llama_memory_seq_rm(self._mem, self._seq, start, -1):
                 raise RuntimeError(f"llama.cpp could not cut the cache back to {start} tokens after a restore.")
             self.restores += 1
         self._ring.drop_after(length)
@@ -136,12 +147,13 @@ class RecurrentCheckpoints:
         self._prompt = None
 
 
-def recurrent_checkpoints(model, ctx, mem, decode: Replay, bos: int) -> RecurrentCheckpoints | None:
-    """The state checkpoints of a hybrid or recurrent model, after checking on the model that its
-    state can be saved and restored (`probe`: StateUnsupported if not); None for other models."""
+def recurrent_checkpoints(model, ctx, mem, decode: Replay, bos: int, sequences: int = 1) -> RecurrentCheckpoints | None:
+    """The state checkpoints of sequence 0 of a hybrid or recurrent model, after checking on the model
+    that its state can be saved and restored (`probe`: StateUnsupported if not); None for other models.
+    `sequences`: how many the context holds (the others get theirs from `for_sequence`)."""
     if not (llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)):
         return None
-    return RecurrentCheckpoints(ctx, mem, probe(ctx, mem, decode, bos if bos >= 0 else 0))
+    return RecurrentCheckpoints(ctx, mem, probe(ctx, mem, decode, bos if bos >= 0 else 0), sequences=sequences)
 
 
 def cache_kind(model, states: RecurrentCheckpoints | None) -> str:
