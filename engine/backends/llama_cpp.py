@@ -15,6 +15,8 @@ KV cache rules this relies on (llama.cpp, checked on 0.3.36):
 - re-decoding after a rollback reproduces the first pass bit for bit.
 A model with recurrent layers (Qwen3.5, LFM2, Nemotron-H, Mamba...) cannot cut its state that way:
 it saves the state before each forward and rolls back by restoring it (engine/backends/llama_state.py).
+Loaded with slots=N, the context holds N sequences, decoded together by `forward_batch`
+(engine/backends/llama_slots.py); the backend itself is sequence 0.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ import torch
 
 from engine.backends import gpu_layers  # its llama_cpp_offloads read at each call: tests fake a GPU build
 from engine.backends.base import Backend, LoadProgress, ModelInfo
+from engine.backends.capabilities import Slots
+from engine.backends.llama_slots import LlamaSlot, Rows, SlotTable
+from engine.backends.llama_slots import forward_batch as run_batch
 from engine.backends.llama_state import StateUnsupported, cache_kind, recurrent_checkpoints
 from engine.backends.llama_state import unsupported_error as state_unsupported_error
 from engine.backends.repack import llama_cpp_has_amx, repack_allowed
@@ -76,10 +81,13 @@ class _ProgressLlama(llama_cpp.Llama):
     """`llama_cpp.Llama` with llama.cpp's load progress callback, which its constructor
     does not take, and with weight repacking off where it would use AMX (engine/backends/
     repack.py: a segmentation fault at the first prompt there): both go into the model
-    parameters as the constructor assigns them, before it loads the model."""
+    parameters as the constructor assigns them, before it loads the model. `sequences` > 1 goes into
+    the context parameters the same way (the constructor takes no n_seq_max), with one cache buffer
+    that every sequence draws from (engine/backends/llama_slots.py says why unified)."""
 
-    def __init__(self, progress: LoadProgress | None, **kwargs) -> None:
+    def __init__(self, progress: LoadProgress | None, sequences: int = 1, **kwargs) -> None:
         self._on_progress = progress
+        self._sequences = sequences
         # Kept on the object: llama.cpp holds only a C pointer to it while it loads.
         self._progress_callback = llama_cpp.llama_progress_callback(self._report)
         super().__init__(**kwargs)
@@ -95,6 +103,17 @@ class _ProgressLlama(llama_cpp.Llama):
         if hasattr(params, "use_extra_bufts"):
             params.use_extra_bufts = _REPACK
         self.__dict__["model_params"] = params
+
+    @property
+    def context_params(self):
+        return self.__dict__["context_params"]
+
+    @context_params.setter
+    def context_params(self, params) -> None:
+        if self._sequences > 1:
+            params.n_seq_max = self._sequences
+            params.kv_unified = True
+        self.__dict__["context_params"] = params
 
     def _report(self, fraction: float, _user_data: ctypes.c_void_p) -> bool:
         # Called from C: an exception here could not propagate, and False would abort the load.
@@ -153,9 +172,11 @@ def _check_gguf_file(path: str) -> None:
 
 
 class LlamaCppBackend(Backend):
-    """One GGUF model and one sequence's KV cache in llama.cpp."""
+    """One GGUF model and one sequence's KV cache in llama.cpp; with slots > 1, the first of several
+    sequences on one context (Slots)."""
 
     name = "llama.cpp"
+    max_slots: int = 1
 
     def __init__(
         self,
@@ -166,6 +187,7 @@ class LlamaCppBackend(Backend):
         n_gpu_layers: int | str = gpu_layers.AUTO,
         name: str | None = None,
         progress: LoadProgress | None = None,
+        slots: int = 1,
     ) -> None:
         """Load `path`.
 
@@ -179,6 +201,8 @@ class LlamaCppBackend(Backend):
         name: display name; default the file name.
         progress: called with (what is happening, fraction of this load done), from
             llama.cpp's own progress callback while the weights are read.
+        slots: sequences held at once, each with a context of n_ctx tokens (`open_slot`,
+            `forward_batch`); the cache takes slots x n_ctx cells.
         """
         super().__init__()
         self._llm: llama_cpp.Llama | None = None
@@ -187,6 +211,11 @@ class LlamaCppBackend(Backend):
             raise ConfigError(f"The context size must be at least {MIN_CONTEXT} tokens, got {n_ctx}.")
         if n_threads is not None and n_threads < 1:
             raise ConfigError(f"The number of threads must be at least 1, got {n_threads}.")
+        if not 1 <= slots <= llama_cpp.llama_max_parallel_sequences():
+            raise ConfigError(
+                f"llama.cpp holds 1 to {llama_cpp.llama_max_parallel_sequences()} sequences at once, "
+                f"not {slots}: choose a --parallel in that range."
+            )
         self._gpu_layers_auto = gpu_layers.is_auto(n_gpu_layers)  # the load line says how to opt in
         n_gpu_layers = gpu_layers.resolve_gpu_layers(n_gpu_layers)
         _check_gguf_file(path)
@@ -197,6 +226,7 @@ class LlamaCppBackend(Backend):
         self._n_threads = n_threads or default_threads()
         self._n_gpu_layers = n_gpu_layers
         self._progress = progress
+        self.max_slots = slots
 
         wanted = n_ctx or DEFAULT_CONTEXT
         llm = self._load(wanted)
@@ -213,8 +243,8 @@ class LlamaCppBackend(Backend):
         self._ctx = llm._ctx.ctx
         self._mem = llama_cpp.llama_get_memory(self._ctx)
 
-        # llama.cpp may round the context up; we promise only what was asked for.
-        self._n_ctx = min(wanted, llama_cpp.llama_n_ctx(self._ctx))
+        # llama.cpp may round the context up; we promise only what was asked for, to each sequence.
+        self._n_ctx = min(wanted, llama_cpp.llama_n_ctx(self._ctx) // slots)
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self._row_bytes = self._n_vocab * ctypes.sizeof(ctypes.c_float)
         self._bos = llama_cpp.llama_vocab_bos(self._vocab)
@@ -225,9 +255,15 @@ class LlamaCppBackend(Backend):
         is_eog = map(llama_cpp.llama_vocab_is_eog, repeat(self._vocab), range(self._n_vocab))
         self._eos_ids = frozenset(compress(range(self._n_vocab), is_eog))
         self._chat_formatter = None
-        self._build_batch(llm.n_batch)
+        self._rows = Rows(llm.n_batch, slots)
+        self._seq_id = 0  # the backend's own sequence; its slots are 1..slots-1
+        self._slot_table = SlotTable(self, slots)
+        if slots > 1:
+            self.capabilities = self.capabilities | {Slots}
         try:  # None for a model whose whole cache is attention
-            self._states = recurrent_checkpoints(self._model, self._ctx, self._mem, self._decode_plain, self._bos)
+            self._states = recurrent_checkpoints(
+                self._model, self._ctx, self._mem, self._decode_plain, self._bos, sequences=slots
+            )
         except StateUnsupported as e:
             self.close()
             raise state_unsupported_error(self._display_name, str(e)) from None
@@ -236,12 +272,14 @@ class LlamaCppBackend(Backend):
         self.load_notes = gguf_load_notes(path, self._display_name)  # a damaged file (zeroed weights) said
 
     def _load(self, n_ctx: int, flash_attn: bool = True) -> llama_cpp.Llama:
+        """The model and a context of `n_ctx` tokens for each of max_slots sequences."""
         _recent_errors.clear()
         try:
             llm = _ProgressLlama(
                 self._progress,
+                self.max_slots,
                 model_path=self._path,
-                n_ctx=n_ctx,
+                n_ctx=n_ctx * self.max_slots,
                 n_batch=BATCH_SIZE,
                 n_ubatch=BATCH_SIZE,
                 n_threads=self._n_threads,  # one-token decodes (drafting)
@@ -268,40 +306,21 @@ class LlamaCppBackend(Backend):
         if "Failed to create llama_context" in str(failure) or is_allocation_failure(failure, " ".join(_recent_errors)):
             release_frames(failure)  # the half-loaded model, before the estimate reads the file
             device = "cpu" if self._n_gpu_layers == 0 else "cpu and GPU"
+            sequences = f" for each of {self.max_slots} sequences" if self.max_slots > 1 else ""
             raise out_of_memory(
-                f"load {self._path} with a {n_ctx}-token context",
+                f"load {self._path} with a {n_ctx}-token context{sequences}",
                 path=self._path,
                 backend="llama.cpp",
                 dtype=None,
                 device=device,
-                n_ctx=n_ctx,
+                n_ctx=n_ctx * self.max_slots,
+                first_try="fewer sequences at once (--parallel)" if self.max_slots > 1 else None,
                 said=_recent_errors[0] if _recent_errors else "",
             ) from failure
         raise ModelLoadError(
             f"Could not load {self._path}: the file is corrupt or incomplete, or not a model this "
             f"llama.cpp ({llama_cpp.__version__}) can run{said}. Re-download it, or pick another .gguf file."
         ) from failure
-
-    def _build_batch(self, n_batch: int) -> None:
-        """A llama_batch whose arrays are numpy buffers we own, filled in place per call."""
-        self._n_batch = n_batch
-        self._batch_tokens = np.zeros(n_batch, dtype=np.int32)
-        self._batch_pos = np.zeros(n_batch, dtype=np.int32)
-        self._batch_flags = np.zeros(n_batch, dtype=np.int8)  # 1 = return logits for this token
-        self._batch_n_seq = np.ones(n_batch, dtype=np.int32)  # each token is in one sequence...
-        self._seq_zero = np.zeros(1, dtype=np.int32)  # ...sequence 0, shared by all
-        self._arange = np.arange(n_batch, dtype=np.int32)
-        seq_ptr = self._seq_zero.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_seq_id))
-        self._seq_ptrs = (ctypes.POINTER(llama_cpp.llama_seq_id) * n_batch)(*([seq_ptr] * n_batch))
-
-        batch = llama_cpp.llama_batch()
-        batch.token = self._batch_tokens.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
-        batch.embd = None
-        batch.pos = self._batch_pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
-        batch.n_seq_id = self._batch_n_seq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
-        batch.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(ctypes.POINTER(llama_cpp.llama_seq_id)))
-        batch.logits = self._batch_flags.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
-        self._batch = batch
 
     def _make_info(self) -> ModelInfo:
         metadata = self._llm.metadata
@@ -374,34 +393,47 @@ class LlamaCppBackend(Backend):
         follow_in_torch(self._n_threads)
 
     # -- the cache (hot loop) ------------------------------------------------------------
+    # Each method takes the sequence it works on: this backend (sequence 0) or one of its slots
+    # (engine/backends/llama_slots.py), both with `tokens`, `_seq_id`, `_states` and `_replay`.
 
     def _forward(self, tokens: list[int], all_logits: bool) -> torch.Tensor:
+        return self._decode_sequence(self, tokens, all_logits)
+
+    def _truncate(self, length: int) -> None:
+        self._truncate_sequence(self, length)
+
+    def _replay(self, tokens: list[int], start: int) -> None:
+        self._decode_plain(tokens, start, 0)
+
+    def _decode_sequence(self, s: Backend, tokens: list[int], all_logits: bool) -> torch.Tensor:
+        """`s._forward`: decode `tokens` after s's cached ones on its sequence."""
         ctx = self._ctx
         self._check_open()
+        rows = self._rows
+        rows.all_in(s._seq_id)
         n = len(tokens)
-        start = len(self.tokens)
-        if self._states is not None and self.checkpoint_forwards:  # what a rollback into this forward restores
-            self._save_state(start)
+        start = len(s.tokens)
+        if s._states is not None and s.checkpoint_forwards:  # what a rollback into this forward restores
+            self._save_state(s, start)
         out = torch.empty((n if all_logits else 1, self._n_vocab), dtype=torch.float32)
-        for offset in range(0, n, self._n_batch):
-            m = min(self._n_batch, n - offset)
-            self._batch_tokens[:m] = tokens if m == n else tokens[offset : offset + m]
-            np.add(self._arange[:m], start + offset, out=self._batch_pos[:m])
+        for offset in range(0, n, rows.size):
+            m = min(rows.size, n - offset)
+            rows.tokens[:m] = tokens if m == n else tokens[offset : offset + m]
+            np.add(rows.arange[:m], start + offset, out=rows.pos[:m])
             if all_logits:
-                self._batch_flags[:m] = 1
+                rows.flags[:m] = 1
             else:  # a prefill: only the very last token's logits are wanted
-                self._batch_flags[:m] = 0
-                self._batch_flags[m - 1] = offset + m == n
-            self._batch.n_tokens = m
-            rc = llama_cpp.llama_decode(ctx, self._batch)
+                rows.flags[:m] = 0
+                rows.flags[m - 1] = offset + m == n
+            rc = rows.decode(ctx, m)
             if rc != 0:
-                self._decode_failed(rc, start, tokens)
+                self._decode_failed(rc, [(s, start)], tokens)
             if all_logits:  # rows of this chunk, contiguous and in batch order
                 ctypes.memmove(
                     out.data_ptr() + offset * self._row_bytes, llama_cpp.llama_get_logits(ctx), m * self._row_bytes
                 )
-        if self._states is not None and not all_logits and n > 1:  # a prefill: the prompt's own checkpoint
-            self._states.save_prompt(start + n)
+        if s._states is not None and not all_logits and n > 1:  # a prefill: the prompt's own checkpoint
+            s._states.save_prompt(start + n)
         if not all_logits:
             last = llama_cpp.llama_get_logits_ith(ctx, -1)
             if not last:  # NULL: copying from it would crash the process
@@ -409,17 +441,24 @@ class LlamaCppBackend(Backend):
             ctypes.memmove(out.data_ptr(), last, self._row_bytes)
         return out
 
-    def _decode_failed(self, rc: int, start: int, tokens: list[int]) -> None:
+    def _decode_failed(self, rc: int, sequences: list[tuple[Backend, int]], tokens: list[int]) -> None:
+        """Put each (sequence, start) back to its first `start` tokens and raise what `rc` means."""
         # Earlier chunks of this call (and after an abort, part of this one) stay in
-        # the cache; drop them so the cache matches self.tokens again.
-        if self._states is not None:  # the checkpoint saved at `start` by this very call
-            self._states.rollback(start, self.tokens, self._decode_plain)
-        else:
-            llama_cpp.llama_memory_seq_rm(self._mem, 0, start, -1)
+        # the cache; drop them so the cache matches each sequence's tokens again.
+        for s, start in sequences:
+            if s._states is not None:  # the checkpoint saved at `start` by this very call
+                s._states.rollback(start, s.tokens, s._replay)
+            else:
+                llama_cpp.llama_memory_seq_rm(self._mem, s._seq_id, start, -1)
+        where = (
+            f"after {sequences[0][1]}"
+            if len(sequences) == 1
+            else f"over {len(sequences)} sequences of {', '.join(str(start) for _, start in sequences)}"
+        )
         if rc == 1:
             raise ContextOverflowError(
                 f"llama.cpp found no room in the {self._n_ctx}-token context of {self._display_name} for "
-                f"{len(tokens)} more tokens after {start}. Start a new chat, shorten the prompt, "
+                f"{len(tokens)} more tokens {where}. Start a new chat, shorten the prompt, "
                 "or load the model with a larger context."
             )
         bad = [t for t in tokens if not 0 <= t < self._n_vocab]
@@ -430,30 +469,31 @@ class LlamaCppBackend(Backend):
         if rc == -2 or is_allocation_failure(None, " ".join(_recent_errors)):  # -2: compute buffers failed to allocate
             said = _recent_errors[0] if _recent_errors else f"llama_decode returned {rc}"
             raise model_out_of_memory(
-                f"run {self._display_name} on {start + len(tokens)} tokens",
+                f"run {self._display_name} on {len(tokens)} more tokens {where}",
                 self._info,
-                self._n_ctx,
-                "a shorter prompt",
+                self._n_ctx * self.max_slots,
+                "a shorter prompt" if len(sequences) == 1 else "fewer sequences at once (--parallel)",
                 said=said,
             )
-        raise RuntimeError(f"llama_decode failed with code {rc}{_llama_said()} after {start} cached tokens.")
+        raise RuntimeError(f"llama_decode failed with code {rc}{_llama_said()} {where} cached tokens.")
 
-    def _truncate(self, length: int) -> None:
-        if self._states is not None:
+    def _truncate_sequence(self, s: Backend, length: int) -> None:
+        """`s._truncate`: cut s's cache back to `length` tokens."""
+        if s._states is not None:
             try:
-                self._states.rollback(length, self.tokens, self._decode_plain)
+                s._states.rollback(length, s.tokens, s._replay)
             except BaseException:
-                self._forget_cache()  # the cache is now somewhere between: start again from nothing
+                self._forget_cache(s)  # the cache is now somewhere between: start again from nothing
                 raise
             return
-        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, length, -1):
+        if not llama_cpp.llama_memory_seq_rm(self._mem, s._seq_id, length, -1):
             raise RuntimeError(f"llama.cpp could not cut the cache of {self._display_name} back to {length} tokens.")
 
-    def _save_state(self, start: int) -> None:
+    def _save_state(self, s: Backend, start: int) -> None:
         try:
-            self._states.save(start)
+            s._states.save(start)
         except MemoryError as e:  # before the decode: the cache, and the reply so far, stay as they were
-            mib = self._states.state_bytes / 2**20
+            mib = s._states.state_bytes / 2**20
             raise model_out_of_memory(
                 f"keep a {mib:.1f} MiB checkpoint of the recurrent state of {self._display_name}, which "
                 "undoes rejected drafts",
@@ -462,23 +502,36 @@ class LlamaCppBackend(Backend):
                 "closing other programs that use memory",
             ) from e
 
-    def _decode_plain(self, tokens: list[int], start: int) -> None:
-        """Decode `tokens` at positions start... without logits: a replay after a restored state."""
-        for offset in range(0, len(tokens), self._n_batch):
-            m = min(self._n_batch, len(tokens) - offset)
-            self._batch_tokens[:m] = tokens[offset : offset + m]
-            np.add(self._arange[:m], start + offset, out=self._batch_pos[:m])
-            self._batch_flags[:m] = 0
-            self._batch.n_tokens = m
-            rc = llama_cpp.llama_decode(self._ctx, self._batch)
+    def _decode_plain(self, tokens: list[int], start: int, seq_id: int = 0) -> None:
+        """Decode `tokens` at positions start... of sequence `seq_id` without logits: a replay after a
+        restored state."""
+        rows = self._rows
+        rows.all_in(seq_id)
+        for offset in range(0, len(tokens), rows.size):
+            m = min(rows.size, len(tokens) - offset)
+            rows.tokens[:m] = tokens[offset : offset + m]
+            np.add(rows.arange[:m], start + offset, out=rows.pos[:m])
+            rows.flags[:m] = 0
+            rc = rows.decode(self._ctx, m)
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc}{_llama_said()} replaying {len(tokens)} tokens.")
 
-    def _forget_cache(self) -> None:
-        """Empty the cache, the checkpoints and `tokens`: the next prefill recomputes everything."""
-        llama_cpp.llama_memory_seq_rm(self._mem, 0, -1, -1)
-        self._states.clear()
-        self.tokens.clear()
+    def _forget_cache(self, s: Backend) -> None:
+        """Empty s's cache, checkpoints and `tokens`: the next prefill recomputes everything."""
+        llama_cpp.llama_memory_seq_rm(self._mem, s._seq_id, -1, -1)
+        s._states.clear()
+        s.tokens.clear()
+
+    # -- several sequences (Slots, engine/backends/llama_slots.py) -------------------------
+
+    def open_slot(self) -> LlamaSlot:
+        """Sequence 1, 2... of this context as a Backend of its own; SlotsFull when max_slots are open."""
+        self._check_open()
+        return self._slot_table.open()
+
+    def forward_batch(self, calls: list) -> list[torch.Tensor]:
+        """One decode over the rows of this backend and of slots it opened (BatchCall, chains only)."""
+        return run_batch(self, calls)
 
     # -- text ----------------------------------------------------------------------
 
@@ -628,6 +681,8 @@ class LlamaCppBackend(Backend):
             ) from e
 
     def close(self) -> None:
+        """Free the model; its slots are closed with it."""
+        self._slot_table.close_all()
         llm, self._llm = self._llm, None
         self._ctx = self._mem = None
         if llm is not None:
