@@ -6,7 +6,8 @@ copies them into a preallocated numpy array. Speculative decoding needs both
 kinds of call in its hot loop, so decoding here goes through the low-level API
 with our own `llama_batch`, whose arrays are numpy buffers allocated once
 (nothing to free, nothing to build per call), and logits are `memmove`d straight
-from llama.cpp's output buffer into a fresh torch tensor.
+from llama.cpp's output buffer into a fresh torch tensor (engine/backends/llama_slots.py,
+where the decode of every sequence lives).
 
 KV cache rules this relies on (llama.cpp, checked on 0.3.36):
 - a batch must start at the position right after the last cached one, so a
@@ -34,7 +35,7 @@ import torch
 from engine.backends import gpu_layers  # its llama_cpp_offloads read at each call: tests fake a GPU build
 from engine.backends.base import Backend, LoadProgress, ModelInfo
 from engine.backends.capabilities import Slots
-from engine.backends.llama_slots import LlamaSlot, Rows, SlotTable
+from engine.backends.llama_slots import LlamaSlot, Rows, SlotTable, decode_sequence, truncate_sequence
 from engine.backends.llama_slots import forward_batch as run_batch
 from engine.backends.llama_state import StateUnsupported, cache_kind, recurrent_checkpoints
 from engine.backends.llama_state import unsupported_error as state_unsupported_error
@@ -392,54 +393,19 @@ class LlamaCppBackend(Backend):
                 self._n_threads = n
         follow_in_torch(self._n_threads)
 
-    # -- the cache (hot loop) ------------------------------------------------------------
-    # Each method takes the sequence it works on: this backend (sequence 0) or one of its slots
-    # (engine/backends/llama_slots.py), both with `tokens`, `_seq_id`, `_states` and `_replay`.
+    # -- the cache (hot loop: engine/backends/llama_slots.py) -------------------------------
+    # The decode and rollback of one sequence live with the slots, which run the same code on their
+    # own sequence ids; what is left here takes the sequence it works on: this backend (sequence 0)
+    # or one of its slots, both with `tokens`, `_seq_id`, `_states` and `_replay`.
 
     def _forward(self, tokens: list[int], all_logits: bool) -> torch.Tensor:
-        return self._decode_sequence(self, tokens, all_logits)
+        return decode_sequence(self, self, tokens, all_logits)
 
     def _truncate(self, length: int) -> None:
-        self._truncate_sequence(self, length)
+        truncate_sequence(self, self, length)
 
     def _replay(self, tokens: list[int], start: int) -> None:
         self._decode_plain(tokens, start, 0)
-
-    def _decode_sequence(self, s: Backend, tokens: list[int], all_logits: bool) -> torch.Tensor:
-        """`s._forward`: decode `tokens` after s's cached ones on its sequence."""
-        ctx = self._ctx
-        self._check_open()
-        rows = self._rows
-        rows.all_in(s._seq_id)
-        n = len(tokens)
-        start = len(s.tokens)
-        if s._states is not None and s.checkpoint_forwards:  # what a rollback into this forward restores
-            self._save_state(s, start)
-        out = torch.empty((n if all_logits else 1, self._n_vocab), dtype=torch.float32)
-        for offset in range(0, n, rows.size):
-            m = min(rows.size, n - offset)
-            rows.tokens[:m] = tokens if m == n else tokens[offset : offset + m]
-            np.add(rows.arange[:m], start + offset, out=rows.pos[:m])
-            if all_logits:
-                rows.flags[:m] = 1
-            else:  # a prefill: only the very last token's logits are wanted
-                rows.flags[:m] = 0
-                rows.flags[m - 1] = offset + m == n
-            rc = rows.decode(ctx, m)
-            if rc != 0:
-                self._decode_failed(rc, [(s, start)], tokens)
-            if all_logits:  # rows of this chunk, contiguous and in batch order
-                ctypes.memmove(
-                    out.data_ptr() + offset * self._row_bytes, llama_cpp.llama_get_logits(ctx), m * self._row_bytes
-                )
-        if s._states is not None and not all_logits and n > 1:  # a prefill: the prompt's own checkpoint
-            s._states.save_prompt(start + n)
-        if not all_logits:
-            last = llama_cpp.llama_get_logits_ith(ctx, -1)
-            if not last:  # NULL: copying from it would crash the process
-                raise RuntimeError("llama.cpp returned no logits for the last token.")
-            ctypes.memmove(out.data_ptr(), last, self._row_bytes)
-        return out
 
     def _decode_failed(self, rc: int, sequences: list[tuple[Backend, int]], tokens: list[int]) -> None:
         """Put each (sequence, start) back to its first `start` tokens and raise what `rc` means."""
@@ -450,10 +416,8 @@ class LlamaCppBackend(Backend):
                 s._states.rollback(start, s.tokens, s._replay)
             else:
                 llama_cpp.llama_memory_seq_rm(self._mem, s._seq_id, start, -1)
-        where = (
-            f"after {sequences[0][1]}"
-            if len(sequences) == 1
-            else f"over {len(sequences)} sequences of {', '.join(str(start) for _, start in sequences)}"
+        where = f"after {', '.join(str(start) for _, start in sequences)} cached tokens" + (
+            f" of {len(sequences)} sequences" if len(sequences) > 1 else ""
         )
         if rc == 1:
             raise ContextOverflowError(
@@ -469,38 +433,15 @@ class LlamaCppBackend(Backend):
         if rc == -2 or is_allocation_failure(None, " ".join(_recent_errors)):  # -2: compute buffers failed to allocate
             said = _recent_errors[0] if _recent_errors else f"llama_decode returned {rc}"
             raise model_out_of_memory(
-                f"run {self._display_name} on {len(tokens)} more tokens {where}",
+                f"run {self._display_name} on {sequences[0][1] + len(tokens)} tokens"
+                if len(sequences) == 1
+                else f"run {self._display_name} on {len(tokens)} more tokens {where}",
                 self._info,
                 self._n_ctx * self.max_slots,
                 "a shorter prompt" if len(sequences) == 1 else "fewer sequences at once (--parallel)",
                 said=said,
             )
-        raise RuntimeError(f"llama_decode failed with code {rc}{_llama_said()} {where} cached tokens.")
-
-    def _truncate_sequence(self, s: Backend, length: int) -> None:
-        """`s._truncate`: cut s's cache back to `length` tokens."""
-        if s._states is not None:
-            try:
-                s._states.rollback(length, s.tokens, s._replay)
-            except BaseException:
-                self._forget_cache(s)  # the cache is now somewhere between: start again from nothing
-                raise
-            return
-        if not llama_cpp.llama_memory_seq_rm(self._mem, s._seq_id, length, -1):
-            raise RuntimeError(f"llama.cpp could not cut the cache of {self._display_name} back to {length} tokens.")
-
-    def _save_state(self, s: Backend, start: int) -> None:
-        try:
-            s._states.save(start)
-        except MemoryError as e:  # before the decode: the cache, and the reply so far, stay as they were
-            mib = s._states.state_bytes / 2**20
-            raise model_out_of_memory(
-                f"keep a {mib:.1f} MiB checkpoint of the recurrent state of {self._display_name}, which "
-                "undoes rejected drafts",
-                self._info,
-                self._n_ctx,
-                "closing other programs that use memory",
-            ) from e
+        raise RuntimeError(f"llama_decode failed with code {rc}{_llama_said()} {where}.")
 
     def _decode_plain(self, tokens: list[int], start: int, seq_id: int = 0) -> None:
         """Decode `tokens` at positions start... of sequence `seq_id` without logits: a replay after a
@@ -515,12 +456,6 @@ class LlamaCppBackend(Backend):
             rc = rows.decode(self._ctx, m)
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc}{_llama_said()} replaying {len(tokens)} tokens.")
-
-    def _forget_cache(self, s: Backend) -> None:
-        """Empty s's cache, checkpoints and `tokens`: the next prefill recomputes everything."""
-        llama_cpp.llama_memory_seq_rm(self._mem, s._seq_id, -1, -1)
-        s._states.clear()
-        s.tokens.clear()
 
     # -- several sequences (Slots, engine/backends/llama_slots.py) -------------------------
 

@@ -14,6 +14,9 @@ into ubatches with as many rows of each sequence and consecutive sequence ids, e
 pass over the weights: rows [5, 3, 5] of three sequences took 81 ms that way against 70 ms
 unified (SmolLM2-135M Q4_1, 2 threads); one row alone took 9 ms either way.
 
+The decode and rollback of one sequence are here too (`decode_sequence`, `truncate_sequence`):
+the backend runs them on sequence 0, each slot on its own id, through the same `Rows`.
+
 llama.cpp has no custom attention masks: a batch runs chains only (the backend has no TreeForward).
 """
 
@@ -31,6 +34,7 @@ import torch
 from engine.backends.base import Backend, ModelInfo, finite_rows
 from engine.backends.slots import BatchCall, SlotsFull
 from engine.errors import ConfigError
+from engine.models.memory_errors import model_out_of_memory
 
 if TYPE_CHECKING:
     from engine.backends.llama_cpp import LlamaCppBackend
@@ -78,6 +82,81 @@ class Rows:
         """llama_decode over the first `n` rows; its return code."""
         self.batch.n_tokens = n
         return llama_cpp.llama_decode(ctx, self.batch)
+
+
+# -- one sequence's decode and rollback (the backend's own and each slot's) --------------------
+
+
+def decode_sequence(owner: LlamaCppBackend, s: Backend, tokens: list[int], all_logits: bool) -> torch.Tensor:
+    """`s._forward`: decode `tokens` after s's cached ones on its sequence."""
+    ctx = owner._ctx
+    owner._check_open()
+    rows = owner._rows
+    rows.all_in(s._seq_id)
+    n = len(tokens)
+    start = len(s.tokens)
+    if s._states is not None and s.checkpoint_forwards:  # what a rollback into this forward restores
+        save_state(owner, s, start)
+    out = torch.empty((n if all_logits else 1, owner._n_vocab), dtype=torch.float32)
+    for offset in range(0, n, rows.size):
+        m = min(rows.size, n - offset)
+        rows.tokens[:m] = tokens if m == n else tokens[offset : offset + m]
+        np.add(rows.arange[:m], start + offset, out=rows.pos[:m])
+        if all_logits:
+            rows.flags[:m] = 1
+        else:  # a prefill: only the very last token's logits are wanted
+            rows.flags[:m] = 0
+            rows.flags[m - 1] = offset + m == n
+        rc = rows.decode(ctx, m)
+        if rc != 0:
+            owner._decode_failed(rc, [(s, start)], tokens)
+        if all_logits:  # rows of this chunk, contiguous and in batch order
+            ctypes.memmove(
+                out.data_ptr() + offset * owner._row_bytes, llama_cpp.llama_get_logits(ctx), m * owner._row_bytes
+            )
+    if s._states is not None and not all_logits and n > 1:  # a prefill: the prompt's own checkpoint
+        s._states.save_prompt(start + n)
+    if not all_logits:
+        last = llama_cpp.llama_get_logits_ith(ctx, -1)
+        if not last:  # NULL: copying from it would crash the process
+            raise RuntimeError("llama.cpp returned no logits for the last token.")
+        ctypes.memmove(out.data_ptr(), last, owner._row_bytes)
+    return out
+
+
+def truncate_sequence(owner: LlamaCppBackend, s: Backend, length: int) -> None:
+    """`s._truncate`: cut s's cache back to `length` tokens."""
+    if s._states is not None:
+        try:
+            s._states.rollback(length, s.tokens, s._replay)
+        except BaseException:
+            forget_cache(owner, s)  # the cache is now somewhere between: start again from nothing
+            raise
+        return
+    if not llama_cpp.llama_memory_seq_rm(owner._mem, s._seq_id, length, -1):
+        raise RuntimeError(f"llama.cpp could not cut the cache of {owner._display_name} back to {length} tokens.")
+
+
+def save_state(owner: LlamaCppBackend, s: Backend, start: int) -> None:
+    """Checkpoint s's recurrent state after its first `start` tokens, before a forward adds more."""
+    try:
+        s._states.save(start)
+    except MemoryError as e:  # before the decode: the cache, and the reply so far, stay as they were
+        mib = s._states.state_bytes / 2**20
+        raise model_out_of_memory(
+            f"keep a {mib:.1f} MiB checkpoint of the recurrent state of {owner._display_name}, which "
+            "undoes rejected drafts",
+            owner._info,
+            owner._n_ctx,
+            "closing other programs that use memory",
+        ) from e
+
+
+def forget_cache(owner: LlamaCppBackend, s: Backend) -> None:
+    """Empty s's cache, checkpoints and `tokens`: the next prefill recomputes everything."""
+    llama_cpp.llama_memory_seq_rm(owner._mem, s._seq_id, -1, -1)
+    s._states.clear()
+    s.tokens.clear()
 
 
 class LlamaSlot(Backend):
@@ -138,10 +217,10 @@ class LlamaSlot(Backend):
     # -- this sequence's cache ----------------------------------------------------------
 
     def _forward(self, tokens: list[int], all_logits: bool) -> torch.Tensor:
-        return self._live()._decode_sequence(self, tokens, all_logits)
+        return decode_sequence(self._live(), self, tokens, all_logits)
 
     def _truncate(self, length: int) -> None:
-        self._live()._truncate_sequence(self, length)
+        truncate_sequence(self._live(), self, length)
 
     # -- text ------------------------------------------------------------------------
 
@@ -216,7 +295,7 @@ def forward_batch(owner: LlamaCppBackend, calls: list[BatchCall]) -> list[torch.
     total = sum(counts)
     for s, start in zip(sequences, starts):
         if s._states is not None and s.checkpoint_forwards:
-            owner._save_state(s, start)
+            save_state(owner, s, start)
 
     rows = owner._rows
     tokens = list(chain.from_iterable(call.tokens for call in calls))
