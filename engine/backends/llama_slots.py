@@ -12,7 +12,14 @@ from. Each sequence may use n_ctx of them (Backend.forward checks it), so togeth
 need more than the buffer holds. With a buffer per sequence instead, llama.cpp splits a batch
 into ubatches with as many rows of each sequence and consecutive sequence ids, each one more
 pass over the weights: rows [5, 3, 5] of three sequences took 81 ms that way against 70 ms
-unified (SmolLM2-135M Q4_1, 2 threads); one row alone took 9 ms either way.
+unified (SmolLM2-135M Q4_1, 2 threads); one row alone took 9 ms either way. Sequences 0 and 2
+without 1 would take two passes as well. What unified costs:
+- a sequence's new rows may land in cells another sequence freed, before its older ones, and
+  attention over the F16 cache then sums in another order: logits a rounding apart (0.008 on a
+  tiny float32 model) from where the cells lay otherwise;
+- llama.cpp takes N x n_ctx as each sequence's context where it picks a model's rope factors:
+  a LongRoPE model (Phi-3 128k) whose original context lies between n_ctx and N x n_ctx runs its
+  long-context factors, as one sequence would with a context of N x n_ctx.
 
 The decode and rollback of one sequence are here too (`decode_sequence`, `truncate_sequence`):
 the backend runs them on sequence 0, each slot on its own id, through the same `Rows`.
@@ -55,7 +62,8 @@ class Rows:
         self._n_seq = np.ones(size, dtype=np.int32)  # each row is in one sequence
         self._seq_ids = np.arange(sequences, dtype=np.int32)
         # seq_address[s]: where id s lives; seq_ptrs[i]: row i's llama_seq_id*, as an integer.
-        self.seq_address = self._seq_ids.ctypes.data + self._seq_ids.itemsize * np.arange(sequences, dtype=np.uintp)
+        base, step = self._seq_ids.ctypes.data, self._seq_ids.itemsize
+        self.seq_address = np.array([base + step * s for s in range(sequences)], dtype=np.uintp)
         self.seq_ptrs = np.full(size, self.seq_address[0], dtype=np.uintp)
         self._all_in = 0  # the sequence every row names, -1 after a batch of several
 
