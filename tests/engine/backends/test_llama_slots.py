@@ -7,9 +7,15 @@ import llama_cpp
 import pytest
 import torch
 
+from engine.api import collect
 from engine.backends.capabilities import Slots, has
 from engine.backends.llama_cpp import LlamaCppBackend
 from engine.backends.slots import BatchCall, SlotsFull
+from engine.core.batch import Batch
+from engine.core.decode import decode_steps
+from engine.core.draft_length import CostModel, DraftLength
+from engine.core.sampling import SamplingConfig
+from engine.drafters.ngram import NgramDrafter
 from engine.errors import ConfigError, ContextOverflowError, OutOfMemoryError
 from tests.factories.gguf_models import default_gguf_path, make_tiny_gguf
 from tests.factories.hybrid_gguf import make_qwen35_gguf
@@ -196,6 +202,37 @@ def test_a_hybrid_sequence_rolls_back_on_its_own_state(hybrid_path):
     finally:
         b.close()
         fresh.close()
+
+
+@pytest.mark.parametrize("model", ["tiny", "hybrid"])
+def test_speculative_replies_decoded_as_a_batch_equal_each_decoded_alone(tiny_path, hybrid_path, model, monkeypatch):
+    """The batched decode step (engine/core/batch.py) on llama.cpp: n-gram drafts kept and rejected
+    in every sequence, each rolled back on its own, and the same greedy replies as one at a time."""
+    b = LlamaCppBackend(tiny_path if model == "tiny" else hybrid_path, n_ctx=128, slots=3)
+    try:
+        texts = ["one two three four five one two three four five one two", "a b c a b c a b", PROMPTS[0]]
+        prompts = [b.tokenize(t) for t in texts]
+        greedy = SamplingConfig(temperature=0.0, max_tokens=30)
+        alone = [
+            collect(list(decode_steps(b, p, greedy, drafter=NgramDrafter(), draft_length=DraftLength(4))))
+            for p in prompts
+        ]
+        widths, forward_batch = [], b.forward_batch
+        monkeypatch.setattr(b, "forward_batch", lambda calls: widths.append(len(calls)) or forward_batch(calls))
+        batch = Batch(b, CostModel(), capacity=3)
+        joined = [batch.join(p, greedy, drafter=NgramDrafter(), draft_length=DraftLength(4)) for p in prompts]
+        events = {id(s): [] for s in joined}
+        while batch.sequences:
+            for s, outcome in batch.step():
+                assert not isinstance(outcome, BaseException), outcome
+                events[id(s)].append(outcome)
+        batch.close()
+        together = [collect(events[id(s)]) for s in joined]
+        assert [r.tokens for r in together] == [r.tokens for r in alone]
+        assert max(widths) == 3
+        assert sum(r.stats.tested - r.stats.accepted for r in together) > 0  # some drafts were rolled back
+    finally:
+        b.close()
 
 
 # -- context and memory ------------------------------------------------------------------
