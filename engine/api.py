@@ -19,10 +19,18 @@ from engine.config import EngineConfig, target_backend
 from engine.core.decode import decode_steps, run_notes
 from engine.core.divergence import first_divergence, rounding_bound
 from engine.core.draft_length import CostModel, DraftLength, curve_sizes, measure_verify_curve
-from engine.core.events import Comparison, Divergence, GenerationResult, StepEvent, collect  # noqa: F401 - re-exported
+from engine.core.events import (  # noqa: F401 - re-exported
+    SPECULATIVE,
+    VANILLA,
+    Comparison,
+    Divergence,
+    GenerationResult,
+    StepEvent,
+    collect,
+)
 from engine.core.sampling import SamplingConfig
 from engine.core.text import check_messages
-from engine.drafters.base import Drafter, measured_token_cost, share_costs
+from engine.drafters.base import Drafter, drafter_stats, measured_token_cost, share_costs  # noqa: F401 - re-exported
 from engine.drafters.registry import drafter_spec, make_drafter
 from engine.errors import ConfigError, SpecDeckError
 from engine.models.load_checks import check_load_options
@@ -32,7 +40,6 @@ from engine.models.locate import resolve
 from engine.models.memory_errors import model_out_of_memory, out_of_memory, unexplained_allocation_failure
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
-SPECULATIVE, VANILLA = "speculative", "vanilla"  # the runs of a reply and of a comparison (StepEvent.run)
 log = logging.getLogger(__name__)
 
 
@@ -275,24 +282,6 @@ def _recorded(
             yield dataclasses.replace(step, run=run, drafter_stats=drafter_stats(drafter), costs=costs.snapshot())
     finally:
         steps.close()
-
-
-_failed_stats: set[type] = set()  # drafter classes whose stats() raised: logged once each
-
-
-def drafter_stats(drafter: Drafter | None):
-    """`drafter.stats()`, None without a drafter or when stats() fails (logged once: a statistics bug
-    must not end a reply; the charts then go without the drafter's numbers). Its record is frozen,
-    a copy nothing changes."""
-    if drafter is None:
-        return None
-    try:
-        return drafter.stats()
-    except Exception:  # noqa: BLE001
-        if type(drafter) not in _failed_stats:
-            _failed_stats.add(type(drafter))
-            log.exception("%s.stats() failed; its numbers are left out of the charts", type(drafter).__name__)
-        return None
 
 
 def _out_of_memory_said(steps: Iterator[StepEvent], target: Backend) -> Iterator[StepEvent]:

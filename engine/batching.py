@@ -23,10 +23,10 @@ from engine.backends.capabilities import Slots, has
 from engine.core.batch import Batch
 from engine.core.decode import run_notes
 from engine.core.draft_length import DraftLength
-from engine.core.events import StepEvent
+from engine.core.events import SPECULATIVE, VANILLA, StepEvent
 from engine.core.sampling import SamplingConfig
 from engine.core.sequence import Sequence
-from engine.drafters.base import Drafter, share_costs
+from engine.drafters.base import Drafter, drafter_stats, share_costs
 from engine.drafters.per_request import made_per_request
 from engine.drafters.registry import drafter_names, drafter_spec, make_drafter
 from engine.errors import ConfigError
@@ -135,8 +135,6 @@ class EngineBatch:
     def step(self, snapshots: bool = False) -> list[tuple[Sequence, StepEvent | BaseException]]:
         """One step of every sequence (engine/core/batch.py `Batch.step`), each event with its run and,
         given `snapshots`, the drafter's statistics and the cost model as they stand after it."""
-        from engine.api import SPECULATIVE, VANILLA, drafter_stats  # api imports this module
-
         outcomes = []
         for sequence, outcome in self.batch.step():
             if isinstance(outcome, StepEvent):

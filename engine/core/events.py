@@ -32,6 +32,9 @@ class Source(str, enum.Enum):
     UNREPORTED = "unreported"  # from a remote server that does not say (engine/remote/steps.py)
 
 
+SPECULATIVE, VANILLA = "speculative", "vanilla"  # the runs of a reply and of a comparison (StepEvent.run)
+
+
 @dataclass(frozen=True)
 class TokenInfo:
     id: int

@@ -65,11 +65,14 @@ do the opt-in call for code that holds any drafter.
 from __future__ import annotations
 
 import abc
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from engine.backends.capabilities import has
 from engine.drafters.options import DrafterStats, NoStats
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # annotations only: a light drafter module (a spec with its drafter) loads no torch
     import torch
@@ -247,3 +250,21 @@ def forget_replies(drafter: Drafter | None) -> None:
     """Forget earlier generations' replies, where the drafter keeps them (RemembersReplies)."""
     if has(drafter, RemembersReplies):
         drafter.forget()
+
+
+_failed_stats: set[type] = set()  # drafter classes whose stats() raised: logged once each
+
+
+def drafter_stats(drafter: Drafter | None):
+    """`drafter.stats()`, None without a drafter or when stats() fails (logged once: a statistics bug
+    must not end a reply; the charts then go without the drafter's numbers). Its record is frozen,
+    a copy nothing changes."""
+    if drafter is None:
+        return None
+    try:
+        return drafter.stats()
+    except Exception:  # noqa: BLE001
+        if type(drafter) not in _failed_stats:
+            _failed_stats.add(type(drafter))
+            _log.exception("%s.stats() failed; its numbers are left out of the charts", type(drafter).__name__)
+        return None

@@ -45,6 +45,7 @@ PLACES = (
     # contracts
     ("engine.backends.base", "contracts"),
     ("engine.backends.capabilities", "contracts"),
+    ("engine.backends.slots", "contracts"),  # BatchCall: what the batched step asks of a backend
     ("engine.backends.info", "contracts"),
     ("engine.backends.gpu_layers", "contracts"),
     ("engine.backends.hf.device", "contracts"),
@@ -62,6 +63,7 @@ PLACES = (
     ("engine.service.batches", "contracts"),  # how often a stream's steps go out: the server's and foreign servers'
     # core
     ("engine.core", "core"),
+    ("engine.batching", "engine"),
     ("engine.figures", "core"),
     # configuration (before the packages they sit in)
     ("engine.config", "configuration"),
