@@ -137,7 +137,8 @@ def run_batch(owner: NativeBackend, open_slots: list[NativeSequence], calls: lis
         slot._features = (
             slot._feature_store[base : base + len(call.tokens)].clone() if base < part.start else features[part.rows]
         )
-        slot._tree_base, slot._tree_parents = (base if call.masked else None), None
+        slot._tree_base = base if call.masked else None
+        slot._tree_parents = None if call.parents is None else list(call.parents)  # keep_nodes, as after forward_tree
     if not finite_rows(logits):
         for call, base in zip(calls, bases):
             call.slot.rollback(base)

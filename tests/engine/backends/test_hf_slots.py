@@ -10,10 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.api import collect
 from engine.backends.capabilities import HiddenFeatures, LayerExit, LayerFeatures, Slots, TreeForward, has
 from engine.backends.hf.backend import TorchBackend
 from engine.backends.slots import BatchCall, SlotsFull
+from engine.core.batch import Batch
+from engine.core.decode import decode_steps
+from engine.core.draft_length import CostModel, DraftLength
+from engine.core.sampling import SamplingConfig
 from engine.core.tree import ancestor_mask, depths
+from engine.drafters.lookahead import LookaheadDrafter
+from engine.drafters.ngram import NgramDrafter
 from engine.errors import ConfigError, ContextOverflowError, CorruptModelError, OutOfMemoryError
 from tests.engine.backends.numerics import assert_close
 from tests.engine.backends.numerics import random_ids as ids
@@ -42,15 +49,21 @@ def solo(folder):
     backend.close()
 
 
-@pytest.fixture
-def three(folder):
-    """A backend and two slots holding 7, 12 and 3 tokens."""
+@pytest.fixture(scope="module")
+def loaded(folder):
+    """A backend with two slots open, loaded once."""
     backend = _load(folder)
-    slots = [backend, backend.open_slot(), backend.open_slot()]
-    for seed, (slot, n) in enumerate(zip(slots, (7, 12, 3))):
-        slot.forward(ids(n, seed))
-    yield slots
+    yield [backend, backend.open_slot(), backend.open_slot()]
     backend.close()
+
+
+@pytest.fixture
+def three(loaded):
+    """The backend and its two slots holding 7, 12 and 3 tokens, whatever the last test left."""
+    for seed, (slot, n) in enumerate(zip(loaded, (7, 12, 3))):
+        slot.prefill(ids(n, seed)[:-1])  # a prefill keeps what it can; the last token's forward sets last_features
+        slot.forward(ids(n, seed)[-1:])
+    return loaded
 
 
 def _alone(solo, call: BatchCall, tokens_before: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +95,7 @@ def _mixed_calls(slots, seed: int) -> list[BatchCall]:
     return [
         BatchCall(owner, ids(1, seed)),
         BatchCall(first, ids(3, seed + 1)),
-        BatchCall(second, ids(5, seed + 2), TREE_OFFSETS, ancestor_mask(TREE_PARENTS), what="a tree"),
+        BatchCall(second, ids(5, seed + 2), TREE_OFFSETS, ancestor_mask(TREE_PARENTS), "a tree", TREE_PARENTS),
     ]
 
 
@@ -90,11 +103,12 @@ def test_each_slot_gets_the_logits_of_its_own_forward(three, solo):
     _assert_batch_matches_alone(three[0], solo, _mixed_calls(three, 10))
 
 
-def test_rollback_and_keep_rows_touch_one_slot_and_the_next_batch_still_matches(three, solo):
+@pytest.mark.parametrize("keep", ["keep_rows", "keep_nodes"])
+def test_rollback_and_keeping_a_path_touch_one_slot_and_the_next_batch_still_matches(three, solo, keep):
     owner, first, second = three
     owner.forward_batch(_mixed_calls(three, 20))
     kept = [list(s.tokens) for s in three]
-    second.keep_rows([0, 1, 3])  # one path of the tree
+    getattr(second, keep)([0, 1, 3])  # one path of the tree
     first.rollback(len(first.tokens) - 2)
     assert second.tokens == kept[2][:3] + [kept[2][3 + i] for i in (0, 1, 3)]
     assert first.tokens == kept[1][:-2]
@@ -218,3 +232,42 @@ def test_bfloat16_batches_run_close_to_alone(folder):
         assert (logits - want).abs().max().item() <= 0.05 * scale  # bfloat16 rounding, in other matmul shapes
     backend.close()
     solo.close()
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "lookahead"])
+def test_requests_decoded_together_reply_as_each_would_alone(folder, solo, drafter, monkeypatch):
+    """The batched decode step (engine/core/batch.py) on the native backend: chains (n-gram drafts)
+    and masked windows (lookahead), each sequence's greedy reply the one it gives alone."""
+    make = {"ngram": lambda backend: NgramDrafter(), "lookahead": lambda backend: LookaheadDrafter(backend)}[drafter]
+    jobs = [(ids(8, 1) * 2, 20), (ids(5, 2), 14), (ids(12, 3), 26)]
+    alone = []
+    for prompt, n in jobs:
+        solo.rollback(0)
+        events = decode_steps(solo, prompt, _greedy(n), drafter=make(solo), draft_length=DraftLength(3))
+        alone.append(collect(list(events)).tokens)
+    target = _load(folder)
+    batched = []
+    monkeypatch.setattr(target, "forward_batch", _counting(target.forward_batch, batched))
+    batch = Batch(target, CostModel(), capacity=len(jobs))
+    sequences = [batch.join(p, _greedy(n), drafter=make(target), draft_length=DraftLength(3)) for p, n in jobs]
+    events = {id(s): [] for s in sequences}
+    while batch.sequences:
+        for sequence, outcome in batch.step():
+            assert not isinstance(outcome, BaseException), outcome
+            events[id(sequence)].append(outcome)
+    assert [collect(events[id(s)]).tokens for s in sequences] == alone
+    assert max(batched) == len(jobs)  # one forward carried all three sequences' rows
+    batch.close()
+    target.close()
+
+
+def _greedy(n: int) -> SamplingConfig:
+    return SamplingConfig(temperature=0.0, max_tokens=n)
+
+
+def _counting(forward_batch, sizes: list[int]):
+    def counted(calls):
+        sizes.append(len(calls))
+        return forward_batch(calls)
+
+    return counted
