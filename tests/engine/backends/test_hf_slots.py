@@ -20,6 +20,7 @@ from engine.core.draft_length import CostModel, DraftLength
 from engine.core.sampling import SamplingConfig
 from engine.core.tree import ancestor_mask, depths
 from engine.drafters.lookahead import LookaheadDrafter
+from engine.drafters.model import ModelDrafter
 from engine.drafters.ngram import NgramDrafter
 from engine.errors import ConfigError, ContextOverflowError, CorruptModelError, OutOfMemoryError
 from tests.engine.backends.numerics import assert_close
@@ -234,31 +235,57 @@ def test_bfloat16_batches_run_close_to_alone(folder):
     solo.close()
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "lookahead"])
-def test_requests_decoded_together_reply_as_each_would_alone(folder, solo, drafter, monkeypatch):
-    """The batched decode step (engine/core/batch.py) on the native backend: chains (n-gram drafts)
-    and masked windows (lookahead), each sequence's greedy reply the one it gives alone."""
-    make = {"ngram": lambda backend: NgramDrafter(), "lookahead": lambda backend: LookaheadDrafter(backend)}[drafter]
+@pytest.fixture(scope="module")
+def draft_folder(tmp_path_factory) -> str:
+    """A smaller model of another seed on the same tokenizer: a draft model for `folder`."""
+    return make_tiny_model(tmp_path_factory.mktemp("slots") / "draft", "qwen3", seed=6, n_layers=1, n_kv_heads=1)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "lookahead", "draft model"])
+def test_requests_decoded_together_reply_as_each_would_alone(folder, draft_folder, solo, drafter, monkeypatch):
+    """The batched decode step (engine/core/batch.py) on the native backend: chains (n-gram drafts),
+    masked windows (lookahead), and a draft model whose slots draft together too; each sequence's
+    greedy reply is the one it gives alone."""
     jobs = [(ids(8, 1) * 2, 20), (ids(5, 2), 14), (ids(12, 3), 26)]
+    draft = _load(draft_folder) if drafter == "draft model" else None
+    batched: dict[str, list[int]] = {"target": [], "draft": []}  # calls per forward_batch of each
+
+    def make(backend, i: int | None = None):  # i: the sequence's place in the batch, None alone
+        if drafter == "ngram":
+            return NgramDrafter()
+        if drafter == "lookahead":
+            return LookaheadDrafter(backend)
+        if i is None:
+            draft.rollback(0)
+            return ModelDrafter(draft, backend.vocab_size)
+        return ModelDrafter(draft if i == 0 else draft.open_slot(), backend.vocab_size, owner=draft)
+
     alone = []
     for prompt, n in jobs:
         solo.rollback(0)
         events = decode_steps(solo, prompt, _greedy(n), drafter=make(solo), draft_length=DraftLength(3))
         alone.append(collect(list(events)).tokens)
     target = _load(folder)
-    batched = []
-    monkeypatch.setattr(target, "forward_batch", _counting(target.forward_batch, batched))
+    for role, backend in (("target", target), ("draft", draft)):
+        if backend is not None:
+            monkeypatch.setattr(backend, "forward_batch", _counting(backend.forward_batch, batched[role]))
     batch = Batch(target, CostModel(), capacity=len(jobs))
-    sequences = [batch.join(p, _greedy(n), drafter=make(target), draft_length=DraftLength(3)) for p, n in jobs]
+    sequences = [
+        batch.join(p, _greedy(n), drafter=make(target, i), draft_length=DraftLength(3)) for i, (p, n) in enumerate(jobs)
+    ]
     events = {id(s): [] for s in sequences}
     while batch.sequences:
         for sequence, outcome in batch.step():
             assert not isinstance(outcome, BaseException), outcome
             events[id(sequence)].append(outcome)
     assert [collect(events[id(s)]).tokens for s in sequences] == alone
-    assert max(batched) == len(jobs)  # one forward carried all three sequences' rows
+    assert max(batched["target"]) == len(jobs)  # one forward carried all three sequences' rows
+    if draft is not None:
+        assert max(batched["draft"]) == len(jobs)  # and one draft forward all three drafts' positions
     batch.close()
     target.close()
+    if draft is not None:
+        draft.close()
 
 
 def _greedy(n: int) -> SamplingConfig:
