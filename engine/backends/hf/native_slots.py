@@ -36,6 +36,7 @@ Only the eager forward batches: NativeBackend.open_slot refuses on the static-sh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -44,9 +45,12 @@ from engine.backends.base import Backend, finite_rows
 from engine.backends.capabilities import HiddenFeatures, LayerExit, ModelParts, TreeForward
 from engine.backends.hf.base import PREFILL_CHUNK
 from engine.backends.hf.loader import is_oom
-from engine.backends.hf.native_backend import NativeBackend, NativeSequence
+from engine.backends.hf.native_sequence import NativeSequence
 from engine.backends.kv_cache import KVCache
 from engine.backends.slots import BatchCall
+
+if TYPE_CHECKING:  # annotations only: the backend imports this module
+    from engine.backends.hf.native_backend import NativeBackend
 
 # What a slot reads from its owner, shared and never copied: the model and the forward, the
 # tokenizer and the facts. Everything else (HFBackend's feature stores, NativeSequence's cache
