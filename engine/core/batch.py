@@ -19,8 +19,10 @@ The cost model hears the forward's total rows and seconds, T(rows): the same cur
 sequence's steps measure, so the load-time curve and every step teach automatic k what a
 batch of that many rows costs. A sequence that joined since the last step is prefilled
 first, on its own (a prompt is many rows of one sequence; the others wait for it once).
-An error in one sequence's drafter or sampling ends that sequence only; an error of the
-shared forward ends them all, since none has its rows.
+An error in one sequence's drafter or sampling ends that sequence only. An out-of-memory
+error of the shared forward (a cache that grew past the memory) goes to the sequence that
+joined last, and the others run again without it; any other error of the shared forward
+ends them all, since none has its rows.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from engine.core.events import StepEvent
 from engine.core.sampling import SamplingConfig
 from engine.core.sequence import Sequence
 from engine.drafters.base import Drafter, DraftsTogether
-from engine.errors import ConfigError
+from engine.errors import ConfigError, OutOfMemoryError
 
 Outcome = StepEvent | BaseException  # what a step made for one sequence: its event, or what ended it
 
@@ -160,22 +162,29 @@ class Batch:
         The feeds that can join a batch run in one forward; an early-exit feed runs its own."""
         together = [(s, f) for s, f in planned if f.batchable]
         ran = []
-        if together:
+        while together:
             calls = [feed.call(sequence.slot, sequence.context[-1]) for sequence, feed in together]
             begin = time.perf_counter()
             try:
                 blocks = run_calls(self.target, calls)
-            except BaseException as error:
+            except OutOfMemoryError as error:
+                if len(together) == 1:
+                    outcomes[id(together[0][0])] = error
+                    break
+                # The batch grew past the memory: the sequence that joined last gets the error, and the
+                # others, whose caches the failed forward left as they were, run without it.
+                newest, _ = together.pop()
+                outcomes[id(newest)] = error
+                continue
+            except Exception as error:  # the shared forward failed: no sequence has its rows
                 for sequence, _ in together:
                     outcomes[id(sequence)] = error
-                if not isinstance(error, Exception):
-                    raise
-                blocks = None
-            if blocks is not None:
-                verify_s = time.perf_counter() - begin
-                self.costs.observe_verify(sum(f.rows for _, f in together), verify_s)  # T(rows of the batch)
-                batched = len(together) > 1
-                ran += [(s, f.receive(b, batched), verify_s, len(together)) for (s, f), b in zip(together, blocks)]
+                break
+            verify_s = time.perf_counter() - begin
+            self.costs.observe_verify(sum(f.rows for _, f in together), verify_s)  # T(rows of the batch)
+            batched = len(together) > 1
+            ran += [(s, f.receive(b, batched), verify_s, len(together)) for (s, f), b in zip(together, blocks)]
+            break
         for sequence, feed in planned:
             if feed.batchable:
                 continue

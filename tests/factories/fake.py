@@ -14,6 +14,7 @@ from engine.backends.capabilities import HiddenFeatures, Slots, TreeForward
 from engine.backends.slots import SlotsFull
 from engine.core.sampling import SamplingConfig, probabilities, sample
 from engine.drafters.base import ChainDraft, Draft, Drafter, DraftsTrees, TreeDraft
+from engine.errors import OutOfMemoryError
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -77,6 +78,7 @@ class MarkovSlotsBackend(MarkovBackend):
         self.max_slots = max_slots
         self.opened: list[MarkovBackend] = []
         self.batches: list[list[int]] = []  # rows of each call, per forward_batch
+        self.memory_rows: int | None = None  # a forward_batch over more rows runs out of memory
 
     def open_slot(self) -> MarkovBackend:
         if len(self.opened) + 1 >= self.max_slots:
@@ -92,6 +94,8 @@ class MarkovSlotsBackend(MarkovBackend):
         for call in calls:
             if len(call.slot.tokens) + len(call.tokens) > call.slot.n_ctx:
                 raise call.slot._context_full("a batch call")
+        if self.memory_rows is not None and sum(len(c.tokens) for c in calls) > self.memory_rows:
+            raise OutOfMemoryError(f"{sum(len(c.tokens) for c in calls)} rows do not fit")
         self.batches.append([len(c.tokens) for c in calls])
         return [c.slot.forward(c.tokens) for c in calls]
 

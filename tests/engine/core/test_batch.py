@@ -180,6 +180,22 @@ def test_a_drafter_that_fails_ends_its_own_sequence_only():
         assert collect(results[i]).tokens == solo(JOBS[i][0], greedy(JOBS[i][1])).tokens
 
 
+def test_out_of_memory_in_a_growing_batch_ends_the_newest_sequence_and_the_others_go_on():
+    from engine.errors import OutOfMemoryError
+
+    backend = MarkovSlotsBackend(P, eos=EOS, max_slots=3)
+    backend.memory_rows = 8  # two sequences' drafts of 3 fit (4 rows each); a third does not
+    batch = Batch(backend, CostModel(), capacity=3)
+    sequences = [batch.join(p, greedy(n), drafter=MarkovDrafter(Q), draft_length=DraftLength(3)) for p, n in JOBS]
+    events = {id(s): [] for s in sequences}
+    while batch.sequences:
+        for sequence, outcome in batch.step():
+            events[id(sequence)].append(outcome)
+    assert isinstance(events[id(sequences[2])][-1], OutOfMemoryError)
+    for (prompt, n), sequence in zip(JOBS[:2], sequences):
+        assert collect(events[id(sequence)]).tokens == solo(prompt, greedy(n)).tokens
+
+
 def test_a_batch_larger_than_the_backend_holds_is_refused_and_a_full_batch_says_so():
     with pytest.raises(ConfigError, match="--parallel 5"):
         Batch(MarkovSlotsBackend(P, max_slots=4), capacity=5)
