@@ -141,23 +141,26 @@ def test_a_drafter_that_reads_one_sequences_hidden_states_is_refused_for_a_batch
         load(tiny["target"], drafter="medusa", parallel=2)
 
 
+@pytest.fixture(scope="module")
+def embedded_llama(default_gguf):
+    engine = Engine.load(EngineConfig(target=default_gguf, parallel=4, k=4, measure_costs=False).with_drafter("ngram"))
+    yield engine
+    engine.close()
+
+
 @pytest.mark.parametrize("speculative", [False, True])
-def test_llama_cpp_batch_replies_equal_their_solo_replies_or_differ_by_rounding_only(default_gguf, speculative):
+def test_llama_cpp_batch_replies_equal_their_solo_replies_or_differ_by_rounding_only(embedded_llama, speculative):
     """The embedded Q4_1 model on llama.cpp, four requests at once: a sequence's rows may sit in other
     cells of the shared cache than alone, so the sums round differently; every difference must be a
     near-tie that rounding explains (engine/core/divergence.py), as between speculative and plain."""
     from engine.core.divergence import first_divergence, rounding_bound
 
-    engine = Engine.load(EngineConfig(target=default_gguf, parallel=4, k=4, measure_costs=False).with_drafter("ngram"))
-    try:
-        prompts = [engine.prompt_ids(t) for t in TEXTS]
-        samplings = [SamplingConfig(max_tokens=32)] * 4
-        results, widest = decode_together(engine, prompts, samplings, speculative=speculative)
-        assert widest == 4
-        bound = rounding_bound(engine.target.info)
-        for prompt, sampling, result in zip(prompts, samplings, results):
-            solo = alone(engine, prompt, sampling, speculative)
-            divergence = first_divergence(result, solo, bound)
-            assert divergence is None or divergence.explained, divergence
-    finally:
-        engine.close()
+    engine = embedded_llama
+    prompts = [engine.prompt_ids(t) for t in TEXTS]
+    samplings = [SamplingConfig(max_tokens=32)] * 4
+    results, widest = decode_together(engine, prompts, samplings, speculative=speculative)
+    assert widest == 4
+    bound = rounding_bound(engine.target.info)
+    for prompt, sampling, result in zip(prompts, samplings, results):
+        divergence = first_divergence(result, alone(engine, prompt, sampling, speculative), bound)
+        assert divergence is None or divergence.explained, divergence
