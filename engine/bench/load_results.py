@@ -64,6 +64,13 @@ class LoadSweep:
     failure_mode: str = ""  # one sentence: which of the article's failure modes the numbers show
     verify_curve: tuple[tuple[int, float], ...] = ()  # T(rows) measured, seconds: (rows, seconds)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Added with the sweep (engine/bench/load_sweep.py); the fields above keep their meaning.
+    break_even_mode: str = ""  # the mode both break-evens are for: the fixed k when swept, else AUTO
+    # Per context: (context, measured break-even, predicted break-even), None where there is none.
+    break_evens: tuple[tuple[int, int | None, int | None], ...] = ()
+    # Every context's prediction: (context, B, mode, speedup), mode the fixed k's or AUTO.
+    predicted_by_context: tuple[tuple[int, int, str, float], ...] = ()
+    settings: dict = field(default_factory=dict)  # LoadSettings.to_dict(), plus the engine's n_ctx and k_max
 
     def point(self, batch: int, mode: str, context: int | None = None) -> LoadPoint | None:
         context = self.contexts[0] if context is None and self.contexts else context
@@ -89,6 +96,12 @@ class LoadSweep:
             return None
         return point.aggregate_tps / plain.aggregate_tps
 
+    def predicted_speedup(self, batch: int, mode: str, context: int | None = None) -> float | None:
+        """What the formula predicted for `mode` at B = `batch` (and `context`; default the first)."""
+        context = self.contexts[0] if context is None and self.contexts else context
+        found = (s for c, b, m, s in self.predicted_by_context if (c, b, m) == (context, batch, mode))
+        return next(found, None)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -107,4 +120,10 @@ class LoadSweep:
             failure_mode=str(data.get("failure_mode", "")),
             verify_curve=tuple((int(n), float(s)) for n, s in data.get("verify_curve", ())),
             notes=tuple(data.get("notes", ())),
+            break_even_mode=str(data.get("break_even_mode", "")),
+            break_evens=tuple((int(c), m, p) for c, m, p in data.get("break_evens", ())),
+            predicted_by_context=tuple(
+                (int(c), int(b), str(m), float(s)) for c, b, m, s in data.get("predicted_by_context", ())
+            ),
+            settings=dict(data.get("settings", {})),
         )
