@@ -28,9 +28,10 @@ import dataclasses
 from engine.bench.load_results import AUTO, VANILLA, LoadSweep, Memory
 from engine.core.batch_k import best_lengths
 from engine.core.costs import CostFormulas, expected_tokens
-from engine.errors import SpecDeckError
+from engine.errors import ConfigError, SpecDeckError
 
 LOW_ACCEPTANCE = 0.5  # below this, drafts are wrong more often than right: the article's failure mode 1
+BARELY = 1.1  # a speedup below this at the smallest B, with low acceptance, is failure mode 1
 STOPPED = 0.5  # automatic k drafting fewer tokens per step than this has, in effect, stopped
 
 
@@ -180,6 +181,38 @@ def kv_bytes(info, tokens: int) -> int:
         return 0
 
 
+def check_fits(config, settings) -> None:
+    """Refuse, before loading, a largest B whose caches (each sequence holds the whole context window,
+    the draft model's too) cannot fit the memory budget beside the weights, with the B that would.
+    A budget of 0 (not known) checks nothing; sizes that cannot be read neither: the load says."""
+    if not settings.memory_budget_bytes:
+        return
+    from engine.models.doctor import estimate_memory
+    from engine.models.locate import resolve
+    from engine.models.metadata import read_metadata
+
+    try:
+        meta = read_metadata(resolve(config.target))
+        n_ctx = config.n_ctx or min(meta.context_length or 4096, 4096)
+        dtype = None if config.dtype == "auto" else config.dtype
+        weights, target_kv = estimate_memory(meta, n_ctx, dtype)
+        draft_weights = draft_kv = 0
+        draft = getattr(config.options, "draft", None)
+        if draft:
+            draft_weights, draft_kv = estimate_memory(read_metadata(resolve(draft)), n_ctx, dtype)
+    except (SpecDeckError, OSError, ValueError, KeyError, TypeError):
+        return  # sizes that cannot be read: the load itself says what does not fit
+    memory = plan_memory(settings.memory_budget_bytes, n_ctx, weights, target_kv, draft_weights, draft_kv)
+    most, fits = max(settings.batches), memory.max_batch_with_draft
+    if most > fits:
+        with_draft = " and the draft model's" if draft else ""
+        raise ConfigError(
+            f"A batch of {most} needs {most} sequences of {n_ctx} tokens, and the weights{with_draft} and "
+            f"caches of only {fits} fit {settings.memory_budget_bytes / 2**30:.1f} GiB: keep B at {max(fits, 1)} or "
+            "below, load a smaller context (-c), or give a larger --memory-budget."
+        )
+
+
 # -- the sentence ---------------------------------------------------------------------------------
 
 
@@ -194,11 +227,12 @@ def failure_mode(sweep: LoadSweep, acceptance: float | None) -> str:
     best = max(drafting, key=lambda m: sweep.speedup(first, m, context) or 0.0)
     at_first = sweep.speedup(first, best, context) or 0.0
     where = f"B = {first}" if first > 1 else "B = 1, one request at a time"
-    if at_first < 1.0 and acceptance is not None and acceptance < LOW_ACCEPTANCE:
+    if acceptance is not None and acceptance < LOW_ACCEPTANCE and at_first < BARELY:
+        outcome = "lost" if at_first < 1.0 else "barely paid"
         said = (
-            f"The target rejected most drafts ({acceptance:.0%} of the draft tokens it checked were accepted), so "
-            f"speculation lost even at {where} ({at_first:.2f}x plain decoding): the drafter guesses wrong too "
-            "often to pay for itself (failure mode 1, low acceptance)"
+            f"The target rejected most drafts (it accepted {acceptance:.0%} of the draft tokens it checked), so "
+            f"speculation {outcome} even at {where} ({at_first:.2f}x plain decoding): the drafter guesses wrong "
+            "too often to pay for itself (failure mode 1, low acceptance)"
         )
     elif at_first < 1.0:
         said = (

@@ -4,6 +4,7 @@
                        [--dtype ...] [--k N|auto] [--max-tokens N] [--repeat R] [--warmup N]
                        [--kinds reuse,open,multi-turn] [--threads N] [--peers] [--json OUT] [--autotune]
     specdeck-cli bench --server URL [--api-key KEY] [--prompts ...] [--max-tokens N] [--repeat R] ...
+    specdeck-cli bench --concurrency 1,2,4,8,16 [--context 512,4096] [--k 4] [--memory-budget GIB] ...
 
 Progress goes to stderr, the report (tables, the bandwidth floor, memory,
 peers) to stdout, and with --json OUT everything measured to the file OUT.
@@ -15,6 +16,8 @@ allows with a few k (engine/bench/autotune.py) and prints them ranked.
 `--server URL` measures instead the pair a SpecDeck server (specdeck-cli serve)
 has loaded, on that machine, with the same prompts, settings and output; the
 pair's options (--target, --drafter, --k...) are then the server's, not flags.
+`--concurrency` runs the load test instead (engine/cli/bench_load.py): the same prompts with
+B requests in flight at once, per batch size B.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import threading
 from pathlib import Path
 
 from engine.cli import interrupt as cli_interrupt
+from engine.cli.bench_load import add_load_options as add_concurrency_options
 from engine.cli.common import engine_config
 from engine.cli.options import (
     add_drafter_options,
@@ -62,7 +66,12 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     )
     bench.add_argument("--k-max", type=int, default=16, help="longest draft automatic k may choose")
     bench.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per reply (default 128)")
-    bench.add_argument("--repeat", type=int, default=3, help="measured runs of each prompt and mode (default 3)")
+    bench.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="measured runs of each prompt and mode (default 3; 1 with --concurrency)",
+    )
     bench.add_argument("--warmup", type=int, default=1, help="warm-up runs per mode before measuring (default 1)")
     bench.add_argument(
         "--peers",
@@ -86,6 +95,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         help="instead: try every drafter the target allows with a few k, once each (--max-tokens 48 for "
         "a quick run), and print them ranked by speedup over plain decoding",
     )
+    add_concurrency_options(bench)
     add_server_options(bench, "benchmark on")
     bench.set_defaults(func=cmd_bench)
     return bench
@@ -95,6 +105,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from engine.bench import run_benchmark
     from engine.errors import ConfigError
 
+    if args.concurrency is not None:
+        from engine.cli.bench_load import cmd_load
+
+        return cmd_load(args, _prompts, _progress)
+    for name in ("context", "memory_budget", "requests"):
+        if getattr(args, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} is an option of the load test: add --concurrency B,B,... or drop {flag}.")
     if args.server:
         return _bench_on_server(args)
     if not args.autotune and (str(args.k) == "0" or (args.drafter == "none" and not args.draft)):
@@ -118,11 +136,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return _print_report(report, args.json)
 
 
-def _prompts_and_settings(args: argparse.Namespace):
-    from engine.bench import BenchSettings, default_prompts_path, load_prompts
+def _prompts(args: argparse.Namespace):
+    """(the prompts file, its prompts of --kinds)."""
+    from engine.bench import default_prompts_path, load_prompts
 
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) if args.kinds else None
     path = args.prompts or default_prompts_path()
+    return path, load_prompts(path, kinds)
+
+
+def _prompts_and_settings(args: argparse.Namespace):
+    from engine.bench import BenchSettings
+
     if args.server and args.llama_server:
         from engine.errors import ConfigError
 
@@ -132,14 +157,15 @@ def _prompts_and_settings(args: argparse.Namespace):
         )
     if args.peers and not args.server:
         _say_llama_server(args.llama_server)
+    path, prompts = _prompts(args)
     settings = BenchSettings(
         max_tokens=args.max_tokens,
-        repeat=args.repeat,
+        repeat=3 if args.repeat is None else args.repeat,
         warmup=args.warmup,
         peers=args.peers,
         llama_server=args.llama_server,
     )
-    return path, load_prompts(path, kinds), settings
+    return path, prompts, settings
 
 
 def _say_llama_server(explicit: str | None) -> None:
