@@ -237,6 +237,38 @@ class EngineClient:
         )
         return AutotuneResult.from_dict(item)
 
+    def load_sweep(
+        self,
+        prompts,
+        settings,
+        *,
+        progress: Callable[[str, float], None] | None = None,
+        cancel: threading.Event | None = None,
+    ):
+        """The load test (engine/bench/load_sweep.py `run_load_sweep`) on the server's loaded pair ->
+        LoadSweep (engine/bench/load_results.py: the points, predictions, break-evens, memory and the
+        failure-mode sentence the Load view draws).
+
+        `prompts`: BenchPrompt records (each runs its first turn; the shipped set is
+        `load_prompts(default_prompts_path())`). `settings`: a LoadSettings (engine/bench/load_settings.py):
+        `batches`, the B to sweep (requests in flight at once, 1 to 256); `contexts`, prompt lengths in
+        tokens to pad to (empty: the prompts as they are); `k`, the fixed-k mode's draft length (0: no
+        fixed-k mode); `auto`, whether to run automatic k; `max_tokens` per reply; `repeat`, runs per point;
+        `warmup`; `requests` per run (0: max(prompts, 2 B)); `temperature` (0: greedy); and
+        `memory_budget_bytes` for the draft's memory (0: what the server's machine has available).
+        A pair loaded for fewer sequences than max(batches) is reloaded with parallel = max(batches) for
+        the sweep and loaded back as it was afterwards; the app need not reload it.
+        `progress(message, fraction)` as run_benchmark's. Raises BenchmarkCancelled when `cancel` is set
+        (the server stops between steps), ConfigError for settings no sweep can run or when no pair is
+        loaded, EngineUnavailable when the server goes away."""
+        from engine.bench.load_results import LoadSweep
+
+        body = {"prompts": [p.to_dict() for p in prompts], "settings": settings.to_dict()}
+        item = self._job(
+            "/specdeck/load-sweep", body, "sweep", self._bench_progress(progress), cancel, None, "the load test"
+        )
+        return LoadSweep.from_dict(item)
+
     def train(
         self,
         options: dict,

@@ -6,6 +6,9 @@
     POST /specdeck/autotune    {"config", "prompts", "settings": AutotuneSettings.to_dict(), "candidates"?:
                                 [Candidate.to_dict()]} -> the same, ending {"result": AutotuneResult.to_dict()}
                                 or {"cancelled": true}
+    POST /specdeck/load-sweep  {"prompts", "settings": LoadSettings.to_dict()} -> stream of {"progress"}..., then
+                                {"sweep": LoadSweep.to_dict()} or {"cancelled": true}, and {"reloaded"} last when
+                                the pair was reloaded for the sweep
     POST /specdeck/train       {"options": train_heads' keyword options, "resume", "command"?} -> stream of
                                 {"unloaded"}?, {"progress": TrainProgress.to_dict()}..., then {"result":
                                 TrainResult.to_dict()} (a cancelled run too, its "cancelled" true, as in process)
@@ -26,6 +29,13 @@ False: its one client loads its pair again when its dialog is done.) Requests ar
 target that cannot be found is said before anything is freed), so a mistake never
 costs the loaded pair.
 
+The load test (engine/bench/load_sweep.py) runs on the loaded pair, with B requests in
+flight at once; a pair loaded for fewer sequences than the largest B is loaded again
+with parallel = that B for the sweep (its batch sizes and memory checked first, so a
+request that cannot run costs nothing), and loaded back as it was afterwards, however
+the sweep ended, which the stream's last item says (`{"reloaded": "<a sentence>"}`):
+for every client, the app's own engine included, since the sweep changed the pair.
+
 Paths are on the server's machine, and each is asked of the server's path policy
 (engine/service/paths.py) before anything runs: a benchmark's llama-server is the
 server's own, never the request's; for `specdeck-cli serve` a training's `out_dir`
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
@@ -46,6 +57,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from engine.bench.autotune_results import AutotuneSettings, Candidate
+from engine.bench.load_settings import LoadSettings
 from engine.bench.prompts import BenchPrompt
 from engine.bench.results import BenchmarkCancelled, BenchSettings, plain, progress_to_dict
 from engine.config import EngineConfig
@@ -79,6 +91,11 @@ class AutotuneRequest(_Strict):
     prompts: list[dict[str, Any]]
     settings: dict[str, Any] = {}
     candidates: list[dict[str, Any]] | None = None  # None: every drafter the target allows
+
+
+class LoadSweepRequest(_Strict):
+    prompts: list[dict[str, Any]]
+    settings: dict[str, Any] = {}  # LoadSettings.to_dict(); missing keys keep their defaults
 
 
 class TrainRequest(_Strict):
@@ -166,6 +183,27 @@ async def autotune(body: AutotuneRequest, request: Request):
     return await event_stream(host.run("autotune", job, request))
 
 
+@router.post("/specdeck/load-sweep")
+async def load_sweep(body: LoadSweepRequest, request: Request):
+    prompts = _prompts(body.prompts, "The load test")
+    settings = _record(LoadSettings.from_dict, body.settings, "load test settings")
+    settings.check()
+    host = _host(request)
+
+    def job(cancel, emit) -> None:
+        from engine.bench.load_sweep import run_load_sweep  # loads torch
+
+        with _parallel_for(host, settings, emit) as engine:
+            try:
+                sweep = run_load_sweep(engine, prompts, settings, cancel=cancel, progress=_progress(emit))
+            except BenchmarkCancelled:
+                emit(CANCELLED)
+                return
+            emit({"sweep": sweep.to_dict()})
+
+    return await event_stream(host.run("load-sweep", job, request))
+
+
 @router.post("/specdeck/train")
 async def train(body: TrainRequest, request: Request):
     paths = paths_of(request)
@@ -225,6 +263,32 @@ def _memory_for(host: Host, emit):
     finally:
         if freed is not None and host.reload_after_jobs:
             emit({"reloaded": host.restore(freed)})
+
+
+@contextlib.contextmanager
+def _parallel_for(host: Host, settings: LoadSettings, emit):
+    """The host's engine, holding the sweep's largest batch: as loaded when it holds that many
+    sequences, else loaded again with parallel = that batch for the job and loaded back as it was
+    after it, however it ended (`{"reloaded": sentence}` last)."""
+    from engine.batching import check_batchable
+    from engine.bench.load_predict import check_fits
+
+    if host.engine is None:
+        raise ConfigError("No pair is loaded: load one (POST /specdeck/load), then run the load test on it.")
+    config, most = host.engine.config, max(settings.batches)
+    if config.parallel >= most:
+        yield host.engine
+        return
+    wanted = dataclasses.replace(config, parallel=most)
+    check_batchable(wanted.drafter, most)
+    check_fits(wanted, settings)  # said before the loaded pair is touched
+    emit({"progress": progress_to_dict(f"Loading the pair for {most} sequences at once", 0.0)})
+    host.replace(wanted)  # a load that fails loads the old pair again and says so
+    try:
+        yield host.engine
+    finally:
+        host.free()
+        emit({"reloaded": host.restore(config)})
 
 
 def _progress(emit) -> Callable[[str, float], None]:

@@ -42,22 +42,15 @@ def test_load_test_options_need_concurrency_and_exclude_the_other_runs(capsys):
     assert code == 2 and "--memory-budget" in err
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from tests.factories.hf_models import make_tiny_llama
-
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny", seed=0)
-
-
-def test_a_batch_the_memory_budget_cannot_hold_is_refused_before_loading(capsys, tiny):
+def test_a_batch_the_memory_budget_cannot_hold_is_refused_before_loading(capsys, tiny_llama):
     capsys.readouterr()
-    args = ("bench", "--target", tiny, "--backend", "torch", "--dtype", "float32", "--drafter", "ngram")
+    args = ("bench", "--target", tiny_llama, "--backend", "torch", "--dtype", "float32", "--drafter", "ngram")
     code, out, err = run_cli(capsys, *args, "--concurrency", "1,64", "--memory-budget", "0.01", "-c", "4096")
     assert code == 2 and "A batch of 64" in err and "keep B at" in err
     assert "Context" not in out  # nothing ran
 
 
-def test_a_tiny_model_runs_a_two_point_sweep_end_to_end(capsys, tiny, tmp_path):
+def test_a_tiny_model_runs_a_two_point_sweep_end_to_end(capsys, tiny_llama, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
         json.dumps({"id": "copy", "kind": "reuse", "messages": [{"role": "user", "content": "Repeat: a b c d e f"}]})
@@ -69,7 +62,7 @@ def test_a_tiny_model_runs_a_two_point_sweep_end_to_end(capsys, tiny, tmp_path):
         capsys,
         "bench",
         "--target",
-        tiny,
+        tiny_llama,
         "--backend",
         "torch",
         "--dtype",

@@ -1,0 +1,63 @@
+"""The load test over the engine's server (routes_jobs `/specdeck/load-sweep`, EngineClient.load_sweep), as
+the app's Load view runs it: a pair loaded for one sequence is reloaded for the sweep's largest B and
+loaded back as it was; settings no sweep can run are refused before the pair is touched."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from engine.bench.load_results import AUTO, VANILLA
+from engine.bench.load_settings import LoadSettings
+from engine.bench.prompts import BenchPrompt
+from engine.errors import ConfigError
+
+PROMPTS = (BenchPrompt("copy", "reuse", ({"role": "user", "content": "Repeat: one two three four"},)),)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_llama):
+    import uvicorn
+
+    from engine.api import Engine
+    from engine.config import EngineConfig
+    from engine.service.client import EngineClient
+    from engine.service.host import EngineThread, Host
+    from engine.service.run import LOOPBACK, bind
+    from engine.service.server import create_app
+
+    config = EngineConfig(target=tiny_llama, backend="torch", dtype="float32", drafter="ngram", k_max=4)
+    thread = EngineThread()
+    host = Host(thread.call(lambda: Engine.load(config)), thread=thread)
+    sock = bind(LOOPBACK, 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(host), log_level="critical", access_log=False))
+    runner = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield EngineClient(f"http://{LOOPBACK}:{sock.getsockname()[1]}"), host
+    server.should_exit = True
+    runner.join(10)
+    thread.call(lambda: host.engine and host.engine.close())
+
+
+def test_a_sweep_on_the_server_reloads_the_pair_for_its_largest_batch_and_back(served):
+    client, host = served
+    said = []
+    settings = LoadSettings(batches=(1, 2), k=2, max_tokens=6, warmup=0, requests=2)
+    sweep = client.load_sweep(PROMPTS, settings, progress=lambda message, fraction: said.append(message))
+    assert sweep.batches == (1, 2) and sweep.modes == (VANILLA, "k=2", AUTO)
+    assert all(p.tokens == 12 for p in sweep.points)
+    assert "Loading the pair for 2 sequences at once" in said and said[-1] == "Done"
+    assert host.engine.config.parallel == 1  # loaded back as it was
+
+
+def test_settings_no_sweep_can_run_are_refused_and_the_pair_stays(served):
+    client, host = served
+    loaded = host.engine
+    with pytest.raises(ConfigError, match="1 or more"):
+        client.load_sweep(PROMPTS, LoadSettings(batches=(0, 2)))
+    assert host.engine is loaded
