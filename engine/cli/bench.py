@@ -108,6 +108,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.concurrency is not None:
         from engine.cli.bench_load import cmd_load
 
+        if args.server:
+            _refuse_pair_flags(args, "the load test runs on the server's loaded pair", keep=("k",))
         return cmd_load(args, _prompts, _progress)
     for name in ("context", "memory_budget", "requests"):
         if getattr(args, name) is not None:
@@ -221,9 +223,7 @@ def _bench_on_server(args: argparse.Namespace) -> int:
     from engine.remote import detect_kind
     from engine.service.client import EngineClient
 
-    parser = argparse.ArgumentParser()
-    defaults = add_bench_parser(parser.add_subparsers()).parse_args([])
-    refuse_pair_options(args, defaults, "the server's loaded pair is benchmarked")
+    _refuse_pair_flags(args, "the server's loaded pair is benchmarked")
     path, prompts, settings = _prompts_and_settings(args)
     key = server_key(args)
     kind = args.server_kind if args.server_kind != "auto" else detect_kind(args.server, key)
@@ -252,6 +252,14 @@ def _bench_on_server(args: argparse.Namespace) -> int:
         if sys.stderr.isatty():
             print(file=sys.stderr)
     return _print_report(report, args.json)
+
+
+def _refuse_pair_flags(args: argparse.Namespace, what: str, keep: tuple[str, ...] = ()) -> None:
+    """With --server: a ConfigError for a flag about the pair loaded here (`keep`: flags that mean
+    something else in this run, such as the load test's --k, its fixed-k mode)."""
+    defaults = add_bench_parser(argparse.ArgumentParser().add_subparsers()).parse_args([])
+    asked = argparse.Namespace(**{**vars(args), **{name: getattr(defaults, name) for name in keep}})
+    refuse_pair_options(asked, defaults, what)
 
 
 def _bench_remote(args, kind: str, key: str | None, path, prompts, settings) -> int:

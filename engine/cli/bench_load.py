@@ -127,13 +127,9 @@ def cmd_load(args: argparse.Namespace, prompts_and_source, progress) -> int:
 
 
 def _on_server(args, settings, prompts, progress) -> int:
-    from engine.cli.bench import add_bench_parser
-    from engine.cli.options import refuse_pair_options, server_key
+    """The load test on the pair a SpecDeck server has loaded (bench.py refused the pair's flags)."""
+    from engine.cli.options import server_key
     from engine.service.client import EngineClient
-
-    defaults = add_bench_parser(argparse.ArgumentParser().add_subparsers()).parse_args([])
-    asked = argparse.Namespace(**{**vars(args), "k": defaults.k})  # --k is the fixed-k mode's, not the pair's
-    refuse_pair_options(asked, defaults, "the load test runs on the server's loaded pair")
 
     client = EngineClient(args.server, api_key=server_key(args))
     pair = client.loaded()
