@@ -107,11 +107,13 @@ def run_load_sweep(
         ids = prompt_ids(engine, prompts, context, settings.requests or 2 * most)
         _check_room(target, prompts, ids, settings.max_tokens, k_max)
         label = context if context is not None else median_length(ids[: len(prompts)])
+        warm = min(2, most)  # two requests at once: the batched forward's first call is not measured either
         for _ in range(settings.warmup):
             for mode in settings.modes:
                 _check(cancel)
                 report(f"Context {label}: warming up ({mode})", done / total)
-                _run(engine, ids[:1], 1, mode, dataclasses.replace(settings, max_tokens=WARMUP_TOKENS), cancel, 1)
+                short = dataclasses.replace(settings, max_tokens=WARMUP_TOKENS)
+                _run(engine, ids[:warm], warm, mode, short, cancel, warm)
         for batch in settings.batches:
             runs: dict[str, list[_Run]] = {mode: [] for mode in settings.modes}
             for repeat in range(settings.repeat):

@@ -25,6 +25,7 @@ from engine.cli import interrupt as cli_interrupt
 from engine.errors import ConfigError
 
 GIB = 2**30
+DEFAULT_WINDOW = 4096  # the backends' own default context window
 
 
 def add_load_options(bench: argparse.ArgumentParser) -> None:
@@ -106,6 +107,8 @@ def cmd_load(args: argparse.Namespace, prompts_and_source, progress) -> int:
 
     config = dataclasses.replace(engine_config(args), parallel=max(settings.batches))
     load_summary(config)  # a missing model is said before the memory check reads it
+    if settings.contexts and config.n_ctx is None:
+        config = dataclasses.replace(config, n_ctx=window_for(config, settings))
     if not settings.memory_budget_bytes:
         settings = dataclasses.replace(settings, memory_budget_bytes=_available())
     check_fits(config, settings)
@@ -160,6 +163,22 @@ def print_sweep(sweep, json_path: Path | None) -> int:
             raise ConfigError(f"Could not write {json_path}: {error.strerror or error}.") from error
         print(f"\nwrote {json_path}", file=sys.stderr)
     return 0
+
+
+def window_for(config, settings) -> int:
+    """The context window each sequence gets when -c is not given: the default (4096), or room for
+    the longest --context, its reply and a last draft, as far as the model was trained for."""
+    from engine.bench.load_contexts import room_needed
+    from engine.errors import SpecDeckError
+    from engine.models.locate import resolve
+    from engine.models.metadata import read_metadata
+
+    need = max(DEFAULT_WINDOW, room_needed(max(settings.contexts), settings.max_tokens, config.k_max))
+    try:
+        trained = read_metadata(resolve(config.target)).context_length
+    except (SpecDeckError, OSError, ValueError, KeyError):
+        trained = 0
+    return min(need, trained) if trained else need
 
 
 def _available() -> int:
