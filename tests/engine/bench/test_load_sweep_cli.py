@@ -92,3 +92,13 @@ def test_a_tiny_model_runs_a_two_point_sweep_end_to_end(capsys, tiny_llama, tmp_
     assert {b for b, _ in sweep.predicted} == {1, 2} and sweep.verify_curve
     assert sweep.failure_mode.endswith(".") and sweep.failure_mode in out
     assert "Break-even B (k=2" in out and "tok/s all" in out
+
+
+def test_a_long_context_widens_each_sequences_window_as_far_as_the_model_allows(tiny_llama):
+    from engine.bench.load_settings import LoadSettings
+    from engine.cli.bench_load import window_for
+    from engine.config import EngineConfig
+
+    config = EngineConfig(target=tiny_llama, backend="torch", drafter="ngram", k_max=4)
+    assert window_for(config, LoadSettings(contexts=(512,), max_tokens=64)) == 2048  # the default, held to 2048
+    assert window_for(config, LoadSettings(contexts=(100_000,))) == 2048  # what the tiny model was trained for
