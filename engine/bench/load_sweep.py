@@ -249,10 +249,19 @@ def _extension(engine, most: int, k_max: int) -> dict[int, float]:
 
 
 def _with(snapshot: CostSnapshot, extension: dict[int, float]) -> CostSnapshot:
+    """The cost model's curve with the extension's sizes added, made non-decreasing the way timing
+    noise allows: each T(n) is the least of T(m) for m >= n. A busy machine only ever makes a forward
+    slower, so of two sizes timed out of order the cheaper one tells the truth; a T(1) that a busy
+    spell inflated during the runs, above a T(17) timed at load, made the formula predict a speedup
+    larger than the tokens a step can accept."""
     curve = dict(snapshot.verify_s)
     for n, seconds in extension.items():
         curve.setdefault(n, seconds)
-    return dataclasses.replace(snapshot, verify_s=tuple(sorted(curve.items())))
+    rising, least = [], float("inf")
+    for n in sorted(curve, reverse=True):
+        least = min(least, curve[n])
+        rising.append((n, least))
+    return dataclasses.replace(snapshot, verify_s=tuple(reversed(rising)))
 
 
 def _check(cancel: threading.Event) -> None:
