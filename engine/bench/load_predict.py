@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from engine.bench.load_report import size_text
 from engine.bench.load_results import AUTO, VANILLA, LoadSweep, Memory
 from engine.core.batch_k import best_lengths
 from engine.core.costs import CostFormulas, expected_tokens
@@ -208,7 +209,7 @@ def check_fits(config, settings) -> None:
         with_draft = " and the draft model's" if draft else ""
         raise ConfigError(
             f"A batch of {most} needs {most} sequences of {n_ctx} tokens, and the weights{with_draft} and "
-            f"caches of only {fits} fit {settings.memory_budget_bytes / 2**30:.1f} GiB: keep B at {max(fits, 1)} or "
+            f"caches of only {fits} fit {size_text(settings.memory_budget_bytes)}: keep B at {max(fits, 1)} or "
             "below, load a smaller context (-c), or give a larger --memory-budget."
         )
 
@@ -224,8 +225,9 @@ def failure_mode(sweep: LoadSweep, acceptance: float | None) -> str:
     if not batches or not drafting:
         return ""
     first, last = batches[0], batches[-1]
-    best = max(drafting, key=lambda m: sweep.speedup(first, m, context) or 0.0)
-    at_first = sweep.speedup(first, best, context) or 0.0
+    # the mode that drafts whatever the costs say (the fixed k when swept): automatic k that chose not
+    # to draft runs at about 1x and says nothing about whether drafts pay
+    at_first = sweep.speedup(first, sweep.break_even_mode or drafting[0], context) or 0.0
     where = f"B = {first}" if first > 1 else "B = 1, one request at a time"
     if acceptance is not None and acceptance < LOW_ACCEPTANCE and at_first < BARELY:
         outcome = "lost" if at_first < 1.0 else "barely paid"
@@ -266,7 +268,7 @@ def failure_mode(sweep: LoadSweep, acceptance: float | None) -> str:
     if memory is not None and memory.max_batch_with_draft < memory.max_batch_plain:
         said += (
             f"; the draft model's weights and cache leave room for {memory.max_batch_with_draft} sequences of "
-            f"{memory.context} tokens instead of {memory.max_batch_plain} in {memory.budget_bytes / 2**30:.1f} GiB "
+            f"{memory.context} tokens instead of {memory.max_batch_plain} in {size_text(memory.budget_bytes)} "
             "(failure mode 3, draft memory)"
         )
     return said + "."

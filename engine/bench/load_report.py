@@ -21,7 +21,7 @@ def format_load(sweep: LoadSweep) -> str:
     memory = sweep.memory
     if memory is not None:
         lines.append(
-            f"Memory ({memory.budget_bytes / 2**30:.1f} GiB, sequences of {memory.context} tokens): "
+            f"Memory ({size_text(memory.budget_bytes)}, sequences of {memory.context} tokens): "
             f"{memory.max_batch_plain} fit without the draft model, {memory.max_batch_with_draft} with it"
         )
     if sweep.failure_mode:
@@ -58,6 +58,13 @@ def _table(sweep: LoadSweep, context: int) -> list[str]:
         "  " + "  ".join(cell.rjust(w) if i != 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
         for row in rows
     ]
+
+
+def size_text(n: int) -> str:
+    """Bytes in the unit that reads best: "7.5 GiB", "51 MiB"."""
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def _b(batch: int | None) -> str:

@@ -180,3 +180,38 @@ def test_cancelling_stops_the_sweep():
     cancel.set()
     with pytest.raises(BenchmarkCancelled):
         run_load_sweep(timed_engine(parallel=2), PROMPTS, LoadSettings(batches=(1, 2), warmup=0), cancel=cancel)
+
+
+def _sweep_of(speedups: dict[int, float], memory=None) -> LoadSweep:
+    """A LoadSweep whose fixed k=4 ran at `speedups[B]` times vanilla (automatic k at 1x)."""
+    from engine.bench.load_results import LoadPoint
+
+    points = []
+    for batch, speedup in speedups.items():
+        for mode, tps in ((VANILLA, 10.0), ("k=4", 10.0 * speedup), (AUTO, 10.0)):
+            points.append(LoadPoint(batch, 100, mode, tps, tps, 0.1, mean_k=0.0 if mode != "k=4" else 4.0))
+    below = next((b for b, s in speedups.items() if s < 1), None)
+    return LoadSweep("t", "d", "torch", tuple(points), break_even_measured=below, break_even_mode="k=4", memory=memory)
+
+
+def test_the_sentence_names_the_failure_mode_the_numbers_show():
+    from engine.bench.load_predict import failure_mode
+
+    said = failure_mode(_sweep_of({1: 0.8, 8: 0.5}), acceptance=0.2)
+    assert "failure mode 1" in said and "20%" in said and said.endswith(".")
+    said = failure_mode(_sweep_of({1: 1.8, 8: 0.7}), acceptance=0.8)
+    assert said.startswith("At B = 8 the verify forward is no longer free") and "automatic k stopped drafting" in said
+    memory = plan_memory(2**30, 4096, 2**28, 2**24, draft_bytes=2**27, draft_kv=2**24)
+    said = failure_mode(_sweep_of({1: 1.8, 8: 1.2}, memory), acceptance=0.8)
+    assert "paid at every batch size" in said and "room for 20 sequences of 4096 tokens instead of 48" in said
+    assert "failure mode 3" in said
+
+
+def test_a_models_cache_per_token_is_read_from_its_files(tiny_llama):
+    from types import SimpleNamespace
+
+    from engine.bench.load_predict import kv_bytes
+
+    info = SimpleNamespace(path=tiny_llama, backend="torch", dtype="float32")
+    assert kv_bytes(info, 1000) == 2 * 2 * 2 * 16 * 4 * 1000  # keys and values, 2 layers, 2 KV heads of 16, float32
+    assert kv_bytes(SimpleNamespace(path="/no/such/model", backend="torch", dtype="float32"), 1000) == 0
