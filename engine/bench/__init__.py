@@ -9,7 +9,11 @@ warm-up and repeats), `peers` (llama-cpp-python and transformers on the same
 model), `system` (copy bandwidth, the bandwidth floor, peak memory), `results`
 (frozen result records, the settings and the aggregation math), `report` (text
 and JSON), `autotune` (the fastest drafter and draft length for a target on
-these prompts) and `autotune_results` (its records). Like the rest of `engine`,
+these prompts) and `autotune_results` (its records). The load test, B requests
+in flight at once (`specdeck-cli bench --concurrency`): `load_sweep` (the runs),
+`load_contexts` (the context axis), `load_predict` (prediction, break-evens,
+memory, the failure-mode sentence), `load_settings`, `load_results` (the
+records the app's Load view draws) and `load_report` (the text). Like the rest of `engine`,
 nothing here imports Qt.
 
 The records (`results`, `autotune_results`, `prompts`, `report`) load no torch,
@@ -34,6 +38,11 @@ _LAZY = {
     "default_prompts_path": "prompts",
     "load_prompts": "prompts",
     "parse_prompts": "prompts",
+    "LoadSettings": "load_settings",
+    "LoadSweep": "load_results",
+    "LoadPoint": "load_results",
+    "format_load": "load_report",
+    "run_load_sweep": "load_sweep",  # loads torch
     "format_text": "report",
     "to_json": "report",
     "write_json": "report",

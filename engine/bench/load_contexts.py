@@ -33,10 +33,10 @@ def prompt_ids(engine, prompts: tuple[BenchPrompt, ...], context: int | None, co
     requests = []
     for i in range(max(count, len(prompts))):
         prompt, copy = prompts[i % len(prompts)], i // len(prompts)
-        asked = _with_text_before(prompt, f"Request {copy + 1}.") if copy else prompt
-        ids = encode_prompt(engine, asked)
+        mark = f"Request {copy + 1}.\n\n" if copy else ""  # first, so that it ends the shared prefix
+        ids = encode_prompt(engine, _with_text_before(prompt, mark) if mark else prompt)
         if context is not None and len(ids) < context:
-            ids = _padded(engine, asked, ids, prompts, context)
+            ids = _padded(engine, prompt, mark, ids, prompts, context)
         requests.append(ids)
     return requests
 
@@ -50,16 +50,16 @@ def room_needed(context: int, max_tokens: int, k_max: int) -> int:
     return context + max_tokens + k_max + 1
 
 
-def _padded(engine, prompt: BenchPrompt, ids: list[int], prompts, context: int) -> list[int]:
-    """`prompt` with text of the other prompts before its first user message, cut to make it
-    `context` tokens long (within a token or two: the chat template and the cut may merge)."""
+def _padded(engine, prompt: BenchPrompt, mark: str, ids: list[int], prompts, context: int) -> list[int]:
+    """`prompt` with `mark`, then text of the other prompts, before its first user message, cut to make
+    it `context` tokens long (within a token or two: the chat template and the cut may merge)."""
     target = engine.target
     filler = _filler_ids(target, prompt, prompts, context)
     want = context - len(ids)
     best = ids
     for _ in range(TRIES):
         text = target.detokenize(filler[: max(want, 0)])
-        padded = encode_prompt(engine, _with_text_before(prompt, PADDING_NOTE + text))
+        padded = encode_prompt(engine, _with_text_before(prompt, mark + PADDING_NOTE + text))
         best = padded
         miss = len(padded) - context
         if miss == 0 or want <= 0:
@@ -88,5 +88,5 @@ def _filler_ids(target, prompt: BenchPrompt, prompts, context: int) -> list[int]
 def _with_text_before(prompt: BenchPrompt, text: str) -> BenchPrompt:
     messages = [dict(m) for m in prompt.messages]
     first = next((i for i, m in enumerate(messages) if m["role"] == "user"), 0)
-    messages[first]["content"] = f"{text}\n\n{messages[first]['content']}"
+    messages[first]["content"] = f"{text.rstrip()}\n\n{messages[first]['content']}"
     return BenchPrompt(prompt.id, prompt.kind, tuple(messages))

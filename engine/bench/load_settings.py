@@ -7,6 +7,7 @@ engine/bench/load_sweep.py.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from engine.bench.load_results import AUTO, VANILLA
@@ -50,6 +51,8 @@ class LoadSettings:
         for name in ("max_tokens", "repeat"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"The load test's {name.replace('_', ' ')} must be 1 or more.")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"The temperature must be 0 (greedy) or a positive number, not {self.temperature}.")
         if self.warmup < 0 or self.requests < 0 or self.memory_budget_bytes < 0:
             raise ConfigError("The load test's warm-up, requests and memory budget cannot be negative.")
 

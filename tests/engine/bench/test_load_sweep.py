@@ -15,6 +15,7 @@ import time
 import pytest
 
 from engine.api import Engine
+from engine.backends.base import common_prefix_length
 from engine.bench.load_contexts import prompt_ids
 from engine.bench.load_predict import plan_memory, predict
 from engine.bench.load_report import format_load
@@ -166,8 +167,11 @@ def test_memory_counts_the_drafts_weights_and_cache_per_sequence():
 
 def test_prompts_are_padded_to_the_context_and_a_context_that_does_not_fit_is_noted():
     engine = timed_engine(parallel=2)
-    padded = prompt_ids(engine, PROMPTS, 200)
-    assert all(len(ids) == 200 for ids in padded)
+    padded = prompt_ids(engine, PROMPTS, 200, count=4)
+    assert len(padded) == 4 and all(len(ids) == 200 for ids in padded)
+    # a prompt's second copy shares no long prefix with its first: its prefill is not free in a slot
+    # that held the first (which would make a mode's speed depend on where its requests landed)
+    assert common_prefix_length(padded[0], padded[2]) < 10
     settings = LoadSettings(batches=(1,), contexts=(100, 5000), k=K, max_tokens=4, warmup=0, requests=1)
     sweep = run_load_sweep(engine, PROMPTS, settings)
     assert sweep.contexts == (100,) and any("5000" in note for note in sweep.notes)
