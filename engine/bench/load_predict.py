@@ -15,6 +15,10 @@ free and G grows with k; where the batch has made T linear each row costs a toke
 and, accepted at a < 1, returns less: the fixed k's speedup falls below 1, automatic k
 chooses no drafting.
 
+The prediction is the decode steps' speedup. The measured aggregate also holds each request's
+prefill, which costs every mode the same, so a measured speedup sits a little nearer 1 than the
+predicted one, the more so the shorter the replies (--max-tokens).
+
 The break-even B is the smallest B whose speedup is below 1: measured, from the points,
 and predicted, from the formula (for automatic k, which never predicts a loss, the smallest
 B at which it chooses to draft nothing). Both are for the fixed k when one was swept (it is

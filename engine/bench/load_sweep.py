@@ -17,8 +17,8 @@ otherwise and has its own seed. Per (context, B, mode) the point holds the aggre
 tokens per second (all tokens over the run's wall time, prefills included, as a server's
 users see it; the median over `repeat` runs), each request's own tokens per second and
 its time to first token from the moment it joined (medians over all requests), and
-what the steps drafted and accepted. The modes run interleaved, run after run, so a busy
-spell of the machine hits them alike.
+what the steps drafted and accepted. The modes run interleaved, run after run, their
+order turning from one point to the next, so a busy spell of the machine hits them alike.
 
 After each context's runs the engine's cost model holds T(rows) as the batched steps
 measured it; engine/bench/load_predict.py turns that, the drafter's cost and the
@@ -114,10 +114,10 @@ def run_load_sweep(
                 report(f"Context {label}: warming up ({mode})", done / total)
                 short = dataclasses.replace(settings, max_tokens=WARMUP_TOKENS)
                 _run(engine, ids[:warm], warm, mode, short, cancel, warm)
-        for batch in settings.batches:
+        for index, batch in enumerate(settings.batches):
             runs: dict[str, list[_Run]] = {mode: [] for mode in settings.modes}
             for repeat in range(settings.repeat):
-                for mode in settings.modes:
+                for mode in _turn(settings.modes, index + repeat):
                     _check(cancel)
                     report(f"Context {label}, B = {batch}, {mode} (run {repeat + 1}/{settings.repeat})", done / total)
                     requests = settings.requests or max(len(prompts), 2 * batch)
@@ -262,6 +262,13 @@ def _with(snapshot: CostSnapshot, extension: dict[int, float]) -> CostSnapshot:
         least = min(least, curve[n])
         rising.append((n, least))
     return dataclasses.replace(snapshot, verify_s=tuple(reversed(rising)))
+
+
+def _turn(modes: tuple[str, ...], shift: int) -> tuple[str, ...]:
+    """`modes` rotated by `shift`: each mode runs first at some points, so whatever the first run after
+    a change of B pays (a new slot's first allocation, a cold cache) is not always the same mode's."""
+    shift %= len(modes)
+    return modes[shift:] + modes[:shift]
 
 
 def _check(cancel: threading.Event) -> None:
