@@ -1,7 +1,7 @@
 """specdeck-cli serve: the engine as an HTTP server (OpenAI's API, SpecDeck's own routes, /metrics).
 
     specdeck-cli serve -m default [--drafter ngram | -md M] [--host 127.0.0.1] [--port 8000]
-                       [--api-key KEY] [--queue 8]
+                       [--api-key KEY] [--parallel 1] [--queue 8]
 
 The engine options are generate's (the model, the drafter and its options, the
 load options, k). The model loads first, with its line on stderr; then one line
@@ -9,13 +9,17 @@ on stdout says where the server listens, and it serves until Ctrl+C. `--port 0`
 takes any free port (the line says which). Anywhere but loopback it serves only
 with an API key (--api-key, or $SPECDECK_API_KEY), since anyone who reaches the
 port could use the machine's models; with a key, every route but /health wants
-`Authorization: Bearer KEY`. One generation runs at a time; `--queue` requests
-may wait for it, and past that a request gets 503.
+`Authorization: Bearer KEY`. `--parallel N` generations run at once (llama-server's
+-np: continuous batching, engine/service/batch_loop.py; default 1, one at a time);
+`--queue` more requests may wait for a turn, and past that a request gets 503. An N
+the drafter cannot batch, or whose N caches would not fit in memory, is refused
+before the model loads, with the largest N that fits (engine/service/capacity.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -38,7 +42,19 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         help=f"the key clients send as 'Authorization: Bearer KEY' (default: ${ENV_KEY}, else none)",
     )
     serve.add_argument(
-        "--queue", type=int, default=8, help="requests that may wait while one generates (default 8); more get 503"
+        "-np",
+        "--parallel",
+        type=_parallel,
+        default=1,
+        metavar="N",
+        help="generations decoded together, each with its own context of -c tokens (default 1: one at a time; "
+        "llama-server's -np)",
+    )
+    serve.add_argument(
+        "--queue",
+        type=int,
+        default=8,
+        help="requests that may wait while --parallel others generate (default 8); more get 503",
     )
     limits = serve.add_argument_group("limits on clients (see README, 'What the server promises')")
     limits.add_argument(
@@ -118,6 +134,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.errors import ConfigError
     from engine.service import run
+    from engine.service.capacity import check_parallel
     from engine.service.host import EngineThread, Host
     from engine.service.server import check_key
 
@@ -130,7 +147,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if api_key:
         check_key(api_key)
     limits = _limits(args)
-    config = engine_config(args)
+    config = dataclasses.replace(engine_config(args), parallel=args.parallel)
+    check_parallel(config)  # a drafter that cannot batch, or caches that cannot fit: said before the load
     paths = _server_paths(args, config)  # a missing folder or binary is said before the load too
     sock = run.bind(args.host, args.port)  # a port in use is said before the load too
     thread = EngineThread()  # loaded where it will decode: one OpenMP pool (EngineThread)
@@ -161,6 +179,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         paths=paths,
     )
     return 0
+
+
+def _parallel(text: str) -> int | str:
+    """--parallel's value: the number it spells, else the text as typed, which the check refuses in
+    its own words (engine/batching.py check_batchable)."""
+    word = text.strip()
+    return int(word) if word.lstrip("+-").isdigit() else word
 
 
 def _server_paths(args: argparse.Namespace, config):
