@@ -22,6 +22,9 @@ response, and in the last chunk of a stream):
     predicted_per_token_ms, predicted_per_second
     draft_n, draft_n_accepted  draft tokens sent to the target, and those it accepted
     cache_n                    prompt tokens the target's cache already held (a follow-up in the same chat)
+    batch_n_mean, batch_n_max  SpecDeck's: the batch size the reply's steps ran at (sequences in each step's
+                               target forward, 1 unless the server runs --parallel N), mean and largest over
+                               the steps that ran a forward
 
 `finish_reason` is OpenAI's: the engine's "stop" (an end-of-generation token) and
 "stop_string" (a `stop` string) are "stop"; "length" (max_tokens) and
@@ -43,6 +46,7 @@ from engine.core.events import StepEvent
 from engine.core.sampling_config import SamplingConfig
 from engine.core.text import check_messages
 from engine.service.errors import BadRequest
+from engine.service.metrics import ran_forward
 
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
@@ -365,4 +369,12 @@ def timings(steps: list[StepEvent], prompt: Prompt) -> dict:
         "predicted_per_second": 1000.0 * predicted / predicted_ms if predicted_ms > 0 else 0.0,
         "draft_n": stats.drafted if stats else 0,
         "draft_n_accepted": stats.accepted if stats else 0,
+        **batch_sizes(steps),
     }
+
+
+def batch_sizes(steps: list[StepEvent]) -> dict:
+    """`batch_n_mean` and `batch_n_max` of `timings` (see the module docstring); 1 for a reply that ran
+    no forward (cancelled before its first step)."""
+    sizes = [step.batch for step in steps if ran_forward(step)]
+    return {"batch_n_mean": sum(sizes) / len(sizes) if sizes else 1.0, "batch_n_max": max(sizes, default=1)}

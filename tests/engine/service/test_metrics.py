@@ -7,6 +7,7 @@ are what the counters gain, whichever route made it: the OpenAI routes, and the 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -44,7 +45,20 @@ def test_the_counters_follow_the_steps_and_read_as_prometheus_text():
     assert samples[f"{P}num_requests_running"] == "1" and samples[f"{P}num_requests_waiting"] == "2"
     for family in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
         name, kind = family
-        assert name.startswith(P) and kind in ("counter", "gauge") and name.endswith("_total") == (kind == "counter")
+        assert name.startswith(P) and kind in ("counter", "gauge", "histogram")
+        assert name.endswith("_total") == (kind == "counter")
+
+
+def test_the_batch_size_histogram_counts_the_steps_that_ran_a_forward():
+    metrics = Metrics()
+    ran = [dataclasses.replace(_step(i, 0, 0, 1), verify_s=0.01, batch=b) for i, b in enumerate((1, 3, 3, 2))]
+    cancelled = _step(4, 0, 0, 0, finish="cancelled")  # ended before its forward: no batch size
+    for step in (*ran, cancelled):
+        metrics.observe(step, prompt_tokens=5)
+    samples = dict(line.rsplit(" ", 1) for line in metrics.render(0, 0).splitlines() if not line.startswith("#"))
+    buckets = [samples[f'{P}step_batch_size_bucket{{le="{bound}"}}'] for bound in (1, 2, 4, 64, "+Inf")]
+    assert buckets == ["1", "2", "4", "4", "4"]  # cumulative, as Prometheus reads a histogram
+    assert samples[f"{P}step_batch_size_sum"] == "9" and samples[f"{P}step_batch_size_count"] == "4"
 
 
 def _deltas(before: dict, after: dict) -> dict:
