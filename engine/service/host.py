@@ -15,6 +15,13 @@ model. `cancel()` asks a job to stop without closing anything: its stream still
 ends with the engine's last, "cancelled" step. A client names its job (the
 `X-SpecDeck-Job` header, `JOB_HEADER`) so that its cancel stops that job, running
 or still waiting, and never another client's.
+
+An engine loaded with --parallel N > 1 serves up to N generations at once: they
+share the engine (turns.py gives the turns, first come first served) and decode
+together in one batch (batch_loop.py); each is still a job of its own here, with
+its own cancel event, time limit and stream. A job that needs the engine alone (a
+load, a benchmark, a comparison) waits for the batch to drain, and the generations
+that come after it wait for it.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
 
+from engine.service.batch_loop import BatchLoop, Member, Start, run_alone
 from engine.service.errors import ServerBusy
+from engine.service.turns import SHARED, Turns
 
 log = logging.getLogger(__name__)
 Job = Callable[[threading.Event, Callable[[Any], None]], None]  # job(cancel, emit)
@@ -84,11 +93,25 @@ class Host:
         self.reload_after_jobs = reload_after_jobs
         self.thread = thread or EngineThread()  # where every job runs; the one that loaded `engine`, if given
         self.queue_limit = queue_limit
-        self.job_name: str | None = None  # what the running job is doing ("load", "generate"...), None when idle
         self.waiting = 0
-        self._lock: asyncio.Lock | None = None  # made on the server's event loop, on first use
-        self._cancel: threading.Event | None = None  # the running job's
+        self.batch_loop = BatchLoop(self)  # the generations decoding together (--parallel N > 1)
+        self._turns = Turns(self._parallel)
+        self._running: dict[int, tuple[str, threading.Event]] = {}  # id(cancel) -> (job name, cancel event)
         self._named: dict[str, threading.Event] = {}  # job id -> cancel event, running or waiting
+
+    @property
+    def job_name(self) -> str | None:
+        """What the running job is doing ("load", "generate"...; the first of several generations), None when idle."""
+        return next(iter(self._running.values()), (None,))[0]
+
+    @property
+    def running(self) -> int:
+        """Jobs holding the engine: 0 or 1, or up to --parallel generations decoding together."""
+        return len(self._running)
+
+    def _parallel(self) -> int:
+        """Generations the loaded engine decodes together (its config's --parallel), 1 without one."""
+        return getattr(getattr(self.engine, "config", None), "parallel", 1)
 
     @property
     def status(self) -> str:
@@ -104,8 +127,10 @@ class Host:
         is how memory runs out); when the new one fails to load, the old one is loaded again, so a
         bad request never leaves every client without a model, and the error says so."""
         from engine.api import Engine, load_summary  # loads torch: only when a model is asked for
+        from engine.service.capacity import check_parallel
 
         load_summary(config)  # a target that cannot be found is said before anything is freed
+        check_parallel(config)  # so is a --parallel that cannot be served
         old = self.free()
         try:
             self.engine = Engine.load(config, progress=progress)
@@ -135,24 +160,46 @@ class Host:
         return f"The pair loaded before ({self.engine.target.info.name}) was loaded again and answers as before."
 
     def cancel(self, job_id: str | None = None) -> bool:
-        """Ask job `job_id` (default: the running one) to stop at its next step, or a waiting one to
-        end as soon as its turn comes; False when there is no such job."""
-        cancel = self._cancel if job_id is None else self._named.get(job_id)
-        if cancel is None:
-            return False
-        cancel.set()
-        return True
+        """Ask job `job_id` (default: the running ones) to stop at its next step, or a waiting one to
+        end as soon as its turn comes; False when there is no such job. A generation decoding beside
+        others stops alone: theirs go on."""
+        if job_id is None:
+            events = [cancel for _, cancel in self._running.values()]
+        else:
+            events = [self._named[job_id]] if job_id in self._named else []
+        for cancel in events:
+            cancel.set()
+        return bool(events)
 
-    async def run(self, name: str, job: Job, request=None, *, time_limit_s: float | None = None) -> AsyncIterator[Any]:
-        """Run `job` once the engine is free; yield what it emits. Raises what the job raised.
+    def run(self, name: str, job: Job, request=None, *, time_limit_s: float | None = None) -> AsyncIterator[Any]:
+        """Run `job` once the engine is free, with the engine to itself; yield what it emits. Raises what
+        the job raised.
 
         `request` (a Starlette request): when its client disconnects, the job is cancelled, while it
         waits too (a job whose client has gone never starts); its JOB_HEADER names the job for
         `cancel`. `time_limit_s`: the job is cancelled that long after it starts.
         """
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        if self._lock.locked() and self.waiting >= self.queue_limit:
+        return self._serve(name, job, None, request, time_limit_s)
+
+    def generate(
+        self, start: Start, request=None, *, name: str = "generate", time_limit_s: float | None = None
+    ) -> AsyncIterator[Any]:
+        """A generation (batch_loop.py `Start`), as `run` runs a job: alone (`run_alone`) on an engine
+        that decodes one sequence at a time, else beside the others in the batch (`BatchLoop`)."""
+
+        def alone(cancel: threading.Event, emit: Callable[[Any], None]) -> None:
+            from engine.service.http import require_engine
+
+            run_alone(require_engine(self), start, cancel, emit)
+
+        return self._serve(name, alone, start, request, time_limit_s)
+
+    async def _serve(
+        self, name: str, job: Job, start: Start | None, request, time_limit_s: float | None
+    ) -> AsyncIterator[Any]:
+        """`run` and `generate`: `start` given, the job may share the engine with other generations."""
+        turns, may_share = self._turns, start is not None
+        if not turns.free_now(may_share) and self.waiting >= self.queue_limit:
             raise ServerBusy(
                 f"The server is busy: {self.waiting} requests are already waiting for the engine. Try again later."
             )
@@ -163,7 +210,7 @@ class Host:
         watcher = asyncio.create_task(_watch(request, cancel, gone)) if request is not None else None
         self.waiting += 1
         try:
-            await self._lock.acquire()
+            mode = await turns.take(may_share)
         except BaseException:
             self._named.pop(job_id, None)
             if watcher is not None:
@@ -173,7 +220,7 @@ class Host:
             self.waiting -= 1
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
-        self._cancel, self.job_name = cancel, name
+        self._running[id(cancel)] = (name, cancel)
         timer = loop.call_later(time_limit_s, cancel.set) if time_limit_s is not None else None
 
         def put(kind: str, value: Any) -> None:
@@ -185,29 +232,37 @@ class Host:
         def finish(kind: str, value: Any) -> None:
             # The engine is free before the request hears the job's end: a client that sends its
             # next request the moment a reply ends finds the server idle, not still busy.
-            self.job_name = self._cancel = None
+            self._running.pop(id(cancel), None)
             self._named.pop(job_id, None)
-            self._lock.release()
+            turns.give_back(mode)
             items.put_nowait((kind, value))
 
+        def ended(error: BaseException | None) -> None:
+            """The job's end, heard on the engine's thread."""
+            try:
+                loop.call_soon_threadsafe(finish, *((_DONE, None) if error is None else (_FAILED, error)))
+            except RuntimeError:  # the loop has closed: the server is shutting down
+                pass
+
         def target() -> None:
-            outcome = (_DONE, None)
+            error = None
             try:
                 if gone.is_set():  # its client left while it waited: it never starts
                     return
+                self.batch_loop.close()  # the engine alone: a batch's slots are freed first
                 job(cancel, lambda value: put(_ITEM, value))
-            except BaseException as error:  # noqa: BLE001 - handed to the request, which says it
-                outcome = (_FAILED, error)
+            except BaseException as failure:  # noqa: BLE001 - handed to the request, which says it
+                error = failure
             finally:
-                try:
-                    loop.call_soon_threadsafe(finish, *outcome)
-                except RuntimeError:  # the loop has closed: the server is shutting down
-                    pass
+                ended(error)
 
-        # Submitted inside the try: whatever happens to the request from here, the job is cancelled
-        # or ends, and the lock is released by the thread itself once the engine is free.
+        # Handed on inside the try: whatever happens to the request from here, the job is cancelled
+        # or ends, and the turn is given back once the engine's thread is done with it.
         try:
-            self.thread.submit(target)
+            if mode == SHARED:
+                self.batch_loop.add(Member(start, cancel, gone, lambda value: put(_ITEM, value), ended))
+            else:
+                self.thread.submit(target)
             while True:
                 kind, value = await items.get()
                 if kind == _DONE:

@@ -48,6 +48,7 @@ from engine.core.events import StepEvent
 from engine.drafters.base import Drafter
 from engine.drafters.per_request import NoDraftProbabilities, NotPerRequest, RequestDrafting, request_drafting
 from engine.service import openai_api
+from engine.service.batch_loop import Generation
 from engine.service.errors import BadRequest, error_response
 from engine.service.http import event_stream, parse_json, require_engine
 from engine.service.limits import check_message_count, limits_of
@@ -134,35 +135,50 @@ async def _serve(body, request: Request, tokenize, chat: bool):
     require_engine(host)
     metrics = metrics_of(app)
 
-    def job(cancel: threading.Event, emit) -> None:
+    def start(engine, cancel: threading.Event, emit) -> Generation | None:
         from engine.backends.base import common_prefix_length  # torch: the server holds a model by now
 
-        engine = require_engine(host)
         drafting = _drafting(engine, body, options)
         prompt = tokenize(engine)
         if cancel.is_set():  # the client left, or the time ran out, while the prompt was tokenized
-            return
-        counted = openai_api.Prompt(len(prompt), common_prefix_length(engine.target.tokens, prompt[:-1]))
-        room = max(1, engine.target.n_ctx - len(prompt))  # no max_tokens: up to the context's end
+            return None
+        room = max(1, engine.target.n_ctx - len(prompt))  # no max_tokens: up to the context's end (each slot's)
         run_sampling = dataclasses.replace(sampling, max_tokens=room if limit is None else limit)
         name = model_name(app, engine)
-        with drafting.drafter_for(engine) as drafter:
-            steps = engine.stream(
-                prompt,
-                run_sampling,
-                speculative=drafter is not None,
-                cancel=cancel,
-                drafter=drafter,
-                draft_length=drafting.draft_length(engine.config) if drafter is not None else None,
-            )
-            # The first emit comes after the first step, so after tokenizing, the context check and
-            # the prefill: a prompt too long for the context is a 400, not a broken stream.
-            for step in steps:
-                metrics.observe(step, len(prompt))
-                item = _item(engine, step, drafter) if options.events else None
-                emit(Emitted(step, item, counted, name))
+        placed: dict = {}
 
-    items = host.run("generate", job, request, time_limit_s=limits_of(request).generation_timeout_s)
+        def on_start(slot, drafter) -> None:
+            # The prompt tokens its slot's cache already holds (a follow-up in the same chat), and the drafter
+            # that drafts for it: the loaded one, one of its kind from the batch's pool, or the request's own.
+            placed["prompt"] = openai_api.Prompt(len(prompt), common_prefix_length(slot.tokens, prompt[:-1]))
+            placed["drafter"] = drafter
+
+        # The first emit comes after the first step, so after tokenizing, the context check and
+        # the prefill: a prompt too long for the context is a 400, not a broken stream.
+        def on_step(step: StepEvent) -> None:
+            metrics.observe(step, len(prompt))
+            item = _item(engine, step, placed["drafter"]) if options.events else None
+            emit(Emitted(step, item, placed["prompt"], name))
+
+        owned = contextlib.ExitStack()  # the request's own drafter, closed once its reply has ended
+        drafter = owned.enter_context(drafting.drafter_for(engine))
+        try:
+            draft_length = drafting.draft_length(engine.config) if drafter is not None else None
+        except BaseException:
+            owned.close()
+            raise
+        return Generation(
+            prompt,
+            run_sampling,
+            on_step,
+            speculative=drafter is not None,
+            drafter=None if drafter is engine.drafter else drafter,
+            draft_length=draft_length,
+            on_start=on_start,
+            close=owned.close,
+        )
+
+    items = host.generate(start, request, time_limit_s=limits_of(request).generation_timeout_s)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
         return await event_stream(_chunks(items, chat, include_usage, options.events), done="[DONE]")
@@ -202,7 +218,7 @@ async def _chunks(items: AsyncIterator[Emitted], chat: bool, include_usage: bool
 
 def _item(engine, step: StepEvent, drafter: Drafter | None) -> dict:
     """routes_specdeck.step_item, with the statistics of this request's drafter."""
-    if drafter is engine.drafter:
+    if drafter is None or drafter is engine.drafter:
         return step_item(engine, step, drafter is not None)
     return {**step_item(engine, step, False), "run": "speculative", "drafter_stats": drafter_stats(drafter)}
 

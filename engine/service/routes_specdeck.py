@@ -1,6 +1,6 @@
 """SpecDeck's own routes: what the desktop app needs beyond OpenAI's API.
 
-    GET  /health              {"status": "ok" | "loading" | "no model", "job": ...}
+    GET  /health              {"status": "ok" | "loading" | "no model", "job": ..., "running": N, "waiting": M}
     GET  /specdeck/info       the loaded pair (`loaded_info`), or {"loaded": null}
     POST /specdeck/load       {"config": EngineConfig.to_dict(), "reload"?} -> stream of {"progress": {...}},
                               then {"loaded": ...}; at once when that config is already loaded
@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -42,7 +43,9 @@ from engine.config import EngineConfig
 from engine.drafters.registry import DrafterStats
 from engine.errors import SpecDeckError
 from engine.service import wire
+from engine.service.batch_loop import Generation
 from engine.service.batches import Batches, batch_interval
+from engine.service.capacity import check_parallel
 from engine.service.errors import BadRequest, error_response
 from engine.service.host import Host
 from engine.service.http import event_stream, require_engine
@@ -90,7 +93,7 @@ def _host(request: Request) -> Host:
 async def health(request: Request) -> dict:
     host = _host(request)
     status = "loading" if host.status == "loading" else ("ok" if host.engine is not None else "no model")
-    return {"status": status, "job": host.job_name, "waiting": host.waiting}
+    return {"status": status, "job": host.job_name, "running": host.running, "waiting": host.waiting}
 
 
 @router.get("/specdeck/info")
@@ -106,6 +109,7 @@ async def info(request: Request) -> dict:
 @router.post("/specdeck/load")
 async def load(body: LoadRequest, request: Request):
     config = _config(body.config, request)
+    check_parallel(config)  # a 400 before the request queues: parallel 0, or caches that cannot fit
     host = _host(request)
 
     def job(cancel, emit) -> None:
@@ -144,32 +148,43 @@ async def compare(body: CompareRequest, request: Request):
 
 async def _run(kind: str, body: CompareRequest, request: Request):
     """A reply (GENERATE) or both runs of a comparison (COMPARE, then its divergence), their steps
-    sent in batches as the engine records them."""
+    sent in batches as the engine records them. A reply may decode beside other requests' (a server
+    loaded with --parallel N); a comparison has the engine to itself, since it times both runs."""
     host = _host(request)
     sampling = _sampling(body.sampling)
     check_message_count(body.messages, limits_of(request))
     metrics = metrics_of(request.app)
+    timeout = limits_of(request).generation_timeout_s
+
+    def steps_sent(engine, prompt, emit) -> tuple[Batches, Callable]:
+        send = Batches(lambda steps: emit(wire.batch(steps)), batch_interval(engine.target.info.device))
+
+        def on_step(step) -> None:
+            metrics.observe(step, len(prompt))
+            send.send(wire.dumps(wire.step_to_dict(step)), last=step.finish_reason is not None)
+
+        return send, on_step
+
+    if kind == GENERATE:
+
+        def start(engine, cancel, emit) -> Generation:
+            prompt = engine.prompt_ids(body.messages)
+            sent, on_step = steps_sent(engine, prompt, emit)
+            speculative = engine.drafter is not None if body.speculative is None else body.speculative
+            # Batches.flush at the end: whatever is held when the run ends, normally or by an error, goes out
+            return Generation(prompt, sampling, on_step, speculative=speculative, snapshots=True, close=sent.flush)
+
+        return await event_stream(host.generate(start, request, time_limit_s=timeout))
 
     def job(cancel, emit) -> None:
         engine = require_engine(host)
         prompt = engine.prompt_ids(body.messages)
-        with Batches(lambda steps: emit(wire.batch(steps)), batch_interval(engine.target.info.device)) as send:
+        sent, on_step = steps_sent(engine, prompt, emit)
+        with sent:
+            on_event = lambda run, step: on_step(step)  # noqa: E731 - the step says its run
+            comparison = engine.compare(prompt, sampling, cancel=cancel, on_event=on_event, snapshots=True)
+        emit({"divergence": wire.divergence_to_dict(comparison.divergence)})
 
-            def on_step(step) -> None:
-                metrics.observe(step, len(prompt))
-                send(wire.dumps(wire.step_to_dict(step)), last=step.finish_reason is not None)
-
-            if kind == COMPARE:
-                on_event = lambda run, step: on_step(step)  # noqa: E731 - the step says its run
-                comparison = engine.compare(prompt, sampling, cancel=cancel, on_event=on_event, snapshots=True)
-            else:
-                speculative = engine.drafter is not None if body.speculative is None else body.speculative
-                for step in engine.stream(prompt, sampling, speculative=speculative, cancel=cancel, snapshots=True):
-                    on_step(step)
-        if kind == COMPARE:
-            emit({"divergence": wire.divergence_to_dict(comparison.divergence)})
-
-    timeout = limits_of(request).generation_timeout_s
     return await event_stream(host.run(kind, job, request, time_limit_s=timeout))
 
 
