@@ -1,0 +1,90 @@
+"""The issue's test of a --parallel server: 8 concurrent streams through the real server, each its solo reply.
+
+`specdeck-cli serve --parallel 4` as a user starts it (a child process on loopback), on a
+tiny random-weight Llama in float32 on PyTorch's native forward (tests/factories/hf_models.py),
+n-gram drafting loaded at a fixed k (automatic k may find drafting not worth it on so small a
+model, and a random model's text seldom repeats its prompt: a fixed k drafts whenever lookup
+finds a match). Eight streaming chat requests from eight threads with the `openai`
+client: four decode together and four wait in the queue, then join as the first ones end.
+Greedy, so each reply must be exactly the one the same request gets alone (sent when
+nothing else runs), once decoded plainly ("drafter": "none") and once speculatively.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+import pytest
+
+from tests.engine.service.conftest import start_server, stop_server
+from tests.factories.hf_models import make_tiny_llama
+
+pytestmark = pytest.mark.slow
+
+KEY = "parallel-server-key-9c2d"
+PARALLEL, CLIENTS = 4, 8
+TEXTS = [
+    "Repeat after me, word for word: the early bird catches the worm.",
+    "Write a short poem about the sea.",
+    "def add(a, b):\n    return a + b\n\nRename add to plus.",
+    "List the days of the week, then again backwards.",
+    "What is the capital of France? Answer in one word.",
+    "Count from one to twenty, one number per line.",
+    "Tell me a story about a lighthouse keeper and a cat.",
+    "Translate 'good morning' into French, German and Spanish.",
+]
+MAX_TOKENS = [24, 40, 32, 48, 20, 36, 44, 28]  # replies of several lengths: requests leave and join mid-run
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parallel-server")
+    target = make_tiny_llama(root / "target", seed=0, n_layers=2)
+    args = ["-m", target, "--backend", "torch", "--dtype", "float32", "--drafter", "ngram", "--k", "3", "-c", "512"]
+    started = start_server([*args, "--parallel", str(PARALLEL), "--queue", str(CLIENTS)], root / "stderr.log", KEY)
+    yield started
+    stop_server(started)
+
+
+def _reply(server, i: int, drafter: str | None) -> tuple[str, dict]:
+    """Request i, streamed: its text and its timings."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    chunks = client.chat.completions.create(
+        model="any",
+        messages=[{"role": "user", "content": TEXTS[i]}],
+        max_tokens=MAX_TOKENS[i],
+        temperature=0,
+        stream=True,
+        extra_body={"specdeck": {"drafter": drafter}} if drafter else None,
+    )
+    text, timings = "", {}
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+        timings = chunk.model_extra.get("timings") or timings
+    return text, timings
+
+
+@pytest.mark.parametrize("drafter", ["none", None], ids=["plain", "ngram"])
+def test_eight_concurrent_streams_with_parallel_four_each_give_their_solo_reply(server, drafter):
+    alone = [_reply(server, i, drafter)[0] for i in range(CLIENTS)]
+    together: list = [None] * CLIENTS
+
+    def ask(i: int) -> None:
+        try:
+            together[i] = _reply(server, i, drafter)
+        except Exception as error:  # noqa: BLE001 - the assertion shows it
+            together[i] = error
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert all(isinstance(result, tuple) for result in together), together
+    assert [text for text, _ in together] == alone
+    widest = max(timings["batch_n_max"] for _, timings in together)
+    assert 2 <= widest <= PARALLEL  # they did decode together, never more than --parallel at once
+    if drafter is None:
+        assert sum(timings["draft_n"] for _, timings in together) > 0  # n-gram lookup drafted
