@@ -84,16 +84,16 @@ def slot_memory(config) -> SlotMemory | None:
         backend = target_backend(config)
         runs_on = backend if backend != "auto" else (LLAMA_CPP if target.kind == "gguf" else "torch")
         on = model_placement(target, runs_on, config.device, config.gpu_layers)
-    except SpecDeckError:
+        trained = metas[0].context_length or DEFAULT_CONTEXT
+        # What the load uses when no context is given: llama.cpp's default, the trained context on PyTorch.
+        n_ctx = config.n_ctx or (min(DEFAULT_CONTEXT, trained) if runs_on == LLAMA_CPP else trained)
+        dtype = None if config.dtype == "auto" else config.dtype
+        weights = per_slot = 0
+        for meta in metas:
+            meta_weights, kv = estimate_memory(meta, n_ctx, dtype if meta.ref.kind != "gguf" else None)
+            weights, per_slot = weights + meta_weights, per_slot + kv
+    except SpecDeckError:  # a bad dtype, a model that cannot be read: the load says it in its own words
         return None
-    trained = metas[0].context_length or DEFAULT_CONTEXT
-    # What the load uses when no context is given: llama.cpp's default, the trained context on PyTorch.
-    n_ctx = config.n_ctx or (min(DEFAULT_CONTEXT, trained) if runs_on == LLAMA_CPP else trained)
-    dtype = None if config.dtype == "auto" else config.dtype
-    weights = per_slot = 0
-    for meta in metas:
-        meta_weights, kv = estimate_memory(meta, n_ctx, dtype if meta.ref.kind != "gguf" else None)
-        weights, per_slot = weights + meta_weights, per_slot + kv
     if on.on_gpu:
         memory = device_memory(on.device)
         free, where = (memory[0] if memory else None), f"on {on.device}"
@@ -106,4 +106,3 @@ def slot_memory(config) -> SlotMemory | None:
 
 
 DEFAULT_CONTEXT = 4096  # llama.cpp's context when none is given (engine/backends/llama_cpp.py DEFAULT_CONTEXT)
-

@@ -11,8 +11,8 @@
     POST /specdeck/preflight  {"config": EngineConfig.to_dict()} -> `preflight(config).to_dict()`: can this config
                               load and draft, from metadata only (the pair dialog's check)
     POST /specdeck/cancel     {"job"?}: that job (the X-SpecDeck-Job its request was sent with; default the
-                              running one) stops at its next step, or at once if still waiting; its stream
-                              ends as usual
+                              running ones) stops at its next step, or at once if still waiting; its stream
+                              ends as usual. A reply decoding beside others (--parallel N) stops alone
 
 A reply and a comparison are one path (`_run`, by its kind). Each step is the
 engine's record (`Engine.stream(snapshots=True)`): its run, and copies made on the
@@ -82,7 +82,7 @@ class PreflightRequest(_Strict):
 
 
 class CancelRequest(_Strict):
-    job: str | None = None  # the X-SpecDeck-Job a request was sent with; None: the running job
+    job: str | None = None  # the X-SpecDeck-Job a request was sent with; None: the running job(s)
 
 
 def _host(request: Request) -> Host:

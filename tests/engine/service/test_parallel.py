@@ -35,6 +35,7 @@ from tests.engine.service.conftest import Raw, cli_command
 from tests.factories.fake import MarkovSlotsBackend, random_transition
 
 KEY = "parallel-key-5e1f7c"
+PATH = "/v1/chat/completions"
 P = random_transition(8, seed=3, sharpness=1.5)
 REQUESTS = [  # (content, max_tokens, extra fields): greedy, plain, seeded sampling, bounded drafts
     ("abcabcab", 30, {}),
@@ -346,6 +347,45 @@ def test_metrics_count_the_batch_size_each_step_ran_at():
         at_two = after['specdeck:step_batch_size_bucket{le="2"}'] - after['specdeck:step_batch_size_bucket{le="1"}']
         assert at_two > 0 and together > at_two  # both requests' steps at 2; the longer one's last alone
         assert after["specdeck:step_batch_size_sum"] > after["specdeck:step_batch_size_count"]
+
+
+def test_each_request_in_a_batch_gets_its_own_steps_provenance():
+    """`specdeck.events` in a batch: each request's steps, with its own drafter's statistics (one of the
+    pool for the second request) or none for the plain one, tokens marked by where they came from."""
+    with serving(parallel=2, queue=1) as (url, host, backend):
+        raw = Raw(url, KEY)
+
+        def body(content: str, drafter: str | None) -> dict:
+            options = {"events": True, **({"drafter": drafter} if drafter else {})}
+            messages = [{"role": "user", "content": content}]
+            return {"messages": messages, "max_tokens": 30, "temperature": 0, "specdeck": options}
+
+        replies: dict = {}
+        backend.gate.clear()
+        asks = {"ngram": body("abcabcab", None), "pool": body("cbacbacb", None), "plain": body("hgfhgf", "none")}
+        threads = []
+        for name, request in asks.items():
+            threads.append(
+                threading.Thread(target=lambda n=name, r=request: replies.update({n: raw.json("POST", PATH, r)}))
+            )
+            threads[-1].start()
+            time.sleep(0.05)
+        wait_for(lambda: host.running == 2)
+        backend.gate.set()
+        for thread in threads:
+            thread.join(60)
+        for name, (status, reply) in replies.items():
+            assert status == 200
+            events = reply["specdeck"]
+            text = "".join(item["step"]["text"] for item in events)
+            assert text == reply["choices"][0]["message"]["content"]
+            sources = {token["source"] for item in events for token in item["step"]["tokens"]}
+            if name == "plain":
+                assert {item["run"] for item in events} == {"vanilla"} and sources == {"plain"}
+            else:
+                assert {item["run"] for item in events} == {"speculative"}
+                assert all(item["drafter_stats"] is not None for item in events)
+        assert max(item["step"]["batch"] for _, reply in replies.values() for item in reply["specdeck"]) == 2
 
 
 def test_specdecks_own_generate_joins_the_batch_with_its_steps_records():
