@@ -32,9 +32,12 @@ import llama_cpp
 import numpy as np
 import torch
 
-from engine.backends import gpu_layers  # its llama_cpp_offloads read at each call: tests fake a GPU build
+from engine.backends import (
+    gpu_layers,  # its llama_cpp_offloads read at each call: tests fake a GPU build
+    llama_tree,
+)
 from engine.backends.base import Backend, LoadProgress, ModelInfo
-from engine.backends.capabilities import Slots
+from engine.backends.capabilities import Slots, TreeForward
 from engine.backends.llama_slots import LlamaSlot, Rows, SlotTable, decode_sequence, truncate_sequence
 from engine.backends.llama_slots import forward_batch as run_batch
 from engine.backends.llama_state import StateUnsupported, cache_kind, recurrent_checkpoints
@@ -82,9 +85,11 @@ class _ProgressLlama(llama_cpp.Llama):
     """`llama_cpp.Llama` with llama.cpp's load progress callback, which its constructor
     does not take, and with weight repacking off where it would use AMX (engine/backends/
     repack.py: a segmentation fault at the first prompt there): both go into the model
-    parameters as the constructor assigns them, before it loads the model. `sequences` > 1 goes into
-    the context parameters the same way (the constructor takes no n_seq_max), with one cache buffer
-    that every sequence draws from (engine/backends/llama_slots.py says why unified)."""
+    parameters as the constructor assigns them, before it loads the model. The context gets `sequences`
+    ids (the constructor takes no n_seq_max) and, after them, the temporary ids of masked forwards
+    (engine/backends/llama_tree.py; none for a model with recurrent layers, which is why they are set
+    as the constructor reads the parameters to make the context, after the model loaded), with one
+    cache buffer that every id draws from (engine/backends/llama_slots.py says why unified)."""
 
     def __init__(self, progress: LoadProgress | None, sequences: int = 1, **kwargs) -> None:
         self._on_progress = progress
@@ -107,13 +112,15 @@ class _ProgressLlama(llama_cpp.Llama):
 
     @property
     def context_params(self):
-        return self.__dict__["context_params"]
+        params = self.__dict__["context_params"]
+        if "_model" in self.__dict__:  # read to make the context
+            room = min(params.n_batch, params.n_ubatch, llama_cpp.llama_max_parallel_sequences()) - self._sequences
+            params.n_seq_max = self._sequences + llama_tree.tree_sequences(self._model.model, room)
+            params.kv_unified = params.n_seq_max > 1
+        return params
 
     @context_params.setter
     def context_params(self, params) -> None:
-        if self._sequences > 1:
-            params.n_seq_max = self._sequences
-            params.kv_unified = True
         self.__dict__["context_params"] = params
 
     def _report(self, fraction: float, _user_data: ctypes.c_void_p) -> bool:
@@ -172,9 +179,10 @@ def _check_gguf_file(path: str) -> None:
         )
 
 
-class LlamaCppBackend(Backend):
+class LlamaCppBackend(llama_tree.MaskedForwards, Backend):
     """One GGUF model and one sequence's KV cache in llama.cpp; with slots > 1, the first of several
-    sequences on one context (Slots)."""
+    sequences on one context (Slots). Trees and other masked blocks run through temporary sequence
+    ids (TreeForward, engine/backends/llama_tree.py), for models without recurrent layers."""
 
     name = "llama.cpp"
     max_slots: int = 1
@@ -269,6 +277,9 @@ class LlamaCppBackend(Backend):
             self.close()
             raise state_unsupported_error(self._display_name, str(e)) from None
         self.replays_on_rollback = self._states is not None
+        self._tree_ids = llama_tree.TreeIds(slots, llama_cpp.llama_n_seq_max(self._ctx) - slots)
+        if self._states is None and self._tree_ids.count > 0:  # llama_tree.py: why not with recurrent layers
+            self.capabilities = self.capabilities | {TreeForward}
         self._info = self._make_info()
         self.load_notes = gguf_load_notes(path, self._display_name)  # a damaged file (zeroed weights) said
 
@@ -465,7 +476,8 @@ class LlamaCppBackend(Backend):
         return self._slot_table.open()
 
     def forward_batch(self, calls: list) -> list[torch.Tensor]:
-        """One decode over the rows of this backend and of slots it opened (BatchCall, chains only)."""
+        """One decode over the rows of this backend and of slots it opened (BatchCall; masked calls
+        through sequence ids, engine/backends/llama_tree.py)."""
         return run_batch(self, calls)
 
     # -- text ----------------------------------------------------------------------

@@ -24,7 +24,8 @@ without 1 would take two passes as well. What unified costs:
 The decode and rollback of one sequence are here too (`decode_sequence`, `truncate_sequence`):
 the backend runs them on sequence 0, each slot on its own id, through the same `Rows`.
 
-llama.cpp has no custom attention masks: a batch runs chains only (the backend has no TreeForward).
+llama.cpp has no custom attention masks: a masked call (a tree, lookahead's block) runs its rows
+on temporary sequence ids (engine/backends/llama_tree.py), in the same decode as the chains.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ import llama_cpp
 import numpy as np
 import torch
 
+from engine.backends import llama_tree
 from engine.backends.base import Backend, ModelInfo, finite_rows
+from engine.backends.capabilities import TreeForward, has
 from engine.backends.slots import BatchCall, SlotsFull
 from engine.errors import ConfigError
 from engine.models.memory_errors import model_out_of_memory
@@ -134,6 +137,8 @@ def decode_sequence(owner: LlamaCppBackend, s: Backend, tokens: list[int], all_l
 
 def truncate_sequence(owner: LlamaCppBackend, s: Backend, length: int) -> None:
     """`s._truncate`: cut s's cache back to `length` tokens."""
+    if s._block is not None and llama_tree.settle(owner, s, length):  # a masked forward's rows, not kept
+        return
     if s._states is not None:
         try:
             s._states.rollback(length, s.tokens, s._replay)
@@ -167,10 +172,10 @@ def forget_cache(owner: LlamaCppBackend, s: Backend) -> None:
     s.tokens.clear()
 
 
-class LlamaSlot(Backend):
+class LlamaSlot(llama_tree.MaskedForwards, Backend):
     """Sequence `seq_id` of a LlamaCppBackend's context: its own tokens, cache, forward and rollback
-    (through the owner's decode on this sequence id), the owner's model, vocabulary and template.
-    It has no Slots of its own: slots are opened on the owner."""
+    (through the owner's decode on this sequence id), the owner's model, vocabulary and template, and
+    the owner's TreeForward. It has no Slots of its own: slots are opened on the owner."""
 
     name = "llama.cpp"
 
@@ -178,11 +183,15 @@ class LlamaSlot(Backend):
         super().__init__()
         self._owner: LlamaCppBackend | None = owner
         self._seq_id = seq_id
+        self.capabilities = owner.capabilities & {TreeForward}
         self._states = owner._states.for_sequence(seq_id) if owner._states is not None else None
         self.replays_on_rollback = owner.replays_on_rollback
 
     def _replay(self, tokens: list[int], start: int) -> None:
         self._live()._decode_plain(tokens, start, self._seq_id)
+
+    def _context_owner(self) -> LlamaCppBackend:
+        return self._live()
 
     def _live(self) -> LlamaCppBackend:
         if self._owner is None:
@@ -272,6 +281,8 @@ class SlotTable:
         if self._open.get(slot.seq_id) is not slot:
             return
         del self._open[slot.seq_id]
+        if slot._block is not None:  # a masked forward's rows: their temporary ids go back
+            llama_tree.settle(self._owner, slot, 0)
         if self._owner._mem is not None:
             llama_cpp.llama_memory_seq_rm(self._owner._mem, slot.seq_id, -1, -1)
         if slot._states is not None:
@@ -298,6 +309,8 @@ def forward_batch(owner: LlamaCppBackend, calls: list[BatchCall]) -> list[torch.
     owner._check_open()
     sequences = [call.slot for call in calls]
     _check_calls(owner, calls)
+    if any(call.masked for call in calls):
+        return llama_tree.forward_batch(owner, calls)
     starts = [len(s.tokens) for s in sequences]
     counts = [len(call.tokens) for call in calls]
     total = sum(counts)
@@ -334,14 +347,14 @@ def forward_batch(owner: LlamaCppBackend, calls: list[BatchCall]) -> list[torch.
 
 
 def _check_calls(owner: LlamaCppBackend, calls: Iterable[BatchCall]) -> None:
-    """Raise before anything runs: a call that is masked, empty, on a sequence not of this model or
-    on one twice, or that would pass its sequence's context."""
+    """Raise before anything runs: a masked call on a model without TreeForward, a call that is empty,
+    on a sequence not of this model or on one twice, or that would pass its sequence's context."""
     seen: set[int] = set()
     for call in calls:
-        if call.masked:
+        if call.masked and not has(owner, TreeForward):
             raise ConfigError(
                 f"llama.cpp runs chains only and cannot run {call.what} with its own attention mask for "
-                f"{owner.info.name}: its decode has no custom masks (no TreeForward)."
+                f"{owner.info.name}: its recurrent layers cannot branch (no TreeForward)."
             )
         if not call.tokens:
             raise ValueError("forward_batch() needs at least one token in every call")
