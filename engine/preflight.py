@@ -179,7 +179,7 @@ def _check(ctx: PreflightContext, spec, options) -> list[Finding]:
             findings += check_model_findings(target, ctx.n_ctx, ctx.dtype, ctx.target_placement())
         except SpecDeckError as e:  # a bad context size or dtype
             raise _Stop(Finding("error", "Cannot check this model", str(e))) from e
-        if spec.needs:
+        if spec.needs_torch:
             findings += _torch_findings(spec, target, config.backend)
     if spec.preflight is not None:
         findings += spec.preflight(ctx, options)

@@ -116,7 +116,7 @@ class DrafterView:
 def drafter_view(kind: str | None, backend: str | None = None) -> DrafterView:
     """The presentation of drafter `kind`, from its registry spec (a chain's from its members'):
     the depth bars named by `DrafterSpec.depth_unit`, trees drawn as trees where it drafts them
-    (on `backend` when given: llama.cpp verifies a tree's best branch only, a chain), and the
+    (on `backend` when given: both verify whole trees, `DrafterSpec.trees_on`), and the
     drafter panel where its spec charts statistics (lookahead and early exit: their own plots;
     others: their charted statistics over the steps). An unknown drafter is drawn as a chain."""
     try:

@@ -10,7 +10,8 @@ what to do.
     require(target, TreeForward, "EAGLE")   # raises ConfigError naming backend, model and the way out
 
 Which backend has what: the torch backend's native path has all but CachedKV; transformers' own
-forward (an architecture without a native path) has ModelParts, HiddenFeatures and CachedKV; llama.cpp none.
+forward (an architecture without a native path) has ModelParts, HiddenFeatures and CachedKV; llama.cpp
+TreeForward (through sequence ids, engine/backends/llama_tree.py), except for models with recurrent layers.
 
     TreeForward      forward_tree / keep_nodes, forward_masked / keep_rows: any attention pattern
     HiddenFeatures   the final-norm hidden states of the rows just run and of every cached token
@@ -175,6 +176,10 @@ class Slots(Protocol):
         ...
 
 
+# What llama.cpp offers a drafter (ON_LLAMA_CPP): a drafter needing more needs the PyTorch backend
+# (DrafterSpec.needs_torch). A model with recurrent layers lacks even these on llama.cpp.
+ON_LLAMA_CPP = frozenset({TreeForward})
+
 # Why a backend without the capability cannot serve a drafter, said once for every drafter.
 WHY = {
     TreeForward: "verifies its drafts as a tree in one forward with a custom attention mask",
@@ -202,6 +207,12 @@ def require(backend: Backend, capability: type, who: str) -> None:
             "only the native implementation can, which covers the llama, mistral, qwen2 and qwen3 architectures "
             f"({backend.info.architecture} runs on transformers' own forward): choose another drafter "
             "(n-gram lookup, suffix decoding or a draft model)."
+        )
+    elif backend.name == "llama.cpp" and capability in ON_LLAMA_CPP:  # llama_tree.py: not with recurrent layers
+        way_out = (
+            "its recurrent layers keep one state per sequence, which every new row advances, so rows of different "
+            "branches cannot run side by side (llama.cpp and PyTorch can for models of attention layers): choose "
+            "another drafter (n-gram lookup, suffix decoding or a draft model)."
         )
     else:
         way_out = (

@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.backends.capabilities import TreeForward, has
+from engine.backends.capabilities import TreeForward, require
 from engine.core.draft_length import K_LIMIT, CostModel
 from engine.core.sampling import SamplingConfig
 from engine.drafters.base import (
@@ -94,7 +94,6 @@ from engine.drafters.base import (
     TreeDraft,
 )
 from engine.drafters.lookahead_spec import LIMITS, LookaheadStats, check_parameters  # noqa: F401 (LIMITS: tests)
-from engine.errors import ConfigError
 
 AUTO = "auto"
 CHEAP_RATIO = 1.5  # rows whose verify ratio T(n) / T(1) stays under this count as cheap
@@ -166,13 +165,7 @@ class LookaheadDrafter(Drafter):
         parameters and for charging the window's rows to automatic k; may be set later.
         `text_pool`: also take candidates from the prompt's and the reply's own n-grams."""
         self._asked = check_parameters(window, ngram, candidates)
-        if not has(target_backend, TreeForward):
-            raise ConfigError(
-                f"Lookahead decoding runs its Jacobi window and its candidate n-grams in one forward with "
-                f"a custom attention mask, which the {getattr(target_backend, 'name', 'target')} backend does "
-                "not offer: load the target with the PyTorch backend (--backend torch). (llama.cpp could do "
-                "it with per-token sequence sets, which SpecDeck does not use yet.)"
-            )
+        require(target_backend, TreeForward, "Lookahead decoding")
         self.target = target_backend
         self.costs = costs
         self.text_pool = bool(text_pool)

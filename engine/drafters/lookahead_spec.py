@@ -109,16 +109,14 @@ DRAFTER = DrafterSpec(
     name="lookahead",
     label="Lookahead decoding",
     choice_label="Lookahead decoding (no model)",
-    summary="The target guesses ahead itself (a Jacobi window) and verifies n-grams it has seen (PyTorch only).",
+    summary="The target guesses ahead itself (a Jacobi window) and verifies n-grams it has seen.",
     options=LookaheadOptions,
     needs=(TreeForward,),
     make=make,
     preflight=preflight,
     stats=LookaheadStats,
-    torch_reason=(
-        "Lookahead decoding verifies its window and its candidate n-grams in one forward with a custom "
-        "attention mask, which llama.cpp does not offer here."
-    ),
+    # needs_torch is False: llama.cpp runs the mask through sequence ids (engine/backends/llama_tree.py),
+    # but not for a model with recurrent layers, which the drafter refuses when it is made.
     trees=True,
     order=80,
     short_name="lookahead decoding",

@@ -90,8 +90,8 @@ def drafter_spec(name: str) -> DrafterSpec:
 
 def node_budget(name: str, backend: str) -> bool:
     """Whether drafter `name` on a target of `backend` takes k as a tree's node budget: a drafter of
-    trees (`DrafterSpec.trees`) on PyTorch, the backend that verifies trees (TreeForward); on
-    llama.cpp its trees are cut to their best branch, and k is a draft length."""
+    trees (`DrafterSpec.trees`) on a backend that verifies trees (TreeForward: PyTorch, and llama.cpp
+    but for models with recurrent layers, where its trees are cut to their best branch)."""
     return drafter_spec(name).trees_on(backend)
 
 

@@ -60,12 +60,16 @@ class DrafterSpec:
 
     @property
     def needs_torch(self) -> bool:
-        """Whether the target must run on the PyTorch backend (only it has any capability)."""
-        return bool(self.needs)
+        """Whether the target must run on the PyTorch backend: it needs what llama.cpp does not offer."""
+        from engine.backends.capabilities import ON_LLAMA_CPP
+
+        return any(need not in ON_LLAMA_CPP for need in self.needs)
 
     def trees_on(self, backend: str) -> bool:
         """Whether it drafts trees on a target of `backend` (see `node_budget`)."""
-        return self.trees and backend == "torch"
+        from engine.backends.capabilities import ON_LLAMA_CPP, TreeForward
+
+        return self.trees and (backend == "torch" or TreeForward in ON_LLAMA_CPP)
 
     @property
     def short(self) -> str:

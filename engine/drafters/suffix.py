@@ -18,7 +18,7 @@ capped at `spec_factor` x the match length, so a long match (a quote, code being
 edited) drafts long and a one-token match drafts one. Of the two places, the
 tree with the larger expected number of accepted tokens (the sum of its nodes'
 shares) is drafted. A backend that verifies trees gets the tree; one that
-verifies chains (llama.cpp) gets its most likely branch.
+verifies chains (a model with recurrent layers) gets its most likely branch.
 
 Drafts carry no distribution, so they are verified as point masses and the
 output is the target's, at any temperature.
@@ -246,7 +246,7 @@ class SuffixDrafter(Drafter):
         """Defaults from `specdeck-cli bench` on the shipped prompts (docs/benchmarks.md): the paper's
         factor 1 and share 0.1 drafted 2.18 tokens per forward on PyTorch's input-reusing prompts,
         8 and 0.2 drafted 3.24 (2.95x vanilla, n-gram lookup 2.26-2.50x)."""
-        self.trees = trees  # chains where the target verifies chains only (llama.cpp)
+        self.trees = trees  # chains where the target verifies chains only (recurrent layers)
         # free: a lookup in its indexes (it follows the context whether or not its draft is used)
         self.capabilities = frozenset({FreeToAsk, RemembersReplies, *((DraftsTrees,) if trees else ())})
         self.max_depth, self.max_match = max_depth, max_match

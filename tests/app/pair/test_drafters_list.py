@@ -94,11 +94,11 @@ def test_measure_ranks_the_candidates_by_speed_in_a_child_process(qtbot, store):
     assert panel.status.text().startswith("Measured for ")
     rows = panel.candidate_rows()
     measured = [why for _, why in rows if "x plain decoding (" in why]
-    assert len(measured) == 3  # the draft model, n-gram lookup, suffix decoding: what runs on llama.cpp
+    assert len(measured) == 4  # the draft model, n-gram lookup, suffix and lookahead decoding: what runs on llama.cpp
     assert rows[0][1] in measured  # measured ones first
     speeds = [c.speedup for c in panel.found.candidates if c.speedup is not None]
-    assert speeds == sorted(speeds, reverse=True) and all(c.tokens_per_s > 0 for c in panel.found.candidates[:3])
-    rest = panel.found.candidates[3:]  # heads, lookahead, early exit: the target would move to PyTorch
+    assert speeds == sorted(speeds, reverse=True) and all(c.tokens_per_s > 0 for c in panel.found.candidates[:4])
+    rest = panel.found.candidates[4:]  # heads and early exit: the target would move to PyTorch
     assert rest and all(c.note.startswith("not measured: it runs the target on PyTorch") for c in rest)
 
 

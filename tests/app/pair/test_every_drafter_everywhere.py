@@ -192,7 +192,7 @@ def test_preflight_runs_its_own_rules(name):
         except Exception as stop:  # a rule that ends the check (no draft model chosen): its findings
             own = list(stop.findings)
     assert {f.title for f in own} <= titles
-    if spec.needs:  # on llama.cpp it is refused, saying why
+    if spec.needs_torch:  # on llama.cpp it is refused, saying why
         refused = preflight(dataclasses.replace(config, backend="llama.cpp"))
         assert f"{spec.label} needs the PyTorch backend" in {f.title for f in refused.errors}
 
@@ -205,22 +205,23 @@ def test_the_charts_draw_its_trees_as_trees_on_pytorch(name):
     view = drafter_view(name)
     assert view.tree == spec.trees and view.depth_label == spec.depth_unit
     assert drafter_view(name, "torch").tree == spec.trees
-    assert drafter_view(name, "llama.cpp").tree is False  # llama.cpp verifies a tree's best branch: a chain
+    assert drafter_view(name, "llama.cpp").tree == spec.trees  # llama.cpp verifies trees too (sequence ids)
     charted = [s for s in stat_fields(spec.stats) if s.chart]
     assert (view.panel is not None) == bool(charted)
     if name == TOY:
         assert (view.tree, view.depth_label) == (True, "depth")
 
 
-def test_the_live_charts_draw_suffix_trees_as_trees_on_pytorch_only(qtbot):
+def test_the_live_charts_draw_suffix_trees_as_trees_on_both_backends(qtbot):
     from app.charts.live import LiveCharts
 
     charts = LiveCharts()
     qtbot.addWidget(charts)
-    charts.set_drafter("suffix", "torch")
-    assert "Acceptance per tree depth" in charts.depth.plot.titleLabel.text
-    assert "Tree size and accepted length" in charts.draft_length.plot.titleLabel.text
-    charts.set_drafter("suffix", "llama.cpp")  # its trees cut to their best branch: a chain
+    for backend in ("torch", "llama.cpp"):  # llama.cpp verifies whole trees through sequence ids
+        charts.set_drafter("suffix", backend)
+        assert "Acceptance per tree depth" in charts.depth.plot.titleLabel.text
+        assert "Tree size and accepted length" in charts.draft_length.plot.titleLabel.text
+    charts.set_drafter("ngram", "llama.cpp")  # a drafter of chains
     assert "Acceptance per draft position" in charts.depth.plot.titleLabel.text
     assert "Draft length k" in charts.draft_length.plot.titleLabel.text
 

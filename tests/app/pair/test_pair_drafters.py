@@ -119,7 +119,7 @@ def test_a_window_of_zero_is_refused_with_the_engines_reason(qtbot, dialog):
     assert "W tokens ahead" in dialog.findings.toPlainText()  # what W, N and G are, in words
 
 
-@pytest.mark.parametrize("drafter", NEW_DRAFTERS + ("medusa",))
+@pytest.mark.parametrize("drafter", ("eagle", "early-exit", "medusa"))
 def test_pytorch_is_used_with_backend_auto_and_llama_cpp_is_refused(drafter):
     auto = preflight(EngineConfig(target="default", drafter=drafter, backend="auto"))
     titles = {f.title: f.severity for f in auto.findings}
@@ -131,6 +131,14 @@ def test_pytorch_is_used_with_backend_auto_and_llama_cpp_is_refused(drafter):
     assert {f.title: f.severity for f in refused.findings}[
         f"{TORCH_NAMES[drafter]} needs the PyTorch backend"
     ] == "error"
+
+
+def test_lookahead_stays_on_llama_cpp_which_runs_its_mask_through_sequence_ids():
+    for backend in ("auto", "llama.cpp"):
+        result = preflight(EngineConfig(target="default", drafter="lookahead", backend=backend))
+        titles = {f.title for f in result.findings}
+        assert result.compatible and "The target runs on PyTorch" not in titles, result.findings
+        assert not any("needs the PyTorch backend" in t for t in titles)
 
 
 def test_the_dialog_refuses_early_exit_on_llama_cpp_before_loading(qtbot, dialog):

@@ -116,10 +116,10 @@ def test_tree_drafters_are_tried_with_node_budgets_and_chains_with_draft_lengths
         "suffix, node budget 8",
         "suffix, node budget 16",
     ]
-    # llama.cpp verifies a tree's best branch only: there suffix decoding's k is a draft length.
-    assert [c.label for c in candidates_for(("suffix",), "llama.cpp")][1] == "suffix, k 2"
+    # llama.cpp verifies whole trees too (sequence ids): there suffix decoding's k is a node budget as well.
+    assert [c.label for c in candidates_for(("suffix",), "llama.cpp")][1] == "suffix, node budget 8"
     # A chain sizes its drafts itself: one candidate each, so the chains add a pass over the prompts each.
-    assert [c.label for c in candidates_for(("suffix+model",), "llama.cpp")] == ["suffix+model, k auto"]
+    assert [c.label for c in candidates_for(("suffix+model",), "llama.cpp")] == ["suffix+model, node budget auto"]
     assert [c.label for c in candidates_for(("suffix+eagle",), "torch")] == ["suffix+eagle, node budget auto"]
 
 

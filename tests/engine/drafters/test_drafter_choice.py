@@ -21,10 +21,14 @@ def tiny(tmp_path_factory) -> str:
     return make_tiny_llama(tmp_path_factory.mktemp("choice") / "tiny", seed=0, n_layers=4)
 
 
-@pytest.mark.parametrize("kind", ["lookahead", "early-exit", "eagle", "medusa"])
+@pytest.mark.parametrize("kind", ["early-exit", "eagle", "medusa"])
 def test_drafters_that_need_pytorch_load_the_target_there_by_default(kind):
     assert target_backend(EngineConfig(target="default", drafter=kind)) == "torch"
     assert target_backend(EngineConfig(target="default", drafter=kind, backend="llama.cpp")) == "llama.cpp"
+
+
+def test_lookahead_leaves_the_backend_as_asked_since_llama_cpp_runs_it_too():
+    assert target_backend(EngineConfig(target="default", drafter="lookahead")) == "auto"
 
 
 def test_the_engine_hands_its_cost_model_to_drafters_that_size_themselves(tiny):
@@ -104,7 +108,7 @@ def test_cli_bad_drafter_settings_are_one_clear_line(tiny, capsys, flags, messag
     assert code == 2 and len(errors) == 1 and message in errors[0].lower()
 
 
-def test_lookahead_and_early_exit_on_llama_cpp_say_to_use_pytorch(default_llama):
-    for kind in ("lookahead", "early-exit"):
-        with pytest.raises(ConfigError, match="(?i)pytorch|torch"):
-            make_drafter(kind, default_llama)
+def test_early_exit_on_llama_cpp_says_to_use_pytorch_and_lookahead_runs_there(default_llama):
+    with pytest.raises(ConfigError, match="(?i)pytorch|torch"):
+        make_drafter("early-exit", default_llama)
+    assert make_drafter("lookahead", default_llama, window=2, ngram=3, candidates=2).parameters == (2, 3, 2)

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.api import collect
+from engine.api import Engine, collect
 from engine.backends.hf.backend import TorchBackend
+from engine.backends.llama_cpp import LlamaCppBackend
+from engine.config import EngineConfig
 from engine.core.decode import decode_steps
 from engine.core.draft_length import CostModel, DraftLength
 from engine.core.feeds import fit_draft, masked_block
@@ -22,6 +24,7 @@ from engine.drafters.lookahead import (
 from engine.errors import ConfigError
 from tests.factories.fake import MarkovBackend, MarkovTreeBackend, random_transition
 from tests.factories.fake import cycle_transition as cycle
+from tests.factories.gguf_models import make_tiny_gguf
 from tests.factories.hf_models import make_tiny_model
 from tests.stats_helpers import chi_square_pvalue, three_token_law
 
@@ -180,8 +183,8 @@ def test_bad_parameters_say_what_to_do(kwargs, message):
 
 def test_a_backend_without_masked_forwards_is_refused_with_a_clear_message():
     with pytest.raises(ConfigError, match="PyTorch backend") as error:
-        LookaheadDrafter(MarkovBackend(cycle(8)))  # chains only, like llama.cpp
-    assert "sequence sets" in str(error.value)
+        LookaheadDrafter(MarkovBackend(cycle(8)))  # chains only
+    assert "custom attention mask" in str(error.value) and "another drafter" in str(error.value)
     with pytest.raises(ConfigError, match="PyTorch backend"):
         LookaheadDrafter(MarkovTreeBackend(cycle(8), tree=False))
 
@@ -351,3 +354,39 @@ def test_float32_greedy_lookahead_equals_vanilla_on_the_embedded_model(embedded_
         assert hits[REPEAT] > 0  # the reply repeats the prompt: the text's n-grams are accepted
     finally:
         backend.close()
+
+
+# -- llama.cpp (masked forwards through sequence ids, engine/backends/llama_tree.py) ------------------
+
+
+def test_float32_greedy_lookahead_equals_vanilla_on_a_tiny_gguf(tmp_path):
+    backend = LlamaCppBackend(make_tiny_gguf(str(tmp_path / "tiny.gguf")), n_ctx=512)
+    try:
+        for text in (REPEAT, OPEN):
+            prompt = backend.apply_chat_template([{"role": "user", "content": text}])
+            sampling = SamplingConfig(max_tokens=40)
+            vanilla = run(backend, prompt, sampling)
+            drafter = LookaheadDrafter(backend, window=3, ngram=4, candidates=3)
+            result = run(backend, prompt, sampling, drafter, k=9)
+            assert result.tokens == vanilla.tokens, text
+            assert result.stats.accepted > 0 and drafter.stats().pool_jacobi > 0
+            assert backend.tokens == [*prompt, *result.tokens][:-1]
+        assert len(backend._tree_ids._free) == backend._tree_ids.count  # every temporary id given back
+    finally:
+        backend.close()
+
+
+def test_greedy_lookahead_on_the_embedded_gguf_differs_from_vanilla_by_rounding_only(default_gguf):
+    """Q4_1 kernels round a row of a 15-row batch differently from a one-token decode: a divergence
+    is allowed where the two runs' top candidates lie within that rounding (engine/core/divergence.py)."""
+    config = EngineConfig(target=default_gguf, backend="llama.cpp", k=9, measure_costs=False)
+    engine = Engine.load(config.with_drafter("lookahead"))
+    try:
+        hits = {}
+        for text in (REPEAT, OPEN):
+            comparison = engine.compare(engine.prompt_ids(text), SamplingConfig(max_tokens=40))
+            assert comparison.divergence is None or comparison.divergence.explained, comparison.divergence
+            hits[text] = comparison.speculative.stats.accepted
+        assert hits[REPEAT] > 0  # the reply repeats the prompt: its n-grams are accepted
+    finally:
+        engine.close()

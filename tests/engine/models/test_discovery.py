@@ -100,9 +100,9 @@ def test_eagle_3_heads_in_the_hugging_face_cache_are_judged_by_their_shapes(tmp_
 def test_a_target_pinned_to_llama_cpp_leaves_out_what_needs_pytorch_and_says_why(store):
     found = discover("default", extra_dirs=[Path(store["tiny-draft"]).parents[1]], backend="llama.cpp")
 
-    assert {c.drafter for c in found.candidates} == {"model", "ngram", "suffix"}
-    lookahead = by_name(found.left_out)["Lookahead decoding"]
-    assert lookahead.reason.startswith("needs the PyTorch backend: Lookahead decoding verifies its window")
+    assert {c.drafter for c in found.candidates} == {"model", "ngram", "suffix", "lookahead"}  # sequence ids
+    early_exit = by_name(found.left_out)["Early exit"]
+    assert early_exit.reason.startswith("needs the PyTorch backend: Early exit stops the target's forward")
 
 
 def test_a_draft_that_does_not_fit_in_the_memory_left_says_how_much_it_needs(store, monkeypatch):
