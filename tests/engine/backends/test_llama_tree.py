@@ -12,11 +12,12 @@ from engine.api import collect
 from engine.backends.capabilities import TreeForward, has
 from engine.backends.llama_cpp import LlamaCppBackend
 from engine.backends.llama_tree import MaskNotExpressible
+from engine.backends.slots import BatchCall
 from engine.core.decode import decode_steps
 from engine.core.draft_length import DraftLength
 from engine.core.feeds import masked_block
 from engine.core.sampling import SamplingConfig
-from engine.core.tree import path_to
+from engine.core.tree import ancestor_mask, path_to
 from engine.drafters.base import ExtraRows, TreeDraft
 from engine.drafters.lookahead import LookaheadDrafter, window_layout
 from engine.errors import ConfigError
@@ -192,3 +193,55 @@ def test_lookahead_on_a_sliding_window_model_equals_vanilla(tmp_path):
         assert result.tokens == vanilla.tokens and result.stats.accepted > 0
     finally:
         gemma.close()
+
+
+# -- several sequences (slots): masked calls in one batched forward ---------------------------------------
+
+
+def test_masked_calls_of_several_slots_run_in_one_forward_as_each_would_alone(tmp_path):
+    b = LlamaCppBackend(make_tiny_gguf(str(tmp_path / "tiny.gguf")), n_ctx=256, slots=3)
+    try:
+        assert b._tree_ids.first == 3  # the temporary ids come after the slots' 0, 1, 2
+        seqs = [b, b.open_slot(), b.open_slot()]
+        assert all(has(s, TreeForward) for s in seqs)
+        prompts = [b.tokenize(text) for text in (PROMPT, "A second request, longer than the first one is.", "Third")]
+        offsets, window = window_layout(3, 3)
+        look = masked_block(
+            42, TreeDraft([11, 12, 13], parents=(-1, 0, -1), extra=ExtraRows(tuple(range(200, 206)), offsets, window))
+        )
+        tree_parents = [-1, 0, 1, 1, 0]
+        tree = [7, 8, 9, 10, 11]
+
+        def alone():
+            for s, p in zip(seqs, prompts):
+                s.prefill(p)
+            out = [seqs[0].forward([5, 6]), seqs[1].forward_masked(*look), seqs[2].forward_tree(tree, tree_parents)]
+            seqs[1].keep_rows([0, 1, 2])  # x_m, node 0, node 1: offsets 0, 1, 2
+            seqs[2].keep_nodes([0, 1, 3])
+            return out, [s.forward([4]) for s in seqs]
+
+        solo, solo_next = alone()
+        for s in seqs:
+            s.rollback(0)
+        for s, p in zip(seqs, prompts):
+            s.prefill(p)
+        tree_offsets = [0, 1, 2, 2, 1]
+        calls = [
+            BatchCall(seqs[0], [5, 6]),
+            BatchCall(seqs[1], *look, what="a lookahead step"),
+            BatchCall(seqs[2], tree, tree_offsets, ancestor_mask(tree_parents), "a tree", tree_parents),
+        ]
+        together = b.forward_batch(calls)
+        seqs[1].keep_rows([0, 1, 2])
+        seqs[2].keep_nodes([0, 1, 3])  # the call carried the tree's parents
+        assert [s.tokens[len(p) :] for s, p in zip(seqs, prompts)] == [[5, 6], [42, 11, 12], [7, 8, 10]]
+        for mine, theirs in zip(together, solo):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=NEAR)
+        for s, expected in zip(seqs, solo_next):
+            torch.testing.assert_close(s.forward([4]), expected, rtol=0, atol=NEAR)
+        assert len(b._tree_ids._free) == b._tree_ids.count
+        seqs[1].forward_masked(*look)
+        seqs[1].close()  # a slot closed with a block not kept gives its ids back
+        assert len(b._tree_ids._free) == b._tree_ids.count
+    finally:
+        b.close()
