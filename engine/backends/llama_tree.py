@@ -28,8 +28,8 @@ offsets 1..c of level 0 and c+1..c+l of its column) satisfy all three; any other
 does not raises MaskNotExpressible before anything runs.
 
 Temporary ids: the context is made with n_seq_max = slots + TREE_SEQUENCES (the cache unified,
-one buffer for every id; fewer where a decode takes fewer rows than that: llama.cpp asks that no
-more sequences than n_batch). The slots (engine/backends/llama_slots.py) are ids 0..slots-1, the
+one buffer for every id), or fewer where n_batch is smaller: llama.cpp aborts on a context with more
+sequences than a decode takes rows (a 32-token context did). The slots (engine/backends/llama_slots.py) are ids 0..slots-1, the
 temporary ones come after them, shared by the slots of one context; a block holds its ids from its
 forward to its keep or rollback. A tree of L leaves takes L ids, lookahead's step W + G at most. In
 a batch of slots (`forward_batch`) the blocks of several slots and the chains of others run in the

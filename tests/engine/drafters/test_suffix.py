@@ -151,9 +151,9 @@ def test_float32_greedy_suffix_equals_vanilla_on_the_embedded_model_as_a_tree(em
         backend.close()
 
 
-def test_on_llama_cpp_it_drafts_chains_and_the_reply_repeats_faster(default_llama):
+def test_on_llama_cpp_it_drafts_trees_and_the_reply_repeats_faster(default_llama):
     drafter = make_drafter("suffix", default_llama)
-    assert not has(drafter, DraftsTrees)  # llama.cpp verifies chains: no tree is built to be cut
+    assert has(drafter, DraftsTrees)  # llama.cpp verifies whole trees through sequence ids
     engine = Engine(default_llama, drafter, EngineConfig(drafter="suffix", k=12), CostModel())
     result = engine.generate(engine.prompt_ids(EDIT), SamplingConfig(temperature=0.0, max_tokens=40))
     s = result.stats
