@@ -10,7 +10,7 @@ removed afterwards (llama_memory_seq_rm). This times, on the embedded model afte
 - one token: `forward` of 1 token and its rollback, on this context (n_seq_max = 1 + 64,
   unified) and on one made without temporary ids (n_seq_max = 1), which plain decoding pays.
 
-Medians of REPEATS runs each.
+Medians of REPEATS (15) runs each.
 
     HF_HUB_OFFLINE=1 python docs/bench/llama_tree_cost.py
 """
@@ -29,7 +29,7 @@ from engine.drafters.lookahead import window_layout
 from engine.models.locate import default_model_path
 
 CONTEXT = (100, 1000)
-REPEATS = 9
+REPEATS = 15
 
 
 def blocks() -> dict[str, tuple[list[int], list[int], object]]:

@@ -56,6 +56,9 @@ whatever the candidates were. The window rides along as the draft's extra rows
 (`TreeDraft.extra`, an `ExtraRows`); nodes and window never see each other, so the window
 cannot change the verdict, and its cache entries are dropped after the step.
 
+On llama.cpp the step's block runs through sequence ids (engine/backends/llama_tree.py), at
+about what a chain of as many rows costs; its cost model is the same chain curve.
+
 Costs and defaults. A step runs 1 + n + (N - 1) W rows for n trie nodes (n <=
 G (N - 1)). On a GPU rows are nearly free up to a few dozen; on a CPU they are
 not (bf16: 8 rows ~1.3x one row, 32 rows much more). The automatic W, N, G take
