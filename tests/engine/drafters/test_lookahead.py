@@ -390,3 +390,41 @@ def test_greedy_lookahead_on_the_embedded_gguf_differs_from_vanilla_by_rounding_
         assert hits[REPEAT] > 0  # the reply repeats the prompt: its n-grams are accepted
     finally:
         engine.close()
+
+
+def test_lookahead_requests_decoded_together_on_llama_cpp_slots_reply_as_alone(tmp_path, monkeypatch):
+    """Three requests in one batch step: each sequence's lookahead block is a masked call of one
+    forward_batch (its own temporary sequence ids), and each reply is the one it gets alone."""
+    from engine.backends import llama_tree
+
+    masked_batches = []
+    run_batch = llama_tree.forward_batch
+    monkeypatch.setattr(
+        llama_tree, "forward_batch", lambda owner, calls: masked_batches.append(calls) or run_batch(owner, calls)
+    )
+    tiny = make_tiny_gguf(str(tmp_path / "tiny.gguf"))
+    config = EngineConfig(target=tiny, backend="llama.cpp", parallel=3, k=9, measure_costs=False)
+    engine = Engine.load(config.with_drafter("lookahead", window=3, ngram=4, candidates=3))
+    try:
+        sampling = SamplingConfig(max_tokens=32)
+        prompts = [engine.prompt_ids(text) for text in (REPEAT, OPEN, REPEAT + " " + OPEN)]
+        batch = engine.batch()
+        events = {}
+        try:
+            sequences = [batch.join(prompt, sampling) for prompt in prompts]
+            widest = 0
+            while batch.sequences:
+                for sequence, outcome in batch.step():
+                    assert not isinstance(outcome, BaseException), outcome
+                    events.setdefault(id(sequence), []).append(outcome)
+                    widest = max(widest, outcome.batch)
+        finally:
+            batch.close()
+        assert widest == 3 and any(sum(call.masked for call in calls) > 1 for calls in masked_batches)
+        for sequence, prompt in zip(sequences, prompts):
+            together = collect(events[id(sequence)])
+            alone = engine.generate(prompt, sampling)
+            assert together.tokens == alone.tokens
+            assert together.stats.drafted > 0
+    finally:
+        engine.close()
