@@ -109,7 +109,9 @@ async def info(request: Request) -> dict:
 @router.post("/specdeck/load")
 async def load(body: LoadRequest, request: Request):
     config = _config(body.config, request)
-    check_parallel(config)  # a 400 before the request queues: parallel 0, or caches that cannot fit
+    # A 400 before the request queues: parallel 0, or caches that cannot fit. Off the event loop: the
+    # memory check reads the models' headers.
+    await asyncio.to_thread(check_parallel, config)
     host = _host(request)
 
     def job(cancel, emit) -> None:
