@@ -37,11 +37,13 @@ from tests.factories.fake import MarkovSlotsBackend, random_transition
 KEY = "parallel-key-5e1f7c"
 PATH = "/v1/chat/completions"
 P = random_transition(8, seed=3, sharpness=1.5)
-REQUESTS = [  # (content, max_tokens, extra fields): greedy, plain, seeded sampling, bounded drafts
+REQUESTS = [  # (content, max_tokens, extra fields): each request's own settings, drafter and stop strings
     ("abcabcab", 30, {}),
     ("hgfhgf", 24, {"specdeck": {"drafter": "none"}}),
     ("ddaadd", 36, {"temperature": 1.0, "seed": 7}),
     ("cbacba", 28, {"speculative.n_max": 1}),
+    ("ddaadd", 30, {"specdeck": {"drafter": "suffix"}}),  # a drafter made for this request alone
+    ("gegege", 26, {"stop": ["egbe"]}),
 ]
 
 
@@ -183,12 +185,13 @@ def test_three_requests_with_parallel_two_decode_two_at_a_time_each_as_alone():
 
 
 def test_requests_that_join_mid_run_change_no_others_tokens():
-    with serving(parallel=3, queue=4) as (url, host, backend):
+    with serving(parallel=3, queue=len(REQUESTS)) as (url, host, backend):
         alone = [ask(url, *request) for request in REQUESTS]
         threads, results = at_once(url, REQUESTS)  # each joins a batch that is already decoding
         for thread in threads:
             thread.join(60)
         assert [r[0] for r in results] == [a[0] for a in alone]
+        assert [r[2] for r in results] == [a[2] for a in alone] and results[-1][2] == "stop"  # its stop string
         assert max(len(b) for b in backend.batches) >= 2
 
 
