@@ -408,17 +408,18 @@ def test_specdecks_own_generate_joins_the_batch_with_its_steps_records():
 
 
 @pytest.mark.parametrize(
-    ("value", "said"),
+    ("args", "said"),
     [
-        ("0", "--parallel must be a whole number of 1 or more"),
-        ("-1", "--parallel must be a whole number of 1 or more"),
-        ("two", "--parallel must be a whole number of 1 or more"),
-        ("100000", "At most"),
+        (["--parallel", "0"], "--parallel must be a whole number of 1 or more"),
+        (["--parallel", "-1"], "--parallel must be a whole number of 1 or more"),
+        (["--parallel", "two"], "--parallel must be a whole number of 1 or more"),
+        (["--parallel", "100000"], "At most"),  # 100000 caches of 4096 tokens: the number that fits is said
+        (["--parallel", "2", "--drafter", "medusa"], "drafts for one sequence at a time"),
     ],
 )
-def test_serve_refuses_a_parallel_it_cannot_serve_before_loading(value, said):
+def test_serve_refuses_a_parallel_it_cannot_serve_before_loading(args, said):
     done = subprocess.run(
-        cli_command("serve", "-m", "default", "--parallel", value, "--port", "0"),
+        cli_command("serve", "-m", "default", *args, "--port", "0"),
         capture_output=True,
         text=True,
         timeout=120,
