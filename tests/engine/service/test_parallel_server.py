@@ -9,7 +9,8 @@ Greedy, so each reply must be the one the same request gets alone (sent when not
 runs), once decoded plainly ("drafter": "none") and once speculatively:
 
 - on a tiny random-weight Llama in float32 on PyTorch's native forward
-  (tests/factories/hf_models.py), exactly, token for token;
+  (tests/factories/hf_models.py), exactly, token for token; once more with a tiny draft
+  model loaded instead of n-gram lookup (each request drafts on a slot of the draft model);
 - on the embedded SmolLM2 Q4_1 GGUF on llama.cpp, exactly or apart from it by a near-tie
   that rounding explains (engine/core/divergence.py): a sequence's rows computed beside
   other sequences' may round differently than alone, as a verification batch's do. The
@@ -48,15 +49,18 @@ DRAFTING = ["--drafter", "ngram", "--k", "3", "--parallel", str(PARALLEL), "--qu
 LLAMA_CPP_BOUND = 3.5  # engine/core/divergence.py rounding_bound for a quantized model on llama.cpp
 
 
-@pytest.fixture(scope="module", params=["torch-float32", "llama.cpp-q4_1"])
+@pytest.fixture(scope="module", params=["torch-float32", "torch-float32-draft-model", "llama.cpp-q4_1"])
 def server(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("parallel-server")
-    if request.param == "torch-float32":
+    drafting = DRAFTING
+    if request.param.startswith("torch-float32"):
         target = make_tiny_llama(root / "target", seed=0, n_layers=2)
         args = ["-m", target, "--backend", "torch", "--dtype", "float32", "-c", "512"]
+        if request.param.endswith("draft-model"):  # each request drafts on a slot of its own of the draft model
+            drafting = ["-md", make_tiny_llama(root / "draft", seed=1, n_layers=1), *DRAFTING[2:]]
     else:
         args = ["-m", "default", "--backend", "llama.cpp", "-c", "1024"]
-    started = start_server([*args, *DRAFTING], root / "stderr.log", KEY)
+    started = start_server([*args, *drafting], root / "stderr.log", KEY)
     yield request.param, started
     stop_server(started)
 
@@ -101,7 +105,7 @@ def test_eight_concurrent_streams_with_parallel_four_each_give_their_solo_reply(
     for thread in threads:
         thread.join(300)
     assert all(isinstance(result, tuple) for result in together), together
-    if kind == "torch-float32":
+    if kind.startswith("torch-float32"):
         assert [text for text, _, _ in together] == [text for text, _, _ in alone]
     else:
         for (_, _, steps), (_, _, steps_alone) in zip(together, alone):
@@ -110,4 +114,4 @@ def test_eight_concurrent_streams_with_parallel_four_each_give_their_solo_reply(
     widest = max(timings["batch_n_max"] for _, timings, _ in together)
     assert 2 <= widest <= PARALLEL  # they did decode together, never more than --parallel at once
     if drafter is None:
-        assert sum(timings["draft_n"] for _, timings, _ in together) > 0  # n-gram lookup drafted
+        assert sum(timings["draft_n"] for _, timings, _ in together) > 0  # the loaded drafter drafted
