@@ -1,0 +1,220 @@
+"""The Load view's two charts: speedup against batch size B, and aggregate throughput against B.
+
+B is drawn on a log-2 axis (1, 2, 4, 8, 16 equally spaced): the points sit at x = log2(B) and the
+ticks name B itself. The speedup chart has the measured points of every speculative mode (automatic
+k solid blue, each fixed k sky blue), the predicted curve in the theory panel's green, the 1× line
+and the break-even B (vermillion, as the theory panel's break-even); the throughput chart has plain
+decoding in orange and the speculative modes in blue, as every other chart. Both legends sit above
+their plots, in the hidden top axis's row (as the benchmark's bar chart): inside, they covered points.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+
+from app.charts.panel import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, stepped
+from engine import VANILLA
+
+AUTO = "auto"  # LoadPoint.mode of automatic k (engine/bench/load_results.py); a fixed k is "k=N"
+FIXED_K = "#56B4E9"  # sky blue: a fixed k beside automatic k's blue
+FIXED_SYMBOLS = ("t", "s", "d", "star")
+
+
+def mode_name(mode: str) -> str:
+    """A mode as the legend says it: "speculative, automatic k", "speculative, k = 4", "plain decoding"."""
+    if mode == VANILLA:
+        return "plain decoding"
+    if mode == AUTO:
+        return "speculative, automatic k"
+    return "speculative, " + mode.replace("=", " = ")
+
+
+def mode_style(mode: str, index: int) -> dict:
+    """Pen, symbol and brush of a mode's points and line; `index` counts the fixed k's drawn so far."""
+    if mode == VANILLA:
+        colour, symbol, style = RUN_COLOURS["vanilla"], "o", Qt.PenStyle.SolidLine
+    elif mode == AUTO:
+        colour, symbol, style = RUN_COLOURS["speculative"], "o", Qt.PenStyle.SolidLine
+    else:
+        colour, symbol, style = FIXED_K, FIXED_SYMBOLS[index % len(FIXED_SYMBOLS)], Qt.PenStyle.DashLine
+    return {
+        "pen": pg.mkPen(colour, width=2, style=style),
+        "symbol": symbol,
+        "symbolBrush": pg.mkBrush(colour),
+        "symbolPen": pg.mkPen(colour),
+        "symbolSize": 8,
+    }
+
+
+class BatchChart(Panel):
+    """A chart against B on a log-2 axis, its legend above the plot."""
+
+    def __init__(self, title: str, y_label: str | tuple[str, ...], parent=None, tip: str = "") -> None:
+        super().__init__(title, "batch size B (requests decoded together)", y_label, parent, tip=tip)
+        self.plot.setMouseEnabled(x=False, y=False)
+        self.plot.hideButtons()
+        self.plot.showGrid(x=True, y=True, alpha=0.15)
+        self.scene().removeItem(self.legend)
+        self.legend = pg.LegendItem(offset=None, labelTextColor=self.fg, labelTextSize="8pt", verSpacing=-6)
+        self.legend.setColumnCount(2)
+        self.plot.legend = self.legend
+        self.plot.layout.removeItem(self.plot.getAxis("top"))  # hidden, never shown: its cell takes the legend
+        self.plot.layout.addItem(self.legend, 1, 1, alignment=Qt.AlignmentFlag.AlignCenter)
+        self.items: list = []  # what show() added, removed by the next
+        self.setMinimumSize(360, 300)
+
+    def clear_data(self) -> None:
+        for item in self.items:
+            self.plot.removeItem(item)
+        self.items = []
+        self.legend.clear()
+
+    def add(self, item, name: str | None = None):
+        self.plot.addItem(item)
+        self.items.append(item)
+        if name:
+            self.legend.addItem(item, name)
+        return item
+
+    def set_batches(self, batches: tuple[int, ...]) -> None:
+        """Ticks at each B measured, and a little room either side."""
+        xs = [math.log2(b) for b in batches] or [0.0]
+        self.plot.getAxis("bottom").setTicks([[(math.log2(b), str(b)) for b in batches]])
+        self.plot.setXRange(min(xs) - 0.3, max(xs) + 0.3, padding=0)
+
+    def show_series(self, series: dict) -> None:  # Panel's; the Load view calls show() instead
+        raise NotImplementedError
+
+
+class SpeedupChart(BatchChart):
+    """Measured speedup per speculative mode, the predicted curve, 1× and the break-even B."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(
+            ("Speedup against batch size", "Speedup against B"),
+            ("speedup over plain decoding ×", "speedup ×"),
+            parent,
+            tip="Aggregate tokens per second of speculative decoding over plain decoding's at the same "
+            "batch size. Above 1× speculation pays; the break-even B is the first batch size where it "
+            "no longer does.",
+        )
+        self.plain = pg.InfiniteLine(pos=1.0, angle=0, pen=pg.mkPen(self.muted(170), width=1.5, style=Qt.DotLine))
+        self.plot.addItem(self.plain)
+        self.plain_sample = pg.PlotDataItem(pen=self.plain.pen)
+        self.break_even = pg.InfiniteLine(
+            angle=90,
+            pen=pg.mkPen(BREAK_EVEN, width=1.5, style=Qt.DashLine),
+            label="",
+            labelOpts={"position": 0.92, "color": BREAK_EVEN, "anchors": [(1, 0), (1, 0)]},
+        )
+        self.break_even.setVisible(False)
+        self.plot.addItem(self.break_even)
+        self.curves: dict[str, pg.PlotDataItem] = {}  # mode -> its measured points
+        self.predicted: pg.PlotDataItem | None = None
+        self.values: list[pg.TextItem] = []  # the automatic-k speedups written beside their points
+
+    def clear_data(self) -> None:
+        super().clear_data()
+        self.curves, self.predicted, self.values = {}, None, []
+        self.break_even.setVisible(False)
+
+    def show(self, sweep, context: int) -> None:
+        self.clear_data()
+        batches = sweep.batches
+        tops = [1.0]
+        fixed = 0
+        for mode in (m for m in sweep.modes if m != VANILLA):
+            measured = [(b, sweep.speedup(b, mode, context)) for b in batches]
+            measured = [(b, s) for b, s in measured if s is not None]
+            if not measured:
+                continue
+            style = mode_style(mode, fixed)
+            fixed += mode != AUTO
+            xs, ys = np.log2([b for b, _ in measured]), np.array([s for _, s in measured])
+            self.curves[mode] = self.add(pg.PlotDataItem(xs, ys, antialias=True, **style), mode_name(mode))
+            tops.append(float(ys.max()))
+        if sweep.predicted:
+            xs = np.log2([b for b, _ in sweep.predicted])
+            ys = np.array([s for _, s in sweep.predicted])
+            pen = pg.mkPen(SPEEDUP, width=2, style=Qt.PenStyle.DashLine)
+            self.predicted = self.add(pg.PlotDataItem(xs, ys, pen=pen, antialias=True), "predicted (formula)")
+            tops.append(float(ys.max()))
+        self.legend.addItem(self.plain_sample, "1× (plain decoding)")
+        labelled = AUTO if AUTO in self.curves else next(iter(self.curves), None)
+        if labelled is not None:  # its numbers written over every curve at that B, where no line runs
+            drawn = [c.getData() for c in (*self.curves.values(), self.predicted) if c is not None]
+            xs_labelled, ys_labelled = self.curves[labelled].getData()
+            for i, (x, y) in enumerate(zip(xs_labelled, ys_labelled)):
+                over = max(float(ys[np.isclose(xs, x)].max(initial=y)) for xs, ys in drawn)
+                # Right of the point, where the falling lines are lower; the last one left of it.
+                self.values.append(self._value(x, y, over, right=i < len(xs_labelled) - 1))
+        self._show_break_even(sweep.break_even_measured, sweep.break_even_predicted)
+        self.set_batches(batches)
+        top = max(tops)
+        self.plot.setYRange(0.0, stepped(top * 1.18), padding=0)
+
+    def _show_break_even(self, measured: int | None, predicted: int | None) -> None:
+        at = measured if measured is not None else predicted
+        if at is None:
+            return
+        self.break_even.setValue(math.log2(at))
+        if measured is None:
+            text = f"predicted break-even B = {predicted}"
+        elif predicted is None or predicted == measured:
+            text = f"break-even B = {measured}"
+        else:
+            text = f"break-even B = {measured} (predicted {predicted})"
+        self.break_even.setVisible(True)  # first: a hidden label ignores its new text
+        self.break_even.label.setFormat(text)
+
+    def _value(self, x: float, y: float, over: float, right: bool) -> pg.TextItem:
+        item = pg.TextItem(
+            html=f'<span style="color:{RUN_COLOURS["speculative"]}; font-size:8pt">{y:.2f}×</span>',
+            anchor=(0.0 if right else 1.0, 1.1),
+        )
+        item.textItem.document().setDocumentMargin(1)
+        item.setPos(float(x), over)
+        return self.add(item)
+
+    @property
+    def break_even_batch(self) -> int | None:
+        """The B the break-even line stands at, as drawn (None: no line)."""
+        return round(2 ** self.break_even.value()) if self.break_even.isVisible() else None
+
+
+class ThroughputChart(BatchChart):
+    """Aggregate tokens per second against B: plain decoding and every speculative mode."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(
+            ("Aggregate throughput against batch size", "Throughput against B"),
+            ("aggregate tokens/s (all requests)", "tokens/s"),
+            parent,
+            tip="Tokens per second over all the requests in flight together (the medians over the prompts).",
+        )
+        self.curves: dict[str, pg.PlotDataItem] = {}
+
+    def clear_data(self) -> None:
+        super().clear_data()
+        self.curves = {}
+
+    def show(self, sweep, context: int) -> None:
+        self.clear_data()
+        modes = [VANILLA, *(m for m in sweep.modes if m != VANILLA)] if VANILLA in sweep.modes else list(sweep.modes)
+        top, fixed = 1.0, 0
+        for mode in modes:
+            points = [p for p in (sweep.point(b, mode, context) for b in sweep.batches) if p is not None]
+            if not points:
+                continue
+            style = mode_style(mode, fixed)
+            fixed += mode not in (AUTO, VANILLA)
+            xs = np.log2([p.batch for p in points])
+            ys = np.array([p.aggregate_tps for p in points])
+            self.curves[mode] = self.add(pg.PlotDataItem(xs, ys, antialias=True, **style), mode_name(mode))
+            top = max(top, float(ys.max()))
+        self.set_batches(sweep.batches)
+        self.plot.setYRange(0.0, stepped(top * 1.05), padding=0)
