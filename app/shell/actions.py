@@ -38,6 +38,7 @@ class Actions:
     regenerate: QAction
     system_prompt: QAction
     benchmark: QAction
+    load_test: QAction
     train_heads: QAction
     numbers_help: QAction
 
@@ -98,6 +99,9 @@ def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions
             "S&ystem prompt…", None, None, "This chat's system prompt, and the one new chats start with"
         ),
         benchmark=action("&Benchmark…", None, None, "Time vanilla against speculative decoding on a set of prompts"),
+        load_test=action(
+            "&Load test…", None, None, "Speculative against plain decoding with many requests at once: the break-even B"
+        ),
         train_heads=action("&Train heads…", None, None, "Train Medusa heads for a target on its own predictions"),
         numbers_help=action(
             "What the &numbers mean",
@@ -134,6 +138,7 @@ def create_actions(window: QMainWindow, docks: Sequence[QDockWidget]) -> Actions
     models_menu = menus.addMenu("&Models")
     models_menu.addActions([actions.choose_models, actions.stop])
     models_menu.addAction(actions.benchmark)
+    models_menu.addAction(actions.load_test)
     models_menu.addAction(actions.train_heads)
 
     view_menu = menus.addMenu("&View")

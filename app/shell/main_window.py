@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.bench.dialog import BenchDialog
+from app.bench.load_dialog import LoadDialog
 from app.charts.live import LiveCharts
 from app.chat.compare_view import CompareView
 from app.chat.conversation_panel import ConversationPanel
@@ -311,6 +312,7 @@ class MainWindow(QMainWindow):
         a.regenerate.triggered.connect(lambda: self.regenerate())
         a.system_prompt.triggered.connect(self.chat_view.edit_system_prompt)
         a.benchmark.triggered.connect(lambda: self.open_benchmark())
+        a.load_test.triggered.connect(lambda: self.open_load_test())
         a.train_heads.triggered.connect(lambda: self.open_training())
 
     # -- the engine --------------------------------------------------------------------
@@ -459,8 +461,10 @@ class MainWindow(QMainWindow):
         self.engine_label.setText("No model loaded")
         self._set_ready(False, f"The models are freed while {what} runs.")
         self.statusBar().showMessage(f"The models were freed for {what}.", 5000)
-        bench = self.findChild(BenchDialog)
-        if not training and (bench is None or not bench.isVisible()):
+        open_dialogs = [
+            d for d in (self.findChild(BenchDialog), self.findChild(LoadDialog)) if d is not None and d.isVisible()
+        ]
+        if not training and not open_dialogs:
             self._after_benchmark()
 
     def _use_local_engine(self) -> None:
@@ -611,6 +615,22 @@ class MainWindow(QMainWindow):
             host=self.controller,
             apply_config=lambda chosen: self.apply_pair(chosen, self.sampling),
         )
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.finished.connect(self._after_benchmark)
+        dialog.open()
+        return dialog
+
+    def open_load_test(self) -> LoadDialog:
+        """Models ▸ Load test…: the loaded pair (or the saved one) with many requests at once, on this
+        window's engine (the sweep reloads the pair with room for them and restores it), window-modal."""
+        existing = self.findChild(LoadDialog)
+        if existing is not None and existing.isVisible():
+            existing.raise_()
+            existing.activateWindow()
+            return existing
+        loaded = self.controller.loaded
+        config = loaded.config if loaded is not None and loaded.config is not None else keys.engine_config()
+        dialog = LoadDialog(self, config=config, host=self.controller)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.finished.connect(self._after_benchmark)
         dialog.open()
