@@ -307,6 +307,7 @@ class LiveCharts(QWidget):
         self._timer.stop()
         self._dirty = False
         data = self.series()
+        self.theory.set_costs(self._costs)  # its batch axis reads T(rows) at the B the user picks
         for panel in self.panels:
             panel.show_series(data)
             # pyqtgraph fits auto ranges while it paints, and a range that moves there asks for a

@@ -6,6 +6,12 @@ and verify times that becomes a predicted speedup over plain decoding. Where the
 speedup curve crosses 1 is the break-even acceptance; when verification costs
 grow like k + 1 plain steps (compute-bound, the article's failure mode 2) the
 curve never crosses 1 and the panel says so instead of drawing a line.
+
+The batch axis: a "B =" box over the title's right end sets how many sequences share each
+verify forward (batch_theory.py). At B = 1 the panel is the article's formula as above; at a
+larger B the speedup curve and the break-even a are the batch's, from the same cost model's
+T(rows) (LiveCharts hands the panel its cost model), and a legend row says at which B
+speculation stops paying at this run's acceptance: the article's failure mode 2.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QFontMetrics
+from PySide6.QtWidgets import QSpinBox
 
+from app.charts.batch_theory import LARGEST_BATCH, batch_speedup, batch_speedups, break_even_acceptance_at
+from app.charts.batch_theory import break_even_batch as find_break_even_batch
 from app.charts.panel import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, longest_fitting, set_label_anchor, shows
 
 # The legend (up to five rows, top left) needs more room than other panels' two.
@@ -36,6 +45,14 @@ LEGEND_NEED = {
     "this run's speedup": 2,
     "plain decoding (1×)": 1,
 }
+BATCH_TIP = (
+    "Batch size B: how many sequences decode together, sharing each verify forward. The predicted "
+    "speedup at B is E * T(B) / (B * draft time + T(B * (k + 1))), with T the cost model's measured "
+    "verify time over that many rows (past the rows it measured, extended along its last slope). "
+    "At B = 1 it is the article's formula. As B grows the batch fills the forward, each drafted row "
+    "costs what a real token does, and the speedup falls: below 1 at the break-even B."
+)
+MAX_PANEL_BATCH = 64
 SEARCH_S = 1.0  # the break-even label's place is looked for again at most this often while points move
 LABEL_POSITIONS = (0.94, 0.84, 0.74, 0.64, 0.54, 0.44, 0.34, 0.24, 0.14, 0.06)  # along the break-even line, best first
 
@@ -85,9 +102,117 @@ class TheoryPanel(Panel):
         self.note = ""  # what the legend says when there is no break-even line; tests read it
         self._placed = None  # what the break-even label was last placed for (it only moves when that changes)
         self._searched_at = float("-inf")  # time.monotonic() of the label's last search
+        # The batch axis: B, the cost model it reads T(rows) from, and the last series (drawn again when B moves).
+        self.batch = 1
+        self.costs = None
+        self._series: dict | None = None
+        self._batch_curves: tuple | None = None  # (key, theory at B): B's curves cost 200 formula calls
+        self.batch_sample = pg.PlotDataItem(pen=None)  # the break-even B's legend row: text, no sample
+        self.batch_box = QSpinBox(self)  # over the title row's right end (_place_batch_box)
+        self.batch_box.setRange(1, MAX_PANEL_BATCH)
+        self.batch_box.setPrefix("B = ")
+        self.batch_box.setFont(self._font(8))
+        self.batch_box.setToolTip(BATCH_TIP)
+        self.batch_box.setAccessibleName("batch size B")
+        self.batch_box.setEnabled(False)  # until there is a cost model to read T(rows) from
+        self.batch_box.valueChanged.connect(self.set_batch)
+        self.plot.getViewBox().sigResized.connect(self._place_batch_box)
+        self._fit_words()
+
+    # -- the batch axis ----------------------------------------------------------------------
+
+    def set_costs(self, costs) -> None:
+        """The cost model the batch axis reads T(rows) from (LiveCharts' own, handed over at each redraw)."""
+        self.costs = costs
+        self.batch_box.setEnabled(costs is not None)
+
+    def set_batch(self, batch: int) -> None:
+        """Draw the theory for B sequences decoded together (1: the article's formula)."""
+        batch = min(max(int(batch), 1), MAX_PANEL_BATCH)
+        if self.batch_box.value() != batch:
+            self.batch_box.setValue(batch)  # comes back here
+            return
+        self.batch = batch
+        if self._series is not None:
+            self.show_series(self._series)
+
+    def break_even_batch(self, t: dict | None = None) -> int | None:
+        """Where speculation stops paying at this run's acceptance and the panel's k (None: unknown,
+        or it still pays at LARGEST_BATCH)."""
+        t = self._shown_theory if t is None else t
+        if t is None or self.costs is None or not t.get("measured"):
+            return None
+        return find_break_even_batch(self.costs.snapshot(), t["measured"][0], t["k"])
+
+    def _at_batch(self, t: dict) -> dict:
+        """The theory part of the series at the panel's B (itself at B = 1 or with no cost model)."""
+        if self.batch == 1 or self.costs is None or t["speedup"] is None:
+            return t
+        costs = self.costs.snapshot()
+        key = (costs, t["k"], self.batch, len(t["a"]))
+        if self._batch_curves is None or self._batch_curves[0] != key:
+            k, batch = t["k"], self.batch
+            curves = {
+                "speedup": batch_speedups(costs, t["a"], k, batch),
+                "break_even": break_even_acceptance_at(costs, k, batch),
+                "max_speedup": batch_speedup(costs, 1.0, k, batch),
+            }
+            self._batch_curves = (key, curves)
+        # This run's measured speedup was measured alone (B = 1): not a point of B's curve.
+        return {**t, **self._batch_curves[1], "measured_speedup": None}
+
+    def _batch_row(self, t: dict) -> str:
+        """The legend's break-even B row, at B > 1 and with a run's acceptance to read it at."""
+        if self.batch == 1 or self.costs is None or not t.get("measured"):
+            return ""
+        a, found = t["measured"][0], self.break_even_batch(t)
+        if found is None:
+            return f"pays up to B = {LARGEST_BATCH} at a = {a:.2f}"
+        return f"break-even B = {found} at a = {a:.2f}"
+
+    def _place_batch_box(self, *_) -> None:
+        """The B box in the title row's left end, over the y axis (a corner nothing else uses)."""
+        box = getattr(self, "batch_box", None)
+        if box is None:
+            return
+        hint = box.sizeHint()
+        title = self.mapFromScene(self.plot.titleLabel.sceneBoundingRect()).boundingRect()
+        height = min(hint.height(), max(title.height() - 2, 16))
+        box.setGeometry(2, title.center().y() - height // 2, hint.width(), height)
+
+    def _box_overlap(self) -> float:
+        """How far the B box reaches over the plot's left edge, in pixels (the title is centred over the plot)."""
+        view = self.mapFromScene(self.plot.getViewBox().sceneBoundingRect()).boundingRect()
+        left = view.left() if view.width() > 0 else 40
+        return max(0.0, 2 + self.batch_box.sizeHint().width() + 6 - left)
+
+    def _fit_words(self, *_) -> None:
+        """Panel's, with the title kept clear of the B box (centred, so as clear on both sides)."""
+        super()._fit_words()
+        box = getattr(self, "batch_box", None)
+        if box is None:  # inside Panel.__init__
+            return
+        width = self.plot.getViewBox().width()
+        room = (width if width > 0 else self.width() - 60) - 8 - 2 * self._box_overlap()
+        font = self._font(10, bold=True)
+        fits = QFontMetrics(font).horizontalAdvance(self._titles[-1]) <= room if self._titles else True
+        box.setVisible(fits)
+        if fits:
+            title = longest_fitting(self._titles, font, room)
+            if title != self.plot.titleLabel.text:
+                self.plot.setTitle(title, color=self.fg.name(), size="10pt", bold=True)
+                self.plot.titleLabel.setMinimumWidth(0)
+        self._place_batch_box()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
+        super().resizeEvent(event)
+        self._place_batch_box()
+
+    # -- drawing -----------------------------------------------------------------------------
 
     def show_series(self, series: dict) -> None:
-        t = series["theory"]
+        self._series = series
+        t = self._at_batch(series["theory"])
         k = t["k"]
         self.set_title((f"Theory for k = {k}", f"Theory, k = {k}"))
         # The curves change only with k and the cost model: most redraws move the measured points alone.
@@ -315,6 +440,12 @@ class TheoryPanel(Panel):
         """The legend's last row, the longest wording that fits beside its blank sample."""
         if t["speedup"] is None:
             texts = ("speedup: no cost model yet", "no cost model yet", "no cost model")
+        elif t["break_even"] is None and self.batch > 1:
+            texts = (
+                f"no break-even at B = {self.batch}: no a pays",
+                f"no break-even at B = {self.batch}",
+                "no break-even",
+            )
         elif t["break_even"] is None:
             texts = (f"no break-even at k = {t['k']}: no a pays", f"no break-even at k = {t['k']}", "no break-even")
         else:
@@ -335,6 +466,9 @@ class TheoryPanel(Panel):
             entries.append((self.measured, "this run", fg))
         if points:
             entries.append((self.measured_speedup, "this run's speedup", fg))
+        batch_row = self._batch_row(t)
+        if batch_row:
+            entries.append((self.batch_sample, batch_row, BREAK_EVEN))
         if self.note:
             colour = BREAK_EVEN if t["speedup"] is not None else self.muted(220).name()
             entries.append((self.note_sample, self.note, colour))
@@ -342,7 +476,7 @@ class TheoryPanel(Panel):
         # tooltip explains them all): rows past the view's height would sit on the axis title.
         rows = self._rows_that_fit()
         while len(entries) > rows:
-            entries.remove(min(entries, key=lambda entry: LEGEND_NEED.get(entry[1], 10)))
+            entries.remove(min(entries, key=lambda e: 4.5 if e[0] is self.batch_sample else LEGEND_NEED.get(e[1], 10)))
         if entries == self._legend_entries:
             return
         self._legend_entries = entries
