@@ -50,6 +50,35 @@ def mode_style(mode: str, index: int) -> dict:
     }
 
 
+def break_even_mode(sweep) -> str:
+    """The mode the sweep's break-evens are for: its fixed k when it swept one, else automatic k."""
+    mode = getattr(sweep, "break_even_mode", "")
+    return mode or next((m for m in sweep.modes if m not in (VANILLA, AUTO)), AUTO)
+
+
+def break_evens(sweep, context: int) -> tuple[int | None, int | None]:
+    """(measured, predicted) break-even B at `context`: the sweep's per-context pair where it has
+    them, else its overall pair for its first context."""
+    for c, measured, predicted in getattr(sweep, "break_evens", ()):
+        if c == context:
+            return measured, predicted
+    if sweep.contexts and context == sweep.contexts[0]:
+        return sweep.break_even_measured, sweep.break_even_predicted
+    return None, None
+
+
+def predicted_curves(sweep, context: int) -> dict[str, list[tuple[int, float]]]:
+    """Mode -> the formula's (B, speedup) at `context`: every mode the sweep predicted there, else
+    its overall prediction (automatic k's, first context) for the first context."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for c, b, mode, s in getattr(sweep, "predicted_by_context", ()):
+        if c == context:
+            curves.setdefault(mode, []).append((b, s))
+    if not curves and sweep.predicted and sweep.contexts and context == sweep.contexts[0]:
+        curves[AUTO] = list(sweep.predicted)
+    return {mode: sorted(points) for mode, points in curves.items()}
+
+
 class BatchChart(Panel):
     """A chart against B on a log-2 axis, its legend above the plot."""
 
@@ -84,7 +113,7 @@ class BatchChart(Panel):
         """Ticks at each B measured, and a little room either side."""
         xs = [math.log2(b) for b in batches] or [0.0]
         self.plot.getAxis("bottom").setTicks([[(math.log2(b), str(b)) for b in batches]])
-        self.plot.setXRange(min(xs) - 0.3, max(xs) + 0.3, padding=0)
+        self.plot.setXRange(min(xs) - 0.5, max(xs) + 0.3, padding=0)  # on the left, room for a value's label
 
     def show_series(self, series: dict) -> None:  # Panel's; the Load view calls show() instead
         raise NotImplementedError
@@ -137,27 +166,37 @@ class SpeedupChart(BatchChart):
             xs, ys = np.log2([b for b, _ in measured]), np.array([s for _, s in measured])
             self.curves[mode] = self.add(pg.PlotDataItem(xs, ys, antialias=True, **style), mode_name(mode))
             tops.append(float(ys.max()))
-        if sweep.predicted:
-            xs = np.log2([b for b, _ in sweep.predicted])
-            ys = np.array([s for _, s in sweep.predicted])
-            pen = pg.mkPen(SPEEDUP, width=2, style=Qt.PenStyle.DashLine)
-            self.predicted = self.add(pg.PlotDataItem(xs, ys, pen=pen, antialias=True), "predicted (formula)")
+        predictions = predicted_curves(sweep, context)
+        for mode, points in predictions.items():
+            xs, ys = np.log2([b for b, _ in points]), np.array([s for _, s in points])
+            style = Qt.PenStyle.DashLine if mode == AUTO else Qt.PenStyle.DotLine
+            name = "predicted (formula)" if len(predictions) == 1 else "predicted, " + mode_name(mode).split(", ")[1]
+            curve = self.add(pg.PlotDataItem(xs, ys, pen=pg.mkPen(SPEEDUP, width=2, style=style), antialias=True), name)
+            self.predicted = self.predicted or curve
             tops.append(float(ys.max()))
         self.legend.addItem(self.plain_sample, "1× (plain decoding)")
-        labelled = AUTO if AUTO in self.curves else next(iter(self.curves), None)
+        mode = break_even_mode(sweep)
+        labelled = mode if mode in self.curves else next(iter(self.curves), None)
         if labelled is not None:  # its numbers written over every curve at that B, where no line runs
-            drawn = [c.getData() for c in (*self.curves.values(), self.predicted) if c is not None]
+            drawn = [c.getData() for c in self.items if isinstance(c, pg.PlotDataItem)]
             xs_labelled, ys_labelled = self.curves[labelled].getData()
+            colour = FIXED_K if labelled != AUTO else RUN_COLOURS["speculative"]
             for i, (x, y) in enumerate(zip(xs_labelled, ys_labelled)):
-                over = max(float(ys[np.isclose(xs, x)].max(initial=y)) for xs, ys in drawn)
-                # Right of the point, where the falling lines are lower; the last one left of it.
-                self.values.append(self._value(x, y, over, right=i < len(xs_labelled) - 1))
-        self._show_break_even(sweep.break_even_measured, sweep.break_even_predicted)
+                others = [float(v) for xs, ys in drawn for v in ys[np.isclose(xs, x)]]
+                # Beside its point where it is the lowest or the highest at that B, else over them all.
+                # The lines fall to the right: over a point its right side is clear, under it its left
+                # (the last point's label above goes left: the plot ends there).
+                below = y <= min(others)
+                at = y if below or y >= max(others) else max(others)
+                right = not below and i < len(xs_labelled) - 1
+                self.values.append(self._value(x, at, right=right, below=below, text=y, colour=colour))
+        several = sum(m != VANILLA for m in sweep.modes) > 1
+        self._show_break_even(*break_evens(sweep, context), mode_name(mode).split(", ")[1] if several else "")
         self.set_batches(batches)
         top = max(tops)
         self.plot.setYRange(0.0, stepped(top * 1.18), padding=0)
 
-    def _show_break_even(self, measured: int | None, predicted: int | None) -> None:
+    def _show_break_even(self, measured: int | None, predicted: int | None, mode: str = "") -> None:
         at = measured if measured is not None else predicted
         if at is None:
             return
@@ -169,15 +208,15 @@ class SpeedupChart(BatchChart):
         else:
             text = f"break-even B = {measured} (predicted {predicted})"
         self.break_even.setVisible(True)  # first: a hidden label ignores its new text
-        self.break_even.label.setFormat(text)
+        self.break_even.label.setFormat(f"{text} at {mode}" if mode else text)
 
-    def _value(self, x: float, y: float, over: float, right: bool) -> pg.TextItem:
+    def _value(self, x: float, y: float, right: bool, below: bool, text: float, colour: str) -> pg.TextItem:
         item = pg.TextItem(
-            html=f'<span style="color:{RUN_COLOURS["speculative"]}; font-size:8pt">{y:.2f}×</span>',
-            anchor=(0.0 if right else 1.0, 1.1),
+            html=f'<span style="color:{colour}; font-size:8pt">{text:.2f}×</span>',
+            anchor=(0.0 if right else 1.0, -0.1 if below else 1.1),
         )
         item.textItem.document().setDocumentMargin(1)
-        item.setPos(float(x), over)
+        item.setPos(float(x), y)
         return self.add(item)
 
     @property

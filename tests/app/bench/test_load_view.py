@@ -55,11 +55,12 @@ def test_the_view_draws_each_modes_points_the_predicted_curve_and_the_break_even
     spacing = {round(b - a, 6) for (a, _), (b, _) in zip(ticks(chart), ticks(chart)[1:])}
     assert spacing == {1.0}  # each doubling one step along the axis
     assert chart.break_even_batch == 8
-    assert chart.break_even.label.toPlainText() == "break-even B = 8"
+    # For the fixed k (the mode that can lose; automatic k stops drafting instead), and so labelled.
+    assert chart.break_even.label.toPlainText() == "break-even B = 8 at k = 4"
     assert chart.plain.value() == 1.0
     legend = [label.text for _, label in chart.legend.items]
     assert legend == ["speculative, automatic k", "speculative, k = 4", "predicted (formula)", "1× (plain decoding)"]
-    assert [v.toPlainText() for v in chart.values] == ["1.60×", "1.34×", "1.10×", "0.99×", "0.98×"]
+    assert [v.toPlainText() for v in chart.values] == ["1.55×", "1.30×", "1.06×", "0.95×", "0.81×"]
 
     assert set(view.throughput.curves) == {"vanilla", "auto", "k=4"}
     _, plain = view.throughput.curves["vanilla"].getData()
