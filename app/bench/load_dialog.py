@@ -33,9 +33,22 @@ from app.bench.dialog import describe_config
 from app.bench.load_view import LoadView
 from app.runtime.engine_controller import EngineController
 from app.runtime.worker import GeneratorWorker
-from engine import BenchmarkCancelled, EngineConfig, EngineUnavailable, SpecDeckError
+from engine import (
+    BenchmarkCancelled,
+    EngineConfig,
+    EngineUnavailable,
+    SpecDeckError,
+    default_prompts_path,
+    load_prompts,
+)
 
-BATCHES, CONTEXTS, K_MODE, FIXED_K = "load/batches", "load/contexts", "load/k_mode", "load/k"
+BATCHES, CONTEXTS, K_MODE, FIXED_K, MAX_TOKENS = (
+    "load/batches",
+    "load/contexts",
+    "load/k_mode",
+    "load/k",
+    "load/max_tokens",
+)
 DEFAULT_BATCHES = "1, 2, 4, 8, 16"
 MAX_BATCH = 256
 K_MODES = ("automatic and fixed k", "automatic k", "fixed k")  # which speculative modes run beside plain decoding
@@ -44,30 +57,42 @@ EXPORTS = (("PNG image", "png"), ("CSV table", "csv"), ("JSON document", "json")
 
 @dataclass(frozen=True)
 class LoadRequest:
-    """What the form asks the sweep for."""
+    """What the form asks the sweep for: LoadSettings' fields that the form sets (engine/bench/
+    load_settings.py; the others keep their defaults there), sent as `to_dict` over the wire."""
 
     batches: tuple[int, ...]
-    contexts: tuple[int, ...] = ()  # () for the prompts' own lengths
+    contexts: tuple[int, ...] = ()  # () for the prompts as they are
     auto: bool = True  # measure automatic k
     fixed_k: int | None = 4  # and this fixed k (None: not)
+    max_tokens: int = 128  # tokens per reply
+    requests: int = 0  # requests per run; 0: the prompts, at least 2 B (the sweep's own default)
+
+    def to_dict(self) -> dict:
+        """As LoadSettings.to_dict names them (the engine's public API does not export LoadSettings)."""
+        return {
+            "batches": list(self.batches),
+            "contexts": list(self.contexts),
+            "k": self.fixed_k or 0,  # 0: no fixed-k mode
+            "auto": self.auto,
+            "max_tokens": self.max_tokens,
+            "requests": self.requests,
+        }
 
 
 def run_load_sweep(client, config: EngineConfig, request: LoadRequest, cancel, report):
-    """The one call into the engine: the load sweep on the engine process; `report` hears
-    (message, fraction) and the pair the engine process freed for it. Returns a LoadSweep."""
-    load_sweep = getattr(client, "load_sweep", None)
-    if load_sweep is None:
-        raise SpecDeckError("This engine cannot run a load test yet: update SpecDeck's engine.")
-    return load_sweep(
-        config,
-        batches=request.batches,
-        contexts=request.contexts,
-        auto=request.auto,
-        fixed_k=request.fixed_k,
-        cancel=cancel,
-        progress=lambda message, fraction: report((message, fraction)),
-        on_unloaded=report,
-    )
+    """The one call into the engine: the load sweep on the engine process's pair, the shipped prompts;
+    `report` hears (message, fraction). The process holding another pair, or none (a dialog with an
+    engine of its own), loads `config` first; the sweep reloads it with room for the largest B and
+    loads it back as it was. Returns a LoadSweep."""
+
+    def progress(message: str, fraction: float) -> None:
+        report((message, fraction))
+
+    held = client.loaded()
+    if held is None or held.config != config:
+        client.load(config, progress=progress)
+    prompts = load_prompts(default_prompts_path())
+    return client.load_sweep(prompts, request, progress=progress, cancel=cancel)
 
 
 def parse_sizes(text: str, what: str, low: int, high: int) -> tuple[int, ...]:
@@ -111,6 +136,10 @@ class LoadDialog(QDialog):
         self.fixed_k.setPrefix("k = ")
         self.k_mode.currentIndexChanged.connect(lambda i: self.fixed_k.setEnabled(K_MODES[i] != "automatic k"))
         self.fixed_k.setEnabled(K_MODES[self.k_mode.currentIndex()] != "automatic k")
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(4, 4096)
+        self.max_tokens.setValue(min(max(settings.value(MAX_TOKENS, 128, type=int), 4), 4096))
+        self.max_tokens.setSuffix(" tokens")
         draft = QHBoxLayout()
         draft.addWidget(self.k_mode)
         draft.addWidget(self.fixed_k)
@@ -122,6 +151,7 @@ class LoadDialog(QDialog):
         form.addRow("Batch sizes B:", self.batches_edit)
         form.addRow("Context lengths:", self.contexts_edit)
         form.addRow("Draft length:", draft)
+        form.addRow("Reply length:", self.max_tokens)
 
         self.run_button = QPushButton("Run", clicked=self.run)
         self.run_button.setDefault(True)
@@ -166,7 +196,7 @@ class LoadDialog(QDialog):
         contexts = parse_sizes(self.contexts_edit.text(), "Context lengths", 16, 1_048_576)
         mode = K_MODES[self.k_mode.currentIndex()]
         fixed = None if mode == "automatic k" else self.fixed_k.value()
-        return LoadRequest(batches, contexts, auto=mode != "fixed k", fixed_k=fixed)
+        return LoadRequest(batches, contexts, mode != "fixed k", fixed, self.max_tokens.value())
 
     def run(self) -> None:
         """Start a sweep with the form's settings (a bad field is reported, nothing starts)."""
@@ -274,7 +304,7 @@ class LoadDialog(QDialog):
     def _set_running(self, running: bool) -> None:
         self.run_button.setEnabled(not running)
         self.cancel_button.setEnabled(running)
-        for widget in (self.batches_edit, self.contexts_edit, self.k_mode, self.fixed_k):
+        for widget in (self.batches_edit, self.contexts_edit, self.k_mode, self.fixed_k, self.max_tokens):
             widget.setEnabled(not running)
         if not running:
             self.fixed_k.setEnabled(K_MODES[self.k_mode.currentIndex()] != "automatic k")
@@ -289,6 +319,7 @@ class LoadDialog(QDialog):
         settings.setValue(CONTEXTS, self.contexts_edit.text().strip())
         settings.setValue(K_MODE, self.k_mode.currentIndex())
         settings.setValue(FIXED_K, self.fixed_k.value())
+        settings.setValue(MAX_TOKENS, self.max_tokens.value())
 
     def shutdown(self) -> None:
         """Cancel a running sweep; without a host, stop our own engine process once it has ended."""

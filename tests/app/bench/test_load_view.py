@@ -8,6 +8,7 @@ import csv
 import json
 import math
 import threading
+from types import SimpleNamespace
 
 import pytest
 from PySide6.QtCore import QObject, QPointF, Signal
@@ -146,14 +147,24 @@ def test_exports_write_the_picture_the_points_and_the_sweep(view, tmp_path):
 
 
 class FakeClient:
-    """The engine process's client, as far as the dialog uses it: a sweep that waits to be let go."""
+    """The engine process's client, as far as the dialog uses it: a pair loaded, and a sweep that
+    waits to be let go (EngineClient.load_sweep's signature)."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
         self.calls: list[dict] = []
+        self.held = None
 
-    def load_sweep(self, config, *, batches, contexts, auto, fixed_k, cancel, progress, on_unloaded):
-        self.calls.append({"batches": batches, "contexts": contexts, "auto": auto, "fixed_k": fixed_k})
+    def loaded(self):
+        return self.held
+
+    def load(self, config, progress=None):
+        self.held = SimpleNamespace(config=config)
+        return self.held
+
+    def load_sweep(self, prompts, settings, *, progress=None, cancel=None):
+        assert prompts  # the shipped set
+        self.calls.append(settings.to_dict())
         progress("B = 1: 3 of 15 points", 0.2)
         while not self.release.wait(0.01):
             if cancel.is_set():
@@ -219,7 +230,10 @@ def test_a_finished_sweep_is_drawn_and_exported(qtbot, dialog, host, tmp_path):
         dialog.run()
         host.client.release.set()
     assert isinstance(blocker.args[0], LoadSweep)
-    assert host.client.calls == [{"batches": (1, 2, 4, 8, 16), "contexts": (), "auto": True, "fixed_k": None}]
+    assert host.client.calls == [
+        {"batches": [1, 2, 4, 8, 16], "contexts": [], "k": 0, "auto": True, "max_tokens": 128, "requests": 0}
+    ]
+    assert host.client.held.config == dialog.config  # the engine held no pair: the dialog's was loaded first
     qtbot.waitUntil(lambda: not dialog.running, timeout=WAIT_MS)
     assert dialog.view.speedup.break_even_batch == 8
     assert "stops paying at B = 8" in dialog.status.text()
@@ -240,7 +254,8 @@ def test_the_form_reads_fixed_k_and_context_lengths(dialog):
     dialog.contexts_edit.setText("4096, 512")
     dialog.k_mode.setCurrentIndex(2)  # fixed k only
     dialog.fixed_k.setValue(3)
-    assert dialog.request() == LoadRequest((1, 2, 4, 8, 16), (512, 4096), auto=False, fixed_k=3)
+    dialog.max_tokens.setValue(32)
+    assert dialog.request() == LoadRequest((1, 2, 4, 8, 16), (512, 4096), auto=False, fixed_k=3, max_tokens=32)
 
 
 def test_the_models_menu_opens_the_load_test(qtbot):
