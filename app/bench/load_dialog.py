@@ -50,6 +50,7 @@ BATCHES, CONTEXTS, K_MODE, FIXED_K, MAX_TOKENS = (
     "load/max_tokens",
 )
 DEFAULT_BATCHES = "1, 2, 4, 8, 16"
+JOB = "load-test"  # the job's name at the engine controller ("load" is its name for loading a pair)
 MAX_BATCH = 256
 K_MODES = ("automatic and fixed k", "automatic k", "fixed k")  # which speculative modes run beside plain decoding
 EXPORTS = (("PNG image", "png"), ("CSV table", "csv"), ("JSON document", "json"))
@@ -228,7 +229,7 @@ class LoadDialog(QDialog):
             return run_load_sweep(client, config, request, cancel, report)
 
         try:
-            self.worker = host.lend("load", config, job, connect, on_server=True)
+            self.worker = host.lend(JOB, config, job, connect, on_server=True)
         except SpecDeckError as error:
             self._on_done()
             self._on_error(error)

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QMainWindow, QWidget
 from app.bench.load_dialog import LoadDialog, LoadRequest
 from app.bench.load_view import LoadView
 from app.charts.panel import BREAK_EVEN
+from app.runtime.engine_controller import CHAT, COMPARE, LOAD
 from app.runtime.worker import GeneratorWorker, TaskRunner
 from engine import BenchmarkCancelled, EngineConfig
 from engine.bench.load_results import LoadSweep
@@ -183,6 +184,8 @@ class FakeHost(QObject):
         self.runner = TaskRunner()
 
     def lend(self, name, config, job, connect, *, on_server=False) -> GeneratorWorker:
+        assert name not in (LOAD, CHAT, COMPARE)  # the controller's own jobs: it would take the sweep for one
+        assert on_server  # on the engine process, never in the window's
         worker = GeneratorWorker(lambda cancel, report: job(self.client, cancel, report), name)
         connect(worker)
         self.runner.start(worker)
