@@ -16,7 +16,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
-from app.charts.panel import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, stepped
+from app.charts.panel import BREAK_EVEN, RUN_COLOURS, SPEEDUP, Panel, set_label_anchor, stepped
 from engine import VANILLA
 
 AUTO = "auto"  # LoadPoint.mode of automatic k (engine/bench/load_results.py); a fixed k is "k=N"
@@ -48,6 +48,11 @@ def mode_style(mode: str, index: int) -> dict:
         "symbolPen": pg.mkPen(colour),
         "symbolSize": 8,
     }
+
+
+def speculative_modes(sweep) -> list[str]:
+    """The sweep's speculative modes, automatic k first (as in every legend), then each fixed k."""
+    return sorted((m for m in sweep.modes if m != VANILLA), key=lambda m: m != AUTO)
 
 
 def break_even_mode(sweep) -> str:
@@ -156,7 +161,7 @@ class SpeedupChart(BatchChart):
         batches = sweep.batches
         tops = [1.0]
         fixed = 0
-        for mode in (m for m in sweep.modes if m != VANILLA):
+        for mode in speculative_modes(sweep):
             measured = [(b, sweep.speedup(b, mode, context)) for b in batches]
             measured = [(b, s) for b, s in measured if s is not None]
             if not measured:
@@ -190,9 +195,9 @@ class SpeedupChart(BatchChart):
                 at = y if below or y >= max(others) else max(others)
                 right = not below and i < len(xs_labelled) - 1
                 self.values.append(self._value(x, at, right=right, below=below, text=y, colour=colour))
+        self.set_batches(batches)
         several = sum(m != VANILLA for m in sweep.modes) > 1
         self._show_break_even(*break_evens(sweep, context), mode_name(mode).split(", ")[1] if several else "")
-        self.set_batches(batches)
         top = max(tops)
         self.plot.setYRange(0.0, stepped(top * 1.18), padding=0)
 
@@ -209,6 +214,10 @@ class SpeedupChart(BatchChart):
             text = f"break-even B = {measured} (predicted {predicted})"
         self.break_even.setVisible(True)  # first: a hidden label ignores its new text
         self.break_even.label.setFormat(f"{text} at {mode}" if mode else text)
+        # On the roomier side of the line: left of it the label ran off a plot whose break-even is its first B.
+        (low, high), _ = self.plot.getViewBox().viewRange()
+        side = (1, 0) if math.log2(at) - low > high - math.log2(at) else (0, 0)
+        set_label_anchor(self.break_even, side)
 
     def _value(self, x: float, y: float, right: bool, below: bool, text: float, colour: str) -> pg.TextItem:
         item = pg.TextItem(
@@ -243,7 +252,7 @@ class ThroughputChart(BatchChart):
 
     def show(self, sweep, context: int) -> None:
         self.clear_data()
-        modes = [VANILLA, *(m for m in sweep.modes if m != VANILLA)] if VANILLA in sweep.modes else list(sweep.modes)
+        modes = [VANILLA] * (VANILLA in sweep.modes) + speculative_modes(sweep)
         top, fixed = 1.0, 0
         for mode in modes:
             points = [p for p in (sweep.point(b, mode, context) for b in sweep.batches) if p is not None]

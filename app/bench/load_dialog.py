@@ -96,6 +96,18 @@ def run_load_sweep(client, config: EngineConfig, request: LoadRequest, cancel, r
     return client.load_sweep(prompts, request, progress=progress, cancel=cancel)
 
 
+def done_sentence(sweep) -> str:
+    """Where speculation stopped paying, for the status line (the view says the rest)."""
+    at = sweep.break_even_measured
+    mode = getattr(sweep, "break_even_mode", "") or ""
+    mode = "" if not mode else ("with automatic k, " if mode == "auto" else f"at {mode.replace('=', ' = ')}, ")
+    if at is None:
+        return f"{mode}speculation paid at every batch size measured, up to B = {max(sweep.batches)}."
+    if at == min(sweep.batches):
+        return f"{mode}speculation did not pay at any batch size measured, not even B = {at}."
+    return f"{mode}speculation stops paying at B = {at}."
+
+
 def parse_sizes(text: str, what: str, low: int, high: int) -> tuple[int, ...]:
     """ "1, 2, 4" -> (1, 2, 4), sorted, once each; SpecDeckError saying which entry is wrong."""
     sizes = set()
@@ -254,12 +266,7 @@ class LoadDialog(QDialog):
         self.view.show_sweep(sweep)
         self.export_button.setEnabled(True)
         self.progress.setValue(100)
-        where = sweep.break_even_measured
-        self._set_status(
-            f"Done: speculation stops paying at B = {where}."
-            if where is not None
-            else f"Done: speculation paid at every batch size up to B = {max(sweep.batches)}."
-        )
+        self._set_status(f"Done: {done_sentence(sweep)}")
         self.sig_finished.emit(sweep)
 
     @Slot(object)
