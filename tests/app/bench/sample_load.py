@@ -43,9 +43,19 @@ def points(context: int = 512, scale: float = 1.0) -> list[LoadPoint]:
     return out
 
 
+PREDICTED_FIXED = ((1, 1.62), (2, 1.36), (4, 1.08), (8, 0.93), (16, 0.78))
+
+
 def load_sweep(draft_model: bool = True, contexts: tuple[int, ...] = (512,)) -> LoadSweep:
-    """The sweep; `draft_model`: with a draft model (its memory line), else an n-gram drafter (none)."""
+    """The sweep; `draft_model`: with a draft model (its memory line), else an n-gram drafter (none).
+    A longer context's break-even is one doubling later (MagicDec: the KV read makes room again)."""
     all_points = [p for i, c in enumerate(contexts) for p in points(c, 1.0 / (1 + i))]
+    predicted = [
+        (c, b, mode, s)
+        for c in contexts
+        for mode, curve in ((AUTO, PREDICTED), ("k=4", PREDICTED_FIXED))
+        for b, s in curve
+    ]
     return LoadSweep(
         target="SmolLM2-360M-Instruct",
         drafter="draft model SmolLM2-135M-Instruct" if draft_model else "ngram",
@@ -57,8 +67,16 @@ def load_sweep(draft_model: bool = True, contexts: tuple[int, ...] = (512,)) -> 
         memory=MEMORY if draft_model else None,
         failure_mode=FAILURE,
         verify_curve=((1, 0.05), (4, 0.055), (8, 0.07), (16, 0.11), (32, 0.2), (64, 0.39)),
+        break_even_mode="k=4",
+        break_evens=tuple((c, 8 * 2**i, 8 * 2**i) for i, c in enumerate(contexts)),
+        predicted_by_context=tuple(predicted),
     )
 
 
 def without_break_even(sweep: LoadSweep) -> LoadSweep:
-    return dataclasses.replace(sweep, break_even_measured=None, break_even_predicted=None)
+    return dataclasses.replace(
+        sweep,
+        break_even_measured=None,
+        break_even_predicted=None,
+        break_evens=tuple((c, None, None) for c, _, _ in sweep.break_evens),
+    )

@@ -52,7 +52,7 @@ def test_the_view_draws_each_modes_points_the_predicted_curve_and_the_break_even
         xs, ys = curve.getData()
         assert list(xs) == pytest.approx([math.log2(b) for b in BATCHES])  # B on a log-2 axis
         assert list(ys) == pytest.approx([SPEEDUPS[mode][b] for b in BATCHES])
-    assert len(chart.predicted.getData()[0]) == 5
+    assert len(chart.predicted.getData()[0]) == 5  # a predicted point at every B
     assert [text for _, text in ticks(chart)] == ["1", "2", "4", "8", "16"]
     spacing = {round(b - a, 6) for (a, _), (b, _) in zip(ticks(chart), ticks(chart)[1:])}
     assert spacing == {1.0}  # each doubling one step along the axis
@@ -61,7 +61,13 @@ def test_the_view_draws_each_modes_points_the_predicted_curve_and_the_break_even
     assert chart.break_even.label.toPlainText() == "break-even B = 8 at k = 4"
     assert chart.plain.value() == 1.0
     legend = [label.text for _, label in chart.legend.items]
-    assert legend == ["speculative, automatic k", "speculative, k = 4", "predicted (formula)", "1× (plain decoding)"]
+    assert legend == [
+        "speculative, automatic k",
+        "speculative, k = 4",
+        "predicted, automatic k",
+        "predicted, k = 4",
+        "1× (plain decoding)",
+    ]
     assert [v.toPlainText() for v in chart.values] == ["1.55×", "1.30×", "1.06×", "0.95×", "0.81×"]
 
     assert set(view.throughput.curves) == {"vanilla", "auto", "k=4"}
@@ -126,6 +132,9 @@ def test_several_context_lengths_are_chosen_one_at_a_time(view):
     _, long = view.throughput.curves["vanilla"].getData()
     assert view.context == 4096
     assert list(long) == pytest.approx([t / 2 for t in short])  # the sample's longer context runs at half speed
+    assert view.speedup.break_even_batch == 16  # each context's own break-even (it moves with the context)
+    view.context_box.setCurrentIndex(0)
+    assert view.speedup.break_even_batch == 8
 
 
 def test_exports_write_the_picture_the_points_and_the_sweep(view, tmp_path):
@@ -272,3 +281,15 @@ def test_the_models_menu_opens_the_load_test(qtbot):
     names = [a.text() for a in models.actions()]
     assert names.index("&Load test…") == names.index("&Benchmark…") + 1
     assert actions.load_test.text() == "&Load test…"
+
+
+def test_the_form_travels_as_the_sweeps_own_settings():
+    """The public API has no LoadSettings: the dialog sends its fields by name, which the server reads back."""
+    from engine.bench.load_settings import LoadSettings
+
+    request = LoadRequest((1, 4, 16), (512, 4096), auto=True, fixed_k=3, max_tokens=32)
+    settings = LoadSettings.from_dict(request.to_dict())
+    settings.check()
+    assert (settings.batches, settings.contexts, settings.k, settings.max_tokens) == ((1, 4, 16), (512, 4096), 3, 32)
+    assert settings.modes == ("vanilla", "k=3", "auto")
+    assert LoadSettings.from_dict(LoadRequest((2,), auto=True, fixed_k=None).to_dict()).modes == ("vanilla", "auto")
