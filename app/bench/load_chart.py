@@ -118,7 +118,7 @@ class BatchChart(Panel):
         """Ticks at each B measured, and a little room either side."""
         xs = [math.log2(b) for b in batches] or [0.0]
         self.plot.getAxis("bottom").setTicks([[(math.log2(b), str(b)) for b in batches]])
-        self.plot.setXRange(min(xs) - 0.5, max(xs) + 0.3, padding=0)  # on the left, room for a value's label
+        self.plot.setXRange(min(xs) - 0.5, max(xs) + 0.5, padding=0)  # either side, room for a value's label
 
     def show_series(self, series: dict) -> None:  # Panel's; the Load view calls show() instead
         raise NotImplementedError
@@ -180,26 +180,34 @@ class SpeedupChart(BatchChart):
             self.predicted = self.predicted or curve
             tops.append(float(ys.max()))
         self.legend.addItem(self.plain_sample, "1× (plain decoding)")
-        mode = break_even_mode(sweep)
-        labelled = mode if mode in self.curves else next(iter(self.curves), None)
-        if labelled is not None:  # its numbers written over every curve at that B, where no line runs
-            drawn = [c.getData() for c in self.items if isinstance(c, pg.PlotDataItem)]
-            xs_labelled, ys_labelled = self.curves[labelled].getData()
-            colour = FIXED_K if labelled != AUTO else RUN_COLOURS["speculative"]
-            for i, (x, y) in enumerate(zip(xs_labelled, ys_labelled)):
-                others = [float(v) for xs, ys in drawn for v in ys[np.isclose(xs, x)]]
-                # Beside its point where it is the lowest or the highest at that B, else over them all.
-                # The lines fall to the right: over a point its right side is clear, under it its left
-                # (the last point's label above goes left: the plot ends there).
-                below = y <= min(others)
-                at = y if below or y >= max(others) else max(others)
-                right = not below and i < len(xs_labelled) - 1
-                self.values.append(self._value(x, at, right=right, below=below, text=y, colour=colour))
+        top = stepped(max(tops) * 1.18)
+        self.plot.setYRange(0.0, top, padding=0)
         self.set_batches(batches)
+        mode = break_even_mode(sweep)
+        if mode in self.curves or self.curves:
+            self._write_values(mode if mode in self.curves else next(iter(self.curves)), top)
         several = sum(m != VANILLA for m in sweep.modes) > 1
         self._show_break_even(*break_evens(sweep, context), mode_name(mode).split(", ")[1] if several else "")
-        top = max(tops)
-        self.plot.setYRange(0.0, stepped(top * 1.18), padding=0)
+
+    def _write_values(self, mode: str, top: float) -> None:
+        """`mode`'s speedups beside its points: on the side of each point with more room to the
+        nearest other line (the 1× line counts) when a label fits there, else over every line at
+        that B. The lines fall to the right, so a label above goes right of its point and one
+        below goes left (set_batches leaves room for them at both ends)."""
+        pixels = self.plot.getViewBox().height() or 300.0
+        line = 16.0 * top / pixels  # a label's height, and a little, in speedup units
+        drawn = [c.getData() for c in self.items if isinstance(c, pg.PlotDataItem) and c is not self.curves[mode]]
+        xs_labelled, ys_labelled = self.curves[mode].getData()
+        colour = FIXED_K if mode != AUTO else RUN_COLOURS["speculative"]
+        for x, y in zip(xs_labelled, ys_labelled):
+            others = [1.0] + [float(v) for xs, ys in drawn for v in ys[np.isclose(xs, x)]]
+            room_above = min((v - y for v in others if v >= y), default=top - y)
+            room_below = min((y - v for v in others if v <= y), default=y)
+            if max(room_above, room_below) >= line:
+                below, at = room_below > room_above, float(y)
+            else:
+                below, at = False, max(others + [float(y)])
+            self.values.append(self._value(x, at, right=not below, below=below, text=y, colour=colour))
 
     def _show_break_even(self, measured: int | None, predicted: int | None, mode: str = "") -> None:
         at = measured if measured is not None else predicted
