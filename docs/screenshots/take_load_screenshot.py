@@ -1,16 +1,19 @@
 """Take the Load view's screenshot (load-view.png) with the real embedded model.
 
-    QT_QPA_PLATFORM=offscreen python docs/screenshots/take_load_screenshot.py [--batches 1,2,4,8,16] [--out FILE]
+    QT_QPA_PLATFORM=offscreen python docs/screenshots/take_load_screenshot.py [--batches 1,2,4,8,16]
+        [--max-tokens N] [--requests N] [--out FILE]
 
 Runs the load sweep (speculative against plain decoding with B requests in flight, automatic
 and fixed k) from Models ▸ Load test… on the app's default pair, on an engine process of its
 own, then grabs the dialog. Run it on a quiet machine: every B runs the shipped prompts in
-both modes. Uses a temporary settings folder, so it never touches yours. The numbers in the
+both modes (--max-tokens and --requests shorten it: replies of N tokens, N requests per run).
+Uses a temporary settings folder, so it never touches yours. The numbers in the
 picture are whatever this machine measured; docs/benchmarks.md holds the ones taken on a quiet one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -31,6 +34,11 @@ def main() -> int:
     dialog.resize(1100, 820)
     if "--batches" in sys.argv:
         dialog.batches_edit.setText(sys.argv[sys.argv.index("--batches") + 1])
+    if "--max-tokens" in sys.argv:
+        dialog.max_tokens.setValue(int(sys.argv[sys.argv.index("--max-tokens") + 1]))
+    if "--requests" in sys.argv:  # not on the form: the sweep's default is the prompts, at least 2 B
+        requests, form = int(sys.argv[sys.argv.index("--requests") + 1]), dialog.request
+        dialog.request = lambda: dataclasses.replace(form(), requests=requests)
     dialog.show()
     finished = []
     dialog.sig_finished.connect(finished.append)
