@@ -190,23 +190,23 @@ class SpeedupChart(BatchChart):
         self._show_break_even(*break_evens(sweep, context), mode_name(mode).split(", ")[1] if several else "")
 
     def _write_values(self, mode: str, top: float) -> None:
-        """`mode`'s speedups beside its points: on the side of each point with more room to the
-        nearest other line (the 1× line counts) when a label fits there, else over every line at
-        that B. The lines fall to the right, so a label above goes right of its point and one
-        below goes left (set_batches leaves room for them at both ends)."""
-        pixels = self.plot.getViewBox().height() or 300.0
-        line = 16.0 * top / pixels  # a label's height, and a little, in speedup units
+        """`mode`'s speedups beside its points, on the side of each point with more room to the
+        nearest other line (the 1× line counts); where neither side has a label's room and the
+        lines at that B are bunched, just over them (further away, a label was read as another
+        line's). The lines mostly fall to the right, so a label above goes right of its point and
+        one below goes left (set_batches leaves room at both ends)."""
         drawn = [c.getData() for c in self.items if isinstance(c, pg.PlotDataItem) and c is not self.curves[mode]]
         xs_labelled, ys_labelled = self.curves[mode].getData()
+        line = 16.0 * top / (self.plot.getViewBox().height() or 300.0)  # a label's height, in speedup units
         colour = FIXED_K if mode != AUTO else RUN_COLOURS["speculative"]
         for x, y in zip(xs_labelled, ys_labelled):
             others = [1.0] + [float(v) for xs, ys in drawn for v in ys[np.isclose(xs, x)]]
             room_above = min((v - y for v in others if v >= y), default=top - y)
             room_below = min((y - v for v in others if v <= y), default=y)
-            if max(room_above, room_below) >= line:
-                below, at = room_below > room_above, float(y)
+            if max(room_above, room_below) >= line or max(others) - y > 3 * line:
+                below, at = room_below > room_above, float(y)  # beside it, even if close to a line
             else:
-                below, at = False, max(others + [float(y)])
+                below, at = False, max(others)  # just over the lines bunched at this B
             self.values.append(self._value(x, at, right=not below, below=below, text=y, colour=colour))
 
     def _show_break_even(self, measured: int | None, predicted: int | None, mode: str = "") -> None:
