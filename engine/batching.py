@@ -9,8 +9,9 @@ sequences run at once, each new one made like it: a drafter that loads nothing (
 suffix, lookahead) is made anew; a draft model's drafter gets a slot of the draft model
 (one more sequence on the same weights). A drafter returns to the pool when its sequence
 ends, keeping its state (a draft model's cache, a suffix tree's replies) for the next. Drafters
-that read one sequence's hidden states or weights made for the target (Medusa, EAGLE, MTP,
-early exit, the Gemma 4 assistant, chains with a draft model) serve one sequence at a time:
+that read one sequence's hidden states or run the target's own layers, or weights made for the
+target (Medusa, EAGLE, MTP, early exit, the Gemma 4 assistant, chains with a draft model) serve
+one sequence at a time:
 `check_batchable` refuses them for --parallel above 1 before anything loads.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from engine.backends.capabilities import Slots, has
+from engine.backends.capabilities import Slots, TreeForward, has
 from engine.core.batch import Batch
 from engine.core.decode import run_notes
 from engine.core.draft_length import DraftLength
@@ -37,10 +38,13 @@ MODEL_DRAFTER = "model"
 
 def batchable(name: str | None) -> bool:
     """Whether drafter `name` (a registry name; None or "none": plain decoding) can draft for several
-    sequences at once: it loads nothing, or it is a draft model (whose slots batch)."""
+    sequences at once: a draft model (whose slots batch), or a drafter that loads nothing and asks the
+    target for nothing but a masked forward. One that runs the target's own layers or reads its states
+    (early exit: LayerExit) would read the first sequence's cache while drafting for another."""
     if name in (None, "none", MODEL_DRAFTER):
         return True
-    return made_per_request(drafter_spec(name))
+    spec = drafter_spec(name)
+    return made_per_request(spec) and set(spec.needs) <= {TreeForward}
 
 
 def check_batchable(drafter: str | None, parallel: int) -> None:

@@ -13,6 +13,7 @@ the median of --repeat runs. Each concurrent reply is also compared with its one
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import subprocess
 import sys
@@ -39,9 +40,10 @@ def start(serve_args: list[str]) -> tuple[subprocess.Popen, str]:
         stdout=subprocess.PIPE,
         text=True,
     )
-    for line in process.stdout:
-        if line.startswith("SPECDECK_LISTENING"):
-            return process, "http://" + line.split()[-1].strip()
+    for line in process.stdout:  # "serving NAME at http://127.0.0.1:PORT: OpenAI's API at ..."
+        found = re.search(r" at (http://\S+?):? OpenAI", line) if line.startswith("serving ") else None
+        if found:
+            return process, found.group(1).rstrip(":")
     raise SystemExit("the server stopped before it listened")
 
 

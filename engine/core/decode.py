@@ -19,8 +19,9 @@ Trees (Medusa, EAGLE): the feed is [x_m, node_1, ..., node_n] with node i
 attending to its ancestors only (`TreeForward.forward_tree`, parents shifted by one
 for x_m in front); row i + 1 is p after node i. The verdict is a root-to-node
 path (engine/core/verify_tree.py) and `keep_nodes` keeps x_m and that path. A backend
-without tree attention (llama.cpp) gets the draft's best branch as a chain, and
-the run says so in `RunStats.notes`. Drafters that read the target's hidden
+without tree attention (transformers' own forward; llama.cpp on a hybrid model, whose
+recurrent state cannot branch) gets the draft's best branch as a chain, and the run says
+so in `RunStats.notes`. Drafters that read the target's hidden
 states (ReadsFeatures) get the rows of what the step kept (x_m, then the accepted drafts).
 
 Extra rows (lookahead decoding's Jacobi window): a draft may add e rows that ride

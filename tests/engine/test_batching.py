@@ -135,10 +135,11 @@ def test_a_parallel_that_is_not_a_count_is_refused_before_loading(tiny, parallel
         load(tiny["target"], parallel=parallel)
 
 
-def test_a_drafter_that_reads_one_sequences_hidden_states_is_refused_for_a_batch(tiny):
-    assert drafter_spec("medusa").reads_weights
+@pytest.mark.parametrize("drafter", ["medusa", "early-exit"])
+def test_a_drafter_that_reads_one_sequences_states_is_refused_for_a_batch(tiny, drafter):
+    assert drafter_spec(drafter).reads_weights or drafter_spec(drafter).needs  # heads, or the target's layers
     with pytest.raises(ConfigError, match=r"--parallel 1.*ngram"):
-        load(tiny["target"], drafter="medusa", parallel=2)
+        load(tiny["target"], drafter=drafter, parallel=2)
 
 
 @pytest.fixture(scope="module")
