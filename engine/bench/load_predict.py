@@ -241,10 +241,13 @@ def failure_mode(sweep: LoadSweep, acceptance: float | None) -> str:
             "too often to pay for itself (failure mode 1, low acceptance)"
         )
     elif at_first < 1.0:
+        accepted = (
+            f", though the target accepted {acceptance:.0%} of the draft tokens it checked," if acceptance else ""
+        )
         said = (
-            f"Speculation lost even at {where} ({at_first:.2f}x plain decoding) though its drafts were mostly "
-            "accepted: on this machine the forward that checks the draft tokens costs about what running them "
-            "one by one would, so the drafts are never free (failure mode 2, a busy processor)"
+            f"Speculation lost even at {where} ({at_first:.2f}x plain decoding){accepted} because on this machine "
+            "the forward that checks the draft tokens costs about what running them one by one would, so the "
+            "drafts are never free (failure mode 2, a busy processor)"
         )
     elif sweep.break_even_measured is not None:
         b, mode = sweep.break_even_measured, sweep.break_even_mode
