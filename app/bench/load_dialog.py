@@ -233,7 +233,7 @@ class LoadDialog(QDialog):
 
         def connect(worker: GeneratorWorker) -> None:
             worker.sig_yielded.connect(self._on_progress)
-            worker.sig_returned.connect(self._on_sweep)
+            worker.sig_returned.connect(self.show_sweep)
             worker.sig_errored.connect(self._on_error)
             worker.sig_finished.connect(lambda: self._on_done(worker))
 
@@ -262,7 +262,8 @@ class LoadDialog(QDialog):
         self.progress.setValue(round(fraction * 100))
 
     @Slot(object)
-    def _on_sweep(self, sweep) -> None:
+    def show_sweep(self, sweep) -> None:
+        """Draw `sweep` (a LoadSweep: this dialog's run's, or one saved by `bench --concurrency --json`)."""
         self.view.show_sweep(sweep)
         self.export_button.setEnabled(True)
         self.progress.setValue(100)

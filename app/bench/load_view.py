@@ -23,9 +23,11 @@ from engine import VANILLA
 CAPTION = (
     "<b>How to read this.</b> B is how many requests the engine decodes together. The speedup is "
     "speculative decoding's total tokens per second over plain decoding's at the same B: above the "
-    "dotted 1× line drafting pays. At B = 1 checking the drafted tokens is nearly free, since the "
-    "model's weights are read once however many tokens are checked; as B grows the batch keeps the "
-    "processor busy and every drafted token costs about what a real one does. The <b>break-even B</b> "
+    "dotted 1× line drafting pays. Where the model's weights are read once however many tokens are "
+    "checked (a GPU, most CPUs with few requests), checking drafted tokens at B = 1 is nearly free; as "
+    "B grows the batch keeps the processor busy and every drafted token costs about what a real one "
+    "does, and on a processor that is busy already at one token that is true from B = 1. The "
+    "<b>break-even B</b> "
     "(dashed red line) is the first batch size where speculation no longer pays: serve more requests "
     "at once than that and drafting should be off (automatic k turns it off by itself)."
 )

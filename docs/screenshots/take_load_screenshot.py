@@ -2,11 +2,14 @@
 
     QT_QPA_PLATFORM=offscreen python docs/screenshots/take_load_screenshot.py [--batches 1,2,4,8,16]
         [--max-tokens N] [--requests N] [--out FILE]
+    QT_QPA_PLATFORM=offscreen python docs/screenshots/take_load_screenshot.py --from SWEEP.json [--out FILE]
 
 Runs the load sweep (speculative against plain decoding with B requests in flight, automatic
 and fixed k) from Models ▸ Load test… on the app's default pair, on an engine process of its
 own, then grabs the dialog. Run it on a quiet machine: every B runs the shipped prompts in
 both modes (--max-tokens and --requests shorten it: replies of N tokens, N requests per run).
+--from draws a sweep saved by `specdeck-cli bench --concurrency ... --json SWEEP.json` instead of
+running one (the README's picture: docs/bench/load-torch-bf16.json, measured on a quiet machine).
 Uses a temporary settings folder, so it never touches yours. The numbers in the
 picture are whatever this machine measured; docs/benchmarks.md holds the ones taken on a quiet one.
 """
@@ -40,12 +43,24 @@ def main() -> int:
         requests, form = int(sys.argv[sys.argv.index("--requests") + 1]), dialog.request
         dialog.request = lambda: dataclasses.replace(form(), requests=requests)
     dialog.show()
+    if "--from" in sys.argv:
+        import json
+
+        from engine.bench.load_results import LoadSweep
+
+        saved = json.loads(Path(sys.argv[sys.argv.index("--from") + 1]).read_text(encoding="utf-8"))
+        dialog.show_sweep(LoadSweep.from_dict(saved))
+        return _save(application, dialog)
     finished = []
     dialog.sig_finished.connect(finished.append)
     dialog.run()
     wait(application, lambda: finished and not dialog.running)
     if finished[0] is None:
         raise RuntimeError(f"the load test failed: {dialog.status.text()}")
+    return _save(application, dialog)
+
+
+def _save(application, dialog) -> int:
     settle(application)
     out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else HERE / "load-view.png"
     dialog.grab().save(str(out))
