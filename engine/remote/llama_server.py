@@ -113,9 +113,14 @@ class LlamaServerEngine(RemoteEngine):
         )
 
     def _after_reply(self) -> None:
-        """/slots names the speculative types only once a request has run: name them then."""
+        """/slots names the speculative types only once a request has run: name them then. A server that
+        went away right after a whole reply leaves them unnamed; the reply is kept, and the next
+        request says the server is gone."""
         if self.pair is not None and self.pair.speculation == UNNAMED:
-            speculative, types = self._speculation(self.server)
+            try:
+                speculative, types = self._speculation(self.server)
+            except ServerUnavailable:
+                return
             if types:
                 self.pair = replace(self.pair, speculation=", ".join(types))
 

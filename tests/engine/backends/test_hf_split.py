@@ -19,6 +19,7 @@ from engine.backends.capabilities import (
     LayerExit,
     LayerFeatures,
     ModelParts,
+    Slots,
     TreeForward,
     has,
 )
@@ -51,7 +52,7 @@ def base_dir(tiny_dir, tmp_path_factory) -> str:
 
 
 def test_each_backend_class_declares_its_own_capabilities():
-    assert NativeBackend.capabilities == frozenset(ALL)
+    assert NativeBackend.capabilities == frozenset({*ALL, Slots})  # more sequences on its weights
     assert TransformersBackend.capabilities == frozenset({ModelParts, HiddenFeatures, CachedKV})
     from engine.backends.llama_cpp import LlamaCppBackend
 
