@@ -65,6 +65,7 @@ from engine.errors import ConfigError, SpecDeckError
 from engine.service.errors import BadRequest
 from engine.service.host import Host
 from engine.service.http import event_stream
+from engine.service.limits import limits_of
 from engine.service.paths import ServerPaths, paths_of
 from engine.training.records import TrainSettings
 
@@ -201,7 +202,9 @@ async def load_sweep(body: LoadSweepRequest, request: Request):
                 return
             emit({"sweep": sweep.to_dict()})
 
-    return await event_stream(host.run("load-sweep", job, request))
+    # A sweep is many generations: it holds the engine no longer than one generation may (--timeout).
+    limit = limits_of(request).generation_timeout_s
+    return await event_stream(host.run("load-sweep", job, request, time_limit_s=limit))
 
 
 @router.post("/specdeck/train")
@@ -270,8 +273,8 @@ def _parallel_for(host: Host, settings: LoadSettings, emit):
     """The host's engine, holding the sweep's largest batch: as loaded when it holds that many
     sequences, else loaded again with parallel = that batch for the job and loaded back as it was
     after it, however it ended (`{"reloaded": sentence}` last)."""
-    from engine.batching import check_batchable
     from engine.bench.load_predict import check_fits
+    from engine.service.capacity import check_parallel
 
     if host.engine is None:
         raise ConfigError("No pair is loaded: load one (POST /specdeck/load), then run the load test on it.")
@@ -280,8 +283,10 @@ def _parallel_for(host: Host, settings: LoadSettings, emit):
         yield host.engine
         return
     wanted = dataclasses.replace(config, parallel=most)
-    check_batchable(wanted.drafter, most)
-    check_fits(wanted, settings)  # said before the loaded pair is touched
+    # Said before the loaded pair is touched. The memory is the server's own, as for serve --parallel:
+    # a budget a request names only narrows it (else a client could claim a petabyte and load 256 caches).
+    check_parallel(wanted)
+    check_fits(wanted, settings)
     emit({"progress": progress_to_dict(f"Loading the pair for {most} sequences at once", 0.0)})
     host.replace(wanted)  # a load that fails loads the old pair again and says so
     try:

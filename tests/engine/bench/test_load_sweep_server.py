@@ -61,3 +61,17 @@ def test_settings_no_sweep_can_run_are_refused_and_the_pair_stays(served):
     with pytest.raises(ConfigError, match="1 or more"):
         client.load_sweep(PROMPTS, LoadSettings(batches=(0, 2)))
     assert host.engine is loaded
+
+
+def test_a_sweep_cannot_claim_more_memory_than_the_server_has(served, monkeypatch):
+    """The request's memory budget only narrows the server's own: a client claiming a petabyte still
+    gets the server's --parallel memory check, before the loaded pair is touched."""
+    from engine.service import capacity
+
+    client, host = served
+    loaded = host.engine
+    scarce = capacity.SlotMemory(10**6, 10**6, 2048, 4 * 10**6, "in system RAM", "the target")
+    monkeypatch.setattr(capacity, "slot_memory", lambda config: scarce)
+    with pytest.raises(ConfigError, match=r"--parallel 8 needs about .* At most \d+ sequences fit"):
+        client.load_sweep(PROMPTS, LoadSettings(batches=(1, 8), max_tokens=4, memory_budget_bytes=10**15))
+    assert host.engine is loaded
