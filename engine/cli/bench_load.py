@@ -113,20 +113,15 @@ def cmd_load(args: argparse.Namespace, prompts_and_source, progress) -> int:
         settings = dataclasses.replace(settings, memory_budget_bytes=_available())
     check_fits(config, settings)
     report = progress()
-    cancel = threading.Event()
-    try:
+
+    def run(cancel: threading.Event):
         engine = Engine.load(config, progress=lambda message, fraction: report(message, 0.0))
         try:
-            sweep = run_load_sweep(engine, prompts, settings, progress=report, cancel=cancel)
+            return run_load_sweep(engine, prompts, settings, progress=report, cancel=cancel)
         finally:
             engine.close()
-    except KeyboardInterrupt:
-        cancel.set()
-        raise
-    finally:
-        if sys.stderr.isatty():
-            print(file=sys.stderr)
-    return print_sweep(sweep, args.json)
+
+    return _printed(run, args.json)
 
 
 def _on_server(args, settings, prompts, progress) -> int:
@@ -139,16 +134,22 @@ def _on_server(args, settings, prompts, progress) -> int:
     if pair is None:
         raise ConfigError(f"The server at {client.url} has no model loaded: load one there first.")
     print(f"load test on {client.url}: {pair.target.name} ({pair.target.backend})", file=sys.stderr, flush=True)
+    report = progress()
+    return _printed(lambda cancel: client.load_sweep(prompts, settings, progress=report, cancel=cancel), args.json)
+
+
+def _printed(run, json_path: Path | None) -> int:
+    """Print the sweep `run(cancel)` makes: Ctrl+C cancels it, and the progress line ends either way."""
     cancel = threading.Event()
     try:
-        sweep = client.load_sweep(prompts, settings, progress=progress(), cancel=cancel)
+        sweep = run(cancel)
     except KeyboardInterrupt:
         cancel.set()
         raise
     finally:
         if sys.stderr.isatty():
             print(file=sys.stderr)
-    return print_sweep(sweep, args.json)
+    return print_sweep(sweep, json_path)
 
 
 def print_sweep(sweep, json_path: Path | None) -> int:
