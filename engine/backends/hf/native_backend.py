@@ -32,7 +32,6 @@ from engine.backends.hf.native_sequence import NativeSequence
 from engine.backends.hf.native_slots import NativeSlot, run_batch
 from engine.backends.hf.static import choose
 from engine.backends.slots import BatchCall, SlotsFull
-from engine.errors import ConfigError
 from engine.models.memory_errors import out_of_memory
 
 
@@ -41,7 +40,7 @@ class NativeBackend(NativeSequence):
     more sequences on the same weights (Slots: `open_slot`, `forward_batch`), itself the first."""
 
     capabilities = NativeSequence.capabilities | {Slots}
-    max_slots: int = 1  # sequences at once, this one included (engine/models/loading.py sets it)
+    _max_slots = 1
 
     def __init__(self, loaded: LoadedModel, compile: str = "auto") -> None:
         """Builds the forward on `loaded`'s weights (fused in place; int8 replaces the float ones);
@@ -64,26 +63,42 @@ class NativeBackend(NativeSequence):
         self._native = native
         # The one forward every call goes through: NativeLlama's own (eager), or the static one.
         self._pass = native.forward if static is None else static.forward
-        self._static = static is not None
+        self._static = static  # StaticForward or None (eager); slots share it (native_slots._SHARED)
         self._start_sequence(native.new_cache() if static is None else static.cache)
         self._slots: list[NativeSequence] = []  # the slots open now, this backend not included
+
+    @property
+    def max_slots(self) -> int:
+        """Sequences at once, this one included (engine/models/loading.py sets it from --parallel).
+        The static path sizes its shared KV buffer to it (capacity still grows as it is used)."""
+        return self._max_slots
+
+    @max_slots.setter
+    def max_slots(self, slots: int) -> None:
+        if slots < 1 + len(self._slots):
+            raise ValueError(f"{len(self._slots)} slots are open: max_slots cannot be {slots}")
+        if self._static is not None:
+            self._static.resize(slots)
+        self._max_slots = slots
+
+    def _new_cache(self):
+        """An empty cache for a slot: the static forward's next slot, or a KVCache of its own."""
+        return self._native.new_cache() if self._static is None else self._static.open_cache()
+
+    def _release_cache(self, cache) -> None:
+        """A closing slot's cache: its place in the static buffer is free again."""
+        if self._static is not None:
+            self._static.release(cache)
 
     # -- more sequences (Slots) ------------------------------------------------------------
 
     def open_slot(self) -> NativeSequence:
-        """A new, empty sequence on this model's weights, with a cache of its own (native_slots.NativeSlot).
-
-        Refused on the static-shape path (--compile on): its fixed buffers and graphs hold one
-        sequence, and forward_batch runs the eager forward only.
-        """
+        """A new, empty sequence on this model's weights, with a cache of its own (native_slots.NativeSlot):
+        on the eager path a KVCache, on the static-shape path (--compile on) a slot of the static
+        forward's shared buffer (static.py), which forward_batch steps with the others in one padded
+        forward."""
         if self._model is None:
             raise RuntimeError("this backend was closed")
-        if self._static:
-            raise ConfigError(
-                "--parallel needs --compile off (or auto, the eager forward) until the static-shape forward "
-                f"runs several sequences: load {self._info.name} without --compile on, or serve one request "
-                "at a time (--parallel 1)."
-            )
         if 1 + len(self._slots) >= self.max_slots:
             raise SlotsFull(
                 f"{self._info.name} holds {self.max_slots} sequence{'s' if self.max_slots != 1 else ''} at once "

@@ -29,6 +29,7 @@ class NativeSequence(HFBackend):
     capabilities = frozenset({TreeForward, HiddenFeatures, LayerFeatures, LayerExit, ModelParts})
     _native: NativeLlama | None
     _pass = None  # NativeLlama.forward, or StaticForward.forward (static.py)
+    _static = None  # the StaticForward on the static-shape path, which steps several sequences at once
 
     def _start_sequence(self, cache) -> None:
         """Begin this sequence's own state on `cache` (a KVCache, empty)."""
@@ -78,7 +79,9 @@ class NativeSequence(HFBackend):
         self._kv.truncate(len(self.tokens))
 
     def _drop_cache(self) -> None:
-        self._native = self._pass = self._kv = self._features = self._feature_store = self._exit_hidden = None
+        self._native = self._pass = self._static = self._kv = self._features = self._feature_store = (
+            self._exit_hidden
+        ) = None
         self._layer_store = None
 
     # -- trees and masked blocks (TreeForward) ------------------------------------------

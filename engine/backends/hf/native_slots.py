@@ -46,6 +46,7 @@ from engine.backends.capabilities import HiddenFeatures, LayerExit, ModelParts, 
 from engine.backends.hf.base import PREFILL_CHUNK
 from engine.backends.hf.loader import is_oom
 from engine.backends.hf.native_sequence import NativeSequence
+from engine.backends.hf.static import Call, bucket
 from engine.backends.kv_cache import KVCache
 from engine.backends.slots import BatchCall
 
@@ -57,7 +58,7 @@ if TYPE_CHECKING:  # annotations only: the backend imports this module
 # and tree window) is the slot's own.
 _SHARED = (
     "_model", "_tok", "_device", "_dtype", "_n_ctx", "_eos", "_hidden_size", "_vocabulary", "_template",
-    "_info", "_native", "_pass",
+    "_info", "_native", "_pass", "_static",
 )  # fmt: skip
 
 
@@ -79,7 +80,7 @@ class NativeSlot(NativeSequence):
             setattr(self, name, getattr(owner, name))
         self._features = self._feature_store = self._layer_store = None
         self._watched = ()
-        self._start_sequence(owner._native.new_cache())
+        self._start_sequence(owner._new_cache())
         self._owner: NativeBackend | None = owner
 
     def watch_layers(self, layers: tuple[int, ...]) -> None:
@@ -90,6 +91,8 @@ class NativeSlot(NativeSequence):
         """Free this slot's cache; the model stays loaded and the owner can open a slot again."""
         if self._owner is not None:
             self._owner._slots.remove(self)
+            if self._kv is not None:
+                self._owner._release_cache(self._kv)
             self._owner = None
         super().close()
 
@@ -184,40 +187,59 @@ def _check(owner: NativeBackend, open_slots: list[NativeSequence], calls: list[B
 
 def _packed_forward(owner: NativeBackend, calls: list[BatchCall], tails: list[list[int]]):
     """The forward over the concatenated rows of `tails` (each call's tokens still to run):
-    (logits (N, V), features (N, hidden), each call's _Rows). Projections, MLP and head run on
-    all N rows at once; attention per sequence against its own cache. Each cache ends after its
-    rows and its feature stores hold them; tokens are the caller's to extend."""
+    (logits (N, V), features (N, hidden), each call's _Rows). Each cache ends after its rows and
+    its feature stores hold them; tokens are the caller's to extend. On the static-shape path,
+    while N fits a row bucket, one padded static step (static.StaticForward.run); else eager:
+    projections, MLP and head run on all N rows at once, attention per sequence against its own
+    cache."""
     native, device = owner._native, owner._device
+    static = owner._static
     parts: list[_Rows] = []
-    cos_parts, sin_parts = [], []
     row = 0
     with torch.inference_mode():
-        for call, tokens in zip(calls, tails):
-            cache: KVCache = call.slot._kv
-            start, n = cache.length, len(tokens)
-            cache.reserve(start + n)
-            offsets = mask = None
-            if call.masked:
-                offsets = torch.tensor(call.offsets, dtype=torch.long, device=device)
-                mask = call.mask.to(device=device, dtype=torch.bool)
-            cos, sin, group_mask = native.placement(start, n, offsets, mask)  # (n, 1, head_dim) x2
-            cos_parts.append(cos)
-            sin_parts.append(sin)
-            parts.append(_Rows(call.slot, slice(row, row + n), start, group_mask))
-            row += n
-
-        def attend(layer: int, q, kv):  # q (N, heads, dim), kv (N, 2 * kv_heads, dim)
-            return torch.cat(
-                [native._attend_cached(layer, q[p.rows], kv[p.rows], p.slot._kv, p.start, p.group_mask) for p in parts]
-            )  # (N, heads * dim)
-
         ids = torch.tensor([t for tokens in tails for t in tokens], dtype=torch.long, device=device)
-        cos, sin = torch.cat(cos_parts), torch.cat(sin_parts)  # (N, 1, head_dim)
-        x, layer_features = native.run_layers(native._embed(ids), 0, len(native.blocks), cos, sin, attend)
-        features = F.rms_norm(x, (native.hidden_size,), native.final_norm, native.eps)  # (N, hidden)
-        logits = native.head(features)  # (N, V)
+        placed = []  # each call's offsets and new-row mask (device tensors), None for a chain
+        for call, tokens in zip(calls, tails):
+            n = len(tokens)
+            parts.append(_Rows(call.slot, slice(row, row + n), call.slot._kv.length, None))
+            placed.append(
+                (
+                    torch.tensor(call.offsets, dtype=torch.long, device=device),
+                    call.mask.to(device=device, dtype=torch.bool),
+                )
+                if call.masked
+                else (None, None)
+            )
+            row += n
+        if static is not None and bucket(row) is not None:
+            static_calls = [Call(p.slot._kv, p.rows.stop - p.rows.start, *where) for p, where in zip(parts, placed)]
+            logits, features, _, layer_features = static.run(ids, static_calls)
+        else:
+            logits, features, layer_features = _eager_packed(native, ids, parts, placed)
         for p in parts:
             p.slot._kv.length = p.start + (p.rows.stop - p.rows.start)
             p.slot._store_features(p.start, features[p.rows])
             p.slot._store_layer_features(p.start, None if layer_features is None else layer_features[p.rows])
     return logits, features, parts
+
+
+def _eager_packed(native, ids: torch.Tensor, parts: list[_Rows], placed: list[tuple]):
+    """The eager forward over packed rows: (logits (N, V), features (N, hidden), watched layers' inputs)."""
+    cos_parts, sin_parts = [], []
+    for p, (offsets, mask) in zip(parts, placed):
+        cache: KVCache = p.slot._kv
+        n = p.rows.stop - p.rows.start
+        cache.reserve(p.start + n)
+        cos, sin, p.group_mask = native.placement(p.start, n, offsets, mask)  # (n, 1, head_dim) x2
+        cos_parts.append(cos)
+        sin_parts.append(sin)
+
+    def attend(layer: int, q, kv):  # q (N, heads, dim), kv (N, 2 * kv_heads, dim)
+        return torch.cat(
+            [native._attend_cached(layer, q[p.rows], kv[p.rows], p.slot._kv, p.start, p.group_mask) for p in parts]
+        )  # (N, heads * dim)
+
+    cos, sin = torch.cat(cos_parts), torch.cat(sin_parts)  # (N, 1, head_dim)
+    x, layer_features = native.run_layers(native._embed(ids), 0, len(native.blocks), cos, sin, attend)
+    features = F.rms_norm(x, (native.hidden_size,), native.final_norm, native.eps)  # (N, hidden)
+    return native.head(features), features, layer_features

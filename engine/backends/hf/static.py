@@ -54,11 +54,13 @@ of several sequences, each attending to a cache of its own (native_slots.py batc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from engine.backends.hf.native import NativeLlama, _sign_first_half
-from engine.backends.kv_cache import StaticKVCache
+from engine.backends.kv_cache import StaticKVBuffer, StaticKVCache
 from engine.config import COMPILES as COMPILE_CHOICES
 
 # A forward's rows: 1 for plain decoding and a draft model's steps; k + 1 to verify k drafts
@@ -105,30 +107,67 @@ def choose(native: NativeLlama, compile: str) -> tuple[StaticForward | None, str
     return static, STATIC_WITH_GRAPHS if cuda else STATIC_OFF_CUDA
 
 
-class StaticForward:
-    """NativeLlama.forward with static shapes per bucket, over its own StaticKVCache (`cache`)."""
+@dataclass
+class Call:
+    """One sequence's rows in a static step: `n` rows after what `cache` holds, a chain (offsets
+    None: row i at length + i, seeing rows 0..i) or placed at length + offsets[i], seeing the new
+    rows j where mask[i, j] (device tensors, (n,) and (n, n))."""
 
-    def __init__(self, native: NativeLlama, graphs: bool = False) -> None:
+    cache: StaticKVCache
+    n: int
+    offsets: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+
+class StaticForward:
+    """NativeLlama.forward with static shapes per bucket, for the sequences of one StaticKVBuffer
+    (`kv`): `cache` is the first's, `open_cache` gives the others theirs; `run` steps several at once."""
+
+    def __init__(self, native: NativeLlama, graphs: bool = False, slots: int = 1) -> None:
         self.native = native
         device, largest = native.device, ROW_BUCKETS[-1]
-        self.cache = StaticKVCache(
-            len(native.blocks), native.n_kv_heads, native.head_dim, native.n_ctx, native.dtype, device, slack=largest
+        self.kv = StaticKVBuffer(
+            len(native.blocks),
+            native.n_kv_heads,
+            native.head_dim,
+            native.n_ctx,
+            native.dtype,
+            device,
+            slack=largest,
+            slots=slots,
         )
+        self.cache = self.kv.open()  # the sequence of the backend that loaded the model
         positions = torch.arange(native.n_ctx + largest, device=device)
         cos, sin = native.rotary(native.final_norm, positions[None])  # every position a row can sit at
         self._cos = cos[0, :, None]  # (n_ctx + largest, 1, head_dim)
         self._sin = _sign_first_half(sin[0, :, None])
-        self._key_index = positions  # (n_ctx + largest,)
+        self._key_index = positions  # (n_ctx + largest,): positions, and slot ids (a prefix)
         self._row_index = positions[:largest]
         self._causal = torch.ones(largest, largest, dtype=torch.bool, device=device).tril()
         self._eye = torch.eye(largest, dtype=torch.bool, device=device)
-        # The inputs of a step, at fixed addresses (what a captured graph reads).
+        # The inputs of a step, at fixed addresses (what a captured graph reads). Per row: its
+        # token, its slot, how many of its slot's positions it sees (its sequence's length before
+        # the step), where it sits (RoPE) and where its key and value go in the flattened buffer.
         self._ids = torch.zeros(largest, dtype=torch.long, device=device)
-        self._offsets = torch.zeros(largest, dtype=torch.long, device=device)
-        self._new_mask = torch.zeros(largest, largest, dtype=torch.bool, device=device)
-        self._start = torch.zeros((), dtype=torch.long, device=device)
+        self._rows = torch.zeros(4, largest, dtype=torch.long, device=device)  # slot, sees, position, write
+        self._new_mask = torch.zeros(largest, largest, dtype=torch.bool, device=device)  # row i sees new row j
         self._hidden = torch.zeros(largest, native.hidden_size, dtype=native.dtype, device=device)
         self.graphs = _Graphs() if graphs else None
+
+    # -- the sequences ------------------------------------------------------------------------
+
+    def open_cache(self) -> StaticKVCache:
+        """An empty cache for one more sequence, on a free slot of the buffer."""
+        return self.kv.open()
+
+    def release(self, cache: StaticKVCache) -> None:
+        self.kv.release(cache)
+
+    def resize(self, slots: int) -> None:
+        """Hold `slots` sequences (the backend's max_slots); the graphs go with the old buffer."""
+        self.kv.resize(slots)
+
+    # -- running --------------------------------------------------------------------------------
 
     def forward(
         self,
@@ -141,33 +180,75 @@ class StaticForward:
         start_layer: int = 0,
         hidden: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """NativeLlama.forward's arguments and results (its docstring), `cache` being `self.cache`."""
+        """NativeLlama.forward's arguments and results (its docstring), `cache` being one of this
+        forward's: a step of one sequence, `run` with one call."""
         n = ids.shape[0]
-        rows = bucket(n)
-        if rows is None or cache is not self.cache:  # a prefill longer than the largest bucket
+        if bucket(n) is None or getattr(cache, "pool", None) is not self.kv:  # a prefill past the largest bucket
             return self.native.forward(ids, cache, offsets, mask, last_only, n_layers, start_layer, hidden)
-        start = cache.length
-        cache.reserve(start + n)
-        if self.graphs is not None and self.graphs.buffer is not cache.stacked:  # new addresses: capture again
-            self.graphs.clear(cache.stacked)
-        stop = len(self.native.blocks[:n_layers])
-        span = min(max(MIN_SPAN, 1 << (start + rows - 1).bit_length()), cache.capacity + cache.slack)
+        logits, features, self.native.residual, self.native.layer_features = self.run(
+            ids, [Call(cache, n, offsets, mask)], n_layers, start_layer, hidden
+        )
+        return (logits[n - 1 : n] if last_only else logits), features
 
-        # 1. The inputs, padded to `rows`, into the fixed buffers.
-        self._start.fill_(start)
+    def run(
+        self,
+        ids: torch.Tensor,
+        calls: list[Call],
+        n_layers: int | None = None,
+        start_layer: int = 0,
+        hidden: torch.Tensor | None = None,
+    ):
+        """One step over the rows of `calls` (each a different sequence of this forward), `ids` (N,)
+        their tokens in order, N at most the largest bucket: (logits (N, V), features (N, hidden),
+        residual (N, hidden), the watched layers' inputs (N, ...) or None). Each cache's length
+        grows by its rows. `n_layers`, `start_layer` and `hidden` as NativeLlama.forward's."""
+        total = ids.shape[0]
+        rows = bucket(total)
+        starts = [call.cache.length for call in calls]
+        ends = [start + call.n for start, call in zip(starts, calls)]
+        kv = self.kv
+        kv.reserve(max(ends))
+        if self.graphs is not None and self.graphs.buffer is not kv.stacked:  # new addresses: capture again
+            self.graphs.clear(kv.stacked)
+        stop = len(self.native.blocks[:n_layers])
+        # Padding rows go past the real rows of the call that ends first: positions no real row
+        # reads (each sees only its own slot's positions before its start, and its call's rows),
+        # inside the scratch past the capacity at worst (fewer than `slack` of them).
+        pad, first_end = rows - total, min(range(len(calls)), key=ends.__getitem__)
+        pad_slot, pad_start = calls[first_end].cache.index, ends[first_end]
+        # Attention reads positions 0..span-1 of every slot: a power of two holding every row.
+        span = min(max(MIN_SPAN, 1 << (max(*ends, pad_start + pad) - 1).bit_length()), kv.capacity + kv.slack)
+
+        # 1. The inputs, padded to `rows`, into the fixed buffers. Padding: token 0, attending to itself.
+        meta = torch.empty(4, rows, dtype=torch.long)  # slot, sees, position, write: built here, copied once
         self._ids[:rows].zero_()
-        self._ids[:n].copy_(ids)
-        if offsets is None:  # a chain: row i at start + i, attending to rows 0..i
-            self._offsets[:rows].copy_(self._row_index[:rows])
-            self._new_mask[:rows, :rows].copy_(self._causal[:rows, :rows])
-        else:  # a tree or any pattern; padding rows at offset 0, attending to themselves
-            self._offsets[:rows].zero_()
-            self._offsets[:n].copy_(offsets)
-            self._new_mask[:rows, :rows].copy_(self._eye[:rows, :rows])
-            self._new_mask[:n, :n].copy_(mask)
+        self._ids[:total].copy_(ids)
+        self._new_mask[:rows, :rows].copy_(self._eye[:rows, :rows])
+        row, placed = 0, []
+        for call, start in zip(calls, starts):
+            here = slice(row, row + call.n)
+            meta[0, here] = call.cache.index
+            meta[1, here] = start
+            meta[2, here] = torch.arange(start, start + call.n)  # a chain's; a tree's adds its offsets below
+            meta[3, here] = meta[2, here] * kv.slots + call.cache.index  # written at start + i, whatever the offset
+            if call.offsets is None:
+                self._new_mask[here, here].copy_(self._causal[: call.n, : call.n])
+            else:
+                meta[2, here] = start
+                placed.append((here, call.offsets))
+                self._new_mask[here, here].copy_(call.mask)
+            row += call.n
+        padding = slice(total, rows)
+        meta[0, padding] = pad_slot
+        meta[1, padding] = 0
+        meta[2, padding] = torch.arange(pad_start, pad_start + pad)
+        meta[3, padding] = meta[2, padding] * kv.slots + pad_slot
+        self._rows[:, :rows].copy_(meta)
+        for here, offsets in placed:
+            self._rows[2, here] += offsets
         if hidden is not None:
             self._hidden[:rows].zero_()
-            self._hidden[:n].copy_(hidden)
+            self._hidden[:total].copy_(hidden)
 
         # 2. The step, replayed from a graph where there are graphs.
         key = (rows, span, start_layer, stop, hidden is not None)
@@ -175,30 +256,36 @@ class StaticForward:
             logits, features, residual, *layers = self._step(*key)
         else:  # the watched layers change what a step returns, so they are part of its graph's key
             outputs = self.graphs.run((*key, self.native.watched), lambda: self._step(*key))
-            logits, features, residual, *layers = (t[:n].clone() for t in outputs)
-        self.native.residual = residual[:n]
-        self.native.layer_features = layers[0][:n] if layers else None
-        cache.length = start + n
-        return (logits[n - 1 : n] if last_only else logits[:n]), features[:n]
+            logits, features, residual, *layers = (t[:total].clone() for t in outputs)
+        for call, end in zip(calls, ends):
+            call.cache.length = end
+        return logits[:total], features[:total], residual[:total], (layers[0][:total] if layers else None)
 
     def _step(self, rows: int, span: int, first: int, stop: int, with_hidden: bool):
         """Layers first..stop-1, the final norm and the head over the `rows` rows of the input
-        buffers: (logits (rows, V), features (rows, hidden), residual (rows, hidden))."""
-        native, cache = self.native, self.cache
-        kv_heads, groups, dim = native.n_kv_heads, native.n_heads // native.n_kv_heads, native.head_dim
-        start = self._start
-        positions = start + self._offsets[:rows]  # (rows,)
-        cos, sin = self._cos[positions], self._sin[positions]  # (rows, 1, head_dim)
-        rel = self._key_index[:span] - start  # (span,): key position relative to the first new row
-        new_cols = self._new_mask[:rows, :rows][:, rel.clamp(0, rows - 1)]  # (rows, span)
-        mask = (rel < 0) | ((rel < rows) & new_cols)  # (rows, span): the cache before start, then the pattern
-        group_mask = mask.repeat(groups, 1)  # (groups * rows, span)
-        write_at = start + self._row_index[:rows]  # (rows,)
+        buffers: (logits (rows, V), features (rows, hidden), residual (rows, hidden)[, the watched
+        layers' inputs])."""
+        native, kv = self.native, self.kv
+        kv_heads, groups, dim, slots = native.n_kv_heads, native.n_heads // native.n_kv_heads, native.head_dim, kv.slots
+        slot, sees, position, write = self._rows[:, :rows]  # (rows,) each
+        cos, sin = self._cos[position], self._sin[position]  # (rows, 1, head_dim)
+        # The mask over the keys read, (rows, span * slots) in the buffer's order (column
+        # j * slots + s: position j of slot s). A row sees, in its own slot only, the positions
+        # before its sequence's start (the cache), then among this step's rows what its call's
+        # chain or tree allows: column write[j] for the rows j where new_mask[i, j]. The second
+        # part overwrites columns the first leaves false (the rows of a step lie past every
+        # start of their slot), so index_copy_ is an "or" here.
+        own_slot = self._key_index[:slots] == slot[:, None]  # (rows, slots)
+        cached = self._key_index[:span] < sees[:, None]  # (rows, span)
+        mask = (cached[:, :, None] & own_slot[:, None, :]).view(rows, span * slots)
+        mask.index_copy_(1, write, self._new_mask[:rows, :rows])
+        group_mask = mask.repeat(groups, 1)  # (groups * rows, span * slots)
 
-        def attend(layer: int, q, kv):
-            buffer = cache.stacked[layer]  # (2 * kv_heads, capacity + slack, dim)
-            buffer.index_copy_(1, write_at, kv.transpose(0, 1))
-            keys, values = buffer[:kv_heads, :span], buffer[kv_heads:, :span]
+        def attend(layer: int, q, new_kv):
+            # (2 * kv_heads, (capacity + slack) * slots, dim): positions of all slots, interleaved
+            buffer = kv.stacked[layer].flatten(1, 2)
+            buffer.index_copy_(1, write, new_kv.transpose(0, 1))
+            keys, values = buffer[:kv_heads, : span * slots], buffer[kv_heads:, : span * slots]
             # Query heads sharing a KV head folded into rows, as NativeLlama._attend_cached does.
             q = q.view(rows, kv_heads, groups, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, groups * rows, dim)
             out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=group_mask)
