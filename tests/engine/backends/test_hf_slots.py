@@ -22,7 +22,7 @@ from engine.core.tree import ancestor_mask, depths
 from engine.drafters.lookahead import LookaheadDrafter
 from engine.drafters.model import ModelDrafter
 from engine.drafters.ngram import NgramDrafter
-from engine.errors import ConfigError, ContextOverflowError, CorruptModelError, OutOfMemoryError
+from engine.errors import ContextOverflowError, CorruptModelError, OutOfMemoryError
 from tests.engine.backends.numerics import assert_close
 from tests.engine.backends.numerics import random_ids as ids
 from tests.factories.hf_models import make_tiny_model
@@ -210,10 +210,18 @@ def test_early_exit_on_a_slot_equals_its_forward(three, solo):
     assert_close(got, solo.forward(draft), "early exit on a slot")
 
 
-def test_the_static_path_refuses_slots_with_the_way_out(folder):
+def test_the_static_path_opens_slots_too_and_batches_them_as_alone(folder, solo):
+    """--compile on with --parallel: each slot a place in the static forward's shared buffer
+    (tests/engine/backends/test_static_slots.py has the rest)."""
     backend = TorchBackend(folder, dtype="float32", impl="native", compile="on")
     backend.max_slots = 2
-    with pytest.raises(ConfigError, match="--compile off"):
+    slot = backend.open_slot()
+    assert backend.info.forward.startswith("native forward, static shapes")
+    assert type(slot._kv).__name__ == "StaticKVCache" and slot._kv.pool is backend._kv.pool
+    backend.forward(ids(6, 0))
+    slot.forward(ids(9, 1))
+    _assert_batch_matches_alone(backend, solo, [BatchCall(backend, ids(1, 2)), BatchCall(slot, ids(4, 3))])
+    with pytest.raises(SlotsFull, match="--parallel 2"):
         backend.open_slot()
     backend.close()
 
