@@ -13,7 +13,8 @@ length), it has every capability of engine/backends/capabilities.py:
   forward that picks up their residual stream (`forward_from_exit`);
 - ModelParts: the target's embeddings, rotary embedding and LM head;
 - Slots: more sequences on the same weights, each with its own cache (`open_slot`), and
-  one forward over rows of several of them (`forward_batch`): engine/backends/hf/native_slots.py;
+  one forward over rows of several of them (`forward_batch`): engine/backends/hf/native_slots.py,
+  on either forward (on the static one each sequence is a slot of one shared KV buffer);
 
 and optional int8 weights. `compile` picks eager or the static-shape forward
 (engine/backends/hf/static.py: "auto" is eager on every device until a recorded GPU run

@@ -15,7 +15,8 @@ sequence on its own slice of rows against its own cache, with the mask its own c
 would build (NativeLlama.placement), so a row sees exactly what it would see alone.
 Padding every sequence to the longest call's rows (B, T_max) would let one batched
 attention call replace the per-sequence ones, but it needs the caches side by side in
-one (B, ...) tensor (a new cache layout, or a copy of every cache per layer and step),
+one (B, ...) tensor (a cache layout of its own, as the static path's, or a copy of every
+cache per layer and step),
 runs the projections on the padding too, and still needs a mask per sequence. Measured
 on the 2-core CPU while others loaded it (so one torch thread, medians of 7 steps, three
 runs each), float32, a random llama with SmolLM2-135M's widths and 8 layers, 4 sequences
@@ -29,8 +30,10 @@ With one row each the two are even (the same rows; four small attention calls co
 one batched call and the stacking writes do); with a tree or a verify block among them
 the padding's extra projection rows cost more than packing's per-sequence attention.
 
-Only the eager forward batches: NativeBackend.open_slot refuses on the static-shape path
-(static.py), whose fixed buffers and CUDA graphs hold one sequence.
+On the static-shape path (--compile on, static.py) the slots are places in one shared KV
+buffer, laid out so that one attention call reads them all, and a batch whose total rows
+fit a row bucket runs as one padded static step instead (what CUDA graphs can capture);
+past the largest bucket it runs packed as here, on the same slots.
 """
 
 from __future__ import annotations

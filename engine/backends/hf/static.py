@@ -4,39 +4,55 @@ The eager forward (native.py) slices the KV cache to the rows in use, so nearly 
 call has new shapes and a few hundred kernel launches from Python; on a GPU a small
 model's decode step is bound by those launches, not by memory. `StaticForward` runs the
 same layers (NativeLlama's `_block`, on the same borrowed weights) with shapes that
-depend only on a bucket:
+depend only on a bucket, for one sequence or several at once (--parallel: the Slots of
+native_backend.py; one sequence is the same code with one call):
 
-- keys and values of all layers live in one stacked buffer (kv_cache.StaticKVCache),
-  with the largest bucket's rows past its capacity as scratch for padding. The
-  capacity doubles up to n_ctx as the eager cache's does, rather than being allocated
-  whole: at the trained context of current models (128k tokens) that would be several
-  GB for a 1B model and 15 GB for a 3B one. A growth moves the buffer, so the graphs
-  captured on it are dropped and captured again (a handful of times per context);
-- the query rows are padded up to a bucket (ROW_BUCKETS: powers of two up to 64, and
-  the k + 1 rows of verifying k_max or K_LIMIT drafts); more rows than the largest
-  bucket (a prefill) run the eager forward on the same cache;
-- the start position is a tensor: new keys are written at start + arange(rows) by
-  index_copy_, rows sit at start + offsets, cos/sin are gathered from a table of every
-  position;
-- attention reads a span of the buffer, the smallest power of two (at least 256) that
-  holds start + rows, with a mask: every row before start, and among the new rows what
-  the chain (causal) or tree mask allows. Spans keep attention's cost following the
-  length, as in eager, instead of reading all n_ctx rows each step.
+- keys and values of all layers and all sequences live in one stacked buffer
+  (kv_cache.StaticKVBuffer: (n_layers, 2 * kv_heads, capacity + slack, slots, head_dim),
+  `slots` the backend's max_slots), with the largest bucket's rows past its capacity as
+  scratch for padding. Each sequence reads and writes its own slot through a
+  StaticKVCache, so rollback (`length`), tree pruning (`keep_rows`) and the eager forward
+  work per sequence as before. The capacity doubles up to n_ctx as the eager cache's does,
+  for every slot at once, rather than being allocated whole: at the trained context of
+  current models (128k tokens) that would be several GB for a 1B model and 15 GB for a 3B
+  one. A growth moves the buffer, so the graphs captured on it are dropped and captured
+  again (a handful of times per context). With N slots the buffer is N times one
+  sequence's, what --parallel N reserves on the eager path (a cache per sequence);
+- the query rows of a step, all its sequences' together, are padded up to a bucket of
+  their total (ROW_BUCKETS: powers of two up to 64, and the k + 1 rows of verifying k_max
+  or K_LIMIT drafts). More rows than the largest bucket run eagerly: one sequence's (a
+  prefill) with the eager forward on its slot, several sequences' with native_slots.py's
+  packed forward on their slots;
+- what differs between steps is tensors in fixed buffers, per row: its token, its slot,
+  how many of its slot's positions it sees (its sequence's length before the step), its
+  position (start + offset: cos/sin are gathered from a table of every position) and where
+  its key and value are written (start + its index in its call, by index_copy_);
+- attention is one call per layer for every sequence: the first `span` positions of the
+  buffer's layer, viewed as (2 * kv_heads, span * slots, head_dim), are contiguous
+  (position-major, slots inside), and a mask (rows, span * slots) lets a row see only its
+  own slot, there the positions before its sequence's start and, among the step's rows,
+  what its call's chain (causal) or tree mask allows. `span` is the smallest power of two
+  (at least 256) holding every row of the step, so attention's cost follows the longest
+  sequence rather than n_ctx.
 
-Padding rows carry token 0 at offset 0 and attend to themselves; their keys land past
-the real rows (rows no real row reads: the mask) and their outputs are dropped. The
-buffer starts zeroed, so a masked-out row is never NaN (0 * NaN would leak through).
-Rollback and tree pruning are the cache's (`length`, `keep_rows`), as in eager.
+A step's graph key is (row bucket, span, layers run, hidden given, layers watched): nothing
+per sequence, so a decode step of any mix of sequences at any lengths replays one of a
+handful of graphs.
 
-CUDA graphs, on CUDA only: one torch.cuda.CUDAGraph per (row bucket, span, layers run,
-hidden given), captured directly on first use into one shared memory pool, then
-replayed; inputs are copied into fixed buffers first, outputs copied out after. Direct
-capture rather than torch.compile(mode="reduce-overhead"): it records the kernels eager
-runs (the same numerics), costs two warm-up steps and one capture per shape where compile
-took minutes (140 s for a toy model on the 2-core CPU, recompiling per layer), needs no
-Triton, and has no guards on Python values to recompile on. A draft model gets the same
-path: its one-row steps are bucket 1. On other devices the static path runs without graphs,
-for tests and measurement.
+Padding rows carry token 0, sit past the real rows of the call that ends first (in its
+slot; within the scratch past the capacity at worst) and attend to themselves only; no
+real row sees them (the mask) and their outputs are dropped. The buffer starts zeroed, so
+a masked-out row is never NaN (0 * NaN would leak through).
+
+CUDA graphs, on CUDA only: one torch.cuda.CUDAGraph per key, captured directly on first use
+into one shared memory pool, then replayed; inputs are copied into fixed buffers first,
+outputs copied out after. Direct capture rather than torch.compile(mode="reduce-overhead"):
+it records the kernels eager runs (the same numerics), costs two warm-up steps and one
+capture per shape where compile took minutes (140 s for a toy model on the 2-core CPU,
+recompiling per layer), needs no Triton, and has no guards on Python values to recompile
+on. A draft model gets the same path: its one-row steps are bucket 1 (its slots', the
+number of sequences). On other devices the static path runs without graphs, for tests and
+measurement.
 
 `auto` is the eager forward on every device, CUDA included, and the graphs are opt-in
 (`--compile on`): their capture has never run on a GPU (the test that compares them with
@@ -47,9 +63,21 @@ same greedy text) and faster for one-token steps (issue 40), `auto` may choose t
 Off CUDA there is no reason to: on the 2-core CPU the static path's fastest decode step was
 ~5% slower than eager's (padded rows and spans, the mask built every call).
 
-One sequence only: its buffers and graphs hold one cache, so NativeBackend.open_slot
-refuses slots on this path (--parallel needs --compile off) until buckets count the rows
-of several sequences, each attending to a cache of its own (native_slots.py batches eager).
+Several sequences cost attention: every row reads span * slots keys (masked to its own
+slot's), where the eager packed forward reads each sequence's own length; and
+with max_slots slots, one sequence alone reads max_slots times its keys. That is the price
+of one fixed-shape call a graph can capture; per-sequence attention calls would need a
+shape per sequence's length. Measured on the 2-core CPU while other work ran on it (one
+torch thread, medians of 7 steps, three runs), float32, a random llama with SmolLM2-135M's
+widths and 8 layers, 4 sequences with 300-600 cached tokens (span 1024, 4 slots), one
+batched step (`python docs/bench/static_slots_step.py`):
+
+    new rows 1, 1, 1, 1:  static 49-53 ms   eager packed 42-45 ms
+    new rows 1, 3, 5, 2:  static 84-87 ms   eager packed 58-60 ms   (11 rows padded to 16)
+
+One sequence with one slot costs what it did before (a one-token step at 400 tokens:
+21-23 ms before and after, the same noise). Whether graphs win the difference back on a
+GPU is issue 40's to measure.
 """
 
 from __future__ import annotations
@@ -66,7 +94,8 @@ from engine.config import COMPILES as COMPILE_CHOICES
 # A forward's rows: 1 for plain decoding and a draft model's steps; k + 1 to verify k drafts
 # (the pending token, then the chain or tree): powers of two for the k the draft length picks,
 # 17 and 33 for k = k_max (16 by default) and k = K_LIMIT (32) exactly, 64 for lookahead's
-# largest row budget. Beyond 64 (prefills) the eager forward runs.
+# largest row budget; a step of several sequences takes the bucket of their total rows. Beyond
+# 64 (prefills, or many sequences' rows) the eager forward runs (packed, for several).
 ROW_BUCKETS = (1, 2, 4, 8, 16, 17, 32, 33, 64)
 MIN_SPAN = 256
 
