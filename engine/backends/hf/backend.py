@@ -26,6 +26,7 @@ from engine.backends.hf.device import weight_format
 from engine.backends.hf.loader import load
 from engine.backends.hf.native import SUPPORTED_ARCHITECTURES, unsupported_reason
 from engine.backends.hf.native_backend import NativeBackend
+from engine.backends.hf.packed import PREPACK_CHOICES
 from engine.backends.hf.static import COMPILE_CHOICES
 from engine.backends.hf.transformers_backend import TransformersBackend
 from engine.errors import ConfigError
@@ -39,6 +40,7 @@ def TorchBackend(
     *,
     impl: str = "auto",
     compile: str = "auto",  # noqa: N802
+    prepack: str = "auto",
     **options,
 ) -> HFBackend:
     """Load `path` and return the backend that runs it: a NativeBackend or a TransformersBackend.
@@ -46,7 +48,9 @@ def TorchBackend(
     `impl`: "auto", "native" or "transformers". `compile`: the native forward's path, "auto"
     (eager on every device: CUDA graphs are opt-in until they have run on a GPU), "on" (static
     shapes on any device, CUDA graphs on CUDA) or "off" (eager); see engine/backends/hf/static.py.
-    transformers' own forward has one path. `options` are loader.load's: gguf_file, device, dtype,
+    transformers' own forward has one path. `prepack`: "auto" (float32 on a CPU multiplies with
+    oneDNN-packed weights where the copy fits, see engine/backends/hf/packed.py) or "off".
+    `options` are loader.load's: gguf_file, device, dtype,
     n_ctx, name, trust_remote_code, progress (which hears the phases of the load; transformers
     reports nothing finer). `dtype` "int8" keeps the linear weights
     in int8 (native implementation only) and computes in the device's default dtype.
@@ -56,6 +60,8 @@ def TorchBackend(
         raise ConfigError(f"Unknown implementation {impl!r}: choose one of {', '.join(IMPLEMENTATIONS)}.")
     if compile not in COMPILE_CHOICES:
         raise ConfigError(f"Unknown compile setting {compile!r}: choose one of {', '.join(COMPILE_CHOICES)}.")
+    if prepack not in PREPACK_CHOICES:
+        raise ConfigError(f"Unknown prepack setting {prepack!r}: choose one of {', '.join(PREPACK_CHOICES)}.")
     int8 = weight_format(options.get("dtype", "auto")) is not None
     if int8 and impl == "transformers":
         raise ConfigError("int8 weights need the native implementation; use impl='auto' or 'native', or a float dtype.")
@@ -67,7 +73,7 @@ def TorchBackend(
             return TransformersBackend(loaded)
         reason = unsupported_reason(loaded.model, loaded.n_ctx)
         if reason is None:
-            return NativeBackend(loaded, compile)
+            return NativeBackend(loaded, compile, prepack)
         if impl == "native" or int8:
             what = "int8 weights need" if int8 else "impl='native' needs"
             raise ConfigError(

@@ -17,6 +17,9 @@ tensors, so both paths share one copy and the transformers model still runs
 are quantized and dropped, and the transformers model's linear layers, LM
 head and embeddings are replaced by int8 modules viewing the same tensors: it
 still runs (on int8 weights), but can no longer be saved as a checkpoint.
+float32 weights on a CPU are the exception to "never copied": where it fits, the
+forward multiplies with a oneDNN-packed copy of each linear map (`prepack`,
+engine/backends/hf/packed.py), which makes a few rows cost little more than one.
 
 Numerics follow transformers: cos/sin come from the model's own
 `rotary_emb` module (rope scaling and attention scaling included; a table of
@@ -50,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.backends.hf.architectures import SUPPORTED_ARCHITECTURES
+from engine.backends.hf.packed import PackedLinear
 from engine.backends.hf.quantize import Int8Embedding, Int8Linear
 from engine.backends.kv_cache import KVCache
 
@@ -250,6 +254,21 @@ class NativeLlama:
         linear = _Quantized(fused) if self.weights == "int8" else _Dense(fused_w, fused_b)
         self.weight_bytes += linear.nbytes()
         return linear
+
+    def prepack(self) -> None:
+        """Multiply every float linear map (the blocks' and the LM head) with a oneDNN-packed
+        copy of its weight from now on (packed.py: float32 on a CPU; the caller checked it fits)."""
+        for block in self.blocks:
+            for name in ("qkv", "o", "gate_up", "down"):
+                dense = getattr(block, name)
+                setattr(block, name, PackedLinear(dense.weight, dense.bias))
+        self.head = PackedLinear(self.head.weight, self.head.bias)
+
+    def linear_bytes(self) -> int:
+        """Bytes of the float linear maps' weights: what a packed copy of them takes."""
+        return sum(getattr(b, name).nbytes() for b in self.blocks for name in ("qkv", "o", "gate_up", "down")) + (
+            self.head.nbytes()
+        )
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.blocks), self.n_kv_heads, self.head_dim, self.n_ctx, self.dtype, self.device)

@@ -16,7 +16,9 @@ length), it has every capability of engine/backends/capabilities.py:
   one forward over rows of several of them (`forward_batch`): engine/backends/hf/native_slots.py,
   on either forward (on the static one each sequence is a slot of one shared KV buffer);
 
-and optional int8 weights. `compile` picks eager or the static-shape forward
+and optional int8 weights. float32 weights on a CPU are multiplied from a oneDNN-packed copy
+where it fits (engine/backends/hf/packed.py: a verify block or a batch of a few rows then costs
+little more than one row). `compile` picks eager or the static-shape forward
 (engine/backends/hf/static.py: "auto" is eager on every device until a recorded GPU run
 shows the static path with CUDA graphs correct and faster; "on" asks for it); `info.forward`
 says which runs. One sequence's code is engine/backends/hf/native_sequence.py.
@@ -31,6 +33,7 @@ from engine.backends.hf.loader import LoadedModel, is_oom
 from engine.backends.hf.native import NativeLlama
 from engine.backends.hf.native_sequence import NativeSequence
 from engine.backends.hf.native_slots import NativeSlot, run_batch
+from engine.backends.hf.packed import PACKED, fits, why_not
 from engine.backends.hf.static import choose
 from engine.backends.slots import BatchCall, SlotsFull
 from engine.models.memory_errors import out_of_memory
@@ -43,12 +46,14 @@ class NativeBackend(NativeSequence):
     capabilities = NativeSequence.capabilities | {Slots}
     _max_slots = 1
 
-    def __init__(self, loaded: LoadedModel, compile: str = "auto") -> None:
+    def __init__(self, loaded: LoadedModel, compile: str = "auto", prepack: str = "auto") -> None:
         """Builds the forward on `loaded`'s weights (fused in place; int8 replaces the float ones);
-        `compile`: "auto", "on" or "off" (static.choose)."""
+        `compile`: "auto", "on" or "off" (static.choose); `prepack`: "auto" or "off" (packed.py)."""
         try:
             native = NativeLlama(loaded.model, loaded.n_ctx, loaded.weights)
-            static, path = choose(native, compile)
+            path = _prepack(native, prepack)
+            static, forward = choose(native, compile)
+            path = f"{forward}, {path}" if path else forward
         except Exception as error:
             if not is_oom(error):
                 raise
@@ -120,3 +125,14 @@ class NativeBackend(NativeSequence):
         for slot in list(self._slots):
             slot.close()
         super().close()
+
+
+def _prepack(native: NativeLlama, choice: str) -> str:
+    """Pack `native`'s linear maps where that pays and fits (packed.py); what the load line says of it."""
+    reason = why_not(choice, native.device, native.dtype, native.weights)
+    if reason is None:
+        reason = fits(native.linear_bytes())
+    if reason is None:
+        native.prepack()
+        return PACKED
+    return reason
