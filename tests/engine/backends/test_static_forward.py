@@ -92,7 +92,7 @@ def _script(backend) -> list[torch.Tensor]:
 def test_static_logits_equal_eager_through_decode_and_rollback(folders, key):
     eager = TorchBackend(folders[key], dtype="float32", compile="off")
     static = TorchBackend(folders[key], dtype="float32", compile="on")
-    assert eager.info.forward == "native forward, eager"
+    assert eager.info.forward.startswith("native forward, eager")
     assert static.info.forward.startswith("native forward, static shapes")
     for step, (got, want) in enumerate(zip(_script(static), _script(eager), strict=True)):
         assert got.shape == want.shape
@@ -105,7 +105,7 @@ def test_static_logits_equal_eager_through_decode_and_rollback(folders, key):
 
 def test_auto_is_the_eager_path_on_the_cpu(folders):
     backend = TorchBackend(folders["llama-tied"], dtype="float32")
-    assert backend.info.forward == "native forward, eager"
+    assert backend.info.forward.startswith("native forward, eager")  # then how it multiplies: test_prepacked.py
     assert type(backend._kv).__name__ == "KVCache"  # grown by doubling, as before
     backend.close()
 
@@ -131,7 +131,7 @@ def test_compile_on_still_captures_graphs_on_cuda_and_says_they_are_unverified(m
 
 
 def test_compile_on_gives_the_static_path_off_cuda(pair):
-    assert pair[1].info.forward == "native forward, static shapes (no CUDA graphs off CUDA)"
+    assert pair[1].info.forward.startswith("native forward, static shapes (no CUDA graphs off CUDA)")
     assert type(pair[1]._kv).__name__ == "StaticKVCache"
 
 
