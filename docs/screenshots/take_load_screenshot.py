@@ -9,7 +9,7 @@ and fixed k) from Models ▸ Load test… on the app's default pair, on an engin
 own, then grabs the dialog. Run it on a quiet machine: every B runs the shipped prompts in
 both modes (--max-tokens and --requests shorten it: replies of N tokens, N requests per run).
 --from draws a sweep saved by `specdeck-cli bench --concurrency ... --json SWEEP.json` instead of
-running one (the README's picture: docs/bench/load-torch-bf16.json, measured on a quiet machine).
+running one (the README's picture: docs/bench/load-torch-float32.json, measured on a quiet machine).
 Uses a temporary settings folder, so it never touches yours. The numbers in the
 picture are whatever this machine measured; docs/benchmarks.md holds the ones taken on a quiet one.
 """

@@ -9,15 +9,15 @@ batch adds. Packing W once at load, into oneDNN's layout for a few rows
 (`torch.ops.mkldnn._reorder_linear_weight`), and multiplying with
 `torch.ops.mkldnn._linear_pointwise` removes the copy. Measured on the embedded model,
 float32, 300 cached tokens, 2 threads, medians of 7 alternating forwards, the machine
-otherwise idle (`python docs/bench/prepacked.py`, 2026-12-05):
+otherwise idle (`python docs/bench/prepacked.py`, 2026-12-05; docs/benchmarks.md):
 
-    rows              1        2        4        8        16
-    torch.mm       49.4 ms  84.5 ms  91.4 ms  99.4 ms  114.0 ms   T(rows) / T(1): 1.71 (2), 1.85 (4)
-    prepacked      37.2 ms  40.1 ms  48.3 ms  55.8 ms   75.1 ms   T(rows) / T(1): 1.08 (2), 1.30 (4)
+    rows           1        2        4        8        16      4 sequences of 1 row
+    torch.mm    49.2 ms  84.4 ms  87.9 ms  102.3 ms  124.9 ms  100.5 ms
+    prepacked   36.7 ms  41.0 ms  51.1 ms   59.2 ms   75.6 ms   59.8 ms
 
-One row is 1.3x faster too (the packed GEMV reads W in order). A second effect: a row's
-result no longer depends on how many rows run beside it (torch.mm's GEMV and GEMM round
-differently in the last bits), so the first row of a verify block gets the logits a
+T(4) / T(1) went from 1.79 to 1.39, and one row is 1.3x faster too. A second effect: a
+row's result no longer depends on how many rows run beside it (torch.mm's GEMV and GEMM
+round differently in the last bits), so the first row of a verify block gets the logits a
 one-row step would.
 
 The packed copy is as large as the weights it packs, and the transformers modules keep
