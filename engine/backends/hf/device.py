@@ -3,7 +3,12 @@
 "auto" picks the fastest thing this machine has: a CUDA GPU, then Apple's MPS,
 then the CPU. The dtype follows the device: bfloat16 where the hardware does
 bf16 math natively (every CUDA GPU since Ampere, x86 CPUs with AVX512-BF16 or
-AMX), float32 elsewhere, because emulated bf16 on a CPU is slower than float32.
+AMX), float32 elsewhere. Without bf16 instructions torch pays every row of a bf16 matmul
+in full, so a verify block of k + 1 rows or a batch costs nearly k + 1 steps, where
+float32's prepacked matmul (packed.py) pays little for more rows. One row alone is faster
+in bf16 there (half the bytes to read: 25 against 37 ms for the embedded model on the
+2-core AVX2 machine), but speculative decoding is made of multi-row forwards
+(docs/benchmarks.md, "Many requests at once").
 
 "int8" asks for int8 weights (engine/backends/hf/quantize.py) with the device's automatic
 dtype for everything else: `pick_dtype` returns that compute dtype and
