@@ -49,7 +49,9 @@ def main() -> None:
             times = {1: [], args.k + 1: []}
             for round_ in range(args.repeat + 1):  # the first round warms up
                 for rows in times:
-                    calls = [BatchCall(s, list(range(500 + i, 500 + i + rows))) for i, s in enumerate(sequences[:batch])]
+                    calls = [
+                        BatchCall(s, list(range(500 + i, 500 + i + rows))) for i, s in enumerate(sequences[:batch])
+                    ]
                     start = time.perf_counter()
                     backend.forward_batch(calls)
                     took = time.perf_counter() - start

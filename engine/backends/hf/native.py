@@ -257,7 +257,8 @@ class NativeLlama:
 
     def prepack(self) -> None:
         """Multiply every float linear map (the blocks' and the LM head) with a oneDNN-packed
-        copy of its weight from now on (packed.py: float32 on a CPU; the caller checked it fits)."""
+        copy of its weight from now on (packed.py: float32 on a CPU; the caller checked it fits).
+        The copy is taken now: a weight changed in place later is not seen until this runs again."""
         for block in self.blocks:
             for name in ("qkv", "o", "gate_up", "down"):
                 dense = getattr(block, name)

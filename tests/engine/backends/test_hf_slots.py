@@ -23,7 +23,7 @@ from engine.drafters.lookahead import LookaheadDrafter
 from engine.drafters.model import ModelDrafter
 from engine.drafters.ngram import NgramDrafter
 from engine.errors import ContextOverflowError, CorruptModelError, OutOfMemoryError
-from tests.engine.backends.numerics import assert_close
+from tests.engine.backends.numerics import assert_batch_matches_alone, assert_close, run_alone
 from tests.engine.backends.numerics import random_ids as ids
 from tests.factories.hf_models import make_tiny_model
 
@@ -67,29 +67,6 @@ def three(loaded):
     return loaded
 
 
-def _alone(solo, call: BatchCall, tokens_before: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logits and last_features of `call` run by itself on a sequence holding `tokens_before`."""
-    solo.prefill(tokens_before)
-    if call.masked:
-        logits = solo.forward_masked(call.tokens, call.offsets, call.mask)
-    else:
-        logits = solo.forward(call.tokens)
-    return logits, solo.last_features()
-
-
-def _assert_batch_matches_alone(backend, solo, calls: list[BatchCall]) -> None:
-    before = [list(call.slot.tokens) for call in calls]
-    got = backend.forward_batch(calls)
-    assert len(got) == len(calls)
-    for i, (call, logits, tokens) in enumerate(zip(calls, got, before)):
-        want, want_features = _alone(solo, call, tokens)
-        assert logits.shape == want.shape == (len(call.tokens), backend.vocab_size)
-        assert_close(logits, want, f"call {i}")
-        assert torch.equal(logits.argmax(-1), want.argmax(-1)), f"call {i}: another greedy token"
-        assert_close(call.slot.last_features(), want_features, f"call {i} features")
-        assert call.slot.tokens == tokens + call.tokens
-
-
 def _mixed_calls(slots, seed: int) -> list[BatchCall]:
     """1, 3 and 5 rows: a decode step, a chain to verify, a tree."""
     owner, first, second = slots
@@ -101,7 +78,7 @@ def _mixed_calls(slots, seed: int) -> list[BatchCall]:
 
 
 def test_each_slot_gets_the_logits_of_its_own_forward(three, solo):
-    _assert_batch_matches_alone(three[0], solo, _mixed_calls(three, 10))
+    assert_batch_matches_alone(three[0], solo, _mixed_calls(three, 10))
 
 
 @pytest.mark.parametrize("keep", ["keep_rows", "keep_nodes"])
@@ -115,12 +92,12 @@ def test_rollback_and_keeping_a_path_touch_one_slot_and_the_next_batch_still_mat
     assert first.tokens == kept[1][:-2]
     assert owner.tokens == kept[0] and owner._kv.length == len(kept[0])
     assert [s._kv.length for s in three] == [len(s.tokens) for s in three]
-    _assert_batch_matches_alone(owner, solo, _mixed_calls(three, 30))
+    assert_batch_matches_alone(owner, solo, _mixed_calls(three, 30))
 
 
 def test_a_prefill_longer_than_a_slice_runs_in_the_batch_as_alone(three, solo):
     owner, first, _ = three
-    _assert_batch_matches_alone(owner, solo, [BatchCall(first, ids(600, 40)), BatchCall(owner, ids(2, 41))])
+    assert_batch_matches_alone(owner, solo, [BatchCall(first, ids(600, 40)), BatchCall(owner, ids(2, 41))])
 
 
 def test_a_call_past_its_slots_context_changes_no_slot(folder):
@@ -155,7 +132,7 @@ def test_an_allocation_failure_leaves_every_slot_as_it_was(three, solo, monkeypa
     assert runs == [600 - 512, 1 + 512 + 5]  # the failure came after the long prefill's head had run
     assert [s.tokens for s in three] == before
     assert [s._kv.length for s in three] == [len(t) for t in before]
-    _assert_batch_matches_alone(owner, solo, _mixed_calls(three, 50))
+    assert_batch_matches_alone(owner, solo, _mixed_calls(three, 50))
 
 
 def test_non_finite_logits_say_the_weights_are_corrupt_and_roll_every_slot_back(three, monkeypatch):
@@ -180,7 +157,7 @@ def test_slots_are_refused_past_max_slots_and_a_closed_slots_place_reopens(folde
         slot.forward(ids(1, 1))
     again = backend.open_slot()
     assert again.tokens == []
-    _assert_batch_matches_alone(backend, solo, [BatchCall(again, ids(4, 2)), BatchCall(backend, ids(3, 3))])
+    assert_batch_matches_alone(backend, solo, [BatchCall(again, ids(4, 2)), BatchCall(backend, ids(3, 3))])
     backend.close()
     with pytest.raises(RuntimeError, match="closed"):
         again.forward(ids(1, 4))
@@ -220,7 +197,7 @@ def test_the_static_path_opens_slots_too_and_batches_them_as_alone(folder, solo)
     assert type(slot._kv).__name__ == "StaticKVCache" and slot._kv.pool is backend._kv.pool
     backend.forward(ids(6, 0))
     slot.forward(ids(9, 1))
-    _assert_batch_matches_alone(backend, solo, [BatchCall(backend, ids(1, 2)), BatchCall(slot, ids(4, 3))])
+    assert_batch_matches_alone(backend, solo, [BatchCall(backend, ids(1, 2)), BatchCall(slot, ids(4, 3))])
     with pytest.raises(SlotsFull, match="--parallel 2"):
         backend.open_slot()
     backend.close()
@@ -235,7 +212,7 @@ def test_bfloat16_batches_run_close_to_alone(folder):
     calls = _mixed_calls(slots, 70)
     before = [list(call.slot.tokens) for call in calls]
     for call, logits, tokens in zip(calls, backend.forward_batch(calls), before):
-        want, _ = _alone(solo, call, tokens)
+        want, _ = run_alone(solo, call, tokens)
         assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
         scale = want.abs().max().item()
         assert (logits - want).abs().max().item() <= 0.05 * scale  # bfloat16 rounding, in other matmul shapes

@@ -20,7 +20,7 @@ from engine.backends.hf.static import ROW_BUCKETS
 from engine.backends.slots import BatchCall, SlotsFull
 from engine.config import EngineConfig
 from engine.core.tree import ancestor_mask, depths
-from tests.engine.backends.numerics import assert_close
+from tests.engine.backends.numerics import assert_batch_matches_alone, assert_close, run_alone
 from tests.engine.backends.numerics import random_ids as ids
 from tests.engine.backends.test_static_forward import ReplayLike
 from tests.factories.hf_models import make_tiny_llama, make_tiny_model
@@ -73,26 +73,8 @@ def three(pair):
     return sequences, steps, solo
 
 
-def _alone(solo, call: BatchCall, tokens_before: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logits and last_features of `call` run by itself on an eager sequence holding `tokens_before`."""
-    solo.prefill(tokens_before)
-    if call.masked:
-        logits = solo.forward_masked(call.tokens, call.offsets, call.mask)
-    else:
-        logits = solo.forward(call.tokens)
-    return logits, solo.last_features()
-
-
 def _assert_batch_matches_alone(owner, solo, calls: list[BatchCall], what: str = "") -> list[torch.Tensor]:
-    before = [list(call.slot.tokens) for call in calls]
-    got = owner.forward_batch(calls)
-    for i, (call, logits, tokens) in enumerate(zip(calls, got, before)):
-        want, want_features = _alone(solo, call, tokens)
-        assert logits.shape == want.shape == (len(call.tokens), owner.vocab_size)
-        assert_close(logits, want, f"{what} call {i}")
-        assert torch.equal(logits.argmax(-1), want.argmax(-1)), f"{what} call {i}: another greedy token"
-        assert_close(call.slot.last_features(), want_features, f"{what} call {i} features")
-        assert call.slot.tokens == tokens + call.tokens
+    got = assert_batch_matches_alone(owner, solo, calls, what)
     for call in calls:
         if call.parents is not None:  # as a verifier does after a tree: keep one path, drop the rest
             call.slot.keep_nodes([0, 1, 3])
@@ -195,7 +177,7 @@ def test_padding_and_other_slots_never_reach_a_sequences_rows(three):
         calls = [BatchCall(owner, probe), BatchCall(first, ids(4, 91 + seed)), _tree(second, 95 + seed)]
         results.append(owner.forward_batch(calls)[0])
     assert torch.equal(results[0], results[1])
-    want, _ = _alone(solo, BatchCall(owner, probe), ids(7, 0))
+    want, _ = run_alone(solo, BatchCall(owner, probe), ids(7, 0))
     for i, got in enumerate(results):
         assert_close(got, want, f"beside neighbours {i}")
 

@@ -9,6 +9,7 @@ import torch
 
 from engine.api import Engine, EngineConfig, target_backend
 from engine.backends.hf.backend import TorchBackend
+from engine.backends.hf.packed import PackedLinear
 from engine.core.draft_length import CostModel
 from engine.core.sampling import SamplingConfig
 from engine.drafters.eagle import EagleDrafter
@@ -41,6 +42,8 @@ def unit_rms_embeddings(backend: TorchBackend) -> None:
     weight = backend._model.get_input_embeddings().weight
     with torch.no_grad():
         weight.div_(weight.pow(2).mean(dim=-1, keepdim=True).sqrt())
+    if isinstance(backend._native.head, PackedLinear):  # its copy of the tied embeddings is the old one
+        backend._native.prepack()
 
 
 def mirror_head(backend: TorchBackend) -> EagleHead:
