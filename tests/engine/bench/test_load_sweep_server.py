@@ -12,6 +12,7 @@ import pytest
 from engine.bench.load_results import AUTO, VANILLA
 from engine.bench.load_settings import LoadSettings
 from engine.bench.prompts import BenchPrompt
+from engine.bench.results import BenchmarkCancelled
 from engine.errors import ConfigError
 
 PROMPTS = (BenchPrompt("copy", "reuse", ({"role": "user", "content": "Repeat: one two three four"},)),)
@@ -75,3 +76,37 @@ def test_a_sweep_cannot_claim_more_memory_than_the_server_has(served, monkeypatc
     with pytest.raises(ConfigError, match=r"--parallel 8 needs about .* At most \d+ sequences fit"):
         client.load_sweep(PROMPTS, LoadSettings(batches=(1, 8), max_tokens=4, memory_budget_bytes=10**15))
     assert host.engine is loaded
+
+
+def test_a_sweep_holds_the_engine_no_longer_than_the_servers_generation_timeout(served):
+    """A sweep is many generations in one request: the server's --timeout ends it (the client hears it
+    was cancelled), and the engine is free for the next request, loaded as before."""
+    import uvicorn
+
+    from engine.service.client import EngineClient
+    from engine.service.limits import Limits
+    from engine.service.run import LOOPBACK, bind
+    from engine.service.server import create_app
+
+    _, host = served
+    config = host.engine.config
+    sock = bind(LOOPBACK, 0)
+    app = create_app(host, limits=Limits(generation_timeout_s=1.0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", access_log=False))
+    runner = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        client = EngineClient(f"http://{LOOPBACK}:{sock.getsockname()[1]}")
+        started = time.monotonic()
+        with pytest.raises(BenchmarkCancelled):
+            client.load_sweep(PROMPTS * 8, LoadSettings(batches=(1, 2, 4), max_tokens=200, repeat=3))
+        assert time.monotonic() - started < 30
+        assert host.engine.config == config  # loaded back for one sequence, as before the sweep
+        # the next request runs: the engine is not held
+        client.load_sweep(PROMPTS, LoadSettings(batches=(1,), max_tokens=2, repeat=1, warmup=0))
+    finally:
+        server.should_exit = True
+        runner.join(10)
