@@ -146,6 +146,7 @@ class _Block:
     """One decoder layer's tensors."""
 
     __slots__ = ("attn_norm", "down", "gate_up", "mlp_norm", "o", "qk_norm", "qkv")
+    LINEARS = ("qkv", "o", "gate_up", "down")  # its linear maps
 
 
 class NativeLlama:
@@ -260,16 +261,15 @@ class NativeLlama:
         copy of its weight from now on (packed.py: float32 on a CPU; the caller checked it fits).
         The copy is taken now: a weight changed in place later is not seen until this runs again."""
         for block in self.blocks:
-            for name in ("qkv", "o", "gate_up", "down"):
+            for name in _Block.LINEARS:
                 dense = getattr(block, name)
                 setattr(block, name, PackedLinear(dense.weight, dense.bias))
         self.head = PackedLinear(self.head.weight, self.head.bias)
 
     def linear_bytes(self) -> int:
         """Bytes of the float linear maps' weights: what a packed copy of them takes."""
-        return sum(getattr(b, name).nbytes() for b in self.blocks for name in ("qkv", "o", "gate_up", "down")) + (
-            self.head.nbytes()
-        )
+        blocks = sum(getattr(block, name).nbytes() for block in self.blocks for name in _Block.LINEARS)
+        return blocks + self.head.nbytes()
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.blocks), self.n_kv_heads, self.head_dim, self.n_ctx, self.dtype, self.device)
